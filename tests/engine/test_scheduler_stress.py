@@ -1,0 +1,146 @@
+"""Randomised stress of Scheduler + BlockManager without a model: thousands of steps, random arrivals,
+lengths, shared prefixes, n > 1 forks and aborts, with a cache small enough to force preemption.
+Invariants checked every step: no block owned twice by one request, reference counts equal the number
+of owners, free queue == blocks with no owner, token budget and sequence limit respected; at the end
+every block is free."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from tokenmill.engine.block_manager import BlockManager
+from tokenmill.engine.request import Request, RequestStatus
+from tokenmill.engine.scheduler import Scheduler, SchedulerConfig
+from tokenmill.sampling_params import SamplingParams
+
+EOS = 0
+
+
+def check_invariants(sched: Scheduler, bm: BlockManager, live: list[Request]) -> None:
+    owners: Counter[int] = Counter()
+    for r in live:
+        assert len(set(r.block_ids)) == len(r.block_ids), "a request owns a block twice"
+        owners.update(r.block_ids)
+        if r.status is RequestStatus.RUNNING:
+            assert len(r.block_ids) * bm.block_size >= r.num_computed_tokens
+        else:
+            assert not r.block_ids, "a waiting request holds blocks"
+    for blk in bm.blocks:
+        assert blk.ref_count == owners.get(blk.block_id, 0), f"block {blk.block_id} ref count is off"
+        assert (blk.ref_count == 0) == (blk.block_id in bm.free_queue)
+    for h, bid in bm.cached.items():
+        assert bm.blocks[bid].block_hash == h
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_random_schedule(seed: int, prefix_caching: bool) -> None:
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 4, 16])
+    num_blocks = rng.randint(24, 80) if bs > 1 else rng.randint(200, 400)
+    max_len = num_blocks * bs // 2
+    bm = BlockManager(num_blocks, bs, prefix_caching)
+    cfg = SchedulerConfig(max_num_seqs=rng.randint(2, 16), max_num_batched_tokens=rng.randint(8, 128),
+                          max_model_len=max_len, watermark_blocks=rng.randint(0, 2))
+    sched = Scheduler(cfg, bm)
+    live: list[Request] = []
+    prefixes = [[rng.randrange(1, 50) for _ in range(rng.randint(1, 3 * bs))] for _ in range(4)]
+    n_made = n_done = 0
+    for step in range(2000):
+        if step < 1500 and rng.random() < 0.2:
+            prompt = (rng.choice(prefixes) if rng.random() < 0.5 else []) + \
+                     [rng.randrange(1, 50) for _ in range(rng.randint(1, max_len // 3))]
+            prompt = prompt[: max_len - 1]
+            max_tokens = rng.randint(1, min(rng.choice([8, 32, max_len]), max_len - len(prompt)))
+            n = rng.choice([1, 1, 1, 2, 3])
+            params = SamplingParams(max_tokens=max_tokens, n=n)
+            first = None
+            for i in range(n):
+                r = Request(f"r{n_made}-{i}", prompt, params, max_tokens, frozenset({EOS}), fork_of=first)
+                first = first or r
+                sched.add(r)
+                live.append(r)
+            n_made += 1
+        if live and rng.random() < 0.05:  # abort someone, wherever they are
+            victim = rng.choice(live)
+            sched.finish(victim, RequestStatus.FINISHED_ABORTED)
+        out = sched.schedule()
+        assert out.num_batched_tokens <= cfg.max_num_batched_tokens
+        assert len(sched.running) <= cfg.max_num_seqs
+        assert sum(s.num_new_tokens for s in out.scheduled) == out.num_batched_tokens
+        sampled = {s.request.request_id: (EOS if rng.random() < 0.02 else rng.randrange(1, 50))
+                   for s in out.scheduled if s.samples}
+        if live and rng.random() < 0.05:  # abort mid-step, as a disconnect would
+            sched.finish(rng.choice(live), RequestStatus.FINISHED_ABORTED)
+        sched.update(out, sampled)
+        for r in [r for r in live if r.is_finished]:
+            live.remove(r)
+            n_done += 1
+            assert r.num_tokens <= max_len
+        check_invariants(sched, bm, live)
+    # drain
+    for _ in range(200_000):
+        if not sched.num_unfinished:
+            break
+        out = sched.schedule()
+        sched.update(out, {s.request.request_id: rng.randrange(1, 50) for s in out.scheduled if s.samples})
+        live = [r for r in live if not r.is_finished]
+        check_invariants(sched, bm, live)
+    assert sched.num_unfinished == 0, "requests left waiting forever"
+    assert bm.num_free_blocks == num_blocks, "blocks leaked"
+    assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+def test_prefix_hit_is_confirmed_against_tokens() -> None:
+    bm = BlockManager(8, 4)
+    a = Request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams(max_tokens=1), 1)
+    bm.allocate(a, 9)
+    a.num_computed_tokens = 9
+    bm.cache_full_blocks(a)
+    b = Request("b", [1, 2, 3, 4, 5, 6, 7, 8, 10], SamplingParams(max_tokens=1), 1)
+    assert bm.find_cached_prefix(b) == a.block_ids[:2]
+    # forge a collision: same hash entry, different tokens must not hit
+    c = Request("c", [1, 2, 3, 9, 5, 6, 7, 8, 10], SamplingParams(max_tokens=1), 1)
+    bm.compute_block_hashes(c)
+    c.block_hashes[0] = a.block_hashes[0]
+    assert bm.find_cached_prefix(c) == []
+
+
+def test_freed_blocks_stay_cached_until_evicted() -> None:
+    bm = BlockManager(4, 2)
+    a = Request("a", [1, 2, 3, 4, 5], SamplingParams(max_tokens=1), 1)
+    bm.allocate(a, 5)
+    a.num_computed_tokens = 5
+    bm.cache_full_blocks(a)
+    bm.free(a)
+    assert bm.num_free_blocks == 4
+    b = Request("b", [1, 2, 3, 4, 9], SamplingParams(max_tokens=1), 1)
+    hit = bm.find_cached_prefix(b)
+    assert len(hit) == 2 and bm.num_hits == 4
+    # fill the cache with something else: LRU evicts, and the hit is gone
+    c = Request("c", [7] * 8, SamplingParams(max_tokens=1), 1)
+    bm.allocate(c, 8)
+    assert bm.find_cached_prefix(b) == []
+
+
+def test_preemption_requeues_at_front_and_recomputes() -> None:
+    bm = BlockManager(4, 4)  # 16 tokens in all
+    sched = Scheduler(SchedulerConfig(4, 64, 16), bm)
+    a = Request("a", list(range(1, 7)), SamplingParams(max_tokens=8), 8)
+    b = Request("b", list(range(11, 17)), SamplingParams(max_tokens=8), 8)
+    sched.add(a)
+    sched.add(b)
+    preempted = False
+    for _ in range(100):
+        out = sched.schedule()
+        preempted |= bool(out.preempted_ids)
+        sched.update(out, {s.request.request_id: 5 for s in out.scheduled if s.samples})
+        if not sched.num_unfinished:
+            break
+    assert preempted and sched.num_preemptions > 0
+    assert a.status is RequestStatus.FINISHED_LENGTH and b.status is RequestStatus.FINISHED_LENGTH
+    assert a.num_output_tokens == 8 and b.num_output_tokens == 8
+    assert bm.num_free_blocks == 4

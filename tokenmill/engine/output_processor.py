@@ -1,0 +1,126 @@
+"""OutputProcessor: tokens -> text for each sequence, stop strings, logprobs, and RequestOutputs.
+
+A stop string may span token boundaries, so each new delta is searched together with the tail of the
+text before it. While a sequence runs, its last (longest stop string - 1) characters are held back from
+the streamed delta: they might be the start of a stop string that must not be shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenmill.engine.request import Request, RequestStatus
+from tokenmill.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
+from tokenmill.tokenizer.detokenizer import IncrementalDetokenizer
+from tokenmill.tokenizer.tokenizer import Tokenizer
+
+
+@dataclass
+class SequenceState:
+    request: Request
+    index: int
+    detok: IncrementalDetokenizer
+    text: str = ""
+    num_sent_chars: int = 0
+    num_sent_tokens: int = 0
+    logprobs: list[TokenLogprobs] | None = None
+    stopped_by_string: bool = False
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[SequenceState]
+    stream: bool
+    arrival_time: float
+    hold_back: int = 0
+    finished_emitted: bool = False
+    error: str | None = None
+    metrics: RequestMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, RequestState] = {}
+
+    def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], seqs: list[Request],
+            stream: bool) -> None:
+        params = seqs[0].sampling_params
+        st = RequestState(request_id, prompt, prompt_token_ids, [], stream, seqs[0].arrival_time)
+        for i, r in enumerate(seqs):
+            st.seqs.append(SequenceState(r, i, IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
+                                         logprobs=[] if params.logprobs is not None else None))
+        st.hold_back = max((len(s) for s in params.stop_strings), default=1) - 1
+        self.states[request_id] = st
+
+    def on_token(self, seq: SequenceState, token_id: int, lp: TokenLogprobs | None) -> bool:
+        """Account one new token; True if a stop string finished the sequence."""
+        req = seq.request
+        params = req.sampling_params
+        if lp is not None and seq.logprobs is not None:
+            seq.logprobs.append(lp)
+        # a sequence ended by EOS or a stop token id: that token is not part of the text
+        hidden = req.status is RequestStatus.FINISHED_STOPPED
+        delta = "" if hidden else seq.detok.push([token_id])
+        if req.is_finished:
+            delta += seq.detok.flush()
+        if not delta:
+            return False
+        before = len(seq.text)
+        seq.text += delta
+        if params.stop_strings and req.num_output_tokens >= params.min_tokens:
+            from_pos = max(0, before - seq_max_stop(params.stop_strings) + 1)
+            best: tuple[int, str] | None = None
+            for s in params.stop_strings:
+                j = seq.text.find(s, from_pos)
+                if j != -1 and (best is None or j < best[0]):
+                    best = (j, s)
+            if best is not None:
+                j, s = best
+                seq.text = seq.text[: j + len(s)] if params.include_stop_str_in_output else seq.text[:j]
+                seq.stopped_by_string = True
+                req.stop_reason = s
+                return True
+        return False
+
+    def make_output(self, st: RequestState, force: bool = False) -> RequestOutput | None:
+        """The RequestOutput for this step, or None if nothing new is to be told."""
+        outs: list[CompletionOutput] = []
+        changed = force
+        for seq in st.seqs:
+            req = seq.request
+            done = req.is_finished
+            emit_to = len(seq.text) if done else max(seq.num_sent_chars, len(seq.text) - st.hold_back)
+            out_ids = req.output_token_ids
+            delta_text = seq.text[seq.num_sent_chars : emit_to]
+            delta_ids = out_ids[seq.num_sent_tokens :]
+            if delta_text or delta_ids or (done and not st.finished_emitted):
+                changed = True
+            outs.append(CompletionOutput(
+                index=seq.index, text=seq.text[:emit_to], token_ids=list(out_ids), delta_text=delta_text,
+                delta_token_ids=delta_ids, logprobs=seq.logprobs,
+                finish_reason=req.status.finish_reason if done else None, stop_reason=req.stop_reason))
+            seq.num_sent_chars = emit_to
+            seq.num_sent_tokens = len(out_ids)
+        finished = all(s.request.is_finished for s in st.seqs)
+        if not changed:
+            return None
+        if finished:
+            st.finished_emitted = True
+            first = st.seqs[0].request
+            st.metrics.first_scheduled_time = first.first_scheduled_time
+            st.metrics.first_token_time = min((s.request.first_token_time for s in st.seqs
+                                               if s.request.first_token_time), default=None)
+            st.metrics.num_preemptions = sum(s.request.num_preemptions for s in st.seqs)
+            st.metrics.num_cached_tokens = first.num_cached_tokens
+        return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, outs, finished, st.metrics, st.error)
+
+
+def seq_max_stop(stops: list[str]) -> int:
+    return max(len(s) for s in stops)

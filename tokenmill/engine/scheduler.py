@@ -1,0 +1,189 @@
+"""Scheduler: each step, hand out tokens under a budget; no prefill or decode phases (torch-free).
+
+Per step, with `token_budget = max_num_batched_tokens`:
+  1. Running requests, oldest first, get `num_tokens - num_computed_tokens` tokens (1 for a decode, the
+     rest of a prompt chunk otherwise), capped by the budget. If the cache has no block for one, the
+     newest running request is preempted (recompute: its blocks are freed, it goes back to the front of
+     the waiting queue with num_computed_tokens = 0) until the block fits; a request may preempt itself.
+  2. If nothing was preempted, waiting requests are admitted in order while the budget, `max_num_seqs`
+     and the free blocks allow: prefix-cache hits first (they cost no budget), then a chunk of what is
+     left. A request that cannot get its blocks now waits; later ones wait behind it (FCFS).
+Requests that could never fit (longer than max_model_len or than the whole cache) are refused before
+they get here, so waiting never turns into waiting forever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from tokenmill.engine.block_manager import BlockManager
+from tokenmill.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step: compute tokens [start, start + num_new_tokens)."""
+
+    request: Request
+    start: int  # == request.num_computed_tokens before the step
+    num_new_tokens: int
+    samples: bool  # the chunk reaches the end of the known tokens, so a new token is sampled
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request.token_ids[self.start : self.start + self.num_new_tokens]
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    preempted_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    watermark_blocks: int = 0  # admit new requests only while this many blocks stay free
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.bm = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # -- queue management ------------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """Take req out of the queues for good and free its blocks (abort, stop, error)."""
+        if req.is_finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+        req.status = status
+        self.bm.free(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def _preempt(self, victim: Request) -> None:
+        self.running.remove(victim)
+        self.bm.free(victim)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+
+    # -- the step --------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        now = time.monotonic()
+
+        # 1. running requests, in admission order
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:  # nothing to compute (cannot happen for live requests); keep it honest
+                i += 1
+                continue
+            while not self.bm.can_allocate(req, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted_ids.append(victim.request_id)
+                if victim is req:
+                    break
+            if req.status is RequestStatus.PREEMPTED:
+                break  # it preempted itself: everything after it is already gone too
+            self.bm.allocate(req, num_new)
+            out.scheduled.append(self._scheduled(req, num_new))
+            budget -= num_new
+            i += 1
+
+        # 2. waiting requests, unless this step had to preempt
+        if not out.preempted_ids:
+            skipped: list[Request] = []
+            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                req = self.waiting[0]
+                leader = req.fork_of
+                if leader is not None and not leader.is_finished and leader.num_computed_tokens < leader.num_prompt_tokens:
+                    skipped.append(self.waiting.popleft())  # wait for the sibling's prefill, let others by
+                    continue
+                shared = self._shared_prefix(req)
+                req.num_computed_tokens = len(shared) * self.bm.block_size
+                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                if not self.bm.can_allocate(req, num_new, shared, reserve=self.config.watermark_blocks):
+                    req.num_computed_tokens = 0
+                    break
+                self.waiting.popleft()
+                self.bm.allocate(req, num_new, shared)
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = now
+                    req.num_cached_tokens = req.num_computed_tokens
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+                out.scheduled.append(self._scheduled(req, num_new))
+                budget -= num_new
+            self.waiting.extendleft(reversed(skipped))
+
+        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        return out
+
+    def _shared_prefix(self, req: Request) -> list[int]:
+        """Blocks req can reuse: a prefilled sibling's full prompt blocks (n > 1), else cache hits."""
+        leader = req.fork_of
+        if leader is not None and not leader.is_finished and leader.status is RequestStatus.RUNNING:
+            n_full = min(leader.num_computed_tokens, req.num_tokens - 1) // self.bm.block_size
+            if leader.token_ids[: n_full * self.bm.block_size] == req.token_ids[: n_full * self.bm.block_size]:
+                return leader.block_ids[:n_full]
+        return self.bm.find_cached_prefix(req)
+
+    @staticmethod
+    def _scheduled(req: Request, num_new: int) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        return ScheduledRequest(req, start, num_new, samples=start + num_new == req.num_tokens)
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advance the scheduled requests by their computed tokens, append sampled tokens, finish those
+        that hit a stop condition. Returns the requests that finished in this step."""
+        finished: list[Request] = []
+        now = time.monotonic()
+        for s in out.scheduled:
+            req = s.request
+            if req.is_finished:  # aborted while the step ran
+                continue
+            req.num_computed_tokens = s.start + s.num_new_tokens
+            if s.samples:
+                req.append_token(sampled[req.request_id])
+                if req.first_token_time is None:
+                    req.first_token_time = now
+                status = req.check_stop(self.config.max_model_len)
+                if status is not None:
+                    self.bm.cache_full_blocks(req)
+                    self.finish(req, status)
+                    finished.append(req)
+                    continue
+            self.bm.cache_full_blocks(req)
+        return finished

@@ -1,0 +1,79 @@
+"""The offline Python API: `LLM(model=...).generate(prompts, params)` and `.chat(conversations, params)`."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import fields
+from typing import Any, Sequence
+
+from tqdm.auto import tqdm
+
+from tokenmill.config import EngineConfig, parse_size
+from tokenmill.engine.llm_engine import LLMEngine
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Load a model once and generate for many prompts at a time, batched continuously.
+
+    `LLM()` serves the default model (SmolLM2-135M-Instruct); keyword arguments are EngineConfig fields,
+    e.g. `LLM("model.gguf", max_model_len=4096, kv_cache_memory="1GiB")`.
+    """
+
+    def __init__(self, model: str = "default", progress: bool = True, **kwargs: Any) -> None:
+        names = {f.name for f in fields(EngineConfig)}
+        unknown = set(kwargs) - names
+        if unknown:
+            raise TypeError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
+        if "kv_cache_memory" in kwargs:
+            kwargs["kv_cache_memory"] = parse_size(kwargs["kv_cache_memory"])
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), progress=progress)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool | None = None) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs come back in input order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if params is None:
+            params = SamplingParams()
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(plist)} SamplingParams")
+        ids = [f"offline-{next(self._ids)}" for _ in prompts]
+        for rid, prompt, p in zip(ids, prompts, plist):
+            self.engine.add_request(rid, prompt, p)  # type: ignore[arg-type]
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Generating", unit="req", disable=not (use_tqdm if use_tqdm is not None
+                                                                                 else len(ids) >= 8))
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        except BaseException:
+            for rid in ids:
+                self.engine.abort_request(rid)
+            raise
+        finally:
+            bar.close()
+        return [done[r] for r in ids]
+
+    def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             params: SamplingParams | Sequence[SamplingParams] | None = None, add_generation_prompt: bool = True,
+             tools: list[dict[str, Any]] | None = None, use_tqdm: bool | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        prompts: list[Prompt] = [
+            self.tokenizer.encode(self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
+                                                                     tools=tools))
+            for c in conversations  # type: ignore[union-attr]
+        ]
+        return self.generate(prompts, params, use_tqdm)

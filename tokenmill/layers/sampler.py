@@ -1,0 +1,122 @@
+"""Sampler: logits (S, V) -> one token per row, vectorised over the batch.
+
+Order: logprobs are taken from the raw logits (as vLLM reports them); then penalties, logit_bias and
+min_tokens masks; then greedy rows take argmax, the rest are divided by temperature, cut by top_k, top_p
+and min_p, and sampled by the exponential race  argmax(p / E),  E ~ Exp(1)  (equivalent to drawing from
+p). A row with its own seed draws E from its own generator, so its tokens never depend on its neighbours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling settings for the S rows that sample this step (built by the runner)."""
+
+    temperature: torch.Tensor  # (S,) float; 0 for greedy rows
+    top_k: torch.Tensor | None  # (S,) int64, V where disabled; None if no row uses it
+    top_p: torch.Tensor | None  # (S,) float, 1.0 where disabled
+    min_p: torch.Tensor | None  # (S,) float, 0.0 where disabled
+    generators: list[torch.Generator | None]  # per row; None: the shared generator
+    all_greedy: bool
+    # penalties: None when no row uses them
+    presence: torch.Tensor | None = None  # (S,)
+    frequency: torch.Tensor | None = None  # (S,)
+    repetition: torch.Tensor | None = None  # (S,)
+    output_ids: torch.Tensor | None = None  # (S, max_out) int64, padded with V (a dropped column)
+    seen_ids: torch.Tensor | None = None  # (S, max_seen) prompt + output ids, padded with V
+    bias_rows: torch.Tensor | None = None  # (nb,) logit_bias entries: row, token, value
+    bias_tokens: torch.Tensor | None = None
+    bias_values: torch.Tensor | None = None
+    block_rows: torch.Tensor | None = None  # (nm,) tokens forbidden this step (min_tokens): row, token
+    block_tokens: torch.Tensor | None = None
+    max_logprobs: int = -1  # -1: no row wants logprobs; else the largest top-N asked for
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]  # (S,)
+    logprobs: torch.Tensor | None = None  # (S,) logprob of the sampled token
+    ranks: torch.Tensor | None = None  # (S,) its rank (1 = most likely)
+    top_ids: torch.Tensor | None = None  # (S, N)
+    top_logprobs: torch.Tensor | None = None  # (S, N)
+
+
+def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    S, V = logits.shape
+    if b.output_ids is not None:
+        counts = torch.zeros(S, V + 1, dtype=logits.dtype, device=logits.device)
+        counts.scatter_add_(1, b.output_ids, torch.ones_like(b.output_ids, dtype=logits.dtype))
+        counts = counts[:, :V]
+        assert b.presence is not None and b.frequency is not None
+        logits = logits - b.frequency[:, None] * counts - b.presence[:, None] * (counts > 0).to(logits.dtype)
+    if b.seen_ids is not None:
+        assert b.repetition is not None
+        seen = torch.zeros(S, V + 1, dtype=torch.bool, device=logits.device)
+        seen.scatter_(1, b.seen_ids, True)
+        seen = seen[:, :V]
+        rp = b.repetition[:, None]
+        penalised = torch.where(logits > 0, logits / rp, logits * rp)
+        logits = torch.where(seen, penalised, logits)
+    return logits
+
+
+def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
+    """logits: (S, V) float32. Does not modify its input."""
+    out = SamplerOutput(token_ids=[])
+    if b.max_logprobs >= 0:
+        lp = torch.log_softmax(logits, dim=-1)
+    logits = apply_penalties(logits, b)
+    if b.bias_rows is not None:
+        logits = logits.index_put((b.bias_rows, b.bias_tokens), b.bias_values, accumulate=True)  # type: ignore[arg-type]
+    if b.block_rows is not None:
+        logits = logits.index_put((b.block_rows, b.block_tokens),  # type: ignore[arg-type]
+                                  torch.tensor(float("-inf"), device=logits.device))
+    greedy = logits.argmax(dim=-1)
+    if b.all_greedy:
+        tokens = greedy
+    else:
+        tokens = torch.where(b.temperature == 0, greedy, _sample_random(logits, b))
+    out.token_ids = tokens.tolist()
+    if b.max_logprobs >= 0:
+        chosen = lp.gather(1, tokens[:, None]).squeeze(1)
+        out.logprobs = chosen
+        out.ranks = (lp > chosen[:, None]).sum(dim=1) + 1
+        if b.max_logprobs > 0:
+            out.top_logprobs, out.top_ids = lp.topk(b.max_logprobs, dim=-1)
+    return out
+
+
+def _sample_random(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    S, V = logits.shape
+    temp = torch.where(b.temperature == 0, torch.ones_like(b.temperature), b.temperature)
+    logits = logits / temp[:, None]
+    if b.top_k is not None:
+        kth = logits.topk(int(b.top_k.max().item()), dim=-1).values  # (S, kmax), descending
+        thresh = kth.gather(1, (b.top_k.clamp(max=kth.shape[1]) - 1)[:, None])
+        logits = logits.masked_fill(logits < thresh, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if b.top_p is not None:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        cum = sorted_p.cumsum(dim=-1)
+        drop_sorted = (cum - sorted_p) >= b.top_p[:, None]  # keep the smallest set reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter_(1, idx, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+    if b.min_p is not None:
+        top = probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < b.min_p[:, None] * top, 0.0)
+    noise = torch.empty_like(probs)
+    shared = [i for i, g in enumerate(b.generators) if g is None]
+    if len(shared) == S:
+        noise.exponential_()
+    else:
+        if shared:
+            noise[shared] = torch.empty(len(shared), V, device=probs.device).exponential_()
+        for i, g in enumerate(b.generators):
+            if g is not None:
+                noise[i] = torch.empty(V, device=probs.device).exponential_(generator=g)
+    return (probs / noise).argmax(dim=-1)

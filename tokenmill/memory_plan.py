@@ -1,0 +1,72 @@
+"""The memory arithmetic, done before anything is allocated: weights, KV per token, what fits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenmill.config import format_size
+from tokenmill.loader.model_config import ModelConfig
+
+
+class CacheTooSmallError(ValueError):
+    """The settings cannot work: the message says which setting to change and to what."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    num_parameters: int
+    weight_bytes: int  # in memory, at the compute dtype
+    dtype_bytes: int
+    kv_bytes_per_token: int
+    block_size: int
+    kv_cache_bytes: int  # the budget asked for
+    num_blocks: int
+    max_model_len: int
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return self.kv_bytes_per_token * self.block_size
+
+    @property
+    def num_cache_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_full_length_seqs(self) -> float:
+        return self.num_cache_tokens / self.max_model_len
+
+    def lines(self) -> list[str]:
+        return [
+            f"weights: {self.num_parameters / 1e6:.1f}M parameters, {format_size(self.weight_bytes)} "
+            f"at {self.dtype_bytes * 8}-bit",
+            f"KV cache: {format_size(self.kv_bytes_per_token)} per token, "
+            f"{format_size(self.kv_bytes_per_block)} per {self.block_size}-token block",
+            f"KV cache: {format_size(self.num_blocks * self.kv_bytes_per_block)} -> {self.num_blocks} blocks = "
+            f"{self.num_cache_tokens} tokens",
+            f"max_model_len {self.max_model_len}: {self.max_full_length_seqs:.1f} sequences of full length fit at once",
+        ]
+
+    def check(self) -> None:
+        if self.num_blocks < 1 or self.max_model_len > self.num_cache_tokens:
+            need = self.max_model_len * self.kv_bytes_per_token
+            raise CacheTooSmallError(
+                f"max_model_len {self.max_model_len} needs {format_size(need)} of KV cache for one sequence, "
+                f"but the cache holds {self.num_cache_tokens} tokens ({format_size(self.kv_cache_bytes)} at "
+                f"{format_size(self.kv_bytes_per_token)} per token). Raise --kv-cache-memory to at least "
+                f"{format_size(need + self.kv_bytes_per_block)}, or lower --max-model-len to at most "
+                f"{max(self.num_cache_tokens, 0)}.")
+
+
+def make_plan(cfg: ModelConfig, dtype_bytes: int, block_size: int, kv_cache_bytes: int,
+              max_model_len: int) -> MemoryPlan:
+    per_token = cfg.kv_bytes_per_token(dtype_bytes)
+    return MemoryPlan(
+        num_parameters=cfg.num_parameters(),
+        weight_bytes=cfg.num_parameters() * dtype_bytes,
+        dtype_bytes=dtype_bytes,
+        kv_bytes_per_token=per_token,
+        block_size=block_size,
+        kv_cache_bytes=kv_cache_bytes,
+        num_blocks=kv_cache_bytes // (per_token * block_size),
+        max_model_len=max_model_len,
+    )

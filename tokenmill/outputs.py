@@ -1,0 +1,70 @@
+"""What the engine hands back to callers: plain data, one RequestOutput per request per step."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    """Why a sequence ended; the values are OpenAI's `finish_reason` strings."""
+
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the context length
+    ABORT = "abort"  # the caller aborted (client left, timeout, shutdown)
+    ERROR = "error"  # the request failed inside the engine
+
+
+@dataclass
+class Logprob:
+    token_id: int
+    logprob: float
+    rank: int  # 1 = most likely
+    token: str = ""
+
+
+@dataclass
+class TokenLogprobs:
+    """The sampled token's logprob plus the top-N alternatives at one position."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[Logprob] = field(default_factory=list)
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str  # the whole text so far
+    token_ids: list[int]
+    delta_text: str = ""  # text new since the previous output of this sequence
+    delta_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None
+    error: str | None = None

@@ -1,0 +1,69 @@
+"""The one place that knows the device: which one, which dtype, how much memory, how many threads."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Platform:
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def available_memory(self) -> int:
+        """Bytes free for the KV cache right now (after weights are loaded)."""
+        if self.is_cuda:
+            free, _total = torch.cuda.mem_get_info(self.device)
+            return int(free)
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 4 * 2**30
+
+    def default_kv_cache_memory(self) -> int:
+        """A sensible share: 90% of free GPU memory less a margin for activations; on CPU a quarter of
+        available RAM, at most 4 GiB (CPU decode is bandwidth-bound long before that fills)."""
+        free = self.available_memory()
+        if self.is_cuda:
+            return max(int(free * 0.9) - 2 * 2**30, free // 2)
+        return min(free // 4, 4 * 2**30)
+
+    def synchronize(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+
+def resolve_platform(config: EngineConfig) -> Platform:
+    if config.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(config.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device=cuda was asked for, but PyTorch sees no CUDA GPU; use --device cpu")
+    if config.dtype == "auto":
+        # CPUs without native bf16 run bf16 matmuls ~300x slower than fp32: compute in fp32 there.
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = _DTYPES[config.dtype]
+    if device.type == "cpu":
+        threads = config.num_threads or int(os.environ.get("TOKENMILL_NUM_THREADS", 0)) or os.cpu_count() or 1
+        torch.set_num_threads(threads)
+    return Platform(device, dtype)

@@ -1,0 +1,112 @@
+"""SamplingParams: what a caller may ask of one generation, validated once at the door."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Hard limits that keep one request from hurting the server (issue: request limits).
+MAX_N = 16
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_LEN = 512
+MAX_LOGIT_BIAS = 1024
+
+
+@dataclass
+class SamplingParams:
+    """Per-request generation settings; the vLLM / OpenAI field names and meanings.
+
+    `temperature == 0` means greedy. `max_tokens=None` lets the output fill the rest of the context.
+    `logprobs=N` returns the sampled token's logprob plus the top-N alternatives at each step.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
+    stop_strings: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop_strings = [self.stop]
+        else:
+            self.stop_strings = list(self.stop or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self.validate()
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the field and the reason for any bad value."""
+
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"{name} {why}")
+
+        if not 1 <= self.n <= MAX_N:
+            bad("n", f"must be between 1 and {MAX_N}, got {self.n}")
+        if not 0.0 <= self.temperature <= 100.0:
+            bad("temperature", f"must be between 0 and 100, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            bad("top_k", f"must be -1 (disable) or at least 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad("min_p", f"must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not -2.0 <= v <= 2.0:
+                bad(name, f"must be in [-2, 2], got {v}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            bad("repetition_penalty", f"must be in (0, 2], got {self.repetition_penalty}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            bad("max_tokens", f"must be at least 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            bad("min_tokens", f"must be non-negative, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            bad("logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+        if self.prompt_logprobs is not None:
+            bad("prompt_logprobs", "is not supported")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
+            bad("truncate_prompt_tokens", f"must be at least 1, got {self.truncate_prompt_tokens}")
+        if len(self.stop_strings) > MAX_STOP_STRINGS:
+            bad("stop", f"has {len(self.stop_strings)} strings; at most {MAX_STOP_STRINGS} are allowed")
+        for s in self.stop_strings:
+            if not s:
+                bad("stop", "strings must not be empty")
+            if len(s) > MAX_STOP_STRING_LEN:
+                bad("stop", f"strings must be at most {MAX_STOP_STRING_LEN} characters")
+        if self.logit_bias and len(self.logit_bias) > MAX_LOGIT_BIAS:
+            bad("logit_bias", f"has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed")
+        for tok, b in (self.logit_bias or {}).items():
+            if not -100.0 <= b <= 100.0:
+                bad("logit_bias", f"values must be in [-100, 100], got {b} for token {tok}")
+            if tok < 0 or (vocab_size is not None and tok >= vocab_size):
+                bad("logit_bias", f"token id {tok} is out of range [0, {vocab_size})")
+        for tok in self.stop_token_ids or []:
+            if tok < 0 or (vocab_size is not None and tok >= vocab_size):
+                bad("stop_token_ids", f"token id {tok} is out of range [0, {vocab_size})")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
