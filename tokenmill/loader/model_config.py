@@ -117,7 +117,8 @@ class ModelConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
-            rope_scaling=cfg.get("rope_scaling"),
+            # transformers < 5 writes rope_scaling; 5.x folds it (and rope_theta) into rope_parameters
+            rope_scaling=cfg.get("rope_scaling") or cfg.get("rope_parameters"),
             name=str(cfg.get("_name_or_path", Path(path).name)),
             quantization=str(cfg.get("torch_dtype", cfg.get("dtype", "safetensors"))),
         )

@@ -1,0 +1,262 @@
+"""Pydantic models of the OpenAI-compatible API: requests, responses, stream chunks and errors.
+
+Field names follow OpenAI's API, plus the sampling fields vLLM accepts beyond it (`top_k`, `min_p`, ...).
+Requests forbid unknown fields (a typo or an unsupported feature is a 400 naming it, never silence).
+Fields that OpenAI defines but this server cannot honour are declared here so the schema shows them, and
+`serving_engine.reject_unsupported` answers 400 when they carry anything but their neutral value.
+Most fields are `X | None`: clients often send explicit nulls, which mean "the default".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# torch generators take seeds in [-2**63, 2**64); we keep to signed 64-bit.
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="null")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- errors ------------------------------------------------------------------------------------------------
+class ErrorInfo(_Response):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(_Response):
+    """OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`."""
+
+    error: ErrorInfo
+
+
+# -- shared request parts ----------------------------------------------------------------------------------
+class StreamOptions(_Request):
+    include_usage: bool | None = False
+
+
+class SamplingFields(_Request):
+    """Fields both generation endpoints share (OpenAI's, then vLLM's extras)."""
+
+    model: str | None = None  # None: the served model
+    n: int | None = 1
+    temperature: float | None = Field(default=None, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, allow_inf_nan=False)
+    stop: str | list[str] | None = None
+    max_tokens: int | None = None  # None: up to the rest of the context
+    presence_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    seed: int | None = Field(default=None, ge=_SEED_MIN, le=_SEED_MAX)
+    user: str | None = None  # an end-user id for the caller's own tracking; accepted, not used
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    # vLLM's extra sampling fields
+    top_k: int | None = None  # -1 or 0: disabled
+    min_p: float | None = Field(default=None, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    min_tokens: int | None = None
+    ignore_eos: bool | None = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = False
+    skip_special_tokens: bool | None = True
+    truncate_prompt_tokens: int | None = None  # keep only the last N prompt tokens
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = False
+    logprobs: int | None = None  # top-N alternatives per token (0-20)
+    suffix: str | None = None  # not supported: 400 when set
+    best_of: int | None = None  # only 1 is supported
+
+
+class TextPart(BaseModel):
+    """One part of a message's content. Only `text` parts are supported; others get a 400."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None  # tool messages
+    tool_calls: list[dict[str, Any]] | None = None  # assistant turns in the history
+
+
+class ResponseFormat(_Request):
+    type: str
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None  # wins over max_tokens when both are given
+    logprobs: bool | None = False
+    top_logprobs: int | None = None  # needs logprobs=true
+    add_generation_prompt: bool | None = True
+    # OpenAI fields we cannot honour: neutral values are accepted, anything else is a 400
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+
+
+class TokenizeRequest(_Request):
+    """POST /tokenize: a prompt, or chat messages rendered with the template first."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = True
+    add_generation_prompt: bool | None = True
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int]
+
+
+# -- responses ---------------------------------------------------------------------------------------------
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(_Response):
+    """The completions logprobs shape: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None  # vLLM's extra: the stop string or token id that ended it
+
+
+class CompletionResponse(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ChatTopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(_Response):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatResponseMessage(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(_Response):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChunk(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "tokenmill"
+    root: str
+    parent: str | None = None
+    max_model_len: int
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(_Response):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(_Response):
+    prompt: str
+
+
+class VersionResponse(_Response):
+    version: str
