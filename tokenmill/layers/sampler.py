@@ -91,8 +91,9 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     return out
 
 
-def _sample_random(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
-    S, V = logits.shape
+def filtered_probs(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """(S, V) probabilities after temperature, top_k, top_p and min_p; masked entries are exactly 0.
+    Rows are not renormalised (the exponential race does not need it)."""
     temp = torch.where(b.temperature == 0, torch.ones_like(b.temperature), b.temperature)
     logits = logits / temp[:, None]
     if b.top_k is not None:
@@ -103,12 +104,18 @@ def _sample_random(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     if b.top_p is not None:
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         cum = sorted_p.cumsum(dim=-1)
-        drop_sorted = (cum - sorted_p) >= b.top_p[:, None]  # keep the smallest set reaching top_p
+        drop_sorted = (cum - sorted_p) >= b.top_p[:, None]  # keep the smallest prefix reaching top_p
         drop = torch.zeros_like(drop_sorted).scatter_(1, idx, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
     if b.min_p is not None:
         top = probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < b.min_p[:, None] * top, 0.0)
+    return probs
+
+
+def _sample_random(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    S, V = logits.shape
+    probs = filtered_probs(logits, b)
     noise = torch.empty_like(probs)
     shared = [i for i, g in enumerate(b.generators) if g is None]
     if len(shared) == S:

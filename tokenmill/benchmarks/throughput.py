@@ -1,0 +1,92 @@
+"""Offline throughput and single-stream latency through the Python API.
+
+    python -m tokenmill.benchmarks.throughput --num-prompts 64 --input-len 200 --output-len 128
+Prompts are random token ids, unique from their first token (no prefix-cache flattery), greedy with
+ignore_eos so every request produces exactly --output-len tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import time
+from typing import Any
+
+from tokenmill import LLM, SamplingParams
+
+
+def random_prompts(llm: LLM, n: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    vocab = llm.engine.model_config.vocab_size
+    special = llm.tokenizer.special_token_ids if hasattr(llm.tokenizer, "special_token_ids") else frozenset()
+    pool = [t for t in range(vocab) if t not in special]
+    prompts, firsts = [], set()
+    while len(prompts) < n:
+        p = [rng.choice(pool) for _ in range(length)]
+        if p[0] in firsts:
+            continue
+        firsts.add(p[0])
+        prompts.append(p)
+    return prompts
+
+
+def run_throughput(llm: LLM, num_prompts: int, input_len: int, output_len: int, seed: int) -> dict[str, Any]:
+    prompts = random_prompts(llm, num_prompts, input_len, seed)
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    llm.generate(random_prompts(llm, 2, 16, seed + 1), SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"num_prompts": num_prompts, "input_len": input_len, "output_len": output_len, "seconds": dt,
+            "requests_per_s": num_prompts / dt, "output_tok_per_s": n_out / dt,
+            "total_tok_per_s": (n_out + num_prompts * input_len) / dt}
+
+
+def run_latency(llm: LLM, input_len: int, output_len: int, seed: int) -> dict[str, Any]:
+    """One request: prefill tok/s (time to first token) and decode tok/s (the rest)."""
+    eng = llm.engine
+    prompt = random_prompts(llm, 1, input_len, seed + 7)[0]
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    eng.add_request("latency", prompt, params, stream=True)
+    t0 = time.perf_counter()
+    first = None
+    n = 0
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            n = len(out.outputs[0].token_ids)
+            if first is None and n:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    assert first is not None
+    return {"input_len": input_len, "output_len": n, "ttft_s": first - t0, "prefill_tok_per_s": input_len / (first - t0),
+            "decode_tok_per_s": (n - 1) / (end - first)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=200)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+    llm = LLM(args.model, progress=False, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=2048)
+    res = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+           "model": llm.engine.model_name,
+           "throughput": run_throughput(llm, args.num_prompts, args.input_len, args.output_len, args.seed),
+           "latency": run_latency(llm, args.input_len, args.output_len, args.seed)}
+    print(json.dumps(res, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
