@@ -57,6 +57,27 @@ class MemoryPlan:
                 f"{max(self.num_cache_tokens, 0)}.")
 
 
+def available_ram() -> int:
+    """MemAvailable from /proc/meminfo (no torch needed); 4 GiB if it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 * 2**30
+
+
+def default_kv_cache_bytes(is_cuda: bool, free_bytes: int) -> int:
+    """A sensible share of free memory: on a GPU 90% of what is free after the weights, less 2 GiB for
+    activations; on CPU a quarter of available RAM, at most 4 GiB (CPU decode is bandwidth-bound long
+    before a bigger cache would fill)."""
+    if is_cuda:
+        return max(int(free_bytes * 0.9) - 2 * 2**30, free_bytes // 2)
+    return min(free_bytes // 4, 4 * 2**30)
+
+
 def make_plan(cfg: ModelConfig, dtype_bytes: int, block_size: int, kv_cache_bytes: int,
               max_model_len: int) -> MemoryPlan:
     per_token = cfg.kv_bytes_per_token(dtype_bytes)

@@ -33,10 +33,10 @@ def load_model_and_tokenizer(source: ModelSource, progress: bool = True) -> tupl
 
     if source.kind == "gguf":
         from tokenmill.loader.gguf import GGUFFile
-        from tokenmill.loader.weights import gguf_quantization, gguf_weights
+        from tokenmill.loader.weights import gguf_weights
 
         gf = GGUFFile(source.path)
-        cfg = ModelConfig.from_gguf(gf.metadata, set(gf.tensors), gguf_quantization(gf))
+        cfg = ModelConfig.from_gguf(gf.metadata, set(gf.tensors), gf.quantization())
         tok = Tokenizer.from_gguf(gf.metadata)
         return cfg, tok, lambda: gguf_weights(gf, cfg, progress)
     from tokenmill.loader.weights import safetensors_weights

@@ -126,6 +126,28 @@ def cmd_chat(args: argparse.Namespace) -> int:
         history.append({"role": "assistant", "content": reply})
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tokenmill.entrypoints.openai.api_server import run_server
+
+    return run_server(args, engine_config_from_args(args))
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
+    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set TOKENMILL_API_KEY)")
+    g.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="answer 503 with Retry-After when this many requests already wait (default: no limit)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, seconds in-flight requests may take before they are aborted")
+    g.add_argument("--cors-origins", default=None, help="comma-separated origins allowed by CORS (default: none)")
+    g.add_argument("--public-metrics", action="store_true", help="serve /metrics without the API key")
+    g.add_argument("--access-log", action="store_true", help="log every HTTP request (off by default)")
+    g.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"])
+
+
 def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     cfg = engine_config_from_args(args)
     return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
@@ -152,6 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(c, max_tokens=512)
     c.set_defaults(func=cmd_chat)
 
+    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_engine_args(s)
+    add_serve_args(s)
+    s.set_defaults(func=cmd_serve)
+
+    pl = sub.add_parser("plan", help="the memory arithmetic for a model and settings, before loading anything")
+    from tokenmill.entrypoints.plan import add_plan_args, run_plan
+
+    add_plan_args(pl)
+    pl.set_defaults(func=run_plan)
     return parser
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -138,6 +139,11 @@ class GGUFFile:
 
     def iter_tensors(self) -> Iterator[tuple[str, TensorInfo]]:
         yield from self.tensors.items()
+
+    def quantization(self) -> str:
+        """Tensor types by count, e.g. 'GGUF Q4_1 (210), F32 (61), Q8_0 (1)'."""
+        counts = Counter(t.ggml_type.name for t in self.tensors.values())
+        return "GGUF " + ", ".join(f"{k} ({v})" for k, v in counts.most_common())
 
     def close(self) -> None:
         self._mm.close()

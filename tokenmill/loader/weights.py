@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -20,12 +19,6 @@ _GGUF_TO_HF = {
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
-
-
-def gguf_quantization(gf: GGUFFile) -> str:
-    """The file's dominant tensor type, e.g. 'GGUF Q4_1 (210 tensors), Q8_0 (1), F32 (61)'."""
-    counts = Counter(t.ggml_type.name for t in gf.tensors.values())
-    return "GGUF " + ", ".join(f"{k} ({v})" for k, v in counts.most_common())
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenmill.config import EngineConfig
+from tokenmill.memory_plan import available_ram, default_kv_cache_bytes
 
 log = logging.getLogger(__name__)
 
@@ -29,22 +30,10 @@ class Platform:
         if self.is_cuda:
             free, _total = torch.cuda.mem_get_info(self.device)
             return int(free)
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 4 * 2**30
+        return available_ram()
 
     def default_kv_cache_memory(self) -> int:
-        """A sensible share: 90% of free GPU memory less a margin for activations; on CPU a quarter of
-        available RAM, at most 4 GiB (CPU decode is bandwidth-bound long before that fills)."""
-        free = self.available_memory()
-        if self.is_cuda:
-            return max(int(free * 0.9) - 2 * 2**30, free // 2)
-        return min(free // 4, 4 * 2**30)
+        return default_kv_cache_bytes(self.is_cuda, self.available_memory())
 
     def synchronize(self) -> None:
         if self.is_cuda:

@@ -1,0 +1,81 @@
+"""`tokenmill plan`: the memory arithmetic from the model's header alone, before anything is loaded.
+
+Reads the GGUF header or config.json (no weights, no torch), then prints weight bytes, KV bytes per token
+and per block, how many tokens the cache holds, how many sequences of a given length fit at once, and a
+verdict. `serve` and the engine run the same arithmetic (tokenmill.memory_plan) and refuse the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tokenmill.config import format_size, parse_size
+from tokenmill.loader.model_config import ModelConfig
+from tokenmill.loader.model_source import resolve_model
+from tokenmill.memory_plan import CacheTooSmallError, available_ram, default_kv_cache_bytes, make_plan
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def read_model_config(model: str) -> tuple[ModelConfig, int]:
+    """(config, bytes of the weights on disk) from headers only."""
+    source = resolve_model(model)
+    if source.kind == "gguf":
+        from tokenmill.loader.gguf import GGUFFile
+        gf = GGUFFile(source.path)
+        try:
+            return ModelConfig.from_gguf(gf.metadata, set(gf.tensors), gf.quantization()), source.path.stat().st_size
+        finally:
+            gf.close()
+    size = sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
+    return ModelConfig.from_hf_dir(source.path), size
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default="default", help="a .gguf file, an HF directory, or 'default'")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB (default: what serve would pick here)")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPE_BYTES])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where it would run (default cpu; the GPU's free memory is not probed here)")
+    p.add_argument("--seq-len", type=int, default=None, help="length for 'how many fit at once' (default: max_model_len)")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    cfg, disk_bytes = read_model_config(args.model)
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if args.device == "cuda" else "float32")
+    kv = parse_size(args.kv_cache_memory)
+    if kv is None:
+        if args.device == "cuda":
+            print("tokenmill plan: --kv-cache-memory is needed with --device cuda (GPU memory is not probed)",
+                  file=sys.stderr)
+            return 2
+        kv = default_kv_cache_bytes(False, available_ram())
+    max_len = args.max_model_len or cfg.max_position_embeddings
+    plan = make_plan(cfg, _DTYPE_BYTES[dtype], args.block_size, kv, max_len)
+    seq_len = args.seq_len or max_len
+    print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+          f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads of {cfg.head_dim}), context {cfg.max_position_embeddings}")
+    print(f"on disk: {format_size(disk_bytes)} ({cfg.quantization})")
+    for line in plan.lines():
+        print(line)
+    per_seq_blocks = -(-seq_len // args.block_size)
+    fit = plan.num_blocks // per_seq_blocks if per_seq_blocks else 0
+    print(f"sequences of {seq_len} tokens that fit at once: {fit} (max_num_seqs {args.max_num_seqs})")
+    if max_len > cfg.max_position_embeddings:
+        print(f"warning: max_model_len {max_len} is beyond the model's trained context {cfg.max_position_embeddings}")
+    try:
+        plan.check()
+    except CacheTooSmallError as e:
+        print(f"verdict: cannot work. {e}")
+        return 1
+    if fit < args.max_num_seqs:
+        print(f"verdict: works. At most {fit} sequences of {seq_len} tokens run at once; with more, requests "
+              f"wait or are preempted (recompute). For {args.max_num_seqs} at once use --kv-cache-memory "
+              f"{format_size(args.max_num_seqs * per_seq_blocks * plan.kv_bytes_per_block)}.")
+    else:
+        print("verdict: works.")
+    return 0
