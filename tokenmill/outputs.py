@@ -20,7 +20,6 @@ class Logprob:
     token_id: int
     logprob: float
     rank: int  # 1 = most likely
-    token: str = ""
 
 
 @dataclass

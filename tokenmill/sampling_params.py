@@ -98,10 +98,10 @@ class SamplingParams:
             if not -100.0 <= b <= 100.0:
                 bad("logit_bias", f"values must be in [-100, 100], got {b} for token {tok}")
             if tok < 0 or (vocab_size is not None and tok >= vocab_size):
-                bad("logit_bias", f"token id {tok} is out of range [0, {vocab_size})")
+                bad("logit_bias", f"token id {tok} is out of range [0, {vocab_size or 'vocab_size'})")
         for tok in self.stop_token_ids or []:
             if tok < 0 or (vocab_size is not None and tok >= vocab_size):
-                bad("stop_token_ids", f"token id {tok} is out of range [0, {vocab_size})")
+                bad("stop_token_ids", f"token id {tok} is out of range [0, {vocab_size or 'vocab_size'})")
 
     @property
     def is_greedy(self) -> bool:

@@ -101,3 +101,19 @@ def test_sampling_follows_the_distribution() -> None:
     toks = torch.tensor(sample(logits, batch(S=4000, temperature=1.0, all_greedy=False)).token_ids)
     freq = torch.bincount(toks, minlength=V).float() / 4000
     assert torch.allclose(freq, LOGITS.exp()[0], atol=0.03)
+
+
+def test_top_k_beyond_vocab_is_no_cut_and_huge_seeds_work() -> None:
+    """Both once crashed the engine thread; the runner must take any valid request."""
+    from tokenmill.engine.request import Request
+    from tokenmill.engine.scheduler import ScheduledRequest
+    from tokenmill.sampling_params import SamplingParams
+    from tokenmill.worker.model_runner import ModelRunner
+
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.device, runner.vocab_size, runner.generators = torch.device("cpu"), V, {}
+    p = SamplingParams(temperature=1.0, top_k=10 * V, seed=2**70 + 3)
+    r = Request("x", [1, 2], p, 4, seed=p.seed)
+    b = runner._prepare_sampling([ScheduledRequest(r, 2, 1, True)])
+    assert b.top_k is None
+    assert len(sample(LOGITS, b).token_ids) == 1

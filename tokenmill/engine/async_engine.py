@@ -54,11 +54,9 @@ class _Abort:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, on_death: Callable[[BaseException], None] | None = None,
-                 max_waiting: int | None = None) -> None:
+    def __init__(self, engine: LLMEngine, on_death: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
         self.on_death = on_death
-        self.max_waiting = max_waiting
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._sinks: dict[str, Callable[[RequestOutput | BaseException], None]] = {}
         self._wake = threading.Event()

@@ -7,6 +7,7 @@ the streamed delta: they might be the start of a stop string that must not be sh
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from tokenmill.engine.request import Request, RequestStatus
@@ -113,6 +114,7 @@ class OutputProcessor:
             return None
         if finished:
             st.finished_emitted = True
+            st.metrics.finished_time = time.monotonic()
             first = st.seqs[0].request
             st.metrics.first_scheduled_time = first.first_scheduled_time
             st.metrics.first_token_time = min((s.request.first_token_time for s in st.seqs

@@ -93,8 +93,8 @@ class ModelRunner:
         temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
         all_greedy = all(p.temperature == 0 for p in params)
         top_k = top_p = min_p = None
-        if any(p.top_k > 0 and p.temperature > 0 for p in params):
-            top_k = torch.tensor([p.top_k if p.top_k > 0 else V for p in params], dtype=torch.long, device=dev)
+        if any(0 < p.top_k < V and p.temperature > 0 for p in params):
+            top_k = torch.tensor([p.top_k if 0 < p.top_k < V else V for p in params], dtype=torch.long, device=dev)
         if any(p.top_p < 1.0 and p.temperature > 0 for p in params):
             top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
         if any(p.min_p > 0 and p.temperature > 0 for p in params):
@@ -108,7 +108,7 @@ class ModelRunner:
             g = self.generators.get(s.request.request_id)
             if g is None:
                 g = torch.Generator(device=dev)
-                g.manual_seed(seed)
+                g.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)  # torch takes 64-bit seeds; fold any int in
                 self.generators[s.request.request_id] = g
             gens.append(g)
         b = SamplingBatch(temp, top_k, top_p, min_p, gens, all_greedy)

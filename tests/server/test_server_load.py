@@ -1,0 +1,124 @@
+"""Many concurrent streams with a responsive /health, and client disconnects that abort their requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+from conftest import API_KEY
+from prometheus_client.parser import text_string_to_metric_families
+from server_process import ServerProcess
+
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def metrics(server: ServerProcess) -> dict[str, float]:
+    text = httpx.get(f"{server.url}/metrics", headers=HEADERS).text
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + ("{" + s.labels["finished_reason"] + "}" if "finished_reason" in s.labels else "")
+            out[key] = s.value
+    return out
+
+
+def test_metric_names(server: ServerProcess) -> None:
+    text = httpx.get(f"{server.url}/metrics", headers=HEADERS).text
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
+                 "request_time_per_output_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+                 "request_prefill_time_seconds", "request_decode_time_seconds"):
+        assert f"# TYPE tokenmill:{name} histogram" in text
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert f"# TYPE tokenmill:{name} gauge" in text
+    for name in ("prompt_tokens", "generation_tokens", "request_success", "num_preemptions",
+                 "prefix_cache_queries", "prefix_cache_hits"):
+        assert f"tokenmill:{name}_total{{" in text
+    for reason in ("stop", "length", "abort", "error"):
+        assert f'tokenmill:request_success_total{{finished_reason="{reason}",model_name="SmolLM2-135M-Instruct"}}' \
+            in text
+
+
+def test_32_concurrent_streams_and_health(server: ServerProcess) -> None:
+    num_clients, max_tokens = 32, 16
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def poll_health() -> None:
+        with httpx.Client() as c:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                assert c.get(f"{server.url}/health").status_code == 200
+                latencies.append(time.perf_counter() - t0)
+                time.sleep(0.05)
+
+    async def one(client: httpx.AsyncClient, i: int) -> tuple[int, str | None, int]:
+        body = {"prompt": f"Story number {i}:", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.8,
+                "stream": True, "stream_options": {"include_usage": True}}
+        num_text_chunks, finish, usage = 0, None, -1
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk["choices"]:
+                    num_text_chunks += 1
+                    finish = chunk["choices"][0]["finish_reason"] or finish
+                else:
+                    usage = chunk["usage"]["completion_tokens"]
+        return usage, finish, num_text_chunks
+
+    async def main() -> list[tuple[int, str | None, int]]:
+        async with httpx.AsyncClient(base_url=server.url, headers=HEADERS, timeout=120) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(num_clients)))
+
+    poller = threading.Thread(target=poll_health)
+    poller.start()
+    try:
+        results = asyncio.run(main())
+    finally:
+        stop.set()
+        poller.join()
+    assert all(usage == max_tokens and finish == "length" and chunks >= 1 for usage, finish, chunks in results), results
+    assert len(latencies) >= 5
+    assert max(latencies) < 0.1, f"slowest /health took {max(latencies) * 1000:.0f} ms"
+
+
+def _wait_for(cond, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_disconnect_aborts(server: ServerProcess) -> None:
+    before = metrics(server)["tokenmill:request_success_total{abort}"]
+    body = {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    # another request keeps running meanwhile and must finish normally
+    other = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", headers=HEADERS, timeout=60,
+                                                       json={"prompt": "Hi", "max_tokens": 30, "ignore_eos": True}))
+    other.start()
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=60) as r:
+        lines = r.iter_lines()
+        got = 0
+        for line in lines:
+            if line.startswith("data: {"):
+                got += 1
+            if got == 3:
+                break  # leaving the block closes the connection mid-stream
+    assert _wait_for(lambda: metrics(server)["tokenmill:request_success_total{abort}"] == before + 1)
+    # non-streaming: the client gives up (timeout) and its request is aborted as well
+    try:
+        httpx.post(f"{server.url}/v1/completions", headers=HEADERS, timeout=1.0,
+                   json={"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True})
+    except httpx.TimeoutException:
+        pass
+    assert _wait_for(lambda: metrics(server)["tokenmill:request_success_total{abort}"] == before + 2)
+    other.join()
+    assert _wait_for(lambda: metrics(server)["tokenmill:kv_cache_usage_perc"] == 0.0
+                     and metrics(server)["tokenmill:num_requests_running"] == 0)

@@ -1,0 +1,165 @@
+"""OpenAIServingChat: POST /v1/chat/completions, streaming and not.
+
+Messages are rendered with the model's chat template and tokenized on a worker thread. Streaming sends,
+per choice, a first chunk with `role: assistant`, then content deltas, then a chunk with its finish_reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from tokenmill.entrypoints.openai.errors import APIError, bad_request
+from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+                                                   ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
+                                                   ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,
+                                                   ChatTopLogprob)
+from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, sse, sse_error
+from tokenmill.outputs import RequestOutput, TokenLogprobs
+from tokenmill.sampling_params import SamplingParams
+
+
+def messages_for_template(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Plain dicts for the chat template; list content becomes its text parts joined. 400 on other parts."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise bad_request(f"messages[{i}].content[{j}]: only text content parts are supported, got "
+                                      f"type {part.type!r}", f"messages[{i}].content[{j}].type")
+                texts.append(part.text)
+            content = "\n".join(texts)
+        msg: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
+        for key in ("name", "tool_call_id", "tool_calls"):
+            if getattr(m, key) is not None:
+                msg[key] = getattr(m, key)
+        out.append(msg)
+    return out
+
+
+class OpenAIServingChat(OpenAIServing):
+    async def create_chat_completion(self, req: ChatCompletionRequest,
+                                     raw_request: Request) -> Response | ChatCompletionResponse:
+        """Validate, render, then stream SSE or return the whole ChatCompletionResponse. Raises APIError."""
+        self.check_model(req.model)
+        self._reject_unsupported(req)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = self.sampling_params(req, max_tokens, logprobs)
+        if not req.messages:
+            raise bad_request("messages must not be empty", "messages")
+        prompt_ids = self.prepare_prompt(await self.render(req.messages, req.add_generation_prompt is not False),
+                                         params)
+        self.check_admission()
+        request_id = self.new_id("chatcmpl")
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(self._stream(request_id, prompt_ids, params, include_usage),
+                                     media_type="text/event-stream")
+        result = await self.until_disconnect(self._collect(request_id, prompt_ids, params), raw_request)
+        return result if result is not None else Response(status_code=499)
+
+    async def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        """Chat template + tokenize, on a worker thread. Template errors are 400s."""
+        plain = messages_for_template(messages)
+
+        def work() -> list[int]:
+            text = self.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
+            return self.tokenizer.encode(text)
+
+        try:
+            return await asyncio.to_thread(work)
+        except ValueError as e:  # ChatTemplateError is a ValueError
+            raise bad_request(str(e), "messages") from None
+
+    @staticmethod
+    def _reject_unsupported(req: ChatCompletionRequest) -> None:
+        if req.tools:
+            raise bad_request("tools: tool calling is not supported by this server", "tools")
+        if req.tool_choice not in (None, "none", "auto"):
+            raise bad_request("tool_choice: tool calling is not supported by this server", "tool_choice")
+        if req.response_format is not None and req.response_format.type != "text":
+            raise bad_request(f"response_format: only type 'text' is supported, got {req.response_format.type!r}",
+                              "response_format")
+
+    async def _collect(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> ChatCompletionResponse:
+        final: RequestOutput | None = None
+        async with contextlib.aclosing(self.generate(request_id, prompt_ids, params)) as outputs:
+            async for out in outputs:
+                if out.finished:
+                    self.check_finished(out)
+                    final = out
+        assert final is not None  # generate ends only after the finished output
+        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                              logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None else None,
+                              finish_reason=c.finish_reason.value if c.finish_reason else None,
+                              stop_reason=c.stop_reason)
+                   for c in final.outputs]
+        num_completion = sum(len(c.token_ids) for c in final.outputs)
+        return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
+                                      usage=self.usage(len(prompt_ids), num_completion))
+
+    async def _stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                      include_usage: bool) -> AsyncIterator[bytes]:
+        created = int(time.time())
+
+        def chunk(choice: ChatChunkChoice) -> bytes:
+            return sse(ChatCompletionChunk(id=request_id, created=created, model=self.served_model_name,
+                                           choices=[choice]))
+
+        num_sent_tokens = [0] * params.n
+        finished: set[int] = set()
+        num_completion = 0
+        try:
+            for i in range(params.n):
+                yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
+            async with contextlib.aclosing(self.generate(request_id, prompt_ids, params)) as outputs:
+                async for out in outputs:
+                    if out.finished:
+                        self.check_finished(out)
+                    for c in out.outputs:
+                        if c.index in finished:
+                            continue
+                        start = num_sent_tokens[c.index]
+                        new_ids = c.delta_token_ids
+                        num_sent_tokens[c.index] = start + len(new_ids)
+                        lps = None
+                        if c.logprobs is not None and new_ids:
+                            lps = self._logprobs(new_ids, c.logprobs[start:start + len(new_ids)])
+                        finish = c.finish_reason.value if c.finish_reason else None
+                        if not c.delta_text and lps is None and finish is None:
+                            continue
+                        yield chunk(ChatChunkChoice(
+                            index=c.index, delta=ChatDelta(content=c.delta_text) if c.delta_text else ChatDelta(),
+                            logprobs=lps, finish_reason=finish, stop_reason=c.stop_reason if finish else None))
+                        if finish is not None:
+                            finished.add(c.index)
+                            num_completion += len(c.token_ids)
+            if include_usage:
+                yield sse(ChatCompletionChunk(id=request_id, created=created, model=self.served_model_name,
+                                              choices=[], usage=self.usage(len(prompt_ids), num_completion)))
+        except APIError as e:  # headers are sent: the error goes in the stream
+            yield sse_error(e)
+        yield SSE_DONE
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs]) -> ChatLogprobs:
+        """The chat logprobs shape: one entry per token with its top alternatives."""
+        content = []
+        for tok, lp in zip(token_ids, logprobs):
+            text = self.token_text(tok)
+            top = [ChatTopLogprob(token=(t_text := self.token_text(t.token_id)), logprob=self.clamp_logprob(t.logprob),
+                                  bytes=list(t_text.encode())) for t in lp.top]
+            content.append(ChatTokenLogprob(token=text, logprob=self.clamp_logprob(lp.logprob),
+                                            bytes=list(text.encode()), top_logprobs=top))
+        return ChatLogprobs(content=content)

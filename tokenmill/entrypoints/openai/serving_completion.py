@@ -1,0 +1,155 @@
+"""OpenAIServingCompletion: POST /v1/completions, streaming and not.
+
+A request with P prompts and n choices runs as P engine requests (each with its own n); choice
+`p * n + i` is choice i of prompt p, so indices are stable across chunks and in the final response.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from tokenmill.entrypoints.openai.errors import APIError, bad_request
+from tokenmill.entrypoints.openai.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
+                                                   CompletionRequest, CompletionResponse)
+from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, merge_streams, sse, sse_error
+from tokenmill.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from tokenmill.sampling_params import SamplingParams
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create_completion(self, req: CompletionRequest, raw_request: Request) -> Response | CompletionResponse:
+        """Validate, then stream SSE or return the whole CompletionResponse. Raises APIError."""
+        self.check_model(req.model)
+        if req.suffix is not None:
+            raise bad_request("suffix is not supported by this server", "suffix")
+        if req.best_of is not None and req.best_of != 1:
+            raise bad_request("best_of other than 1 is not supported; use n for several choices", "best_of")
+        if req.echo and req.logprobs is not None:
+            raise bad_request("echo together with logprobs needs prompt logprobs, which are not supported", "echo")
+        params = self.sampling_params(req, req.max_tokens, req.logprobs)
+        prompts = await self._prompt_ids(req.prompt)
+        prompts = [self.prepare_prompt(p, params) for p in prompts]
+        self.check_admission()
+        request_id = self.new_id("cmpl")
+        echo = [self.tokenizer.decode(p) for p in prompts] if req.echo else None
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(self._stream(request_id, prompts, params, echo, include_usage),
+                                     media_type="text/event-stream")
+        result = await self.until_disconnect(self._collect(request_id, prompts, params, echo), raw_request)
+        return result if result is not None else Response(status_code=499)
+
+    async def _prompt_ids(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+        """Every accepted prompt shape as a list of token-id lists."""
+        if isinstance(prompt, str):
+            return [await self.encode(prompt)]
+        if not prompt:
+            raise bad_request("prompt must not be empty", "prompt")
+        if all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        if all(isinstance(p, str) for p in prompt):
+            return [await self.encode(p) for p in prompt]  # type: ignore[arg-type]
+        if all(isinstance(p, list) for p in prompt):
+            return [list(p) for p in prompt]  # type: ignore[arg-type]
+        raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such lists",
+                          "prompt")
+
+    def _engine_streams(self, request_id: str, prompts: list[list[int]],
+                        params: SamplingParams) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+        return merge_streams([self.generate(rid, p, params) for rid, p in zip(ids, prompts)])
+
+    async def _collect(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
+                       echo: list[str] | None) -> CompletionResponse:
+        final: dict[int, RequestOutput] = {}
+        async with contextlib.aclosing(self._engine_streams(request_id, prompts, params)) as outputs:
+            async for p, out in outputs:
+                if out.finished:
+                    self.check_finished(out)
+                    final[p] = out
+        choices: list[CompletionChoice] = []
+        num_completion = 0
+        for p in range(len(prompts)):
+            for c in final[p].outputs:
+                num_completion += len(c.token_ids)
+                lps = self._logprobs(c.token_ids, c.logprobs, 0) if c.logprobs is not None else None
+                choices.append(CompletionChoice(
+                    index=p * params.n + c.index, text=(echo[p] if echo else "") + c.text, logprobs=lps,
+                    finish_reason=c.finish_reason.value if c.finish_reason else None, stop_reason=c.stop_reason))
+        return CompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
+                                  usage=self.usage(sum(len(p) for p in prompts), num_completion))
+
+    async def _stream(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
+                      echo: list[str] | None, include_usage: bool) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        n = params.n
+
+        def chunk(index: int, text: str, logprobs: CompletionLogprobs | None = None, finish: str | None = None,
+                  stop_reason: int | str | None = None) -> bytes:
+            return sse(CompletionChunk(id=request_id, created=created, model=self.served_model_name, choices=[
+                CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish,
+                                 stop_reason=stop_reason)]))
+
+        num_sent_tokens: dict[int, int] = {}  # choice -> tokens already reported (for logprob slices)
+        text_offset: dict[int, int] = {}  # choice -> characters already sent
+        finished: set[int] = set()
+        num_completion = 0
+        try:
+            if echo:
+                for p, text in enumerate(echo):
+                    for i in range(n):
+                        yield chunk(p * n + i, text)
+            async with contextlib.aclosing(self._engine_streams(request_id, prompts, params)) as outputs:
+                async for p, out in outputs:
+                    if out.finished:
+                        self.check_finished(out)
+                    for c in out.outputs:
+                        index = p * n + c.index
+                        if index in finished:
+                            continue
+                        frame = self._delta(index, c, num_sent_tokens, text_offset, chunk)
+                        if frame is not None:
+                            yield frame
+                        if c.finish_reason is not None:
+                            finished.add(index)
+                            num_completion += len(c.token_ids)
+            if include_usage:
+                yield sse(CompletionChunk(id=request_id, created=created, model=self.served_model_name, choices=[],
+                                          usage=self.usage(sum(len(p) for p in prompts), num_completion)))
+        except APIError as e:  # headers are sent: the error goes in the stream
+            yield sse_error(e)
+        yield SSE_DONE
+
+    def _delta(self, index: int, c: CompletionOutput, num_sent_tokens: dict[int, int], text_offset: dict[int, int],
+               chunk: object) -> bytes | None:
+        """The frame for choice `index`'s news in this output, or None when it has none."""
+        start = num_sent_tokens.get(index, 0)
+        new_ids = c.delta_token_ids
+        lps = None
+        if c.logprobs is not None and new_ids:
+            lps = self._logprobs(new_ids, c.logprobs[start:start + len(new_ids)], text_offset.get(index, 0))
+        num_sent_tokens[index] = start + len(new_ids)
+        finish = c.finish_reason.value if c.finish_reason else None
+        if not c.delta_text and lps is None and finish is None:
+            return None
+        text_offset[index] = text_offset.get(index, 0) + len(c.delta_text)
+        return chunk(index, c.delta_text, lps, finish, c.stop_reason if finish else None)  # type: ignore[operator]
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
+        """The completions logprobs shape for these tokens; offsets count characters from `offset`."""
+        out = CompletionLogprobs()
+        for tok, lp in zip(token_ids, logprobs):
+            text = self.token_text(tok)
+            out.tokens.append(text)
+            out.token_logprobs.append(self.clamp_logprob(lp.logprob))
+            top = {self.token_text(t.token_id): self.clamp_logprob(t.logprob) for t in lp.top}
+            top.setdefault(text, self.clamp_logprob(lp.logprob))
+            out.top_logprobs.append(top)
+            out.text_offset.append(offset)
+            offset += len(text)
+        return out

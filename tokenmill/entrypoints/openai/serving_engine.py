@@ -1,0 +1,253 @@
+"""OpenAIServing: what the completions and chat endpoints share.
+
+Admission (draining, engine death, queue limit), model-name checks, building SamplingParams from request
+fields, tokenizing off the event loop, validating the prompt against the context, running a request with
+client-disconnect detection, logprob token strings, and SSE framing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError
+from tokenmill.engine.llm_engine import ContextLengthError
+from tokenmill.entrypoints.openai.errors import APIError, bad_request, error_body
+from tokenmill.entrypoints.openai.protocol import SamplingFields, Usage
+from tokenmill.metrics import ServerMetrics
+from tokenmill.outputs import FinishReason, RequestOutput
+from tokenmill.sampling_params import SamplingParams
+
+T = TypeVar("T")
+SSE_DONE = b"data: [DONE]\n\n"
+_MIN_LOGPROB = -9999.0  # JSON has no -inf: a token with probability 0 reports this
+
+
+@dataclass
+class ServerState:
+    """Mutable server lifecycle state shared by the routes (one per app, never module-global)."""
+
+    is_ready: bool = False  # the engine is loaded and the app is serving
+    is_draining: bool = False  # shutting down: admit nothing new
+    in_flight: set[str] = field(default_factory=set)  # engine request ids being served
+
+
+class OpenAIServing:
+    def __init__(self, async_engine: AsyncEngine, served_model_name: str, metrics: ServerMetrics | None,
+                 state: ServerState, max_waiting_requests: int | None = None) -> None:
+        self.async_engine = async_engine
+        self.engine = async_engine.engine
+        self.tokenizer = self.engine.tokenizer
+        self.vocab_size: int = self.engine.model_config.vocab_size
+        self.max_model_len: int = self.engine.max_model_len
+        self.served_model_name = served_model_name
+        self.metrics = metrics
+        self.state = state
+        self.max_waiting_requests = max_waiting_requests
+        self._token_text: dict[int, str] = {}
+
+    # -- admission -------------------------------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        """Raise 404 unless `model` is absent or names the served model (or the engine's own name)."""
+        if model is not None and model not in (self.served_model_name, self.engine.model_name):
+            raise APIError(404, f"The model `{model}` does not exist. This server serves "
+                                f"`{self.served_model_name}`.", "model")
+
+    def check_admission(self) -> None:
+        """Raise 503 while draining, after engine death, or when too many requests already wait."""
+        if self.state.is_draining:
+            raise APIError(503, "the server is shutting down and admits no new requests")
+        if self.async_engine.is_dead:
+            raise APIError(503, f"the engine has stopped: {self.async_engine.dead_reason}")
+        if self.max_waiting_requests is not None:
+            # requests the engine holds but is not running yet (n > 1 counts once per request)
+            num_waiting = self.async_engine.num_unfinished - self.engine.stats()["num_running"]
+            if num_waiting >= self.max_waiting_requests:
+                raise APIError(503, f"too many requests are waiting ({num_waiting}); retry shortly",
+                               headers={"Retry-After": "1"})
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+    # -- request -> engine inputs ----------------------------------------------------------------------
+    def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """SamplingParams from the request fields; a bad value is a 400 naming its field."""
+        bias: dict[int, float] | None = None
+        if req.logit_bias:
+            bias = {}
+            for key, value in req.logit_bias.items():
+                try:
+                    bias[int(key)] = value
+                except ValueError:
+                    raise bad_request(f"logit_bias: keys must be token ids, got {key!r}", "logit_bias") from None
+        top_k = 0 if req.top_k is None else req.top_k
+        try:
+            return SamplingParams(
+                n=1 if req.n is None else req.n,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=min(top_k, self.vocab_size),  # a k past the vocabulary means "all of it"
+                min_p=req.min_p or 0.0,
+                seed=req.seed,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                logit_bias=bias,
+                max_tokens=max_tokens,
+                min_tokens=req.min_tokens or 0,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids,
+                ignore_eos=bool(req.ignore_eos),
+                include_stop_str_in_output=bool(req.include_stop_str_in_output),
+                skip_special_tokens=req.skip_special_tokens is not False,
+                logprobs=logprobs,
+                truncate_prompt_tokens=req.truncate_prompt_tokens,
+            )
+        except ValueError as e:
+            raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Tokenize on a worker thread so long prompts do not stall the event loop."""
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
+
+    def prepare_prompt(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        """Apply truncate_prompt_tokens and check the prompt fits the context; 400 otherwise."""
+        if params.truncate_prompt_tokens is not None:
+            prompt_ids = prompt_ids[-params.truncate_prompt_tokens:]
+        try:
+            self.engine.validate_prompt(prompt_ids, params)
+        except ContextLengthError as e:
+            raise bad_request(str(e)) from None
+        except ValueError as e:
+            raise bad_request(str(e), str(e).split(" ", 1)[0] if str(e).startswith(("logit_bias", "stop_token_ids"))
+                              else None) from None
+        return prompt_ids
+
+    # -- running ---------------------------------------------------------------------------------------
+    async def generate(self, request_id: str, prompt_ids: list[int],
+                       params: SamplingParams) -> AsyncGenerator[RequestOutput, None]:
+        """The engine's outputs for one request. Failures become APIErrors for this request alone.
+
+        Closing or cancelling the iteration aborts the request in the engine (AsyncEngine's contract).
+        """
+        self.state.in_flight.add(request_id)
+        try:
+            # stream=True even for non-streaming responses: per-step outputs time inter-token latency
+            stream = self.async_engine.generate(request_id, prompt_ids, params, stream=True)
+            async with contextlib.aclosing(stream) as outputs:  # type: ignore[type-var]
+                async for out in outputs:
+                    yield out
+        except EngineDeadError as e:
+            if self.metrics is not None:
+                self.metrics.on_request_error()
+            raise APIError(503 if self.state.is_draining else 500, str(e)) from None
+        except ValueError as e:  # rejected by the engine at admission
+            if self.metrics is not None:
+                self.metrics.on_request_error()
+            raise bad_request(str(e)) from None
+        finally:
+            self.state.in_flight.discard(request_id)
+
+    def check_finished(self, out: RequestOutput) -> None:
+        """Turn an aborted or failed final output into the APIError the client should see."""
+        reasons = {c.finish_reason for c in out.outputs}
+        if FinishReason.ERROR in reasons or out.error and FinishReason.ABORT not in reasons:
+            raise APIError(500, f"the request failed: {out.error or 'error inside the engine'}")
+        if FinishReason.ABORT in reasons:
+            if self.state.is_draining:
+                raise APIError(503, "the request was aborted because the server is shutting down")
+            raise APIError(500, f"the request was aborted{': ' + out.error if out.error else ''}")
+
+    async def until_disconnect(self, work: Awaitable[T], raw_request: Request) -> T | None:
+        """Await `work` unless the client goes away first; then cancel it (aborting its engine requests)
+        and return None. For non-streaming responses: streaming ones are watched by Starlette itself."""
+        task = asyncio.ensure_future(work)
+        watch = asyncio.create_task(_wait_for_disconnect(raw_request))
+        try:
+            await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+            watch.cancel()
+        if task.cancelled() or not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
+        return task.result()
+
+    # -- output helpers --------------------------------------------------------------------------------
+    def token_text(self, token_id: int) -> str:
+        """The text of one token, special tokens included, for logprobs."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    @staticmethod
+    def clamp_logprob(value: float) -> float:
+        return max(float(value), _MIN_LOGPROB)
+
+    @staticmethod
+    def usage(num_prompt: int, num_completion: int) -> Usage:
+        return Usage(prompt_tokens=num_prompt, completion_tokens=num_completion,
+                     total_tokens=num_prompt + num_completion)
+
+
+def sse(payload: Any) -> bytes:
+    """One Server-Sent Events frame: `data: <json>` and a blank line."""
+    data = payload.model_dump_json() if hasattr(payload, "model_dump_json") else json.dumps(payload)
+    return b"data: " + data.encode() + b"\n\n"
+
+
+def sse_error(err: APIError) -> bytes:
+    return sse(error_body(err.status, err.message, err.param))
+
+
+async def _wait_for_disconnect(raw_request: Request) -> None:
+    """Return when the client has closed the connection (the body has been read already)."""
+    while True:
+        message = await raw_request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncGenerator[tuple[int, T], None]:
+    """Interleave several async iterators as (index, item). Closing the merge cancels every stream."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    end = object()
+
+    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((i, item))
+            await queue.put((i, end))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer
+            await queue.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is end:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,168 @@
+"""ServerMetrics: Prometheus metrics with vLLM's names under the `tokenmill:` prefix, and the request log.
+
+Each app gets its own CollectorRegistry (no process-global state, so tests can build many apps). Request
+histograms and counters are fed by `on_step`, an AsyncEngine step hook that runs on the engine thread
+(prometheus_client is thread-safe). Engine-wide gauges and counters (running, waiting, KV usage,
+preemptions, prefix cache) are read from `engine.stats()` at scrape time, so they are never stale.
+
+The server adds every request to the engine with stream=True, so each step that makes tokens yields an
+output: that is what lets `on_step` time inter-token latency for streaming and non-streaming alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tokenmill.outputs import FinishReason, RequestOutput
+
+request_log = logging.getLogger("tokenmill.requests")
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass
+class _Live:
+    """What on_step remembers about one unfinished request."""
+
+    last_token_time: float | None = None
+
+
+class _EngineCollector(Collector):
+    """Gauges and cumulative counters read from engine.stats() when Prometheus scrapes."""
+
+    def __init__(self, model_name: str, stats: Callable[[], dict[str, float]]) -> None:
+        self.model_name = model_name
+        self.stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.stats()
+        for name, doc, key in (
+            ("num_requests_running", "Sequences running in the engine.", "num_running"),
+            ("num_requests_waiting", "Sequences waiting to be scheduled.", "num_waiting"),
+            ("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).", "kv_cache_usage"),
+        ):
+            g = GaugeMetricFamily(f"tokenmill:{name}", doc, labels=["model_name"])
+            g.add_metric([self.model_name], float(s[key]))
+            yield g
+        for name, doc, key in (
+            ("num_preemptions", "Sequences preempted (their KV freed, to recompute).", "num_preemptions"),
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
+            ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+        ):
+            c = CounterMetricFamily(f"tokenmill:{name}", doc, labels=["model_name"])
+            c.add_metric([self.model_name], float(s[key]))
+            yield c
+
+
+class ServerMetrics:
+    """All of the server's metrics for one model. `on_step` is the AsyncEngine step hook."""
+
+    def __init__(self, model_name: str, stats: Callable[[], dict[str, float]], log_requests: bool = True) -> None:
+        self.model_name = model_name
+        self.log_requests = log_requests
+        self.registry = CollectorRegistry()
+        self._live: dict[str, _Live] = {}
+        r, lbl = self.registry, ["model_name"]
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
+            return Histogram(f"tokenmill:{name}", doc, lbl, buckets=buckets, registry=r).labels(model_name)
+
+        self.ttft = hist("time_to_first_token_seconds", "Arrival to first output token.")
+        self.itl = hist("inter_token_latency_seconds", "Time between consecutive output tokens.")
+        self.tpot = hist("request_time_per_output_token_seconds", "Decode time per output token after the first.")
+        self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish.")
+        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled.")
+        self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token.")
+        self.decode = hist("request_decode_time_seconds", "First token to finish.")
+        self.prompt_len = hist("request_prompt_tokens", "Prompt tokens per request.", _TOKEN_BUCKETS)
+        self.gen_len = hist("request_generation_tokens", "Output tokens per request (all choices).", _TOKEN_BUCKETS)
+        self.prompt_tokens = Counter("tokenmill:prompt_tokens", "Prompt tokens of finished requests.", lbl,
+                                     registry=r).labels(model_name)
+        self.generation_tokens = Counter("tokenmill:generation_tokens", "Output tokens generated.", lbl,
+                                         registry=r).labels(model_name)
+        success = Counter("tokenmill:request_success", "Finished requests by finish reason.",
+                          ["model_name", "finished_reason"], registry=r)
+        self.finished = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
+        r.register(_EngineCollector(model_name, stats))
+
+    # -- hooks -------------------------------------------------------------------------------------------
+    def on_step(self, outputs: list[RequestOutput]) -> None:
+        """AsyncEngine step hook (engine thread): time tokens, and account requests that finished."""
+        now = time.monotonic()
+        for out in outputs:
+            live = self._live.get(out.request_id)
+            if live is None:
+                live = self._live[out.request_id] = _Live()
+            num_new = sum(len(c.delta_token_ids) for c in out.outputs)
+            if num_new:
+                self.generation_tokens.inc(num_new)
+                if live.last_token_time is None:
+                    if out.metrics is not None:
+                        self.ttft.observe(now - out.metrics.arrival_time)
+                else:
+                    gap = (now - live.last_token_time) / num_new
+                    for _ in range(num_new):
+                        self.itl.observe(gap)
+                live.last_token_time = now
+            if out.finished:
+                del self._live[out.request_id]
+                self._on_finished(out, now)
+
+    def on_request_error(self) -> None:
+        """A request that failed outside the engine's outputs (the serving layer answered 500)."""
+        self.finished["error"].inc()
+
+    def _on_finished(self, out: RequestOutput, now: float) -> None:
+        reasons = {c.finish_reason for c in out.outputs}
+        reason: FinishReason = out.outputs[0].finish_reason or FinishReason.ABORT
+        for worst in (FinishReason.ABORT, FinishReason.ERROR):  # the last match wins: error over abort
+            if worst in reasons:
+                reason = worst
+        self.finished[reason.value].inc()
+        num_prompt = len(out.prompt_token_ids)
+        num_output = sum(len(c.token_ids) for c in out.outputs)
+        self.prompt_tokens.inc(num_prompt)
+        self.prompt_len.observe(num_prompt)
+        self.gen_len.observe(num_output)
+        m = out.metrics
+        if m is None:
+            return
+        e2e = now - m.arrival_time
+        self.e2e.observe(e2e)
+        queue = prefill = decode = ttft = None
+        if m.first_scheduled_time is not None:
+            queue = m.first_scheduled_time - m.arrival_time
+            self.queue.observe(queue)
+        if m.first_token_time is not None:
+            ttft = m.first_token_time - m.arrival_time
+            decode = now - m.first_token_time
+            self.decode.observe(decode)
+            if m.first_scheduled_time is not None:
+                prefill = m.first_token_time - m.first_scheduled_time
+                self.prefill.observe(prefill)
+            num_first = len(out.outputs[0].token_ids)
+            if num_first > 1:
+                self.tpot.observe(decode / (num_first - 1))
+        if self.log_requests:  # one line per request; never the prompt or output text
+            request_log.info(
+                "request %s finished: %s, prompt %d tokens, output %d tokens, queue %s, ttft %s, total %.3fs%s",
+                out.request_id, reason.value, num_prompt, num_output, _secs(queue), _secs(ttft), e2e,
+                f", error: {out.error}" if out.error else "")
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
