@@ -46,6 +46,14 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, v)
 
 
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """cache (NB, bs, nkv, hd), block_ids (...,) -> (..., bs, nkv, hd), a copy.
+    index_select over whole-block rows runs near memcpy speed; advanced indexing (cache[ids]) was
+    measured 2-4x slower on CPU for the same bytes."""
+    flat = torch.index_select(cache.view(cache.shape[0], -1), 0, block_ids.reshape(-1))
+    return flat.view(*block_ids.shape, *cache.shape[1:])
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q: (T, nh, hd); k, v: (T, nkv, hd), already written to the cache. Returns (T, nh, hd)."""
@@ -56,8 +64,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     if d:
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         tables = meta.decode_block_tables
-        kd = k_cache[tables].view(d, -1, nkv, hd).transpose(1, 2)  # (D, nkv, L, hd)
-        vd = v_cache[tables].view(d, -1, nkv, hd).transpose(1, 2)
+        kd = gather_blocks(k_cache, tables).view(d, -1, nkv, hd).transpose(1, 2)  # (D, nkv, L, hd)
+        vd = gather_blocks(v_cache, tables).view(d, -1, nkv, hd).transpose(1, 2)
         qd = q[:d].unsqueeze(2)  # (D, nh, 1, hd)
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
         out[:d] = o.squeeze(2)
@@ -70,8 +78,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         else:  # cached prefix + chunk: gather the blocks, causal with an offset
             ctx = c.start + c.q_len
             nb = -(-ctx // bs)
-            ks = k_cache[c.block_table[:nb]].view(-1, nkv, hd)[:ctx].transpose(0, 1)  # (nkv, ctx, hd)
-            vs = v_cache[c.block_table[:nb]].view(-1, nkv, hd)[:ctx].transpose(0, 1)
+            ks = gather_blocks(k_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)  # (nkv, ctx, hd)
+            vs = gather_blocks(v_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)
             qpos = torch.arange(c.start, ctx, device=q.device)
             mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]  # (q_len, ctx)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)

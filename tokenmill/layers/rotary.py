@@ -47,8 +47,8 @@ class RotaryEmbedding:
 
     def apply(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: (T, nh, hd), k: (T, nkv, hd), positions: (T,) -> rotated q, k."""
-        cos = self.cos[positions].unsqueeze(1)  # (T, 1, hd)
-        sin = self.sin[positions].unsqueeze(1)
+        cos = torch.index_select(self.cos, 0, positions).unsqueeze(1)  # (T, 1, hd)
+        sin = torch.index_select(self.sin, 0, positions).unsqueeze(1)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
