@@ -22,7 +22,8 @@ def random_prompts(llm: LLM, n: int, length: int, seed: int) -> list[list[int]]:
     vocab = llm.engine.model_config.vocab_size
     special = llm.tokenizer.special_token_ids if hasattr(llm.tokenizer, "special_token_ids") else frozenset()
     pool = [t for t in range(vocab) if t not in special]
-    prompts, firsts = [], set()
+    prompts: list[list[int]] = []
+    firsts: set[int] = set()
     while len(prompts) < n:
         p = [rng.choice(pool) for _ in range(length)]
         if p[0] in firsts:

@@ -16,6 +16,7 @@ so a linear weight is (out_features, in_features).
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from collections import Counter
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ class TensorInfo:
 class GGUFFile:
     """Metadata and lazily dequantised tensors of one .gguf file."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         with open(self.path, "rb") as f:
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

@@ -128,7 +128,7 @@ class ModelRunner:
             b.bias_rows = torch.tensor([x[0] for x in bias], dtype=torch.long, device=dev)
             b.bias_tokens = torch.tensor([x[1] for x in bias], dtype=torch.long, device=dev)
             b.bias_values = torch.tensor([x[2] for x in bias], dtype=torch.float32, device=dev)
-        block = []
+        block: list[tuple[int, int]] = []
         for i, s in enumerate(rows):
             p = s.request.sampling_params
             if s.request.num_output_tokens < p.min_tokens:
