@@ -119,7 +119,7 @@ def test_freed_blocks_stay_cached_until_evicted() -> None:
     assert bm.num_free_blocks == 4
     b = Request("b", [1, 2, 3, 4, 9], SamplingParams(max_tokens=1), 1)
     hit = bm.find_cached_prefix(b)
-    assert len(hit) == 2 and bm.num_hits == 4
+    assert len(hit) == 2
     # fill the cache with something else: LRU evicts, and the hit is gone
     c = Request("c", [7] * 8, SamplingParams(max_tokens=1), 1)
     bm.allocate(c, 8)
@@ -144,3 +144,17 @@ def test_preemption_requeues_at_front_and_recomputes() -> None:
     assert a.status is RequestStatus.FINISHED_LENGTH and b.status is RequestStatus.FINISHED_LENGTH
     assert a.num_output_tokens == 8 and b.num_output_tokens == 8
     assert bm.num_free_blocks == 4
+
+
+def test_prefix_hits_counted_once_per_admission() -> None:
+    bm = BlockManager(16, 16)
+    sched = Scheduler(SchedulerConfig(4, 256, 128), bm)
+    prompt = list(range(1, 41))
+    for name in ("a", "b"):
+        r = Request(name, prompt, SamplingParams(max_tokens=2), 2)
+        sched.add(r)
+        while sched.num_unfinished:
+            out = sched.schedule()
+            sched.update(out, {s.request.request_id: 7 for s in out.scheduled if s.samples})
+    assert bm.num_queries == 80  # 40 prompt tokens, twice
+    assert bm.num_hits == 32  # b reused a's two full blocks

@@ -79,7 +79,7 @@ class BlockManager:
 
     def find_cached_prefix(self, req: Request) -> list[int]:
         """Block ids holding the longest cached prefix of req (at most num_tokens - 1 tokens, so at least
-        one token is left to compute and yield logits). Counts the query; takes no references."""
+        one token is left to compute and yield logits). Takes no references; see record_query."""
         if not self.enable_prefix_caching:
             return []
         self.compute_block_hashes(req)
@@ -97,9 +97,13 @@ class BlockManager:
                 break  # a hash collision: never serve another prefix's KV
             hit.append(bid)
             parent = h
-        self.num_queries += req.num_tokens
-        self.num_hits += len(hit) * bs
         return hit
+
+    def record_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's prefix-cache lookup (in tokens, as vLLM counts them)."""
+        if self.enable_prefix_caching:
+            self.num_queries += num_tokens
+            self.num_hits += num_hit_tokens
 
     def cache_full_blocks(self, req: Request) -> None:
         """Register req's full, computed blocks in the prefix cache."""

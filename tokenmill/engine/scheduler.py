@@ -131,7 +131,7 @@ class Scheduler:
                 if leader is not None and not leader.is_finished and leader.num_computed_tokens < leader.num_prompt_tokens:
                     skipped.append(self.waiting.popleft())  # wait for the sibling's prefill, let others by
                     continue
-                shared = self._shared_prefix(req)
+                shared, from_cache = self._shared_prefix(req)
                 req.num_computed_tokens = len(shared) * self.bm.block_size
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
                 if not self.bm.can_allocate(req, num_new, shared, reserve=self.config.watermark_blocks):
@@ -139,6 +139,8 @@ class Scheduler:
                     break
                 self.waiting.popleft()
                 self.bm.allocate(req, num_new, shared)
+                if from_cache:
+                    self.bm.record_query(req.num_tokens, req.num_computed_tokens)
                 if req.first_scheduled_time is None:
                     req.first_scheduled_time = now
                     req.num_cached_tokens = req.num_computed_tokens
@@ -151,14 +153,15 @@ class Scheduler:
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
 
-    def _shared_prefix(self, req: Request) -> list[int]:
-        """Blocks req can reuse: a prefilled sibling's full prompt blocks (n > 1), else cache hits."""
+    def _shared_prefix(self, req: Request) -> tuple[list[int], bool]:
+        """Blocks req can reuse: a prefilled sibling's full prompt blocks (n > 1), else prefix-cache hits.
+        The flag says whether they came from the cache."""
         leader = req.fork_of
         if leader is not None and not leader.is_finished and leader.status is RequestStatus.RUNNING:
             n_full = min(leader.num_computed_tokens, req.num_tokens - 1) // self.bm.block_size
             if leader.token_ids[: n_full * self.bm.block_size] == req.token_ids[: n_full * self.bm.block_size]:
-                return leader.block_ids[:n_full]
-        return self.bm.find_cached_prefix(req)
+                return leader.block_ids[:n_full], False
+        return self.bm.find_cached_prefix(req), True
 
     @staticmethod
     def _scheduled(req: Request, num_new: int) -> ScheduledRequest:
