@@ -14,9 +14,13 @@ padded batch over their gathered blocks; each prefill chunk attends over its cac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from tokenmill.worker.decode_mirror import MirrorStep
 
 
 @dataclass
@@ -36,6 +40,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # (D, max_blocks) int64, padded with 0
     decode_mask: torch.Tensor | None  # (D, 1, 1, max_blocks * bs) bool: True where the key is valid
     prefills: list[PrefillChunk]
+    mirror: MirrorStep | None = None  # set: decodes read their K/V from contiguous rows instead of blocks
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -55,13 +60,22 @@ def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, layer: int) -> torch.Tensor:
     """q: (T, nh, hd); k, v: (T, nkv, hd), already written to the cache. Returns (T, nh, hd)."""
     out = torch.empty_like(q)
     nkv, hd = k.shape[1], k.shape[2]
     bs = k_cache.shape[1]
     d = meta.num_decodes
-    if d:
+    if d and meta.mirror is not None:
+        m = meta.mirror
+        kb, vb = m.k[layer], m.v[layer]  # (S, nkv, cap, hd)
+        kb[m.slots, :, m.positions] = k[:d]  # append this step's token to each row
+        vb[m.slots, :, m.positions] = v[:d]
+        qd = q[:d].unsqueeze(2)  # (D, nh, 1, hd)
+        o = F.scaled_dot_product_attention(qd, kb[:d, :, : m.max_len], vb[:d, :, : m.max_len], attn_mask=m.mask,
+                                           scale=scale, enable_gqa=True)
+        out[:d] = o.squeeze(2)
+    elif d:
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         tables = meta.decode_block_tables
         kd = gather_blocks(k_cache, tables).view(d, -1, nkv, hd).transpose(1, 2)  # (D, nkv, L, hd)

@@ -27,8 +27,9 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
+        self.layer_idx = layer_idx
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q, kv = self.nh * self.hd, self.nkv * self.hd
         d, i = cfg.hidden_size, cfg.intermediate_size
@@ -53,7 +54,7 @@ class DecoderLayer(nn.Module):
         v = v.view(T, self.nkv, self.hd)
         q, k = rope.apply(positions, q, k)
         write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
-        attn = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        attn = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.layer_idx)
         x = x + F.linear(attn.reshape(T, -1), self.o_weight)
         h = self.post_attn_norm(x)
         gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
@@ -66,7 +67,7 @@ class LlamaModel(nn.Module):
         self.cfg = cfg
         self.max_positions = max_positions
         self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = (None if cfg.tie_word_embeddings else
                         nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False))

@@ -35,6 +35,17 @@ class Platform:
     def default_kv_cache_memory(self) -> int:
         return default_kv_cache_bytes(self.is_cuda, self.available_memory())
 
+    def decode_mirror_bytes(self) -> int:
+        """Memory for DecodeMirror (contiguous K/V rows for decoding requests). On CPU, gathering blocks
+        every step costs more than keeping the copy; a GPU gathers fast enough. 0 disables it.
+        TOKENMILL_DECODE_MIRROR_MEMORY (bytes) overrides, e.g. for A/B measurements."""
+        env = os.environ.get("TOKENMILL_DECODE_MIRROR_MEMORY")
+        if env is not None:
+            return int(env)
+        if self.is_cuda:
+            return 0
+        return min(2 * 2**30, available_ram() // 8)
+
     def synchronize(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)

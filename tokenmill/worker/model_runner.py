@@ -17,6 +17,7 @@ from tokenmill.layers.sampler import SamplingBatch, SamplerOutput, sample
 from tokenmill.models.llama import LlamaModel
 from tokenmill.outputs import Logprob, TokenLogprobs
 from tokenmill.platforms import Platform
+from tokenmill.worker.decode_mirror import DecodeMirror
 
 
 @dataclass
@@ -41,6 +42,8 @@ class ModelRunner:
         self.kv = torch.empty((2, cfg.num_layers, *shape), dtype=platform.dtype, device=self.device)
         self.kv_caches = [(self.kv[0, i], self.kv[1, i]) for i in range(cfg.num_layers)]
         self.generators: dict[str, torch.Generator] = {}
+        budget = platform.decode_mirror_bytes()
+        self.mirror = DecodeMirror(self.kv, budget) if budget > 0 else None
         torch.manual_seed(seed)
 
     def release(self, request_id: str) -> None:
@@ -55,6 +58,16 @@ class ModelRunner:
         sample_idx: list[int] = []
         decodes = [s for s in sched if s.num_new_tokens == 1 and s.start > 0]
         prefills = [s for s in sched if not (s.num_new_tokens == 1 and s.start > 0)]
+        mirror_step = None
+        if self.mirror is not None:
+            if decodes:
+                order = self.mirror.plan([s.request.request_id for s in decodes], [s.start for s in decodes],
+                                         [s.request.block_ids for s in decodes])
+                if order is not None:
+                    decodes = [decodes[i] for i in order]
+                    mirror_step = self.mirror.step_inputs([s.start for s in decodes])
+            else:
+                self.mirror.reset()
         chunks: list[PrefillChunk] = []
         for s in decodes + prefills:
             table = s.request.block_ids
@@ -70,7 +83,7 @@ class ModelRunner:
                                            torch.tensor(table, dtype=torch.long, device=self.device)))
         dev = self.device
         decode_tables = decode_mask = None
-        if decodes:
+        if decodes and mirror_step is None:
             max_blocks = max(len(s.request.block_ids) for s in decodes)
             tables = [s.request.block_ids + [0] * (max_blocks - len(s.request.block_ids)) for s in decodes]
             decode_tables = torch.tensor(tables, dtype=torch.long, device=dev)
@@ -79,7 +92,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             num_decodes=len(decodes), decode_block_tables=decode_tables, decode_mask=decode_mask,
-            prefills=chunks,
+            prefills=chunks, mirror=mirror_step,
         )
         order = decodes + prefills
         sched[:] = order  # the caller reads results in this order
