@@ -61,10 +61,10 @@ class ModelRunner:
         mirror_step = None
         if self.mirror is not None:
             if decodes:
-                order = self.mirror.plan([s.request.request_id for s in decodes], [s.start for s in decodes],
+                slot_order = self.mirror.plan([s.request.request_id for s in decodes], [s.start for s in decodes],
                                          [s.request.block_ids for s in decodes])
-                if order is not None:
-                    decodes = [decodes[i] for i in order]
+                if slot_order is not None:
+                    decodes = [decodes[i] for i in slot_order]
                     mirror_step = self.mirror.step_inputs([s.start for s in decodes])
             else:
                 self.mirror.reset()
@@ -94,8 +94,7 @@ class ModelRunner:
             num_decodes=len(decodes), decode_block_tables=decode_tables, decode_mask=decode_mask,
             prefills=chunks, mirror=mirror_step,
         )
-        order = decodes + prefills
-        sched[:] = order  # the caller reads results in this order
+        sched[:] = decodes + prefills  # the caller reads results in this order
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, sample_idx)
 
