@@ -34,6 +34,7 @@ chat: install
 	$(VENV)/bin/tokenmill chat $(ARGS)
 
 test: install-test
+	$(VENV)/bin/python -m mypy tokenmill
 	$(VENV)/bin/python -m pytest -q $(ARGS)
 
 clean:
