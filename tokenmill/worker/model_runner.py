@@ -37,9 +37,10 @@ class ModelRunner:
         self.vocab_size = cfg.vocab_size
         self.eog_token_ids = sorted(eog_token_ids)
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        # One allocation for all layers: (2, layers, blocks, bs, nkv, hd). torch.empty on CPU only
-        # reserves address space; pages are touched as blocks fill.
-        self.kv = torch.empty((2, cfg.num_layers, *shape), dtype=platform.dtype, device=self.device)
+        # One allocation for all layers: (2, layers, blocks, bs, nkv, hd), zeroed so that its pages are
+        # committed now: the memory the plan promised is taken at start, and RSS stays flat afterwards
+        # (with torch.empty it crept up as the LRU free queue cycled through never-touched blocks).
+        self.kv = torch.zeros((2, cfg.num_layers, *shape), dtype=platform.dtype, device=self.device)
         self.kv_caches = [(self.kv[0, i], self.kv[1, i]) for i in range(cfg.num_layers)]
         self.generators: dict[str, torch.Generator] = {}
         budget = platform.decode_mirror_bytes()
