@@ -71,11 +71,11 @@ def available_ram() -> int:
 
 def default_kv_cache_bytes(is_cuda: bool, free_bytes: int) -> int:
     """A sensible share of free memory: on a GPU 90% of what is free after the weights, less 2 GiB for
-    activations; on CPU a quarter of available RAM, at most 4 GiB (CPU decode is bandwidth-bound long
+    activations; on CPU a quarter of available RAM, at most 2 GiB (CPU decode is bandwidth-bound long
     before a bigger cache would fill)."""
     if is_cuda:
         return max(int(free_bytes * 0.9) - 2 * 2**30, free_bytes // 2)
-    return min(free_bytes // 4, 4 * 2**30)
+    return min(free_bytes // 4, 2 * 2**30)
 
 
 def make_plan(cfg: ModelConfig, dtype_bytes: int, block_size: int, kv_cache_bytes: int,

@@ -17,7 +17,7 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
     g = p.add_argument_group("engine")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     g.add_argument("--kv-cache-memory", type=str, default=None,
-                   help="KV cache budget, e.g. 2GiB (default: 1/4 of free RAM up to 4GiB on CPU, most of free GPU memory)")
+                   help="KV cache budget, e.g. 2GiB (default: 1/4 of free RAM up to 2GiB on CPU, most of free GPU memory)")
     g.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, help="sequences per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
                    help="token budget per step (prefill chunks + decodes)")
@@ -134,18 +134,51 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
-    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set TOKENMILL_API_KEY)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (or set "
+                        "TOKENMILL_API_KEY); compared in constant time")
+    g.add_argument("--metrics-require-key", action="store_true",
+                   help="require the API key on /metrics too (by default /metrics is open, for scrapers)")
     g.add_argument("--max-waiting-requests", type=int, default=None,
                    help="answer 503 with Retry-After when this many requests already wait (default: no limit)")
+    g.add_argument("--max-request-bytes", type=_size, default="4MiB",
+                   help="largest request body; larger ones get 413 before they are read (default 4MiB; 0: no limit)")
+    g.add_argument("--request-timeout", type=_positive_float, default=None,
+                   help="seconds a request may run (queue + generation) before it is aborted with a 408 "
+                        "(streams: an error event, then [DONE]); default: no limit")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds in-flight requests may take before they are aborted")
     g.add_argument("--cors-origins", default=None, help="comma-separated origins allowed by CORS (default: none)")
-    g.add_argument("--public-metrics", action="store_true", help="serve /metrics without the API key")
+    g.add_argument("--log-prompts", action="store_true",
+                   help="log each request's prompt text (off by default: logs never contain prompts or outputs)")
     g.add_argument("--access-log", action="store_true", help="log every HTTP request (off by default)")
     g.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"])
+
+
+def _size(value: str) -> int:
+    """argparse type: a size such as 4MiB, as bytes."""
+    try:
+        size = parse_size(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if size is None or size < 0:
+        raise argparse.ArgumentTypeError(f"a size must not be negative, got {value!r}")
+    return size
+
+
+def _positive_float(value: str) -> float:
+    """argparse type: a number of seconds above 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value!r}")
+    return number
 
 
 def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -184,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_args(pl)
     pl.set_defaults(func=run_plan)
+
+    from tokenmill.benchmarks.commands import add_bench_parser
+    from tokenmill.entrypoints.convert import add_convert_parser
+
+    add_bench_parser(sub)  # bench serve | plot | compare | throughput | latency
+    add_convert_parser(sub)
     return parser
 
 
