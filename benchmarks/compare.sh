@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Serve the same weights with tokenmill and with each peer in turn, run the same concurrency sweep
+# against each, then print tables (and ratios tokenmill / peer) and draw one figure.
+#
+#   benchmarks/compare.sh                       # tokenmill, llama-server, vLLM CPU; levels 1,4,16,64
+#   PEERS="llama-server" LEVELS=1,4,16 benchmarks/compare.sh
+#   PEERS="" benchmarks/compare.sh              # tokenmill alone
+#
+# Everything it starts runs in its own process group and is stopped on exit, Ctrl-C or error.
+# Results: $RESULTS_DIR (default benchmarks/results/<date>/): one JSON per server and level,
+# compare.png, summary.md. Knobs (environment):
+#   PEERS              peers to run, among "llama-server vllm" (default: both)
+#   SKIP_TOKENMILL=1   do not run tokenmill (e.g. to re-measure a peer alone)
+#   LEVELS             concurrency levels (default 1,4,16,64)
+#   INPUT_LEN / OUTPUT_LEN     random prompt / output tokens (default 200 / 64)
+#   PROMPTS_PER_C / MIN_PROMPTS  each level sends max(MIN_PROMPTS, PROMPTS_PER_C * C) (default 2 / 8)
+#   NUM_WARMUPS        untimed requests per server before the sweep (default 2)
+#   MODEL              the GGUF to serve (default: tokenmill's default model)
+#   THREADS            CPU threads per server (default: number of cores)
+#   PORT               port the servers take in turn (default 8321)
+#   READY_TIMEOUT      seconds to wait for a server to answer /v1/models (default 900)
+#   TOKENMILL_ARGS     extra flags for `tokenmill serve`
+#   LLAMA_SERVER_ARGS  extra flags for llama-server (default --no-repack, see below)
+#   VLLM_ARGS          extra flags for `vllm serve`; VLLM_CPU_OMP_THREADS_BIND (default 0-(THREADS-1))
+#   PYTHON             the tokenmill venv's python (default: .venv/bin/python, else python3)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo "$ROOT/.venv/bin/python" || echo python3)}"
+PEERS="${PEERS-llama-server vllm}"
+LEVELS="${LEVELS:-1,4,16,64}"
+INPUT_LEN="${INPUT_LEN:-200}"
+OUTPUT_LEN="${OUTPUT_LEN:-64}"
+PROMPTS_PER_C="${PROMPTS_PER_C:-2}"
+MIN_PROMPTS="${MIN_PROMPTS:-8}"
+NUM_WARMUPS="${NUM_WARMUPS:-2}"
+THREADS="${THREADS:-$(nproc)}"
+PORT="${PORT:-8321}"
+READY_TIMEOUT="${READY_TIMEOUT:-900}"
+CACHE="${TOKENMILL_CACHE:-$HOME/.cache/tokenmill}"
+RESULTS_DIR="${RESULTS_DIR:-$ROOT/benchmarks/results/$(date +%Y-%m-%d)}"
+MODEL="${MODEL:-$("$PYTHON" -c 'from tokenmill.loader.model_source import default_model_path; print(default_model_path())')}"
+MAXC="$(tr ',' '\n' <<<"$LEVELS" | sort -n | tail -1)"
+CTX_PER_SLOT=512  # >= INPUT_LEN + OUTPUT_LEN with room for the chat template
+(( INPUT_LEN + OUTPUT_LEN + 32 <= CTX_PER_SLOT )) || CTX_PER_SLOT=$(( INPUT_LEN + OUTPUT_LEN + 64 ))
+MAX_MODEL_LEN=$(( CTX_PER_SLOT > 2048 ? CTX_PER_SLOT : 2048 ))
+BASE_URL="http://127.0.0.1:$PORT"
+mkdir -p "$RESULTS_DIR"
+
+log() { printf '\n[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# --- process bookkeeping: every server runs in its own session/process group --------------------------
+SERVER_PID=""
+stop_server() {
+    [[ -n "$SERVER_PID" ]] || return 0
+    if kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -TERM -- "-$SERVER_PID" 2>/dev/null || true
+        for _ in $(seq 1 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
+        kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
+    fi
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=""
+}
+trap 'stop_server' EXIT
+trap 'log "interrupted"; exit 130' INT TERM
+
+start_server() {  # start_server NAME CMD...: run CMD in a new process group, log to RESULTS_DIR/NAME.log
+    local name="$1"; shift
+    log "starting $name: $*"
+    setsid "$@" >"$RESULTS_DIR/$name.log" 2>&1 &
+    SERVER_PID=$!
+    local t0=$SECONDS
+    until curl -sf "$BASE_URL/v1/models" >/dev/null 2>&1; do
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            log "$name exited during start-up; last lines of $RESULTS_DIR/$name.log:"; tail -20 "$RESULTS_DIR/$name.log" >&2
+            SERVER_PID=""; return 1
+        fi
+        if (( SECONDS - t0 > READY_TIMEOUT )); then
+            log "$name did not answer within ${READY_TIMEOUT}s"; stop_server; return 1
+        fi
+        sleep 2
+    done
+    log "$name ready after $(( SECONDS - t0 ))s"
+}
+
+sweep() {  # sweep LABEL: the same load against whatever listens on PORT
+    "$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench serve --base-url "$BASE_URL" --label "$1" \
+        --dataset random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" \
+        --sweep "$LEVELS" --prompts-per-concurrency "$PROMPTS_PER_C" --min-prompts "$MIN_PROMPTS" \
+        --num-warmups "$NUM_WARMUPS" --seed 0 --tokenizer "$MODEL" --result-dir "$RESULTS_DIR"
+}
+
+run_one() {  # run_one LABEL CMD...: start, sweep, stop; a failing server does not stop the others
+    local label="$1"; shift
+    if start_server "$label" "$@"; then
+        sweep "$label" || log "$label: some requests failed (see the JSON 'errors')"
+        stop_server
+    else
+        FAILED+=("$label")
+    fi
+}
+
+FAILED=()
+log "model $MODEL; levels $LEVELS; ${INPUT_LEN} in / ${OUTPUT_LEN} out; $THREADS threads; results in $RESULTS_DIR"
+
+if [[ -z "${SKIP_TOKENMILL:-}" ]]; then
+    # shellcheck disable=SC2086
+    run_one tokenmill "$PYTHON" -m tokenmill.entrypoints.cli serve "$MODEL" --host 127.0.0.1 --port "$PORT" \
+        --max-num-seqs "$MAXC" --max-model-len "$MAX_MODEL_LEN" --num-threads "$THREADS" ${TOKENMILL_ARGS:-}
+fi
+
+for peer in $PEERS; do
+    case "$peer" in
+    llama-server)
+        BIN="$(benchmarks/peers/build_llama_server.sh | tail -1)"
+        # One slot per concurrent request, each with the same context; unique prompts, so its prompt
+        # cache cannot help (nor can tokenmill's prefix cache). --no-repack: on this machine's Xeon the
+        # AMX kernels (the only "repacked" path for Q4_1) segfault in ggml_backend_amx_mul_mat at the
+        # first decode; without them Q4_1 runs on the AVX-512 kernels.
+        # shellcheck disable=SC2086
+        run_one llama-server "$BIN" -m "$MODEL" --host 127.0.0.1 --port "$PORT" --parallel "$MAXC" \
+            --ctx-size $(( MAXC * CTX_PER_SLOT )) --threads "$THREADS" --threads-batch "$THREADS" \
+            --alias "$(basename "$MODEL" .gguf)" ${LLAMA_SERVER_ARGS---no-repack}
+        ;;
+    vllm)
+        VPY="$(benchmarks/peers/setup_vllm_cpu.sh | tail -1)"
+        HF_DIR="$CACHE/hf/$(basename "$MODEL" .gguf)-fp32"
+        if [[ ! -f "$HF_DIR/model.safetensors" ]]; then
+            log "converting $MODEL to $HF_DIR (fp32, HF names) for vLLM"
+            "$PYTHON" -m tokenmill.entrypoints.cli convert "$MODEL" "$HF_DIR"
+        fi
+        # VLLM_CPU_KVCACHE_SPACE: GiB of KV cache. vLLM's CPU backend by default pins its compute threads
+        # to all cores but one, which it leaves to the API server (on 2 cores: one compute thread);
+        # VLLM_CPU_OMP_THREADS_BIND gives it THREADS cores, as the other servers get.
+        # shellcheck disable=SC2086
+        run_one vllm env VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" VLLM_TARGET_DEVICE=cpu \
+            VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-0-$(( THREADS - 1 ))}" \
+            "$VPY" -c "from vllm.entrypoints.cli.main import main; main()" serve "$HF_DIR" \
+            --host 127.0.0.1 --port "$PORT" --served-model-name "$(basename "$MODEL" .gguf)" \
+            --dtype float32 --enforce-eager --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAXC" ${VLLM_ARGS:-}
+        ;;
+    *) log "unknown peer '$peer' (known: llama-server vllm)"; FAILED+=("$peer") ;;
+    esac
+done
+
+log "results"
+shopt -s nullglob
+JSONS=("$RESULTS_DIR"/*-random-completions-c*.json)
+if (( ${#JSONS[@]} )); then
+    {
+        echo "# Serving comparison, $(date +%Y-%m-%d)"
+        echo
+        echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores."
+        echo "Model: $(basename "$MODEL"); random prompts ${INPUT_LEN} in / ${OUTPUT_LEN} out, unique first tokens," \
+             "greedy, ignore_eos; max(${MIN_PROMPTS}, ${PROMPTS_PER_C}*C) prompts per level; $THREADS threads."
+        echo "Command: PEERS=\"$PEERS\" LEVELS=$LEVELS benchmarks/compare.sh"
+        echo
+        "$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench compare "${JSONS[@]}" --baseline tokenmill
+    } | tee "$RESULTS_DIR/summary.md"
+    "$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench plot "${JSONS[@]}" -o "$RESULTS_DIR/compare.png"
+fi
+if (( ${#FAILED[@]} )); then
+    log "could not run: ${FAILED[*]} (logs in $RESULTS_DIR)"
+    exit 1
+fi

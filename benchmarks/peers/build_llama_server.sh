@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Build llama.cpp's `llama-server` from the sources vendored in the PyPI sdist of llama-cpp-python.
+#
+#   benchmarks/peers/build_llama_server.sh            # prints the binary's path on its last line
+#
+# The binary is cached in $TOKENMILL_CACHE/llama-server/ (default ~/.cache/tokenmill); a second call
+# only prints the path. ~15-25 minutes on 2 cores, so it runs under `nice`. Knobs (env):
+#   LLAMA_CPP_PYTHON_VERSION  sdist version (default 0.3.36)
+#   JOBS                      parallel compile jobs (default: number of cores)
+#   PYTHON                    interpreter whose pip downloads the sdist (default: python3)
+set -euo pipefail
+
+VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+CACHE="${TOKENMILL_CACHE:-$HOME/.cache/tokenmill}/llama-server"
+PYTHON="${PYTHON:-python3}"
+JOBS="${JOBS:-$(nproc)}"
+BIN="$CACHE/bin/llama-server"
+
+if [[ -x "$BIN" ]] && "$BIN" --version >/dev/null 2>&1; then
+    echo "$BIN"
+    exit 0
+fi
+
+for tool in cmake g++; do
+    command -v "$tool" >/dev/null || { echo "build_llama_server: '$tool' is required" >&2; exit 1; }
+done
+
+mkdir -p "$CACHE/src"
+SDIST=$(ls "$CACHE"/src/llama_cpp_python-"$VERSION".tar.gz 2>/dev/null || true)
+if [[ -z "$SDIST" ]]; then
+    echo "build_llama_server: downloading the llama-cpp-python $VERSION sdist from PyPI" >&2
+    "$PYTHON" -m pip download --quiet --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$CACHE/src"
+    SDIST="$CACHE/src/llama_cpp_python-$VERSION.tar.gz"
+fi
+
+SRC="$CACHE/src/llama_cpp_python-$VERSION"
+[[ -d "$SRC" ]] || tar -xzf "$SDIST" -C "$CACHE/src"
+LLAMA="$SRC/vendor/llama.cpp"
+[[ -f "$LLAMA/CMakeLists.txt" ]] || { echo "build_llama_server: no vendor/llama.cpp in $SDIST" >&2; exit 1; }
+
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+echo "build_llama_server: configuring $LLAMA" >&2
+nice -n 10 cmake -S "$LLAMA" -B "$CACHE/build" "${GEN[@]}" \
+    -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >&2
+echo "build_llama_server: building llama-server with $JOBS jobs (nice 10)" >&2
+nice -n 10 cmake --build "$CACHE/build" --target llama-server -j "$JOBS" >&2
+
+mkdir -p "$CACHE/bin"
+cp "$CACHE/build/bin/llama-server" "$BIN"
+"$BIN" --version >&2
+echo "$BIN"

@@ -1,0 +1,105 @@
+"""`tokenmill bench ...`: registers serve, plot, compare, throughput and latency on the CLI.
+
+Imports of the benchmark modules happen when a command runs, so `tokenmill --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from tokenmill.benchmarks.serve import cmd_bench_serve
+
+    return cmd_bench_serve(args)
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from tokenmill.benchmarks.plot import cmd_bench_plot
+
+    return cmd_bench_plot(args)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from tokenmill.benchmarks.compare import cmd_bench_compare
+
+    return cmd_bench_compare(args)
+
+
+def _offline_llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from tokenmill.entrypoints.llm import LLM
+
+    return LLM(args.model, progress=False, max_num_seqs=args.max_num_seqs,
+               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len)
+
+
+def _emit(args: argparse.Namespace, llm: object, kind: str, result: dict[str, object]) -> int:
+    import os
+
+    rec = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+           "model": llm.engine.model_name, kind: result}  # type: ignore[attr-defined]
+    print(json.dumps(rec, indent=2))
+    if args.result_json:
+        with open(args.result_json, "w") as f:
+            json.dump(rec, f, indent=2)
+    return 0
+
+
+def _cmd_throughput(args: argparse.Namespace) -> int:
+    from tokenmill.benchmarks.throughput import run_throughput
+
+    llm = _offline_llm(args)
+    return _emit(args, llm, "throughput",
+                 run_throughput(llm, args.num_prompts, args.input_len, args.output_len, args.seed))
+
+
+def _cmd_latency(args: argparse.Namespace) -> int:
+    from tokenmill.benchmarks.throughput import run_latency
+
+    llm = _offline_llm(args)
+    return _emit(args, llm, "latency", run_latency(llm, args.input_len, args.output_len, args.seed))
+
+
+def _offline_args(p: argparse.ArgumentParser, output_len: int) -> None:
+    p.add_argument("--model", default="default", help="a .gguf file, an HF-style directory, or 'default'")
+    p.add_argument("--input-len", type=int, default=200, help="prompt tokens (random ids, unique first tokens)")
+    p.add_argument("--output-len", type=int, default=output_len, help="generated tokens (ignore_eos)")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result-json", default=None, help="write the result here")
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register `tokenmill bench {serve,plot,compare,throughput,latency}`."""
+    from tokenmill.benchmarks.compare import add_compare_args
+    from tokenmill.benchmarks.plot import add_plot_args
+    from tokenmill.benchmarks.serve import add_serve_bench_args
+
+    b = sub.add_parser("bench", help="benchmarks: serve (load test a server), plot, compare, throughput, latency")
+    bsub = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+
+    s = bsub.add_parser("serve", help="load-test an OpenAI-compatible server (TTFT, TPOT, ITL, throughput)")
+    add_serve_bench_args(s)
+    s.set_defaults(func=_cmd_serve)
+
+    p = bsub.add_parser("plot", help="plot TTFT and throughput vs concurrency from result JSONs")
+    add_plot_args(p)
+    p.set_defaults(func=_cmd_plot)
+
+    c = bsub.add_parser("compare", help="tables of results and of ratios against a baseline server")
+    add_compare_args(c)
+    c.set_defaults(func=_cmd_compare)
+
+    t = bsub.add_parser("throughput", help="offline throughput through the Python API")
+    _offline_args(t, output_len=128)
+    t.add_argument("--num-prompts", type=int, default=64)
+    t.set_defaults(func=_cmd_throughput)
+
+    lat = bsub.add_parser("latency", help="one request: prefill tok/s and decode tok/s")
+    _offline_args(lat, output_len=128)
+    lat.set_defaults(func=_cmd_latency)

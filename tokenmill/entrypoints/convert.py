@@ -1,0 +1,174 @@
+"""`tokenmill convert MODEL OUT_DIR`: write a GGUF model as a Hugging Face fp32 directory.
+
+The directory holds what `transformers` and vLLM need to load the same weights tokenmill serves:
+
+    config.json              LlamaForCausalLM / Qwen2ForCausalLM architecture numbers, dtype float32
+    model.safetensors        dequantized fp32 tensors under HF parameter names (q/k rows un-permuted)
+    tokenizer.json           the `tokenizers` vocabulary tokenmill builds from the GGUF metadata
+    tokenizer_config.json    chat template, BOS/EOS/UNK/PAD texts, add_bos_token
+    generation_config.json   BOS and end-of-generation ids
+
+Quantized GGUF tensors (e.g. Q4_1) are dequantized exactly as tokenmill's loader does, so a server that
+loads the directory computes with the same numbers tokenmill does on the GGUF (up to fp32 rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch and the loaders are imported when a conversion runs, not when the CLI parses
+    from tokenmill.loader.model_config import ModelConfig
+    from tokenmill.tokenizer.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+# our architecture name -> (HF class, HF model_type)
+_HF_CLASSES = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausalLM", "mistral"),
+               "qwen2": ("Qwen2ForCausalLM", "qwen2")}
+
+
+def hf_rope_scaling(cfg: ModelConfig) -> dict[str, Any] | None:
+    """The HF `rope_scaling` entry for a GGUF's rope settings (None: plain RoPE)."""
+    rs = cfg.rope_scaling
+    if not rs:
+        return None
+    kind = rs.get("rope_type")
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": rs["factor"]}
+    if kind == "yarn":
+        return {"rope_type": "yarn", "factor": rs["factor"],
+                "original_max_position_embeddings": rs["original_max_position_embeddings"]}
+    raise NotImplementedError(f"converting a GGUF with rope scaling {rs} to HF format is not supported "
+                              "(its per-frequency factors have no lossless HF config form)")
+
+
+def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
+    """config.json for `cfg` in the form transformers and vLLM read."""
+    if cfg.architecture not in _HF_CLASSES:
+        raise NotImplementedError(f"no HF architecture for {cfg.architecture!r}")
+    cls, model_type = _HF_CLASSES[cfg.architecture]
+    out: dict[str, Any] = {
+        "architectures": [cls],
+        "model_type": model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": hf_rope_scaling(cfg),
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": "float32",
+    }
+    if model_type == "llama":
+        # Llama's attention_bias also adds an o_proj bias, which no GGUF llama we load has
+        out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
+    elif cfg.attention_bias and model_type != "qwen2":
+        raise NotImplementedError(f"{model_type} with attention biases has no HF config form")
+    if cfg.name:
+        out["_name_or_path"] = cfg.name
+    return out
+
+
+def hf_tokenizer_files(tok: Tokenizer, md: dict[str, Any], max_len: int) -> tuple[str, dict[str, Any]]:
+    """(tokenizer.json text, tokenizer_config.json dict) for tokenmill's GGUF tokenizer."""
+    from tokenizers.processors import TemplateProcessing
+
+    backend = tok.backend
+    if tok.add_bos and tok.bos_token is not None:
+        # tokenmill prepends BOS in Python; an HF tokenizer does it in its post-processor
+        backend.post_processor = TemplateProcessing(
+            single=f"{tok.bos_token} $A", pair=f"{tok.bos_token} $A {tok.bos_token} $B:1",
+            special_tokens=[(tok.bos_token, tok.bos_token_id)])
+
+    def text(key: str) -> str | None:
+        i = md.get(key)
+        return backend.id_to_token(int(i)) if i is not None and int(i) < tok.vocab_size else None
+
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tok.bos_token,
+        "eos_token": tok.eos_token,
+        "unk_token": text("tokenizer.ggml.unknown_token_id"),
+        "pad_token": text("tokenizer.ggml.padding_token_id"),
+        "add_bos_token": tok.add_bos,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_len,
+    }
+    if tok.chat_template:
+        config["chat_template"] = tok.chat_template
+    return backend.to_str(), {k: v for k, v in config.items() if v is not None}
+
+
+def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -> Path:
+    """Write the GGUF `model` ('default' or a path) as an HF fp32 directory; returns the directory."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tokenmill.loader.gguf import GGUFFile
+    from tokenmill.loader.model_config import ModelConfig
+    from tokenmill.loader.model_source import resolve_model
+    from tokenmill.loader.weights import gguf_weights
+    from tokenmill.tokenizer.tokenizer import Tokenizer
+
+    source = resolve_model(model)
+    if source.kind != "gguf":
+        raise ValueError(f"{model} is already an HF-style directory; convert reads a .gguf file")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    gf = GGUFFile(source.path)
+    try:
+        md = dict(gf.metadata)
+        cfg = ModelConfig.from_gguf(md, set(gf.tensors), gf.quantization())
+        tok = Tokenizer.from_gguf(md)
+        config = hf_config(cfg, tok)  # fails early on what HF cannot express
+        tensors: dict[str, torch.Tensor] = {}
+        for name, w in gguf_weights(gf, cfg, progress=progress):
+            if name == "rope_freqs":
+                raise NotImplementedError("GGUF rope_freqs tensors have no HF equivalent")
+            tensors[name] = w.to(torch.float32).contiguous()
+    finally:
+        gf.close()
+    if cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, str(out / "model.safetensors"),
+              metadata={"format": "pt", "source": source.path.name, "quantization": cfg.quantization})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tok_json, tok_config = hf_tokenizer_files(tok, md, cfg.max_position_embeddings)
+    (out / "tokenizer.json").write_text(tok_json)
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
+    eos_ids = sorted(tok.eog_token_ids)
+    gen = {"bos_token_id": tok.bos_token_id,
+           "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else ([tok.eos_token_id] + [i for i in eos_ids
+                                                                                    if i != tok.eos_token_id])}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    logger.info("wrote %s (%d tensors, fp32, from %s %s)", out, len(tensors), source.path.name, cfg.quantization)
+    return out
+
+
+def add_convert_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register `tokenmill convert` on the CLI's subparsers."""
+    p = sub.add_parser("convert", help="write a GGUF model as an HF-format fp32 directory (for transformers/vLLM)")
+    p.add_argument("model", help="a .gguf file or 'default'")
+    p.add_argument("out_dir", help="the directory to write (created if missing)")
+    p.set_defaults(func=cmd_convert)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    out = convert_gguf_to_hf(args.model, args.out_dir)
+    print(out)
+    return 0
