@@ -10,6 +10,7 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_LEN = 512
 MAX_LOGIT_BIAS = 1024
+MAX_STOP_TOKEN_IDS = 1024
 
 
 @dataclass
@@ -99,6 +100,8 @@ class SamplingParams:
                 bad("logit_bias", f"values must be in [-100, 100], got {b} for token {tok}")
             if tok < 0 or (vocab_size is not None and tok >= vocab_size):
                 bad("logit_bias", f"token id {tok} is out of range [0, {vocab_size or 'vocab_size'})")
+        if self.stop_token_ids and len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            bad("stop_token_ids", f"has {len(self.stop_token_ids)} entries; at most {MAX_STOP_TOKEN_IDS} are allowed")
         for tok in self.stop_token_ids or []:
             if tok < 0 or (vocab_size is not None and tok >= vocab_size):
                 bad("stop_token_ids", f"token id {tok} is out of range [0, {vocab_size or 'vocab_size'})")

@@ -47,10 +47,18 @@ def ratio_table(records: list[dict[str, Any]], baseline: str) -> str:
     return "\n".join(lines)
 
 
+def _load(rec: dict[str, Any]) -> str:
+    """1-minute load average when the level started / ended: on a shared machine, a load well above the
+    server's own thread count means something else competed for the cores during the level."""
+    m = rec.get("machine", {})
+    start, end = m.get("loadavg_at_start"), m.get("loadavg_at_end")
+    return f"{start[0]:.1f}/{end[0]:.1f}" if start and end else (f"{start[0]:.1f}/-" if start else "-")
+
+
 def summary_table(records: list[dict[str, Any]]) -> str:
     """A Markdown table of every server and level: throughput and latency percentiles."""
     head = ["server", "C", "prompts", "failed", "out tok/s", "total tok/s", "TTFT p50 s", "TTFT p99 s",
-            "TPOT p50 ms", "ITL p50 ms", "E2EL p50 s"]
+            "TPOT p50 ms", "ITL p50 ms", "E2EL p50 s", "load 1m start/end"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, recs in sorted(by_label(records).items()):
         for r in recs:
@@ -59,6 +67,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
                 f"{r['output_throughput']:.1f}", f"{r['total_token_throughput']:.1f}",
                 f"{r['median_ttft_ms'] / 1000:.2f}", f"{r['p99_ttft_ms'] / 1000:.2f}",
                 f"{r['median_tpot_ms']:.1f}", f"{r['median_itl_ms']:.1f}", f"{r['median_e2el_ms'] / 1000:.2f}",
+                _load(r),
             ]) + " |")
     return "\n".join(lines)
 

@@ -235,14 +235,19 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
             start += n
             load = LoadSpec(concurrency, args.request_rate, args.burstiness)
             date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+            load_at_start = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
             results, duration = await run_level(client, url, bodies(samples), samples, load, headers,
                                                 args.seed + start)
             metrics = summarize(results, duration, slos)
+            machine = machine_info()
+            if hasattr(os, "getloadavg"):  # on a shared machine, the load during the level says how clean it was
+                machine["loadavg_at_start"] = load_at_start
+                machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
             record: dict[str, Any] = {
                 "label": label, "base_url": base_url, "endpoint": args.endpoint, "model": model,
                 "server_owned_by": info.get("owned_by"), "date": date,
                 "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                "machine": machine_info(), "dataset": dataset_info(args),
+                "machine": machine, "dataset": dataset_info(args),
                 "max_concurrency": concurrency, "request_rate": args.request_rate, "burstiness": args.burstiness,
                 "num_prompts": n, "num_warmups": args.num_warmups, "seed": args.seed, "temperature": args.temperature,
                 **metrics,

@@ -363,6 +363,11 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Soak: {r['num_requests']} requests at {r['concurrency']} concurrent", "",
              f"`{result['command']}`", "", f"server flags: `{result['server_args']}`; {result['machine']}; "
              f"{result['date']}", "",
+             "Each request: one of 8 short prompts, completions or chat, streamed or not, `max_tokens` 8. Checked "
+             "ones are greedy or seeded and must equal the text computed up front; the others carry random "
+             "sampling parameters (temperature, top-p/k, min-p, penalties, stop strings, n, seed) and are checked "
+             "for shape. Clients that hang up do so after a random delay (queue, prefill or mid-stream). RSS is "
+             "the server's, sampled every few seconds; the warm-up runs first.", "",
              "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
     return "\n".join(lines)
 

@@ -64,6 +64,8 @@ class LLMEngine:
         dtype_bytes = torch.tensor([], dtype=self.platform.dtype).element_size()
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()
         self.plan: MemoryPlan = make_plan(cfg, dtype_bytes, config.block_size, kv_bytes, self.max_model_len)
+        for line in self.plan.lines():
+            log.info("memory plan: %s", line)
         self.plan.check()  # refuse settings that cannot work, before loading anything big
 
         model = LlamaModel(cfg, max_positions=max(self.max_model_len, 1))
@@ -85,8 +87,6 @@ class LLMEngine:
                  "(model max %d), in %.1fs", self.source.name, cfg.architecture, cfg.num_layers,
                  cfg.num_parameters() / 1e6, cfg.quantization, str(self.platform.dtype).replace("torch.", ""),
                  self.platform.device, self.max_model_len, cfg.max_position_embeddings, self.load_time)
-        for line in self.plan.lines():
-            log.info("memory plan: %s", line)
 
     # -- requests --------------------------------------------------------------------------------------
     @property

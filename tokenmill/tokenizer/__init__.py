@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from tokenmill.tokenizer.chat_template import ChatTemplateError, render_chat_template
+from tokenmill.tokenizer.chat_template import ChatTemplateError, ChatTemplateSecurityError, render_chat_template
 from tokenmill.tokenizer.detokenizer import IncrementalDetokenizer
 from tokenmill.tokenizer.tokenizer import Tokenizer
 
-__all__ = ["ChatTemplateError", "IncrementalDetokenizer", "Tokenizer", "render_chat_template"]
+__all__ = ["ChatTemplateError", "ChatTemplateSecurityError", "IncrementalDetokenizer", "Tokenizer",
+           "render_chat_template"]

@@ -33,7 +33,7 @@ import jinja2.parser
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["ChatTemplateError", "render_chat_template", "compile_chat_template"]
+__all__ = ["ChatTemplateError", "ChatTemplateSecurityError", "render_chat_template", "compile_chat_template"]
 
 # Upper bounds on what ``*`` and ``**`` may build inside a template (characters / list items, exponent).
 _MAX_SEQUENCE_PRODUCT = 10_000_000
@@ -44,6 +44,11 @@ _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
 class ChatTemplateError(ValueError):
     """A chat template failed to compile or render, called ``raise_exception``, or tried to leave the sandbox."""
+
+
+class ChatTemplateSecurityError(ChatTemplateError):
+    """The chat template tried to leave the sandbox (or to exhaust memory): the template is at fault, not the
+    conversation, and nothing it attempted ran."""
 
 
 class _TemplateRaised(TemplateError):
@@ -260,7 +265,7 @@ def render_chat_template(
     except _TemplateRaised as exc:
         raise ChatTemplateError(f"chat template raised an error: {exc.message}") from None
     except SecurityError as exc:
-        raise ChatTemplateError(f"chat template rejected by the sandbox: {exc}") from None
+        raise ChatTemplateSecurityError(f"chat template rejected by the sandbox: {exc}") from None
     except TemplateError as exc:
         raise ChatTemplateError(f"chat template failed to render: {exc}") from None
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError,

@@ -9,6 +9,10 @@ requests may finish for up to --shutdown-timeout seconds, the rest are aborted (
 then the process exits 0. A second signal exits at once. If the engine thread dies, the process logs why
 and exits 1 within seconds.
 
+Guards, outermost first: CORS; the API key (constant-time compare; every route but /health and /metrics
+needs it, /metrics too with --metrics-require-key); the body-size limit (413 past --max-request-bytes,
+checked against Content-Length before anything is read, and counted as a chunked body arrives).
+
 Test hook: TOKENMILL_FAULT_AFTER_STEPS=N makes the engine loop raise after N steps (an injected fault, used
 by the test that checks the server exits non-zero when its engine dies).
 """
@@ -31,7 +35,8 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenmill import __version__
 from tokenmill.config import EngineConfig
@@ -44,13 +49,17 @@ from tokenmill.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCo
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat
 from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tokenmill.entrypoints.openai.serving_engine import ServerState
+from tokenmill.memory_plan import CacheTooSmallError
 from tokenmill.metrics import ServerMetrics
 
 log = logging.getLogger("tokenmill.server")
 
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # a 128K-token prompt is ~1 MiB of JSON; 4 MiB leaves room, and no more
+
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": desc}
     for code, desc in ((400, "Invalid request"), (401, "Missing or wrong API key"), (404, "Unknown model"),
+                       (408, "Past --request-timeout: aborted"), (413, "Body larger than --max-request-bytes"),
                        (500, "The request failed"), (503, "Draining, loading, or too many waiting requests"))
 }
 _STREAM: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
@@ -74,17 +83,80 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised from `receive` when a chunked body passes the limit; FastAPI re-raises HTTPExceptions as they are."""
+
+
+class BodySizeLimitMiddleware:
+    """413 in OpenAI's error shape for a body over `max_bytes`, never reading more than the limit.
+
+    A Content-Length over the limit is refused before any of the body is read (uvicorn discards the rest as
+    it arrives); a chunked body is counted as it is received and refused once it passes the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def message(self, num_bytes: int | None) -> str:
+        size = f"{num_bytes} bytes" if num_bytes is not None else "over the limit"
+        return (f"the request body is {size}; this server accepts at most {self.max_bytes} bytes "
+                "(--max-request-bytes)")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(413, self.message(int(declared)))(scope, receive, send)
+            return
+        num_received = 0
+        is_started = False
+
+        async def limited_receive() -> Message:
+            nonlocal num_received
+            message = await receive()
+            if message["type"] == "http.request":
+                num_received += len(message.get("body", b""))
+                if num_received > self.max_bytes:
+                    raise _BodyTooLarge(413, self.message(None))
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal is_started
+            is_started = is_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except _BodyTooLarge as e:  # raised outside FastAPI's body parsing (no route read it): answer here
+            if is_started:
+                raise
+            await error_response(413, str(e.detail))(scope, receive, send)
+
+
 def build_app(async_engine: AsyncEngine, *, served_model_name: str | None = None, api_key: str | None = None,
               max_waiting_requests: int | None = None, cors_origins: list[str] | None = None,
-              public_metrics: bool = False, state: ServerState | None = None, log_requests: bool = True) -> FastAPI:
-    """The FastAPI app serving `async_engine`. Registers its metrics hook on the engine."""
+              metrics_require_key: bool = False, state: ServerState | None = None, log_requests: bool = True,
+              max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES, request_timeout: float | None = None,
+              log_prompts: bool = False) -> FastAPI:
+    """The FastAPI app serving `async_engine`. Registers its metrics hook on the engine.
+
+    `max_request_bytes=None` lifts the body-size limit; `request_timeout` (seconds) aborts requests that run
+    longer; `log_prompts` lets prompt text into the log (never otherwise).
+    """
     engine = async_engine.engine
     name = served_model_name or engine.model_name
     state = state if state is not None else ServerState(is_ready=True)
     metrics = ServerMetrics(name, async_engine.stats, log_requests=log_requests)
     async_engine.step_hooks.append(metrics.on_step)
-    completions = OpenAIServingCompletion(async_engine, name, metrics, state, max_waiting_requests)
-    chat = OpenAIServingChat(async_engine, name, metrics, state, max_waiting_requests)
+    options: dict[str, Any] = {"request_timeout": request_timeout, "log_prompts": log_prompts}
+    completions = OpenAIServingCompletion(async_engine, name, metrics, state, max_waiting_requests, **options)
+    chat = OpenAIServingChat(async_engine, name, metrics, state, max_waiting_requests, **options)
+    template_problem = chat.check_template()
+    if template_problem:
+        log.error("%s", template_problem)
     created = int(time.time())
 
     app = FastAPI(title="tokenmill", version=__version__, responses=_ERRORS,
@@ -144,8 +216,11 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str | None = None
     async def create_chat_completion(req: ChatCompletionRequest, raw_request: Request) -> Any:
         return await chat.create_chat_completion(req, raw_request)
 
+    # each add_middleware wraps the ones before it
+    if max_request_bytes is not None:
+        app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes)
     if api_key:
-        exempt = {"/health"} | ({"/metrics"} if public_metrics else set())
+        exempt = {"/health"} | (set() if metrics_require_key else {"/metrics"})
         app.add_middleware(APIKeyMiddleware, api_key=api_key, exempt=frozenset(exempt))
     if cors_origins:  # added last: outermost, so preflights are answered before the key check
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"], allow_headers=["*"],
@@ -237,7 +312,10 @@ async def _serve(args: argparse.Namespace, config: EngineConfig) -> int:
     try:
         engine = await asyncio.to_thread(LLMEngine, config, False)
     except Exception as e:  # noqa: BLE001 - a bad model or setting: say why and stop
-        log.error("cannot start the engine: %s", e)
+        if isinstance(e, CacheTooSmallError):  # the memory plan's verdict, in `tokenmill plan`'s words
+            log.error("memory plan: verdict: cannot work. %s", e)
+        else:
+            log.error("cannot start the engine: %s", e)
         server.should_exit = True
         await asyncio.gather(serve_task, return_exceptions=True)
         return 1
@@ -261,7 +339,9 @@ async def _serve(args: argparse.Namespace, config: EngineConfig) -> int:
     cors = [o.strip() for o in args.cors_origins.split(",") if o.strip()] if args.cors_origins else None
     gate.app = build_app(async_engine, served_model_name=args.served_model_name, api_key=api_key,
                          max_waiting_requests=args.max_waiting_requests, cors_origins=cors,
-                         public_metrics=args.public_metrics, state=state)
+                         metrics_require_key=args.metrics_require_key, state=state,
+                         max_request_bytes=args.max_request_bytes or None, request_timeout=args.request_timeout,
+                         log_prompts=args.log_prompts)
     server.on_first_signal = lambda: loop.call_soon_threadsafe(
         lambda: loop.create_task(_drain(server, async_engine, state, args.shutdown_timeout)))
     state.is_ready = True

@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger("tokenmill.server")
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
-          405: "MethodNotAllowedError", 413: "RequestTooLargeError", 429: "RateLimitError",
-          500: "InternalServerError", 503: "ServiceUnavailableError"}
+          405: "MethodNotAllowedError", 408: "RequestTimeoutError", 413: "RequestTooLargeError",
+          429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
 class APIError(Exception):
@@ -72,6 +72,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"the request body is not valid JSON: {e.get('msg')}", None
     if e.get("type") == "missing" and not field:
         return "the request body is missing", None
+    if not field and e.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+        return "the request body must be a JSON object (sent with Content-Type: application/json)", None
     msg = str(e.get("msg", "invalid value"))
     return (f"{field}: {msg}" if field else msg), (field or None)
 
@@ -90,7 +92,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
+        message = str(exc.detail)
+        if isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "There was an error parsing the body"
+            message = f"the request body is not valid UTF-8 JSON: {exc.__cause__}"
+        return error_response(exc.status_code, message, None, getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -22,7 +22,8 @@ from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, 
                                                    ChatTopLogprob)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, sse, sse_error
 from tokenmill.outputs import RequestOutput, TokenLogprobs
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import MAX_LOGPROBS, SamplingParams
+from tokenmill.tokenizer.chat_template import ChatTemplateSecurityError
 
 
 def messages_for_template(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -54,15 +55,19 @@ class OpenAIServingChat(OpenAIServing):
         self._reject_unsupported(req)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+            raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.top_logprobs}",
+                              "top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
         if not req.messages:
             raise bad_request("messages must not be empty", "messages")
         prompt_ids = self.prepare_prompt(await self.render(req.messages, req.add_generation_prompt is not False),
-                                         params)
+                                         params, "messages")
         self.check_admission()
         request_id = self.new_id("chatcmpl")
+        self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages])
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(self._stream(request_id, prompt_ids, params, include_usage),
@@ -71,7 +76,11 @@ class OpenAIServingChat(OpenAIServing):
         return result if result is not None else Response(status_code=499)
 
     async def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        """Chat template + tokenize, on a worker thread. Template errors are 400s."""
+        """Chat template + tokenize, on a worker thread.
+
+        A template that rejects the conversation (e.g. its `raise_exception`) is a 400 on `messages`; one the
+        sandbox refused is the model's fault, not the request's: a 500 that says so.
+        """
         plain = messages_for_template(messages)
 
         def work() -> list[int]:
@@ -80,8 +89,23 @@ class OpenAIServingChat(OpenAIServing):
 
         try:
             return await asyncio.to_thread(work)
+        except ChatTemplateSecurityError as e:
+            raise APIError(500, f"the model's chat template was refused and nothing it attempted ran ({e}); "
+                                "chat cannot be served with this template, completions still work") from None
         except ValueError as e:  # ChatTemplateError is a ValueError
             raise bad_request(str(e), "messages") from None
+
+    def check_template(self) -> str | None:
+        """Render a one-message conversation once at start: the problem, if the sandbox refuses the template."""
+        if not self.tokenizer.chat_template:
+            return None
+        try:
+            self.tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
+        except ChatTemplateSecurityError as e:
+            return f"the model's chat template was refused ({e}); /v1/chat/completions will answer 500"
+        except ValueError:  # a template may reject this probe conversation; real requests will tell
+            pass
+        return None
 
     @staticmethod
     def _reject_unsupported(req: ChatCompletionRequest) -> None:

@@ -20,6 +20,9 @@ from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing,
 from tokenmill.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import SamplingParams
 
+# Prompts one request may carry (each runs as its own engine request, times n).
+MAX_PROMPTS_PER_REQUEST = 64
+
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, req: CompletionRequest, raw_request: Request) -> Response | CompletionResponse:
@@ -36,6 +39,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = [self.prepare_prompt(p, params) for p in prompts]
         self.check_admission()
         request_id = self.new_id("cmpl")
+        self.maybe_log_prompt(request_id, req.prompt)
         echo = [self.tokenizer.decode(p) for p in prompts] if req.echo else None
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -50,6 +54,9 @@ class OpenAIServingCompletion(OpenAIServing):
             return [await self.encode(prompt)]
         if not prompt:
             raise bad_request("prompt must not be empty", "prompt")
+        if len(prompt) > MAX_PROMPTS_PER_REQUEST and not all(isinstance(p, int) for p in prompt):
+            raise bad_request(f"prompt has {len(prompt)} prompts; at most {MAX_PROMPTS_PER_REQUEST} are allowed "
+                              "per request", "prompt")
         if all(isinstance(p, int) for p in prompt):
             return [list(prompt)]  # type: ignore[arg-type]
         if all(isinstance(p, str) for p in prompt):

@@ -2,7 +2,9 @@
 
 Admission (draining, engine death, queue limit), model-name checks, building SamplingParams from request
 fields, tokenizing off the event loop, validating the prompt against the context, running a request with
-client-disconnect detection, logprob token strings, and SSE framing.
+client-disconnect detection and the optional per-request deadline, logprob token strings, and SSE framing.
+
+Prompt text is never logged unless the operator asked for it (`log_prompts`, the --log-prompts flag).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -17,7 +20,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError
+from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError, RequestTimeoutError
 from tokenmill.engine.llm_engine import ContextLengthError
 from tokenmill.entrypoints.openai.errors import APIError, bad_request, error_body
 from tokenmill.entrypoints.openai.protocol import SamplingFields, Usage
@@ -25,9 +28,11 @@ from tokenmill.metrics import ServerMetrics
 from tokenmill.outputs import FinishReason, RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
+log = logging.getLogger("tokenmill.server")
 T = TypeVar("T")
 SSE_DONE = b"data: [DONE]\n\n"
 _MIN_LOGPROB = -9999.0  # JSON has no -inf: a token with probability 0 reports this
+_MAX_LOGGED_PROMPT_CHARS = 4096  # --log-prompts: longer prompts are cut, with their length noted
 
 
 @dataclass
@@ -41,7 +46,8 @@ class ServerState:
 
 class OpenAIServing:
     def __init__(self, async_engine: AsyncEngine, served_model_name: str, metrics: ServerMetrics | None,
-                 state: ServerState, max_waiting_requests: int | None = None) -> None:
+                 state: ServerState, max_waiting_requests: int | None = None, *,
+                 request_timeout: float | None = None, log_prompts: bool = False) -> None:
         self.async_engine = async_engine
         self.engine = async_engine.engine
         self.tokenizer = self.engine.tokenizer
@@ -51,6 +57,8 @@ class OpenAIServing:
         self.metrics = metrics
         self.state = state
         self.max_waiting_requests = max_waiting_requests
+        self.request_timeout = request_timeout  # seconds from admission to the last token; None: no deadline
+        self.log_prompts = log_prompts
         self._token_text: dict[int, str] = {}
 
     # -- admission -------------------------------------------------------------------------------------
@@ -118,8 +126,10 @@ class OpenAIServing:
         """Tokenize on a worker thread so long prompts do not stall the event loop."""
         return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
 
-    def prepare_prompt(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
-        """Apply truncate_prompt_tokens and check the prompt fits the context; 400 otherwise."""
+    def prepare_prompt(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt") -> list[int]:
+        """Apply truncate_prompt_tokens and check the prompt fits the context; 400 otherwise.
+
+        `prompt_field` is the request field a bad prompt is blamed on (`messages` for chat)."""
         if params.truncate_prompt_tokens is not None:
             prompt_ids = prompt_ids[-params.truncate_prompt_tokens:]
         try:
@@ -127,9 +137,24 @@ class OpenAIServing:
         except ContextLengthError as e:
             raise bad_request(str(e)) from None
         except ValueError as e:
-            raise bad_request(str(e), str(e).split(" ", 1)[0] if str(e).startswith(("logit_bias", "stop_token_ids"))
-                              else None) from None
+            message = str(e)
+            if message.startswith(("logit_bias", "stop_token_ids")):
+                param: str | None = message.split(" ", 1)[0]
+            elif message.startswith(("prompt", "the prompt")):
+                param = prompt_field
+            else:
+                param = None
+            raise bad_request(message, param) from None
         return prompt_ids
+
+    def maybe_log_prompt(self, request_id: str, prompt: Any) -> None:
+        """Log the prompt text of a request, only when the operator set --log-prompts."""
+        if not self.log_prompts:
+            return
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False, default=str)
+        if len(text) > _MAX_LOGGED_PROMPT_CHARS:
+            text = f"{text[:_MAX_LOGGED_PROMPT_CHARS]}... ({len(text)} characters)"
+        log.info("request %s prompt: %s", request_id, text)
 
     # -- running ---------------------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_ids: list[int],
@@ -141,10 +166,14 @@ class OpenAIServing:
         self.state.in_flight.add(request_id)
         try:
             # stream=True even for non-streaming responses: per-step outputs time inter-token latency
-            stream = self.async_engine.generate(request_id, prompt_ids, params, stream=True)
+            stream = self.async_engine.generate(request_id, prompt_ids, params, stream=True,
+                                                timeout=self.request_timeout)
             async with contextlib.aclosing(stream) as outputs:  # type: ignore[type-var]
                 async for out in outputs:
                     yield out
+        except RequestTimeoutError as e:
+            raise APIError(408, f"{e} (the server's --request-timeout is {self.request_timeout:g}s; "
+                                f"{e.num_output_tokens} tokens had been generated)") from None
         except EngineDeadError as e:
             if self.metrics is not None:
                 self.metrics.on_request_error()
