@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 TORCH ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install install-test serve generate chat test clean
+.PHONY: install install-test serve generate chat test compare clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +36,13 @@ chat: install
 test: install-test
 	$(VENV)/bin/python -m mypy tokenmill
 	$(VENV)/bin/python -m pytest -q $(ARGS)
+
+# Outside the default test run: serve the same weights with tokenmill, llama-server and vLLM's CPU build in
+# turn, run one concurrency sweep against each, print the ratios (benchmarks/compare.sh lists the knobs).
+compare: install
+	benchmarks/peers/build_llama_server.sh
+	benchmarks/peers/setup_vllm_cpu.sh
+	benchmarks/compare.sh
 
 clean:
 	rm -rf $(VENV)
