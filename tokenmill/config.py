@@ -43,6 +43,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
     seed: int = 0
     num_threads: int | None = None  # CPU threads for torch; None: all cores
+    quantization: str | None = None  # None: weights at the compute dtype; "int8": weight-only int8 (CPU)
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -57,5 +58,7 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be int8 or unset, got {self.quantization!r}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")

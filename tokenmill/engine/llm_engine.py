@@ -58,6 +58,8 @@ class LLMEngine:
         self.config = config
         self.source = resolve_model(config.model)
         self.platform = resolve_platform(config)
+        if config.quantization == "int8" and (self.platform.is_cuda or self.platform.dtype != torch.float32):
+            raise ValueError("quantization int8 is a CPU mode for fp32 compute; use it with --device cpu")
         self.model_config, self.tokenizer, weights = load_model_and_tokenizer(self.source, progress)
         cfg = self.model_config
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
@@ -70,7 +72,7 @@ class LLMEngine:
 
         model = LlamaModel(cfg, max_positions=max(self.max_model_len, 1))
         model.load_weights(weights())
-        model.finish_loading(self.platform.device, self.platform.dtype)
+        model.finish_loading(self.platform.device, self.platform.dtype, config.quantization)
         self.model = model
         self.runner = ModelRunner(model, self.platform, self.plan.num_blocks, config.block_size,
                                   self.tokenizer.eog_token_ids, config.seed)

@@ -27,6 +27,9 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
     g.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16")
     g.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling")
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads for the model (default: all cores)")
+    g.add_argument("--quantization", choices=["int8"], default=None,
+                   help="int8: weight-only int8 matmuls on CPU, faster for one or a few streams, slower for "
+                        "big batches (default: fp32 weights)")
 
 
 def engine_config_from_args(args: argparse.Namespace, model: str | None = None) -> EngineConfig:
@@ -34,7 +37,7 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
         model=model or args.model, max_model_len=args.max_model_len, kv_cache_memory=parse_size(args.kv_cache_memory),
         block_size=args.block_size, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, device=args.device, dtype=args.dtype, seed=args.seed,
-        num_threads=args.num_threads)
+        num_threads=args.num_threads, quantization=args.quantization)
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:

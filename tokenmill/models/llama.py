@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.layers.attention import AttentionMetadata, paged_attention, write_kv
+from tokenmill.layers.linear import linear, quantize_int8
 from tokenmill.layers.rotary import RotaryEmbedding, inv_frequencies
 from tokenmill.loader.model_config import ModelConfig
 
@@ -41,13 +42,24 @@ class DecoderLayer(nn.Module):
         self.gate_up_weight = nn.Parameter(torch.empty(2 * i, d), requires_grad=False)  # rows: gate | up
         self.down_weight = nn.Parameter(torch.empty(d, i), requires_grad=False)
         self.scale = self.hd ** -0.5
+        # int8 mode: per-channel scales of the four projections (None: fp weights)
+        self.scales: dict[str, torch.Tensor | None] = {"qkv": None, "o": None, "gate_up": None, "down": None}
+
+    def quantize(self) -> None:
+        """Replace the projection weights with int8 copies (the fp32 ones are dropped)."""
+        for name in self.scales:
+            param: nn.Parameter = getattr(self, f"{name}_weight")
+            q, s = quantize_int8(param.data)
+            param.data = q
+            self.scales[name] = s.to(q.device)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """x: (T, D) residual stream -> (T, D)."""
         T = x.shape[0]
         h = self.input_norm(x)
-        qkv = F.linear(h, self.qkv_weight, self.qkv_bias)  # (T, (nh + 2 nkv) hd)
+        sc = self.scales
+        qkv = linear(h, self.qkv_weight, sc["qkv"], self.qkv_bias)  # (T, (nh + 2 nkv) hd)
         q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
         q = q.view(T, self.nh, self.hd)
         k = k.view(T, self.nkv, self.hd)
@@ -55,10 +67,10 @@ class DecoderLayer(nn.Module):
         q, k = rope.apply(positions, q, k)
         write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
         attn = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.layer_idx)
-        x = x + F.linear(attn.reshape(T, -1), self.o_weight)
+        x = x + linear(attn.reshape(T, -1), self.o_weight, sc["o"])
         h = self.post_attn_norm(x)
-        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_weight)
+        gate, up = linear(h, self.gate_up_weight, sc["gate_up"]).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.down_weight, sc["down"])
 
 
 class LlamaModel(nn.Module):
@@ -72,6 +84,7 @@ class LlamaModel(nn.Module):
         self.lm_head = (None if cfg.tie_word_embeddings else
                         nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False))
         self.rope: RotaryEmbedding | None = None
+        self._head_int8: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rope_freqs: torch.Tensor | None = None
 
     # -- weights ---------------------------------------------------------------------------------------
@@ -129,8 +142,17 @@ class LlamaModel(nn.Module):
         if missing := need - loaded:
             raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {sorted(missing)[:3]}")
 
-    def finish_loading(self, device: torch.device, dtype: torch.dtype) -> None:
+    def finish_loading(self, device: torch.device, dtype: torch.dtype, quantization: str | None = None) -> None:
         self.to(device=device, dtype=dtype)
+        if quantization == "int8":
+            for layer in self.layers:
+                layer.quantize()  # type: ignore[operator]
+            w = self.embed if self.lm_head is None else self.lm_head
+            self._head_int8 = quantize_int8(w.data)
+            if self.lm_head is not None:
+                self.lm_head = None  # the int8 copy replaces it; the embedding stays for lookups
+        elif quantization is not None:
+            raise ValueError(f"quantization {quantization!r} is not supported (supported: int8)")
         inv = inv_frequencies(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, self._rope_freqs)
         self.rope = RotaryEmbedding(self.cfg.head_dim, self.max_positions, inv, device, dtype)
 
@@ -146,5 +168,7 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(S, D) hidden of the positions that sample -> (S, V) float32 logits."""
+        if self._head_int8 is not None:
+            return linear(hidden, self._head_int8[0], self._head_int8[1]).float()
         w = self.embed if self.lm_head is None else self.lm_head
         return F.linear(hidden, w).float()
