@@ -19,6 +19,8 @@
 #   THREADS            CPU threads per server (default: number of cores)
 #   PORT               port the servers take in turn (default 8321)
 #   READY_TIMEOUT      seconds to wait for a server to answer /v1/models (default 900)
+#   WAIT_QUIET         before each sweep, wait up to this many seconds for other processes to go idle
+#                      (default 0; each level's JSON records the load average at its start and end)
 #   TOKENMILL_ARGS     extra flags for `tokenmill serve`
 #   LLAMA_SERVER_ARGS  extra flags for llama-server (default --no-repack, see below)
 #   VLLM_ARGS          extra flags for `vllm serve`; VLLM_CPU_OMP_THREADS_BIND (default 0-(THREADS-1))
@@ -62,7 +64,11 @@ stop_server() {
     wait "$SERVER_PID" 2>/dev/null || true
     SERVER_PID=""
 }
-trap 'stop_server' EXIT
+cleanup() {
+    [[ -z "${CLIENT_PID:-}" ]] || kill -TERM "$CLIENT_PID" 2>/dev/null || true
+    stop_server
+}
+trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT TERM
 
 start_server() {  # start_server NAME CMD...: run CMD in a new process group, log to RESULTS_DIR/NAME.log
@@ -84,11 +90,37 @@ start_server() {  # start_server NAME CMD...: run CMD in a new process group, lo
     log "$name ready after $(( SECONDS - t0 ))s"
 }
 
+cpu_busy_pct() {  # percent of all cores busy over the next 5 s (from /proc/stat)
+    local a b
+    a=($(head -1 /proc/stat)); sleep 5; b=($(head -1 /proc/stat))
+    local idle=$(( b[4] + b[5] - a[4] - a[5] )) total=0 i
+    for i in 1 2 3 4 5 6 7 8; do total=$(( total + b[i] - a[i] )); done
+    echo $(( total > 0 ? 100 * (total - idle) / total : 0 ))
+}
+
+wait_quiet() {  # shared machine: wait up to WAIT_QUIET s until the (idle) server's machine is <20% busy
+    local deadline=$(( SECONDS + ${WAIT_QUIET:-0} )) busy=0
+    while (( SECONDS < deadline )); do
+        busy=$(cpu_busy_pct)
+        (( busy < 20 )) && return 0
+    done
+    (( ${WAIT_QUIET:-0} == 0 )) || log "the machine is still ${busy}% busy; measuring anyway (see the load column)"
+}
+
+CLIENT_PID=""
 sweep() {  # sweep LABEL: the same load against whatever listens on PORT
+    wait_quiet
+    # in the background + wait, so a TERM to this script runs the trap at once (bash defers traps
+    # until a foreground child exits)
     "$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench serve --base-url "$BASE_URL" --label "$1" \
         --dataset random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" \
         --sweep "$LEVELS" --prompts-per-concurrency "$PROMPTS_PER_C" --min-prompts "$MIN_PROMPTS" \
-        --num-warmups "$NUM_WARMUPS" --seed 0 --tokenizer "$MODEL" --result-dir "$RESULTS_DIR"
+        --num-warmups "$NUM_WARMUPS" --seed 0 --tokenizer "$MODEL" --result-dir "$RESULTS_DIR" &
+    CLIENT_PID=$!
+    local rc=0
+    wait "$CLIENT_PID" || rc=$?
+    CLIENT_PID=""
+    return "$rc"
 }
 
 run_one() {  # run_one LABEL CMD...: start, sweep, stop; a failing server does not stop the others
