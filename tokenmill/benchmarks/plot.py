@@ -37,7 +37,11 @@ def by_label(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 def plot(records: list[dict[str, Any]], out: str | Path, title: str | None = None) -> Path:
     """Draw the figure into `out` (PNG); returns the path."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("tokenmill bench plot needs matplotlib: pip install 'tokenmill[bench]' "
+                         "(or pip install matplotlib)") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -113,8 +113,10 @@ class DecodeMirror:
             return
         slots, length = max(slots, old_slots), max(length, old_len)
         shape = (self.num_layers, slots, self.nkv, length, self.hd)
-        k = torch.empty(shape, dtype=self.kv.dtype, device=self.kv.device)
-        v = torch.empty(shape, dtype=self.kv.dtype, device=self.kv.device)
+        # zeros, not empty: attention reads whole rows under a mask, and a masked key still multiplies its
+        # value by 0 -- recycled memory holding NaN bit patterns would turn that into NaN.
+        k = torch.zeros(shape, dtype=self.kv.dtype, device=self.kv.device)
+        v = torch.zeros(shape, dtype=self.kv.dtype, device=self.kv.device)
         if self.k is not None and self.v is not None:
             for i, n in enumerate(self.lengths):
                 if n > 0:
