@@ -186,7 +186,9 @@ if (( ${#JSONS[@]} )); then
         echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores."
         echo "Model: $(basename "$MODEL"); random prompts ${INPUT_LEN} in / ${OUTPUT_LEN} out, unique first tokens," \
              "greedy, ignore_eos; max(${MIN_PROMPTS}, ${PROMPTS_PER_C}*C) prompts per level; $THREADS threads."
-        echo "Command: PEERS=\"$PEERS\" LEVELS=$LEVELS benchmarks/compare.sh"
+        echo "Command: PEERS=\"$PEERS\" LEVELS=$LEVELS INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN" \
+             "PROMPTS_PER_C=$PROMPTS_PER_C${SKIP_TOKENMILL:+ SKIP_TOKENMILL=1}${WAIT_QUIET:+ WAIT_QUIET=$WAIT_QUIET}" \
+             "benchmarks/compare.sh (summary of every JSON in this directory)"
         echo
         "$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench compare "${JSONS[@]}" --baseline tokenmill
     } | tee "$RESULTS_DIR/summary.md"
