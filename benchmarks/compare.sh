@@ -8,19 +8,21 @@
 #
 # Everything it starts runs in its own process group and is stopped on exit, Ctrl-C or error.
 # Results: $RESULTS_DIR (default benchmarks/results/<date>/): one JSON per server and level,
-# compare.png, summary.md. Knobs (environment):
+# compare.png, summary.md, each server's log, and contention.log (any other process that took more than
+# 20% of a core while it ran: on a shared machine, the measure of how clean the run was).
+# Knobs (environment):
 #   PEERS              peers to run, among "llama-server vllm" (default: both)
 #   SKIP_TOKENMILL=1   do not run tokenmill (e.g. to re-measure a peer alone)
 #   LEVELS             concurrency levels (default 1,4,16,64)
 #   INPUT_LEN / OUTPUT_LEN     random prompt / output tokens (default 200 / 64)
 #   PROMPTS_PER_C / MIN_PROMPTS  each level sends max(MIN_PROMPTS, PROMPTS_PER_C * C) (default 2 / 8)
 #   NUM_WARMUPS        untimed requests per server before the sweep (default 2)
-#   MODEL              the GGUF to serve (default: tokenmill's default model)
+#   MODEL              the .gguf file to serve (default: tokenmill's default model); vLLM gets its fp32 conversion
 #   THREADS            CPU threads per server (default: number of cores)
 #   PORT               port the servers take in turn (default 8321)
 #   READY_TIMEOUT      seconds to wait for a server to answer /v1/models (default 900)
-#   WAIT_QUIET         before each sweep, wait up to this many seconds for other processes to go idle
-#                      (default 0; each level's JSON records the load average at its start and end)
+#   WAIT_QUIET         before each sweep, wait up to this many seconds for the machine to go idle
+#                      (default 0: measure at once; contention.log tells whether anything interfered)
 #   TOKENMILL_ARGS     extra flags for `tokenmill serve`
 #   LLAMA_SERVER_ARGS  extra flags for llama-server (default --no-repack, see below)
 #   VLLM_ARGS          extra flags for `vllm serve`; VLLM_CPU_OMP_THREADS_BIND (default 0-(THREADS-1))
@@ -64,9 +66,26 @@ stop_server() {
     wait "$SERVER_PID" 2>/dev/null || true
     SERVER_PID=""
 }
+# --- contention monitor: the machine may be shared; log every other process that takes >20% of a core --
+MONITOR_PID=""
+monitor() {
+    local me pid cpu cmd pg
+    me="$(ps -o pgid= $$ | tr -d ' ')"
+    while true; do
+        top -b -n 2 -d 4 -w 200 2>/dev/null | awk '/^top -/ {n++} n == 2 && $1 ~ /^[0-9]+$/ && $9 + 0 > 20 {print $1, $9, $12}' |
+        while read -r pid cpu cmd; do
+            pg="$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')"
+            [[ -z "$pg" || "$pg" == "$me" || "$pg" == "$(cat "$RESULTS_DIR/.server_pgid" 2>/dev/null)" ]] && continue
+            echo "$(date +%H:%M:%S) pid $pid ${cpu}% $cmd $(ps -o args= -p "$pid" 2>/dev/null | cut -c1-120)"
+        done
+    done >>"$RESULTS_DIR/contention.log"
+}
+
 cleanup() {
     [[ -z "${CLIENT_PID:-}" ]] || kill -TERM "$CLIENT_PID" 2>/dev/null || true
     stop_server
+    [[ -z "$MONITOR_PID" ]] || kill -TERM "$MONITOR_PID" 2>/dev/null || true
+    rm -f "$RESULTS_DIR/.server_pgid"
 }
 trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT TERM
@@ -76,6 +95,7 @@ start_server() {  # start_server NAME CMD...: run CMD in a new process group, lo
     log "starting $name: $*"
     setsid "$@" >"$RESULTS_DIR/$name.log" 2>&1 &
     SERVER_PID=$!
+    echo "$SERVER_PID" >"$RESULTS_DIR/.server_pgid"
     local t0=$SECONDS
     until curl -sf "$BASE_URL/v1/models" >/dev/null 2>&1; do
         if ! kill -0 "$SERVER_PID" 2>/dev/null; then
@@ -104,7 +124,7 @@ wait_quiet() {  # shared machine: wait up to WAIT_QUIET s until the (idle) serve
         busy=$(cpu_busy_pct)
         (( busy < 20 )) && return 0
     done
-    (( ${WAIT_QUIET:-0} == 0 )) || log "the machine is still ${busy}% busy; measuring anyway (see the load column)"
+    (( ${WAIT_QUIET:-0} == 0 )) || log "the machine is still ${busy}% busy; measuring anyway (see contention.log)"
 }
 
 CLIENT_PID=""
@@ -134,6 +154,9 @@ run_one() {  # run_one LABEL CMD...: start, sweep, stop; a failing server does n
 }
 
 FAILED=()
+: >"$RESULTS_DIR/contention.log"
+monitor &
+MONITOR_PID=$!
 log "model $MODEL; levels $LEVELS; ${INPUT_LEN} in / ${OUTPUT_LEN} out; $THREADS threads; results in $RESULTS_DIR"
 
 if [[ -z "${SKIP_TOKENMILL:-}" ]]; then
@@ -191,6 +214,11 @@ if (( ${#JSONS[@]} )); then
              "benchmarks/compare.sh (summary of every JSON in this directory)"
         echo
         "$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench compare "${JSONS[@]}" --baseline tokenmill
+        if [[ -s "$RESULTS_DIR/contention.log" ]]; then
+            echo
+            echo "Contention: other processes took >20% of a core at $(wc -l <"$RESULTS_DIR/contention.log")" \
+                 "samples (4 s each) during this run: compare contention.log with each JSON's date and duration."
+        fi
     } | tee "$RESULTS_DIR/summary.md"
     "$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench plot "${JSONS[@]}" -o "$RESULTS_DIR/compare.png"
 fi

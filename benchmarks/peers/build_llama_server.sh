@@ -8,6 +8,9 @@
 #   LLAMA_CPP_PYTHON_VERSION  sdist version (default 0.3.36)
 #   JOBS                      parallel compile jobs (default: number of cores)
 #   PYTHON                    interpreter whose pip downloads the sdist (default: python3)
+# Known issue: with GGML_NATIVE on an AMX-capable Xeon (this repo's 2-core test VM), the AMX kernel
+# segfaults in ggml_backend_amx_mul_mat on a Q4_1 model's first decode; start the server with
+# --no-repack (it disables the AMX/repacked weight buffers; Q4_1 then runs on the AVX-512 kernels).
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"

