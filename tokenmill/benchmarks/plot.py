@@ -69,6 +69,7 @@ def plot(records: list[dict[str, Any]], out: str | Path, title: str | None = Non
     ax_ttft.set_yscale("log")
     plain = matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}")
     ax_ttft.yaxis.set_major_formatter(plain)
+    ax_ttft.yaxis.set_minor_locator(matplotlib.ticker.LogLocator(base=10, subs=(2.0, 5.0)))
     ax_ttft.yaxis.set_minor_formatter(plain)
     ax_ttft.set_ylabel("time to first token (s)")
     ax_ttft.set_title("TTFT p50 (solid) and p99 (dashed)")

@@ -248,7 +248,9 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "server_owned_by": info.get("owned_by"), "date": date,
                 "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                 "machine": machine, "dataset": dataset_info(args),
-                "max_concurrency": concurrency, "request_rate": args.request_rate, "burstiness": args.burstiness,
+                "max_concurrency": concurrency,
+                "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",  # strict JSON
+                "burstiness": args.burstiness,
                 "num_prompts": n, "num_warmups": args.num_warmups, "seed": args.seed, "temperature": args.temperature,
                 **metrics,
             }
