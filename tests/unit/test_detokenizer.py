@@ -5,26 +5,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tokenmill.loader.gguf import GGUFFile
+from tokenizer_corpus import mkfx
 from tokenmill.tokenizer import IncrementalDetokenizer, Tokenizer
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
-
-def _load_fixture_module() -> Any:
-    spec = importlib.util.spec_from_file_location("make_tokenizer_fixture", FIXTURES / "make_tokenizer_fixture.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mkfx = _load_fixture_module()
 
 TEXTS = mkfx.CORPUS + [
     "🎉" * 5 + "👨‍👩‍👧‍👦🇺🇸" + "中文" * 10,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
+import importlib.util
 import os
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -17,21 +16,10 @@ from tokenizers import processors
 
 from tokenmill.loader.gguf import GGUFFile
 from tokenmill.tokenizer import ChatTemplateError, Tokenizer
+from tokenizer_corpus import FIXTURES, mkfx
 from tokenmill.tokenizer.tokenizer import known_pre_types, pre_tokenizer_spec
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE_JSON = FIXTURES / "tokenizer_smollm2.json"
-
-
-def _load_fixture_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_tokenizer_fixture", FIXTURES / "make_tokenizer_fixture.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mkfx = _load_fixture_module()
 
 
 def _model_path() -> str:
