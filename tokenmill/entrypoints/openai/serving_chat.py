@@ -1,7 +1,7 @@
 """OpenAIServingChat: POST /v1/chat/completions, streaming and not.
 
 Messages are rendered with the model's chat template and tokenized on a worker thread. Streaming sends,
-per choice, a first chunk with `role: assistant`, then content deltas, then a chunk with its finish_reason.
+per choice, a first chunk with `role: assistant` (sent once the first token exists), then content deltas, then a chunk with its finish_reason.
 """
 
 from __future__ import annotations
@@ -146,10 +146,13 @@ class OpenAIServingChat(OpenAIServing):
         finished: set[int] = set()
         num_completion = 0
         try:
-            for i in range(params.n):
-                yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
+            role_sent = False
             async with contextlib.aclosing(self.generate(request_id, prompt_ids, params)) as outputs:
                 async for out in outputs:
+                    if not role_sent:  # with the first output, as vLLM does: a client's TTFT includes prefill
+                        role_sent = True
+                        for i in range(params.n):
+                            yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
                     if out.finished:
                         self.check_finished(out)
                     for c in out.outputs:
