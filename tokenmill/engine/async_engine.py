@@ -73,7 +73,6 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = False
         self.dead_reason: BaseException | None = None
-        self.num_aborted = 0
         self.step_hooks: list[Callable[[list[RequestOutput]], None]] = []  # metrics, tests
         self._thread = threading.Thread(target=self._run, name="tokenmill-engine", daemon=True)
         self._thread.start()
@@ -164,7 +163,6 @@ class AsyncEngine:
                 out = eng.abort_request(cmd.request_id, error=cmd.reason)
                 sink = self._sinks.pop(cmd.request_id, None)
                 if out is not None:
-                    self.num_aborted += 1
                     for h in self.step_hooks:
                         h([out])
                     if sink is not None:

@@ -25,7 +25,6 @@ class SequenceState:
     num_sent_chars: int = 0
     num_sent_tokens: int = 0
     logprobs: list[TokenLogprobs] | None = None
-    stopped_by_string: bool = False
 
 
 @dataclass
@@ -76,7 +75,7 @@ class OutputProcessor:
         before = len(seq.text)
         seq.text += delta
         if params.stop_strings and req.num_output_tokens >= params.min_tokens:
-            from_pos = max(0, before - seq_max_stop(params.stop_strings) + 1)
+            from_pos = max(0, before - max(len(x) for x in params.stop_strings) + 1)
             best: tuple[int, str] | None = None
             for s in params.stop_strings:
                 j = seq.text.find(s, from_pos)
@@ -85,7 +84,6 @@ class OutputProcessor:
             if best is not None:
                 j, s = best
                 seq.text = seq.text[: j + len(s)] if params.include_stop_str_in_output else seq.text[:j]
-                seq.stopped_by_string = True
                 req.stop_reason = s
                 return True
         return False
@@ -123,6 +121,3 @@ class OutputProcessor:
             st.metrics.num_cached_tokens = first.num_cached_tokens
         return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, outs, finished, st.metrics, st.error)
 
-
-def seq_max_stop(stops: list[str]) -> int:
-    return max(len(s) for s in stops)

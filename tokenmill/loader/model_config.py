@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     name: str = ""
     quantization: str = "none"  # how the weights are stored on disk, e.g. "GGUF Q4_1"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
