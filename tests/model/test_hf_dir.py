@@ -60,7 +60,7 @@ def make_dir(tmp: Path, case: dict, tokenizer) -> Path:
 def test_tiny_hf_model_matches_transformers(name: str, tmp_path: Path, llm) -> None:
     d = make_dir(tmp_path, CASES[name], llm.tokenizer)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
-    ours = LLM(str(d), progress=False, kv_cache_memory=16 * 2**20, max_model_len=200)
+    ours = LLM(str(d), progress=False, kv_cache_memory=16 * 2**20, max_model_len=200, dtype="float32")
     assert ours.engine.model_config.architecture in ("llama", "qwen2", "mistral")
     prompts = ["Hello there, how are you doing today?", "def f(x):\n    return x * 2\n" * 3]
     ids = [ours.tokenizer.encode(p) for p in prompts]

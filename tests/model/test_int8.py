@@ -14,7 +14,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def int8_llm() -> LLM:
-    return LLM(progress=False, kv_cache_memory=64 * 2**20, max_model_len=512, quantization="int8")
+    return LLM(progress=False, kv_cache_memory=64 * 2**20, max_model_len=512, quantization="int8", dtype="float32")
 
 
 def test_int8_batched_equals_alone(int8_llm: LLM) -> None:

@@ -13,6 +13,9 @@ import time
 import httpx
 
 MODEL_ARGS = ["--kv-cache-memory", "256MiB", "--max-model-len", "2048"]
+# fp32 unless a test asks otherwise: HTTP outputs are compared exactly with the offline fp32 `llm` and
+# across loads, which only fp32 guarantees (bf16 matmuls pick kernels by batch size; see test_bf16.py)
+DEFAULT_DTYPE = ["--dtype", "float32"]
 
 
 def free_port() -> int:
@@ -27,7 +30,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="tokenmill-server-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "tokenmill.entrypoints.cli", "serve", "--port", str(self.port), *MODEL_ARGS,
-               *extra_args]
+               *([] if "--dtype" in extra_args else DEFAULT_DTYPE), *extra_args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
 

@@ -22,7 +22,10 @@ def test_serve_prints_the_plan_and_refuses_settings_that_cannot_work() -> None:
                             *flags], capture_output=True, text=True, timeout=120)
     out = serve.stdout + serve.stderr
     assert serve.returncode == 1, out
-    assert "memory plan: KV cache: 45.0 KiB per token" in out and "Traceback" not in out, out
+    from tokenmill.cpu_features import auto_dtype
+
+    per_token = "22.5 KiB" if auto_dtype("cpu") == "bfloat16" else "45.0 KiB"  # --dtype auto in both commands
+    assert f"memory plan: KV cache: {per_token} per token" in out and "Traceback" not in out, out
     plan = subprocess.run([sys.executable, "-m", "tokenmill.entrypoints.cli", "plan", *flags], capture_output=True,
                           text=True, timeout=60)
     assert plan.returncode == 1

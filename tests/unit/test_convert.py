@@ -57,7 +57,7 @@ def test_transformers_greedy_matches_tokenmill(hf_model, llm: LLM) -> None:
 
 
 def test_tokenmill_loads_converted_dir(hf_dir: Path, llm: LLM) -> None:
-    converted = LLM(str(hf_dir), progress=False, kv_cache_memory=64 * 2**20, max_model_len=512)
+    converted = LLM(str(hf_dir), progress=False, kv_cache_memory=64 * 2**20, max_model_len=512, dtype="float32")
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     a = converted.generate([PROMPT], params)[0].outputs[0].token_ids
     b = llm.generate([PROMPT], params)[0].outputs[0].token_ids

@@ -33,7 +33,8 @@ def _offline_llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from tokenmill.entrypoints.llm import LLM
 
     return LLM(args.model, progress=False, max_num_seqs=args.max_num_seqs,
-               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len)
+               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+               dtype=args.dtype, quantization=args.quantization, num_threads=args.num_threads)
 
 
 def _emit(args: argparse.Namespace, llm: object, kind: str, result: dict[str, object]) -> int:
@@ -70,6 +71,9 @@ def _offline_args(p: argparse.ArgumentParser, output_len: int) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (as for serve)")
+    p.add_argument("--quantization", choices=["int8"], default=None, help="as for serve")
+    p.add_argument("--num-threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-json", default=None, help="write the result here")
 

@@ -13,6 +13,7 @@ import sys
 from tokenmill.config import format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
+from tokenmill.cpu_features import auto_dtype
 from tokenmill.memory_plan import CacheTooSmallError, available_ram, default_kv_cache_bytes, make_plan
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -46,7 +47,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     cfg, disk_bytes = read_model_config(args.model)
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if args.device == "cuda" else "float32")
+    dtype = args.dtype if args.dtype != "auto" else auto_dtype(args.device)
     kv = parse_size(args.kv_cache_memory)
     if kv is None:
         if args.device == "cuda":

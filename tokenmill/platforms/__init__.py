@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenmill.config import EngineConfig
+from tokenmill.cpu_features import auto_dtype
 from tokenmill.memory_plan import available_ram, default_kv_cache_bytes
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,13 @@ class Platform:
             torch.cuda.synchronize(self.device)
 
 
+def _torch_can_use_amx() -> bool:
+    """The CPU lists AMX; also ask PyTorch whether the OS lets it use the tiles (private API, so a
+    missing function counts as yes: the flag check already passed)."""
+    check = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(check()) if check is not None else True
+
+
 def resolve_platform(config: EngineConfig) -> Platform:
     if config.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -59,8 +67,11 @@ def resolve_platform(config: EngineConfig) -> Platform:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device=cuda was asked for, but PyTorch sees no CUDA GPU; use --device cpu")
     if config.dtype == "auto":
-        # CPUs without native bf16 run bf16 matmuls ~300x slower than fp32: compute in fp32 there.
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        # bf16 on CUDA and on AMX CPUs; fp32 on CPUs where bf16 matmul is slow (see cpu_features).
+        name = auto_dtype(device.type)
+        if name == "bfloat16" and device.type == "cpu" and not _torch_can_use_amx():
+            name = "float32"
+        dtype = _DTYPES[name]
     else:
         dtype = _DTYPES[config.dtype]
     if device.type == "cpu":
