@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from raw_forward import prompt_logits
 
 from tokenmill import LLM, SamplingParams
 from tokenmill.cpu_features import cpu_has_amx_bf16
@@ -40,21 +41,6 @@ def test_auto_picks_bf16_here(bf16_llm: LLM) -> None:
     assert resolve_platform(EngineConfig(device="cpu")).dtype == torch.bfloat16
     assert bf16_llm.engine.runner.kv[0].dtype == torch.bfloat16  # the cache is bf16 too: half the bytes
     assert bf16_llm.engine.plan.dtype_bytes == 2
-
-
-def prompt_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
-    """(T, V) float32 logits of every prompt position, through the paged prefill path."""
-    from tokenmill.layers.attention import AttentionMetadata, PrefillChunk
-
-    eng = llm.engine
-    T, bs = len(ids), eng.config.block_size
-    blocks = list(range(-(-T // bs)))
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor([blocks[p // bs] * bs + p % bs for p in range(T)]), num_decodes=0,
-        decode_block_tables=None, decode_mask=None, prefills=[PrefillChunk(0, T, 0, torch.tensor(blocks))])
-    with torch.inference_mode():
-        hidden = eng.model(torch.tensor(ids), torch.arange(T), meta, eng.runner.kv_caches)
-        return eng.model.compute_logits(hidden)
 
 
 def test_bf16_prompt_logits_close_to_fp32(bf16_llm: LLM, llm: LLM) -> None:

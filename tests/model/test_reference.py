@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from raw_forward import prompt_logits
 
 from tokenmill import SamplingParams
 
@@ -57,19 +58,8 @@ def test_greedy_tokens_match_transformers(llm, reference) -> None:
 
 def test_prompt_logits_match_transformers(llm, reference) -> None:
     """All positions' logits of a prompt, computed through the paged prefill path."""
-    from tokenmill.layers.attention import AttentionMetadata, PrefillChunk
-
-    eng = llm.engine
     ids = llm.tokenizer.encode(PROMPTS[1] + PROMPTS[3])
-    T = len(ids)
-    bs = eng.config.block_size
-    nb = -(-T // bs)
-    blocks = list(range(nb))
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor([blocks[p // bs] * bs + p % bs for p in range(T)]), num_decodes=0,
-        decode_block_tables=None, decode_mask=None, prefills=[PrefillChunk(0, T, 0, torch.tensor(blocks))])
+    ours = prompt_logits(llm, ids)
     with torch.inference_mode():
-        hidden = eng.model(torch.tensor(ids), torch.arange(T), meta, eng.runner.kv_caches)
-        ours = eng.model.compute_logits(hidden)
         ref = reference(torch.tensor([ids])).logits[0]
     assert torch.allclose(ours, ref, atol=1e-3, rtol=0), float((ours - ref).abs().max())

@@ -58,8 +58,9 @@ class LLMEngine:
         self.config = config
         self.source = resolve_model(config.model)
         self.platform = resolve_platform(config)
-        if config.quantization == "int8" and (self.platform.is_cuda or self.platform.dtype != torch.float32):
-            raise ValueError("quantization int8 is a CPU mode for fp32 compute; use it with --device cpu")
+        if config.quantization == "int8" and self.platform.is_cuda:
+            raise ValueError("quantization int8 is a CPU mode (torch's int8 weight-only CPU kernel); "
+                             "use it with --device cpu")
         self.model_config, self.tokenizer, weights = load_model_and_tokenizer(self.source, progress)
         cfg = self.model_config
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings

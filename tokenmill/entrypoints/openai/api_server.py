@@ -309,18 +309,6 @@ async def _serve(args: argparse.Namespace, config: EngineConfig) -> int:
                                timeout_keep_alive=5)
     server = _Server(uv_config)
     serve_task = asyncio.create_task(server.serve())
-    try:
-        engine = await asyncio.to_thread(LLMEngine, config, False)
-    except Exception as e:  # noqa: BLE001 - a bad model or setting: say why and stop
-        if isinstance(e, CacheTooSmallError):  # the memory plan's verdict, in `tokenmill plan`'s words
-            log.error("memory plan: verdict: cannot work. %s", e)
-        else:
-            log.error("cannot start the engine: %s", e)
-        server.should_exit = True
-        await asyncio.gather(serve_task, return_exceptions=True)
-        return 1
-    if serve_task.done():  # a signal while loading, or uvicorn could not start (e.g. the port is taken)
-        return 0 if server.num_signals else 1
     exit_code = 0
 
     def on_engine_death(exc: BaseException) -> None:  # engine thread
@@ -332,7 +320,21 @@ async def _serve(args: argparse.Namespace, config: EngineConfig) -> int:
         killer.daemon = True
         killer.start()
 
-    async_engine = AsyncEngine(engine, on_death=on_engine_death)
+    # the engine thread loads the model itself, so that one thread does all torch work (async_engine.py)
+    async_engine = AsyncEngine(lambda: LLMEngine(config, False), on_death=on_engine_death)
+    try:
+        engine = await asyncio.to_thread(async_engine.wait_loaded)
+    except Exception as e:  # noqa: BLE001 - a bad model or setting: say why and stop
+        if isinstance(e, CacheTooSmallError):  # the memory plan's verdict, in `tokenmill plan`'s words
+            log.error("memory plan: verdict: cannot work. %s", e)
+        else:
+            log.error("cannot start the engine: %s", e)
+        server.should_exit = True
+        await asyncio.gather(serve_task, return_exceptions=True)
+        return 1
+    if serve_task.done():  # a signal while loading, or uvicorn could not start (e.g. the port is taken)
+        async_engine.shutdown()
+        return 0 if server.num_signals else 1
     _install_fault_injection(async_engine)
     state = ServerState()
     api_key = args.api_key or os.environ.get("TOKENMILL_API_KEY") or None
