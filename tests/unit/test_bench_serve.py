@@ -102,3 +102,17 @@ def test_metric_definitions() -> None:
     assert m["goodput_requests"] == 1 and m["request_goodput"] == pytest.approx(0.2)
     with pytest.raises(ValueError):
         parse_goodput(["latency:5"])
+
+
+def test_offline_serve_prompts_are_what_bench_serve_sends(tok) -> None:
+    """`bench throughput --prompts serve` must run the very prompts a `bench serve` level sends, or the
+    server-vs-engine ratio compares different work."""
+    import argparse
+
+    from tokenmill.benchmarks.serve import make_samples
+    from tokenmill.benchmarks.throughput import serve_prompts
+
+    args = argparse.Namespace(dataset="random", random_input_len=50, random_output_len=8, random_range_ratio=0.0)
+    sent = [s.prompt for s in make_samples(args, tok, 12, seed=3)]
+    assert serve_prompts(tok, 12, 50, 8, seed=3) == sent
+    assert serve_prompts(tok, 12, 50, 8, seed=4) != sent

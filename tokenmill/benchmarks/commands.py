@@ -54,7 +54,8 @@ def _cmd_throughput(args: argparse.Namespace) -> int:
 
     llm = _offline_llm(args)
     return _emit(args, llm, "throughput",
-                 run_throughput(llm, args.num_prompts, args.input_len, args.output_len, args.seed))
+                 run_throughput(llm, args.num_prompts, args.input_len, args.output_len, args.seed, args.prompts,
+                                args.save_prompts))
 
 
 def _cmd_latency(args: argparse.Namespace) -> int:
@@ -102,6 +103,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     t = bsub.add_parser("throughput", help="offline throughput through the Python API")
     _offline_args(t, output_len=128)
     t.add_argument("--num-prompts", type=int, default=64)
+    t.add_argument("--prompts", choices=["ids", "serve"], default="ids",
+                   help="ids: random token ids; serve: the random text prompts `bench serve --num-warmups 0` sends "
+                        "with the same --seed and counts (to compare a server with the engine on the same prompts)")
+    t.add_argument("--save-prompts", default=None, help="write the prompts' token ids here (JSON), e.g. for "
+                   "benchmarks/peers/vllm_offline.py")
     t.set_defaults(func=_cmd_throughput)
 
     lat = bsub.add_parser("latency", help="one request: prefill tok/s and decode tok/s")

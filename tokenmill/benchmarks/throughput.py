@@ -33,17 +33,33 @@ def random_prompts(llm: LLM, n: int, length: int, seed: int) -> list[list[int]]:
     return prompts
 
 
-def run_throughput(llm: LLM, num_prompts: int, input_len: int, output_len: int, seed: int) -> dict[str, Any]:
-    prompts = random_prompts(llm, num_prompts, input_len, seed)
+def serve_prompts(tok: Any, num_prompts: int, input_len: int, output_len: int, seed: int) -> list[str]:
+    """The text prompts `tokenmill bench serve --dataset random --num-warmups 0 --seed SEED` sends for one
+    level of `num_prompts` (same generator, same tokenizer), so server and offline runs can be compared."""
+    from tokenmill.benchmarks.datasets import random_dataset
+
+    return [s.prompt for s in random_dataset(tok, num_prompts, input_len, output_len, 0.0, seed)]
+
+
+def run_throughput(llm: LLM, num_prompts: int, input_len: int, output_len: int, seed: int,
+                   prompts_like: str = "ids", save_prompts: str | None = None) -> dict[str, Any]:
+    """prompts_like: "ids" (random token ids) or "serve" (bench serve's random text prompts, see above).
+    save_prompts: write the prompts' token ids there (JSON), for a peer's offline run on the same ones."""
+    prompts: list[Any] = (serve_prompts(llm.tokenizer, num_prompts, input_len, output_len, seed) if prompts_like == "serve"
+                          else random_prompts(llm, num_prompts, input_len, seed))
+    if save_prompts:
+        with open(save_prompts, "w") as f:
+            json.dump([p if isinstance(p, list) else llm.tokenizer.encode(p) for p in prompts], f)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.generate(random_prompts(llm, 2, 16, seed + 1), SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t0
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"num_prompts": num_prompts, "input_len": input_len, "output_len": output_len, "seconds": dt,
+    return {"num_prompts": num_prompts, "input_len": input_len, "output_len": output_len, "prompts": prompts_like,
+            "seconds": dt,
             "requests_per_s": num_prompts / dt, "output_tok_per_s": n_out / dt,
-            "total_tok_per_s": (n_out + num_prompts * input_len) / dt}
+            "total_tok_per_s": (n_out + sum(len(o.prompt_token_ids) for o in outs)) / dt}
 
 
 def run_latency(llm: LLM, input_len: int, output_len: int, seed: int) -> dict[str, Any]:

@@ -84,18 +84,20 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
         out[:d] = o.squeeze(2)
     for c in meta.prefills:
-        qs = q[c.q_start : c.q_start + c.q_len].transpose(0, 1)  # (nh, q_len, hd)
+        # 4-D (1, heads, len, hd): with 3-D inputs SDPA falls back to its math kernel on CPU, measured
+        # 2x (fp32) to 13x (bf16) slower than the flash kernel it picks for 4-D ones
+        qs = q[c.q_start : c.q_start + c.q_len].transpose(0, 1)[None]  # (1, nh, q_len, hd)
         if c.start == 0:  # no cached prefix: the chunk's own K/V, causal
-            ks = k[c.q_start : c.q_start + c.q_len].transpose(0, 1)
-            vs = v[c.q_start : c.q_start + c.q_len].transpose(0, 1)
+            ks = k[c.q_start : c.q_start + c.q_len].transpose(0, 1)[None]
+            vs = v[c.q_start : c.q_start + c.q_len].transpose(0, 1)[None]
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
         else:  # cached prefix + chunk: gather the blocks, causal with an offset
             ctx = c.start + c.q_len
             nb = -(-ctx // bs)
-            ks = gather_blocks(k_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)  # (nkv, ctx, hd)
-            vs = gather_blocks(v_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)
+            ks = gather_blocks(k_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)[None]
+            vs = gather_blocks(v_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)[None]  # (1, nkv, ctx, hd)
             qpos = torch.arange(c.start, ctx, device=q.device)
             mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]  # (q_len, ctx)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[c.q_start : c.q_start + c.q_len] = o.transpose(0, 1)
+        out[c.q_start : c.q_start + c.q_len] = o[0].transpose(0, 1)
     return out

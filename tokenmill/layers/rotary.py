@@ -35,7 +35,8 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None,
 
 
 class RotaryEmbedding:
-    """cos/sin tables for positions [0, max_positions); `apply` rotates q and k in place of HF's."""
+    """cos/sin tables for positions [0, max_positions). Per step, `tables(positions)` picks the rows once
+    for all layers; `rotate` then turns q and k (adjacent heads in one tensor) in one pass per layer."""
 
     def __init__(self, head_dim: int, max_positions: int, inv_freq: torch.Tensor, device: torch.device,
                  dtype: torch.dtype) -> None:
@@ -43,15 +44,18 @@ class RotaryEmbedding:
         freqs = torch.outer(t, inv_freq)  # (P, hd/2)
         emb = torch.cat([freqs, freqs], dim=-1)  # (P, hd)
         self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        # sin with rotate-half's sign folded in: x * cos + roll(x, hd/2) * signed_sin
+        #   == x * cos + cat(-x2, x1) * sin  (HF's rotate_half)
+        sin = freqs.sin()
+        self.signed_sin = torch.cat([-sin, sin], dim=-1).to(device=device, dtype=dtype)
 
-    def apply(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: (T, nh, hd), k: (T, nkv, hd), positions: (T,) -> rotated q, k."""
-        cos = torch.index_select(self.cos, 0, positions).unsqueeze(1)  # (T, 1, hd)
-        sin = torch.index_select(self.sin, 0, positions).unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (T,) -> cos, signed sin (T, 1, hd), broadcast over heads."""
+        return (torch.index_select(self.cos, 0, positions).unsqueeze(1),
+                torch.index_select(self.signed_sin, 0, positions).unsqueeze(1))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x (T, heads, hd) -> rotated copy. `tables` from RotaryEmbedding.tables for the same T positions."""
+    cos, signed_sin = tables
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin

@@ -13,7 +13,7 @@ from torch import nn
 
 from tokenmill.layers.attention import AttentionMetadata, paged_attention, write_kv
 from tokenmill.layers.linear import linear, quantize_int8
-from tokenmill.layers.rotary import RotaryEmbedding, inv_frequencies
+from tokenmill.layers.rotary import RotaryEmbedding, inv_frequencies, rotate
 from tokenmill.loader.model_config import ModelConfig
 
 
@@ -53,18 +53,17 @@ class DecoderLayer(nn.Module):
             param.data = q
             self.scales[name] = s.to(q.device)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """x: (T, D) residual stream -> (T, D)."""
         T = x.shape[0]
         h = self.input_norm(x)
         sc = self.scales
         qkv = linear(h, self.qkv_weight, sc["qkv"], self.qkv_bias)  # (T, (nh + 2 nkv) hd)
-        q, k, v = qkv.split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q = q.view(T, self.nh, self.hd)
-        k = k.view(T, self.nkv, self.hd)
+        qk, v = qkv.split([(self.nh + self.nkv) * self.hd, self.nkv * self.hd], dim=-1)
+        qk = rotate(qk.view(T, self.nh + self.nkv, self.hd), rope)  # q and k heads are adjacent: one pass
+        q, k = qk[:, : self.nh], qk[:, self.nh :]
         v = v.view(T, self.nkv, self.hd)
-        q, k = rope.apply(positions, q, k)
         write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
         attn = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.layer_idx)
         x = x + linear(attn.reshape(T, -1), self.o_weight, sc["o"])
@@ -162,8 +161,9 @@ class LlamaModel(nn.Module):
         """input_ids, positions: (T,) -> final hidden states (T, D)."""
         assert self.rope is not None, "call finish_loading() first"
         x = F.embedding(input_ids, self.embed)
+        rope = self.rope.tables(positions)  # (T, 1, hd) cos / sin rows, shared by every layer
         for layer, cache in zip(self.layers, kv_caches):
-            x = layer(x, positions, self.rope, cache, meta)
+            x = layer(x, rope, cache, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
