@@ -92,3 +92,15 @@ def test_server_at_the_default_dtype_answers() -> None:
     finally:
         assert srv.stop() == 0
     assert "bfloat16" in srv.output() or "bf16" in srv.output(), srv.output()
+
+
+def test_prepacked_weights_match_plain(bf16_llm: LLM, monkeypatch) -> None:
+    """bf16 on CPU prepacks the matmul weights for oneDNN; the logits are those of plain F.linear."""
+    assert bf16_llm.engine.model.layers[0].packed["qkv"] is not None  # the default here is prepacked
+    monkeypatch.setenv("TOKENMILL_PREPACK", "0")
+    plain = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=512, dtype="bfloat16")
+    assert plain.engine.model.layers[0].packed["qkv"] is None
+    ids = plain.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3)
+    a, b = prompt_logits(bf16_llm, ids), prompt_logits(plain, ids)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.95
+    assert (a - b).abs().max().item() < 0.1, (a - b).abs().max().item()  # identical on the dev machine

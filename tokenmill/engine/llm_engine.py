@@ -73,7 +73,8 @@ class LLMEngine:
 
         model = LlamaModel(cfg, max_positions=max(self.max_model_len, 1))
         model.load_weights(weights())
-        model.finish_loading(self.platform.device, self.platform.dtype, config.quantization)
+        model.finish_loading(self.platform.device, self.platform.dtype, config.quantization,
+                             prepack_weights=self.platform.prepack_weights())
         self.model = model
         self.runner = ModelRunner(model, self.platform, self.plan.num_blocks, config.block_size,
                                   self.tokenizer.eog_token_ids, config.seed)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.layers.attention import AttentionMetadata, paged_attention, write_kv
-from tokenmill.layers.linear import linear, quantize_int8
+from tokenmill.layers.linear import linear, packed_linear, prepack, quantize_int8
 from tokenmill.layers.rotary import RotaryEmbedding, inv_frequencies, rotate
 from tokenmill.loader.model_config import ModelConfig
 
@@ -44,6 +44,8 @@ class DecoderLayer(nn.Module):
         self.scale = self.hd ** -0.5
         # int8 mode: per-channel scales of the four projections (None: fp weights)
         self.scales: dict[str, torch.Tensor | None] = {"qkv": None, "o": None, "gate_up": None, "down": None}
+        # prepacked mode: oneDNN copies of the four projections (None: use the plain weight)
+        self.packed: dict[str, torch.Tensor | None] = {"qkv": None, "o": None, "gate_up": None, "down": None}
 
     def quantize(self) -> None:
         """Replace the projection weights with int8 copies (the fp32 ones are dropped)."""
@@ -53,23 +55,30 @@ class DecoderLayer(nn.Module):
             param.data = q
             self.scales[name] = s.to(q.device)
 
+    def prepack(self) -> None:
+        """Replace the projection weights with oneDNN-packed copies (the plain ones are dropped)."""
+        for name in self.packed:
+            param: nn.Parameter = getattr(self, f"{name}_weight")
+            self.packed[name] = prepack(param.data)
+            param.data = param.data.new_empty(0)
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """x: (T, D) residual stream -> (T, D)."""
         T = x.shape[0]
         h = self.input_norm(x)
-        sc = self.scales
-        qkv = linear(h, self.qkv_weight, sc["qkv"], self.qkv_bias)  # (T, (nh + 2 nkv) hd)
+        sc, pk = self.scales, self.packed
+        qkv = linear(h, self.qkv_weight, sc["qkv"], self.qkv_bias, pk["qkv"])  # (T, (nh + 2 nkv) hd)
         qk, v = qkv.split([(self.nh + self.nkv) * self.hd, self.nkv * self.hd], dim=-1)
         qk = rotate(qk.view(T, self.nh + self.nkv, self.hd), rope)  # q and k heads are adjacent: one pass
         q, k = qk[:, : self.nh], qk[:, self.nh :]
         v = v.view(T, self.nkv, self.hd)
         write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
         attn = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.layer_idx)
-        x = x + linear(attn.reshape(T, -1), self.o_weight, sc["o"])
+        x = x + linear(attn.reshape(T, -1), self.o_weight, sc["o"], packed=pk["o"])
         h = self.post_attn_norm(x)
-        gate, up = linear(h, self.gate_up_weight, sc["gate_up"]).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down_weight, sc["down"])
+        gate, up = linear(h, self.gate_up_weight, sc["gate_up"], packed=pk["gate_up"]).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.down_weight, sc["down"], packed=pk["down"])
 
 
 class LlamaModel(nn.Module):
@@ -84,6 +93,7 @@ class LlamaModel(nn.Module):
                         nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False))
         self.rope: RotaryEmbedding | None = None
         self._head_int8: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._head_packed: torch.Tensor | None = None  # prepacked output layer (a copy when tied)
         self._rope_freqs: torch.Tensor | None = None
 
     # -- weights ---------------------------------------------------------------------------------------
@@ -141,8 +151,17 @@ class LlamaModel(nn.Module):
         if missing := need - loaded:
             raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {sorted(missing)[:3]}")
 
-    def finish_loading(self, device: torch.device, dtype: torch.dtype, quantization: str | None = None) -> None:
+    def finish_loading(self, device: torch.device, dtype: torch.dtype, quantization: str | None = None,
+                       prepack_weights: bool = False) -> None:
+        """Move to device/dtype, then optionally quantise (int8) or prepack (oneDNN) the matmul weights."""
         self.to(device=device, dtype=dtype)
+        if prepack_weights and quantization is None:
+            for layer in self.layers:
+                layer.prepack()  # type: ignore[operator]
+            w = self.embed if self.lm_head is None else self.lm_head
+            self._head_packed = prepack(w.data)
+            if self.lm_head is not None:
+                self.lm_head = None  # the packed copy replaces it; the embedding stays for lookups
         if quantization == "int8":
             for layer in self.layers:
                 layer.quantize()  # type: ignore[operator]
@@ -170,5 +189,7 @@ class LlamaModel(nn.Module):
         """(S, D) hidden of the positions that sample -> (S, V) float32 logits."""
         if self._head_int8 is not None:
             return linear(hidden, self._head_int8[0], self._head_int8[1]).float()
+        if self._head_packed is not None:
+            return packed_linear(hidden, self._head_packed).float()
         w = self.embed if self.lm_head is None else self.lm_head
         return F.linear(hidden, w).float()

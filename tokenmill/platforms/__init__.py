@@ -47,6 +47,15 @@ class Platform:
             return 0
         return min(2 * 2**30, available_ram() // 8)
 
+    def prepack_weights(self) -> bool:
+        """Reorder matmul weights into oneDNN's layout once at load (bf16 on CPU; see layers/linear.py).
+        TOKENMILL_PREPACK=0 turns it off, e.g. for A/B measurements."""
+        from tokenmill.layers.linear import can_prepack
+
+        if os.environ.get("TOKENMILL_PREPACK", "1") == "0":
+            return False
+        return self.device.type == "cpu" and self.dtype == torch.bfloat16 and can_prepack()
+
     def synchronize(self) -> None:
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
