@@ -93,9 +93,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
         else:  # cached prefix + chunk: gather the blocks, causal with an offset
             ctx = c.start + c.q_len
-            nb = -(-ctx // bs)
+            nb = -(-ctx // bs)  # ks, vs: (1, nkv, ctx, hd)
             ks = gather_blocks(k_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)[None]
-            vs = gather_blocks(v_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)[None]  # (1, nkv, ctx, hd)
+            vs = gather_blocks(v_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)[None]
             qpos = torch.arange(c.start, ctx, device=q.device)
             mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]  # (q_len, ctx)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)

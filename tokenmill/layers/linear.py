@@ -14,6 +14,8 @@ request's tokens still do not depend on its neighbours.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -26,11 +28,21 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scales.to(torch.bfloat16)
 
 
+@functools.cache
 def can_prepack() -> bool:
-    """oneDNN's reorder and linear ops are in this torch build (private ops, so probed, not assumed)."""
+    """oneDNN's reorder and linear ops exist in this torch build and give F.linear's answer on this CPU
+    (private ops, so probed once with a small bf16 matmul rather than assumed)."""
     ops = torch.ops.mkldnn
-    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise"))
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return False
+    try:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(64, 32, generator=g).to(torch.bfloat16)
+        x = torch.randn(3, 32, generator=g).to(torch.bfloat16)
+        return bool(torch.allclose(packed_linear(x, prepack(w)).float(), F.linear(x, w).float(), atol=0.05, rtol=0.02))
+    except RuntimeError:
+        return False
 
 
 def prepack(w: torch.Tensor) -> torch.Tensor:
