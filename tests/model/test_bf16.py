@@ -10,9 +10,9 @@ import torch
 from raw_forward import prompt_logits
 
 from tokenmill import LLM, SamplingParams
-from tokenmill.cpu_features import cpu_has_amx_bf16
+from tokenmill.platforms import cpu_bf16_is_fast
 
-pytestmark = pytest.mark.skipif(not cpu_has_amx_bf16(), reason="bf16 is ~300x slower than fp32 without AMX")
+pytestmark = pytest.mark.skipif(not cpu_bf16_is_fast(), reason="bf16 is ~300x slower than fp32 without AMX")
 
 SUBJECTS = ["the ocean", "a violin", "bread", "Mars", "a lighthouse", "chess", "winter", "a river",
             "volcanoes", "the printing press", "honeybees", "a library", "glaciers", "jazz", "the moon", "trains"]

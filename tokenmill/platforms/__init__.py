@@ -61,11 +61,13 @@ class Platform:
             torch.cuda.synchronize(self.device)
 
 
-def _torch_can_use_amx() -> bool:
-    """The CPU lists AMX; also ask PyTorch whether the OS lets it use the tiles (private API, so a
-    missing function counts as yes: the flag check already passed)."""
+def cpu_bf16_is_fast() -> bool:
+    """The CPU lists AMX (cpu_features) and PyTorch may use the tiles (the OS grants them; a private
+    API, so a missing function counts as yes: the flag check already passed)."""
+    from tokenmill.cpu_features import cpu_has_amx_bf16
+
     check = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(check()) if check is not None else True
+    return cpu_has_amx_bf16() and (bool(check()) if check is not None else True)
 
 
 def resolve_platform(config: EngineConfig) -> Platform:
@@ -78,7 +80,7 @@ def resolve_platform(config: EngineConfig) -> Platform:
     if config.dtype == "auto":
         # bf16 on CUDA and on AMX CPUs; fp32 on CPUs where bf16 matmul is slow (see cpu_features).
         name = auto_dtype(device.type)
-        if name == "bfloat16" and device.type == "cpu" and not _torch_can_use_amx():
+        if name == "bfloat16" and device.type == "cpu" and not cpu_bf16_is_fast():
             name = "float32"
         dtype = _DTYPES[name]
     else:
