@@ -22,6 +22,7 @@ class MemoryPlan:
     kv_cache_bytes: int  # the budget asked for
     num_blocks: int
     max_model_len: int
+    extra_weight_bytes: int = 0  # e.g. a prepacked copy of a tied output layer
 
     @property
     def kv_bytes_per_block(self) -> int:
@@ -38,7 +39,9 @@ class MemoryPlan:
     def lines(self) -> list[str]:
         return [
             f"weights: {self.num_parameters / 1e6:.1f}M parameters, {format_size(self.weight_bytes)} "
-            f"at {self.dtype_bytes * 8}-bit",
+            f"at {self.dtype_bytes * 8}-bit"
+            + (f" + {format_size(self.extra_weight_bytes)} (prepacked copy of the tied output layer)"
+               if self.extra_weight_bytes else ""),
             f"KV cache: {format_size(self.kv_bytes_per_token)} per token, "
             f"{format_size(self.kv_bytes_per_block)} per {self.block_size}-token block",
             f"KV cache: {format_size(self.num_blocks * self.kv_bytes_per_block)} -> {self.num_blocks} blocks = "
@@ -79,7 +82,9 @@ def default_kv_cache_bytes(is_cuda: bool, free_bytes: int) -> int:
 
 
 def make_plan(cfg: ModelConfig, dtype_bytes: int, block_size: int, kv_cache_bytes: int,
-              max_model_len: int) -> MemoryPlan:
+              max_model_len: int, prepacked: bool = False) -> MemoryPlan:
+    """`prepacked`: matmul weights are reordered for oneDNN (bf16 on CPU); a tied output layer then
+    needs its own packed copy beside the embedding."""
     per_token = cfg.kv_bytes_per_token(dtype_bytes)
     return MemoryPlan(
         num_parameters=cfg.num_parameters(),
@@ -90,4 +95,6 @@ def make_plan(cfg: ModelConfig, dtype_bytes: int, block_size: int, kv_cache_byte
         kv_cache_bytes=kv_cache_bytes,
         num_blocks=kv_cache_bytes // (per_token * block_size),
         max_model_len=max_model_len,
+        extra_weight_bytes=(cfg.vocab_size * cfg.hidden_size * dtype_bytes
+                            if prepacked and cfg.tie_word_embeddings else 0),
     )

@@ -66,7 +66,8 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         dtype_bytes = torch.tensor([], dtype=self.platform.dtype).element_size()
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()
-        self.plan: MemoryPlan = make_plan(cfg, dtype_bytes, config.block_size, kv_bytes, self.max_model_len)
+        prepack = self.platform.prepack_weights() and config.quantization is None
+        self.plan: MemoryPlan = make_plan(cfg, dtype_bytes, config.block_size, kv_bytes, self.max_model_len, prepack)
         for line in self.plan.lines():
             log.info("memory plan: %s", line)
         self.plan.check()  # refuse settings that cannot work, before loading anything big
@@ -74,7 +75,7 @@ class LLMEngine:
         model = LlamaModel(cfg, max_positions=max(self.max_model_len, 1))
         model.load_weights(weights())
         model.finish_loading(self.platform.device, self.platform.dtype, config.quantization,
-                             prepack_weights=self.platform.prepack_weights())
+                             prepack_weights=prepack)
         self.model = model
         self.runner = ModelRunner(model, self.platform, self.plan.num_blocks, config.block_size,
                                   self.tokenizer.eog_token_ids, config.seed)

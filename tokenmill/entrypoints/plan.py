@@ -13,7 +13,7 @@ import sys
 from tokenmill.config import format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
-from tokenmill.cpu_features import auto_dtype
+from tokenmill.cpu_features import auto_dtype, cpu_has_amx_bf16
 from tokenmill.memory_plan import CacheTooSmallError, available_ram, default_kv_cache_bytes, make_plan
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -56,7 +56,9 @@ def run_plan(args: argparse.Namespace) -> int:
             return 2
         kv = default_kv_cache_bytes(False, available_ram())
     max_len = args.max_model_len or cfg.max_position_embeddings
-    plan = make_plan(cfg, _DTYPE_BYTES[dtype], args.block_size, kv, max_len)
+    # serve prepacks bf16 weights on CPUs with AMX (layers/linear.py); this is the torch-free guess of it
+    prepacked = args.device == "cpu" and dtype == "bfloat16" and cpu_has_amx_bf16()
+    plan = make_plan(cfg, _DTYPE_BYTES[dtype], args.block_size, kv, max_len, prepacked)
     seq_len = args.seq_len or max_len
     print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
           f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads of {cfg.head_dim}), context {cfg.max_position_embeddings}")
