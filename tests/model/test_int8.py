@@ -6,15 +6,19 @@ import pytest
 
 from tokenmill import LLM, SamplingParams
 from tokenmill.config import EngineConfig
+from tokenmill.platforms import cpu_bf16_is_fast
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "Water boils at",
            "The largest planet in the solar system is", "import numpy as np\n"]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def int8_llm() -> LLM:
-    return LLM(progress=False, kv_cache_memory=64 * 2**20, max_model_len=512, quantization="int8", dtype="float32")
+@pytest.fixture(scope="module", params=["float32", pytest.param(
+    "bfloat16", marks=pytest.mark.skipif(not cpu_bf16_is_fast(), reason="bf16 is slow without AMX"))])
+def int8_llm(request) -> LLM:
+    """int8 weights under both compute dtypes (the int8 kernel itself always takes bf16 activations)."""
+    return LLM(progress=False, kv_cache_memory=64 * 2**20, max_model_len=512, quantization="int8",
+               dtype=request.param)
 
 
 def test_int8_batched_equals_alone(int8_llm: LLM) -> None:
