@@ -24,7 +24,6 @@ import platform
 import random
 import shlex
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile

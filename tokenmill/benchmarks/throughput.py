@@ -1,15 +1,14 @@
 """Offline throughput and single-stream latency through the Python API.
 
-    python -m tokenmill.benchmarks.throughput --num-prompts 64 --input-len 200 --output-len 128
+    tokenmill bench throughput --num-prompts 64 --input-len 200 --output-len 128
+    tokenmill bench latency --input-len 200 --output-len 128    (the CLI side: benchmarks/commands.py)
 Prompts are random token ids, unique from their first token (no prefix-cache flattery), greedy with
 ignore_eos so every request produces exactly --output-len tokens.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
 import random
 import time
 from typing import Any
@@ -81,29 +80,3 @@ def run_latency(llm: LLM, input_len: int, output_len: int, seed: int) -> dict[st
     return {"input_len": input_len, "output_len": n, "ttft_s": first - t0, "prefill_tok_per_s": input_len / (first - t0),
             "decode_tok_per_s": (n - 1) / (end - first)}
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--num-prompts", type=int, default=64)
-    ap.add_argument("--input-len", type=int, default=200)
-    ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=None, help="write the results here")
-    args = ap.parse_args()
-    llm = LLM(args.model, progress=False, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=2048)
-    res = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
-           "model": llm.engine.model_name,
-           "throughput": run_throughput(llm, args.num_prompts, args.input_len, args.output_len, args.seed),
-           "latency": run_latency(llm, args.input_len, args.output_len, args.seed)}
-    print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
-
-
-if __name__ == "__main__":
-    main()

@@ -55,6 +55,17 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
+def convert_weight(w: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(N, K) weight -> (weight, scales, packed) for `linear(x, weight, scales, packed=packed)`.
+    mode "int8": int8 weight and its per-channel scales; "prepack": an empty weight and the oneDNN copy."""
+    if mode == "int8":
+        q, s = quantize_int8(w)
+        return q, s, None
+    if mode == "prepack":
+        return w.new_empty(0), None, prepack(w)
+    raise ValueError(f"unknown weight mode {mode!r}")
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None = None,
            bias: torch.Tensor | None = None, packed: torch.Tensor | None = None) -> torch.Tensor:
     """x (T, K) @ w.T (+ bias). With `packed` (from `prepack`), w is not read. With `scales`, w is int8

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.layers.attention import AttentionMetadata, paged_attention, write_kv
-from tokenmill.layers.linear import linear, packed_linear, prepack, quantize_int8
+from tokenmill.layers.linear import convert_weight, linear
 from tokenmill.layers.rotary import RotaryEmbedding, inv_frequencies, rotate
 from tokenmill.loader.model_config import ModelConfig
 
@@ -47,20 +47,12 @@ class DecoderLayer(nn.Module):
         # prepacked mode: oneDNN copies of the four projections (None: use the plain weight)
         self.packed: dict[str, torch.Tensor | None] = {"qkv": None, "o": None, "gate_up": None, "down": None}
 
-    def quantize(self) -> None:
-        """Replace the projection weights with int8 copies (the fp32 ones are dropped)."""
+    def convert_weights(self, mode: str) -> None:
+        """Replace the projection weights with int8 or oneDNN-prepacked copies (`convert_weight`'s modes);
+        the originals are dropped."""
         for name in self.scales:
             param: nn.Parameter = getattr(self, f"{name}_weight")
-            q, s = quantize_int8(param.data)
-            param.data = q
-            self.scales[name] = s.to(q.device)
-
-    def prepack(self) -> None:
-        """Replace the projection weights with oneDNN-packed copies (the plain ones are dropped)."""
-        for name in self.packed:
-            param: nn.Parameter = getattr(self, f"{name}_weight")
-            self.packed[name] = prepack(param.data)
-            param.data = param.data.new_empty(0)
+            param.data, self.scales[name], self.packed[name] = convert_weight(param.data, mode)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -92,8 +84,8 @@ class LlamaModel(nn.Module):
         self.lm_head = (None if cfg.tie_word_embeddings else
                         nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False))
         self.rope: RotaryEmbedding | None = None
-        self._head_int8: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._head_packed: torch.Tensor | None = None  # prepacked output layer (a copy when tied)
+        # the output layer converted like the projections (weight, scales, packed); a copy when tied
+        self._head_mm: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
         self._rope_freqs: torch.Tensor | None = None
 
     # -- weights ---------------------------------------------------------------------------------------
@@ -155,22 +147,15 @@ class LlamaModel(nn.Module):
                        prepack_weights: bool = False) -> None:
         """Move to device/dtype, then optionally quantise (int8) or prepack (oneDNN) the matmul weights."""
         self.to(device=device, dtype=dtype)
-        if prepack_weights and quantization is None:
-            for layer in self.layers:
-                layer.prepack()  # type: ignore[operator]
-            w = self.embed if self.lm_head is None else self.lm_head
-            self._head_packed = prepack(w.data)
-            if self.lm_head is not None:
-                self.lm_head = None  # the packed copy replaces it; the embedding stays for lookups
-        if quantization == "int8":
-            for layer in self.layers:
-                layer.quantize()  # type: ignore[operator]
-            w = self.embed if self.lm_head is None else self.lm_head
-            self._head_int8 = quantize_int8(w.data)
-            if self.lm_head is not None:
-                self.lm_head = None  # the int8 copy replaces it; the embedding stays for lookups
-        elif quantization is not None:
+        if quantization not in (None, "int8"):
             raise ValueError(f"quantization {quantization!r} is not supported (supported: int8)")
+        mode = quantization or ("prepack" if prepack_weights else None)  # int8 takes precedence
+        if mode is not None:
+            for layer in self.layers:
+                layer.convert_weights(mode)  # type: ignore[operator]
+            w = self.embed if self.lm_head is None else self.lm_head
+            self._head_mm = convert_weight(w.data, mode)
+            self.lm_head = None  # the converted copy replaces it; the embedding stays for lookups
         inv = inv_frequencies(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, self._rope_freqs)
         self.rope = RotaryEmbedding(self.cfg.head_dim, self.max_positions, inv, device, dtype)
 
@@ -187,9 +172,8 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(S, D) hidden of the positions that sample -> (S, V) float32 logits."""
-        if self._head_int8 is not None:
-            return linear(hidden, self._head_int8[0], self._head_int8[1]).float()
-        if self._head_packed is not None:
-            return packed_linear(hidden, self._head_packed).float()
+        if self._head_mm is not None:
+            w, scales, packed = self._head_mm
+            return linear(hidden, w, scales, packed=packed).float()
         w = self.embed if self.lm_head is None else self.lm_head
         return F.linear(hidden, w).float()
