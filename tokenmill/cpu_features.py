@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import functools
 
-AUTO_DTYPE_CUDA = "bfloat16"
-
-
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     try:
@@ -31,6 +28,4 @@ def cpu_has_amx_bf16() -> bool:
 
 def auto_dtype(device_type: str) -> str:
     """What `--dtype auto` means: bf16 on CUDA and on CPUs with AMX, fp32 on other CPUs."""
-    if device_type == "cuda":
-        return AUTO_DTYPE_CUDA
-    return "bfloat16" if cpu_has_amx_bf16() else "float32"
+    return "bfloat16" if device_type == "cuda" or cpu_has_amx_bf16() else "float32"

@@ -94,10 +94,10 @@ class AsyncEngine:
         self._thread.start()
 
     # -- caller side (event loop) ----------------------------------------------------------------------
-    def wait_loaded(self, timeout: float | None = None) -> LLMEngine:
+    def wait_loaded(self) -> LLMEngine:
         """Block until the engine is built (at once if it was given built); raise what building raised."""
         if self._build is not None:
-            self._loaded.wait(timeout)
+            self._loaded.wait()
             if self._load_error is not None:
                 raise self._load_error
         return self.engine

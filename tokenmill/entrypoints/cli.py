@@ -24,7 +24,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
     g.add_argument("--block-size", type=int, default=EngineConfig.block_size, help="tokens per KV block")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable automatic prefix caching")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    g.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA and on CPUs with AMX, else fp32), float32, bfloat16, float16")
+    g.add_argument("--dtype", default="auto",
+                   help="auto (bf16 on CUDA and on CPUs with AMX, else fp32), float32, bfloat16, float16")
     g.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling")
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads for the model (default: all cores)")
     g.add_argument("--quantization", choices=["int8"], default=None,

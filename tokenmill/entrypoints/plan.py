@@ -11,9 +11,9 @@ import argparse
 import sys
 
 from tokenmill.config import format_size, parse_size
+from tokenmill.cpu_features import auto_dtype, cpu_has_amx_bf16
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
-from tokenmill.cpu_features import auto_dtype, cpu_has_amx_bf16
 from tokenmill.memory_plan import CacheTooSmallError, available_ram, default_kv_cache_bytes, make_plan
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
