@@ -27,5 +27,7 @@ def cpu_has_amx_bf16() -> bool:
 
 
 def auto_dtype(device_type: str) -> str:
-    """What `--dtype auto` means: bf16 on CUDA and on CPUs with AMX, fp32 on other CPUs."""
-    return "bfloat16" if device_type == "cuda" or cpu_has_amx_bf16() else "float32"
+    """What `--dtype auto` means here, by the CPU flags alone (the rule is compute.choose_compute)."""
+    from tokenmill.compute import choose_compute
+
+    return choose_compute(device_type).dtype

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokenmill.compute import ComputeChoice, linear_weight_bytes
 from tokenmill.config import format_size
 from tokenmill.loader.model_config import ModelConfig
 
@@ -23,6 +24,7 @@ class MemoryPlan:
     num_blocks: int
     max_model_len: int
     extra_weight_bytes: int = 0  # e.g. a prepacked copy of a tied output layer
+    linear_method: str = "unquantized"
 
     @property
     def kv_bytes_per_block(self) -> int:
@@ -39,8 +41,9 @@ class MemoryPlan:
     def lines(self) -> list[str]:
         return [
             f"weights: {self.num_parameters / 1e6:.1f}M parameters, {format_size(self.weight_bytes)} "
-            f"at {self.dtype_bytes * 8}-bit"
-            + (f" + {format_size(self.extra_weight_bytes)} (prepacked copy of the tied output layer)"
+            f"at {self.dtype_bytes * 8}-bit" + ("" if self.linear_method == "unquantized" else
+                                                 f" ({self.linear_method} matmul weights)")
+            + (f" + {format_size(self.extra_weight_bytes)} ({self.linear_method} copy of the tied output layer)"
                if self.extra_weight_bytes else ""),
             f"KV cache: {format_size(self.kv_bytes_per_token)} per token, "
             f"{format_size(self.kv_bytes_per_block)} per {self.block_size}-token block",
@@ -81,20 +84,27 @@ def default_kv_cache_bytes(is_cuda: bool, free_bytes: int) -> int:
     return min(free_bytes // 4, 2 * 2**30)
 
 
-def make_plan(cfg: ModelConfig, dtype_bytes: int, block_size: int, kv_cache_bytes: int,
-              max_model_len: int, prepacked: bool = False) -> MemoryPlan:
-    """`prepacked`: matmul weights are reordered for oneDNN (bf16 on CPU); a tied output layer then
-    needs its own packed copy beside the embedding."""
-    per_token = cfg.kv_bytes_per_token(dtype_bytes)
+def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cache_bytes: int,
+              max_model_len: int) -> MemoryPlan:
+    """Weight bytes come from the linear method (compute.linear_weight_bytes): every matmul weight is
+    stored as the method stores it, everything else (embedding, norms, biases) at the compute dtype. A
+    tied output layer shares the embedding, unless the method keeps its own converted copy."""
+    per_token = cfg.kv_bytes_per_token(compute.dtype_bytes)
+    method, nbytes = compute.linear_method, compute.dtype_bytes
+    shapes = cfg.linear_shapes()
+    linear = sum(linear_weight_bytes(method, n, k, nbytes) for n, k in shapes)
+    rest = (cfg.num_parameters() - sum(n * k for n, k in shapes)) * nbytes  # embedding, norms, biases
+    head = (0 if method == "unquantized" else linear_weight_bytes(method, cfg.vocab_size, cfg.hidden_size, nbytes)) \
+        if cfg.tie_word_embeddings else 0
     return MemoryPlan(
         num_parameters=cfg.num_parameters(),
-        weight_bytes=cfg.num_parameters() * dtype_bytes,
-        dtype_bytes=dtype_bytes,
+        weight_bytes=linear + rest,
+        dtype_bytes=nbytes,
         kv_bytes_per_token=per_token,
         block_size=block_size,
         kv_cache_bytes=kv_cache_bytes,
         num_blocks=kv_cache_bytes // (per_token * block_size),
         max_model_len=max_model_len,
-        extra_weight_bytes=(cfg.vocab_size * cfg.hidden_size * dtype_bytes
-                            if prepacked and cfg.tie_word_embeddings else 0),
+        extra_weight_bytes=head,
+        linear_method=method,
     )

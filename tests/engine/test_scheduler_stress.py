@@ -14,9 +14,25 @@ import pytest
 from tokenmill.engine.block_manager import BlockManager
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.engine.scheduler import Scheduler, SchedulerConfig
+from tokenmill.engine.stop_checker import token_stop
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 EOS = 0
+
+
+def sampling_ids(sched: Scheduler, out: SchedulerOutput) -> list[str]:
+    """The scheduled requests whose chunk reaches their last token: they sample this step."""
+    return [rid for rid, n in out.num_scheduled_tokens.items()
+            if (r := sched.requests.get(rid)) is not None and r.num_computed_tokens + n == r.num_tokens]
+
+
+def update(sched: Scheduler, out: SchedulerOutput, sampled: dict[str, int]) -> None:
+    """What the engine does after a step: advance, then apply the token stop rules (no text here)."""
+    for req in sched.update(out, ModelRunnerOutput({rid: [t] for rid, t in sampled.items()})):
+        status, _ = token_stop(req, sched.config.max_model_len)
+        if status is not None:
+            sched.finish(req, status)
 
 
 def check_invariants(sched: Scheduler, bm: BlockManager, live: list[Request]) -> None:
@@ -68,14 +84,13 @@ def test_random_schedule(seed: int, prefix_caching: bool) -> None:
             victim = rng.choice(live)
             sched.finish(victim, RequestStatus.FINISHED_ABORTED)
         out = sched.schedule()
-        assert out.num_batched_tokens <= cfg.max_num_batched_tokens
+        assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
         assert len(sched.running) <= cfg.max_num_seqs
-        assert sum(s.num_new_tokens for s in out.scheduled) == out.num_batched_tokens
-        sampled = {s.request.request_id: (EOS if rng.random() < 0.02 else rng.randrange(1, 50))
-                   for s in out.scheduled if s.samples}
+        assert sum(out.num_scheduled_tokens.values()) == out.total_num_scheduled_tokens
+        sampled = {rid: (EOS if rng.random() < 0.02 else rng.randrange(1, 50)) for rid in sampling_ids(sched, out)}
         if live and rng.random() < 0.05:  # abort mid-step, as a disconnect would
             sched.finish(rng.choice(live), RequestStatus.FINISHED_ABORTED)
-        sched.update(out, sampled)
+        update(sched, out, sampled)
         for r in [r for r in live if r.is_finished]:
             live.remove(r)
             n_done += 1
@@ -86,7 +101,7 @@ def test_random_schedule(seed: int, prefix_caching: bool) -> None:
         if not sched.num_unfinished:
             break
         out = sched.schedule()
-        sched.update(out, {s.request.request_id: rng.randrange(1, 50) for s in out.scheduled if s.samples})
+        update(sched, out, {rid: rng.randrange(1, 50) for rid in sampling_ids(sched, out)})
         live = [r for r in live if not r.is_finished]
         check_invariants(sched, bm, live)
     assert sched.num_unfinished == 0, "requests left waiting forever"
@@ -136,8 +151,8 @@ def test_preemption_requeues_at_front_and_recomputes() -> None:
     preempted = False
     for _ in range(100):
         out = sched.schedule()
-        preempted |= bool(out.preempted_ids)
-        sched.update(out, {s.request.request_id: 5 for s in out.scheduled if s.samples})
+        preempted |= bool(out.preempted_req_ids)
+        update(sched, out, {rid: 5 for rid in sampling_ids(sched, out)})
         if not sched.num_unfinished:
             break
     assert preempted and sched.num_preemptions > 0
@@ -155,6 +170,6 @@ def test_prefix_hits_counted_once_per_admission() -> None:
         sched.add(r)
         while sched.num_unfinished:
             out = sched.schedule()
-            sched.update(out, {s.request.request_id: 7 for s in out.scheduled if s.samples})
+            update(sched, out, {rid: 7 for rid in sampling_ids(sched, out)})
     assert bm.num_queries == 80  # 40 prompt tokens, twice
     assert bm.num_hits == 32  # b reused a's two full blocks

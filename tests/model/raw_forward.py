@@ -11,18 +11,17 @@ from tokenmill import LLM
 
 def prompt_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     """(T, V) float32 logits of every prompt position."""
-    from tokenmill.layers.attention import AttentionMetadata, PrefillChunk
+    from tokenmill.attention.backend import AttentionContext, AttentionStep, ScheduledSeq
 
     eng = llm.engine
     assert not eng.has_unfinished_requests(), "the raw forward would overwrite a running request's blocks"
     T, bs = len(ids), eng.config.block_size
-    blocks = list(range(-(-T // bs)))
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor([blocks[p // bs] * bs + p % bs for p in range(T)]), num_decodes=0,
-        decode_block_tables=None, decode_mask=None, prefills=[PrefillChunk(0, T, 0, torch.tensor(blocks))])
+    runner = eng.executor.worker.runner
+    step = AttentionStep(decodes=[], prefills=[ScheduledSeq("raw", 0, T, list(range(-(-T // bs))))])
+    attn = AttentionContext(runner.attn_backend, runner.attn_backend.build_metadata(step), runner.kv_caches)
     try:
         with torch.inference_mode():
-            hidden = eng.model(torch.tensor(ids), torch.arange(T), meta, eng.runner.kv_caches)
-            return eng.model.compute_logits(hidden)
+            hidden = runner.model.forward(torch.tensor(ids), torch.arange(T), attn)
+            return runner.model.compute_logits(hidden)
     finally:
         eng.block_manager.reset_prefix_cache()

@@ -39,7 +39,7 @@ def test_auto_picks_bf16_here(bf16_llm: LLM) -> None:
     from tokenmill.platforms import resolve_platform
 
     assert resolve_platform(EngineConfig(device="cpu")).dtype == torch.bfloat16
-    assert bf16_llm.engine.runner.kv[0].dtype == torch.bfloat16  # the cache is bf16 too: half the bytes
+    assert bf16_llm.engine.executor.worker.runner.kv[0].dtype == torch.bfloat16  # the cache is bf16 too: half the bytes
     assert bf16_llm.engine.plan.dtype_bytes == 2
 
 
@@ -96,10 +96,10 @@ def test_server_at_the_default_dtype_answers() -> None:
 
 def test_prepacked_weights_match_plain(bf16_llm: LLM, monkeypatch) -> None:
     """bf16 on CPU prepacks the matmul weights for oneDNN; the logits are those of plain F.linear."""
-    assert bf16_llm.engine.model.layers[0].packed["qkv"] is not None  # the default here is prepacked
+    assert bf16_llm.engine.executor.worker.model.model.layers[0].self_attn.qkv_proj.packed is not None  # the default here is prepacked
     monkeypatch.setenv("TOKENMILL_PREPACK", "0")
     plain = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=512, dtype="bfloat16")
-    assert plain.engine.model.layers[0].packed["qkv"] is None
+    assert plain.engine.executor.worker.model.model.layers[0].self_attn.qkv_proj.packed is None
     ids = plain.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3)
     a, b = prompt_logits(bf16_llm, ids), prompt_logits(plain, ids)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.95

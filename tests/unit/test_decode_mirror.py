@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from tokenmill.worker.decode_mirror import DecodeMirror
+from tokenmill.attention.decode_mirror import DecodeMirror
 
 L, NB, BS, NKV, HD = 2, 64, 4, 2, 8
 

@@ -7,10 +7,36 @@ import math
 
 import torch
 
-from tokenmill.layers.sampler import SamplingBatch, apply_penalties, filtered_probs, sample
+from dataclasses import dataclass, field
+
+from tokenmill.sample.logits_processor import LogitBiasProcessor, MinTokensProcessor, PenaltiesProcessor
+from tokenmill.sample.sampler import SamplingBatch, filtered_probs, sample
+from tokenmill.sampling_params import SamplingParams
 
 V = 8
 LOGITS = torch.log(torch.tensor([[0.30, 0.25, 0.15, 0.12, 0.08, 0.05, 0.03, 0.02]]))
+
+
+@dataclass
+class Row:
+    """A sampling row as a logits processor sees it (the runner's per-request state)."""
+
+    sampling_params: SamplingParams
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+
+CPU = torch.device("cpu")
+
+
+def apply_penalties(logits: torch.Tensor, row: Row) -> torch.Tensor:
+    proc = PenaltiesProcessor(logits.shape[1], CPU)
+    assert proc.prepare([row])
+    return proc.apply(logits)
 
 
 def batch(S: int = 1, temperature: float = 1.0, **kw) -> SamplingBatch:
@@ -50,22 +76,22 @@ def test_temperature_sharpens() -> None:
 
 def test_penalties_move_logits_as_specified() -> None:
     logits = torch.tensor([[2.0, -1.0, 0.5, 0.0]])
-    b = batch(presence=torch.tensor([0.5]), frequency=torch.tensor([0.25]),
-              output_ids=torch.tensor([[0, 0, 1, 4]]))  # 4 == V: padding
+    b = Row(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), [3], [3, 0, 0, 1])  # outputs 0 0 1
     out = apply_penalties(logits, b)
     # token 0 seen twice: -0.5 - 2*0.25; token 1 once: -0.5 - 0.25; others untouched
     assert torch.allclose(out, torch.tensor([[2.0 - 1.0, -1.0 - 0.75, 0.5, 0.0]]))
-    b = batch(repetition=torch.tensor([2.0]), seen_ids=torch.tensor([[0, 1, 4]]))
+    b = Row(SamplingParams(repetition_penalty=2.0), [0], [0, 1])  # prompt and output seen: 0 and 1
     out = apply_penalties(logits, b)
     assert torch.allclose(out, torch.tensor([[1.0, -2.0, 0.5, 0.0]]))  # positive /2, negative *2
 
 
 def test_logit_bias_and_banned_tokens() -> None:
-    b = batch(temperature=0.0, bias_rows=torch.tensor([0]), bias_tokens=torch.tensor([7]),
-              bias_values=torch.tensor([100.0]))
-    assert sample(LOGITS, b).token_ids == [7]
-    b = batch(temperature=0.0, block_rows=torch.tensor([0]), block_tokens=torch.tensor([0]))
-    assert sample(LOGITS, b).token_ids == [1]
+    bias = LogitBiasProcessor(CPU)
+    assert bias.prepare([Row(SamplingParams(logit_bias={7: 100.0}))])
+    assert sample(LOGITS, batch(temperature=0.0), [bias]).token_ids == [7]
+    banned = MinTokensProcessor(frozenset({0}), CPU)  # token 0 is EOS; no output yet, min_tokens 1
+    assert banned.prepare([Row(SamplingParams(min_tokens=1), [5], [5])])
+    assert sample(LOGITS, batch(temperature=0.0), [banned]).token_ids == [1]
 
 
 def test_logprobs_and_rank_of_sampled_token() -> None:
@@ -105,15 +131,13 @@ def test_sampling_follows_the_distribution() -> None:
 
 def test_top_k_beyond_vocab_is_no_cut_and_huge_seeds_work() -> None:
     """Both once crashed the engine thread; the runner must take any valid request."""
-    from tokenmill.engine.request import Request
-    from tokenmill.engine.scheduler import ScheduledRequest
-    from tokenmill.sampling_params import SamplingParams
     from tokenmill.worker.model_runner import ModelRunner
+    from tokenmill.worker.request_state import CachedRequestState
 
     runner = ModelRunner.__new__(ModelRunner)
-    runner.device, runner.vocab_size, runner.generators = torch.device("cpu"), V, {}
+    runner.device, runner.vocab_size, runner.shared_generator = CPU, V, torch.Generator()
     p = SamplingParams(temperature=1.0, top_k=10 * V, seed=2**70 + 3)
-    r = Request("x", [1, 2], p, 4, seed=p.seed)
-    b = runner._prepare_sampling([ScheduledRequest(r, 2, 1, True)])
+    r = CachedRequestState("x", [1, 2], p, p.seed, [0], 2, [1, 2])
+    b = runner._prepare_sampling([r])
     assert b.top_k is None
     assert len(sample(LOGITS, b).token_ids) == 1

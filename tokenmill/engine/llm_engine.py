@@ -1,6 +1,7 @@
 """LLMEngine: load a model once, then add requests and step. Synchronous; the server wraps it.
 
-One step = schedule -> run the model -> advance requests -> detokenize -> RequestOutputs.
+One step = schedule (a plain-data SchedulerOutput) -> the executor runs it on the workers -> the scheduler
+advances requests -> detokenize and decide stops (StopChecker) -> RequestOutputs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from tokenmill.engine.block_manager import BlockManager
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.engine.scheduler import Scheduler, SchedulerConfig
+from tokenmill.engine.stop_checker import StopChecker
 from tokenmill.loader.model_source import ModelSource, resolve_model
 from tokenmill.memory_plan import MemoryPlan, make_plan
 from tokenmill.outputs import RequestOutput
@@ -26,71 +28,66 @@ class ContextLengthError(ValueError):
     """The prompt plus the requested output does not fit the context (vLLM's wording)."""
 
 
-def load_model_and_tokenizer(source: ModelSource, progress: bool = True) -> tuple[Any, Any, Any]:
-    """(ModelConfig, Tokenizer, weight iterator factory) for a model source."""
+def read_model_header(source: ModelSource) -> tuple[Any, Any]:
+    """(ModelConfig, Tokenizer) of a model source, from its header and tokenizer files (no weights)."""
     from tokenmill.loader.model_config import ModelConfig
     from tokenmill.tokenizer.tokenizer import Tokenizer
 
     if source.kind == "gguf":
         from tokenmill.loader.gguf import GGUFFile
-        from tokenmill.loader.weights import gguf_weights
 
         gf = GGUFFile(source.path)
-        cfg = ModelConfig.from_gguf(gf.metadata, set(gf.tensors), gf.quantization())
-        tok = Tokenizer.from_gguf(gf.metadata)
-        return cfg, tok, lambda: gguf_weights(gf, cfg, progress)
-    from tokenmill.loader.weights import safetensors_weights
-
-    cfg = ModelConfig.from_hf_dir(source.path)
-    tok = Tokenizer.from_hf_dir(source.path)
-    return cfg, tok, lambda: safetensors_weights(source.path, progress)
+        try:
+            return (ModelConfig.from_gguf(gf.metadata, set(gf.tensors), gf.quantization()),
+                    Tokenizer.from_gguf(gf.metadata))
+        finally:
+            gf.close()
+    return ModelConfig.from_hf_dir(source.path), Tokenizer.from_hf_dir(source.path)
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
-        import torch
-
-        from tokenmill.models.llama import LlamaModel
+        from tokenmill.executor.in_process import InProcessExecutor
+        from tokenmill.models.registry import get_model_class
         from tokenmill.platforms import resolve_platform
-        from tokenmill.worker.model_runner import ModelRunner
+        from tokenmill.worker.worker_config import WorkerConfig
 
         t0 = time.monotonic()
         self.config = config
         self.source = resolve_model(config.model)
-        self.platform = resolve_platform(config)
-        if config.quantization == "int8" and self.platform.is_cuda:
-            raise ValueError("quantization int8 is a CPU mode (torch's int8 weight-only CPU kernel); "
-                             "use it with --device cpu")
-        self.model_config, self.tokenizer, weights = load_model_and_tokenizer(self.source, progress)
+        self.platform = resolve_platform(config)  # device, dtype and linear method: decided once, here
+        self.model_config, self.tokenizer = read_model_header(self.source)
         cfg = self.model_config
+        get_model_class(cfg.architecture)  # an unsupported architecture fails now, before the plan
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
-        dtype_bytes = torch.tensor([], dtype=self.platform.dtype).element_size()
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()
-        prepack = self.platform.prepack_weights() and config.quantization is None
-        self.plan: MemoryPlan = make_plan(cfg, dtype_bytes, config.block_size, kv_bytes, self.max_model_len, prepack)
+        self.plan: MemoryPlan = make_plan(cfg, self.platform.compute, config.block_size, kv_bytes, self.max_model_len)
         for line in self.plan.lines():
             log.info("memory plan: %s", line)
         self.plan.check()  # refuse settings that cannot work, before loading anything big
 
-        model = LlamaModel(cfg, max_positions=max(self.max_model_len, 1))
-        model.load_weights(weights())
-        model.finish_loading(self.platform.device, self.platform.dtype, config.quantization,
-                             prepack_weights=prepack)
-        self.model = model
-        self.runner = ModelRunner(model, self.platform, self.plan.num_blocks, config.block_size,
-                                  self.tokenizer.eog_token_ids, config.seed)
-        self.block_manager = BlockManager(self.plan.num_blocks, config.block_size, config.enable_prefix_caching)
+        compute = self.platform.compute
+        self.executor = InProcessExecutor(WorkerConfig(
+            engine_config=config, source=self.source, model_config=cfg, device=str(self.platform.device),
+            dtype=compute.dtype, linear_method=compute.linear_method,
+            attention_backend=self.platform.attention_backend(),
+            decode_mirror_bytes=self.platform.decode_mirror_bytes(), num_blocks=self.plan.num_blocks,
+            max_model_len=self.max_model_len, eog_token_ids=frozenset(self.tokenizer.eog_token_ids),
+            progress=progress))
+        num_blocks = self.executor.num_kv_blocks()
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                            watermark_blocks=max(1, self.plan.num_blocks // 100)),
+                            watermark_blocks=max(1, num_blocks // 100)),
             self.block_manager)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.stop_checker = StopChecker(self.max_model_len, self.output_processor)
         self.requests: dict[str, list[Request]] = {}  # request id -> its sequences (n of them)
         self.group_of: dict[str, str] = {}  # sequence id -> request id, for n > 1
         self.load_time = time.monotonic() - t0
-        log.info("loaded %s: %s, %d layers, %.1fM parameters, %s on disk, computing in %s on %s, context %d "
-                 "(model max %d), in %.1fs", self.source.name, cfg.architecture, cfg.num_layers,
-                 cfg.num_parameters() / 1e6, cfg.quantization, str(self.platform.dtype).replace("torch.", ""),
+        log.info("loaded %s: %s, %d layers, %.1fM parameters, %s on disk, computing in %s (%s matmuls) on %s, "
+                 "context %d (model max %d), in %.1fs", self.source.name, cfg.architecture, cfg.num_layers,
+                 cfg.num_parameters() / 1e6, cfg.quantization, compute.dtype, compute.linear_method,
                  self.platform.device, self.max_model_len, cfg.max_position_embeddings, self.load_time)
 
     # -- requests --------------------------------------------------------------------------------------
@@ -157,8 +154,7 @@ class LLMEngine:
         if seqs is None:
             return None
         for r in seqs:
-            self.scheduler.finish(r, status)
-            self.runner.release(r.request_id)
+            self.scheduler.finish(r, status)  # the workers hear of it in the next step's finished_req_ids
             self.group_of.pop(r.request_id, None)
         st = self.output_processor.states.pop(request_id)
         st.error = error
@@ -171,28 +167,24 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            if sched.finished_req_ids:  # let the workers drop what finished since the last step
+                self.executor.execute_model(sched)
             return []
-        result = self.runner.execute(sched)
-        finished = self.scheduler.update(sched, result.sampled)
+        result = self.executor.execute_model(sched)
         touched: dict[str, None] = {}
-        for s in sched.scheduled:
-            if not s.samples:
-                continue
-            req = s.request
+        for req in self.scheduler.update(sched, result):
             group_id = self.group_of.get(req.request_id, req.request_id)
             st = self.output_processor.states.get(group_id)
-            if st is None or req.request_id not in result.sampled:
+            if st is None:
                 continue
             seq = next(q for q in st.seqs if q.request is req)
-            if self.output_processor.on_token(seq, req.token_ids[-1], result.logprobs.get(req.request_id)):
-                if req.is_finished:  # it also hit max_tokens: the stop string is the reason given
-                    req.status = RequestStatus.FINISHED_STOPPED
-                else:
-                    self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
-                    finished.append(req)
+            lps = result.logprobs.get(req.request_id)
+            if lps and seq.logprobs is not None:
+                seq.logprobs.extend(lps)
+            status = self.stop_checker.check(req, seq)  # the one place that decides
+            if status is not None:
+                self.scheduler.finish(req, status)
             touched[group_id] = None
-        for req in finished:
-            self.runner.release(req.request_id)
         outputs: list[RequestOutput] = []
         for gid in touched:
             st = self.output_processor.states[gid]

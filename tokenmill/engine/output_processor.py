@@ -1,7 +1,7 @@
 """OutputProcessor: tokens -> text for each sequence, stop strings, logprobs, and RequestOutputs.
 
-A stop string may span token boundaries, so each new delta is searched together with the tail of the
-text before it. While a sequence runs, its last (longest stop string - 1) characters are held back from
+Stop strings are looked for by the engine's StopChecker (the one stop authority), in the text this
+builds. While a sequence runs, its last (longest stop string - 1) characters are held back from
 the streamed delta: they might be the start of a stop string that must not be shown.
 """
 
@@ -59,34 +59,15 @@ class OutputProcessor:
         st.hold_back = max((len(s) for s in params.stop_strings), default=1) - 1
         self.states[request_id] = st
 
-    def on_token(self, seq: SequenceState, token_id: int, lp: TokenLogprobs | None) -> bool:
-        """Account one new token; True if a stop string finished the sequence."""
-        req = seq.request
-        params = req.sampling_params
-        if lp is not None and seq.logprobs is not None:
-            seq.logprobs.append(lp)
-        # a sequence ended by EOS or a stop token id: that token is not part of the text
-        hidden = req.status is RequestStatus.FINISHED_STOPPED
+    @staticmethod
+    def append_text(seq: SequenceState, token_id: int, hidden: bool, flush: bool) -> str:
+        """Detokenize one new token into seq.text (none of it if `hidden`, e.g. an EOS); `flush` at the
+        sequence's end releases any held-back partial character. Returns the text added."""
         delta = "" if hidden else seq.detok.push([token_id])
-        if req.is_finished:
+        if flush:
             delta += seq.detok.flush()
-        if not delta:
-            return False
-        before = len(seq.text)
         seq.text += delta
-        if params.stop_strings and req.num_output_tokens >= params.min_tokens:
-            from_pos = max(0, before - max(len(x) for x in params.stop_strings) + 1)
-            best: tuple[int, str] | None = None
-            for s in params.stop_strings:
-                j = seq.text.find(s, from_pos)
-                if j != -1 and (best is None or j < best[0]):
-                    best = (j, s)
-            if best is not None:
-                j, s = best
-                seq.text = seq.text[: j + len(s)] if params.include_stop_str_in_output else seq.text[:j]
-                req.stop_reason = s
-                return True
-        return False
+        return delta
 
     def make_output(self, st: RequestState, force: bool = False) -> RequestOutput | None:
         """The RequestOutput for this step, or None if nothing new is to be told."""

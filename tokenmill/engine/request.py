@@ -63,6 +63,10 @@ class Request:
     stop_reason: str | int | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    # what the workers know of it (the step contract sends deltas past these)
+    is_known_to_workers: bool = False
+    num_sent_tokens: int = 0  # token_ids[:num_sent_tokens] were sent
+    num_sent_blocks: int = 0  # block_ids[:num_sent_blocks] were sent; 0 again after a preemption
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
@@ -86,21 +90,3 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
-
-    def append_token(self, token_id: int) -> None:
-        self.token_ids.append(token_id)
-
-    def check_stop(self, max_model_len: int) -> RequestStatus | None:
-        """After a token is appended: the finished status it causes, if any."""
-        params = self.sampling_params
-        last = self.token_ids[-1]
-        if self.num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and last in self.eog_token_ids:
-                self.stop_reason = None
-                return RequestStatus.FINISHED_STOPPED
-            if params.stop_token_ids and last in params.stop_token_ids:
-                self.stop_reason = last
-                return RequestStatus.FINISHED_STOPPED
-        if self.num_output_tokens >= self.max_tokens or self.num_tokens >= max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None

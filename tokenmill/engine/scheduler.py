@@ -16,35 +16,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tokenmill.engine.block_manager import BlockManager
 from tokenmill.engine.request import Request, RequestStatus
-
-
-@dataclass
-class ScheduledRequest:
-    """One request's share of a step: compute tokens [start, start + num_new_tokens)."""
-
-    request: Request
-    start: int  # == request.num_computed_tokens before the step
-    num_new_tokens: int
-    samples: bool  # the chunk reaches the end of the known tokens, so a new token is sampled
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.request.token_ids[self.start : self.start + self.num_new_tokens]
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    num_batched_tokens: int = 0
-    preempted_ids: list[str] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+from tokenmill.scheduler_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -61,11 +37,14 @@ class Scheduler:
         self.bm = block_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.num_preemptions = 0
+        self._finished_req_ids: set[str] = set()  # finished since the last step: the workers drop them
 
     # -- queue management ------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
+        self.requests[req.request_id] = req
         self.waiting.append(req)
 
     def finish(self, req: Request, status: RequestStatus) -> None:
@@ -81,6 +60,9 @@ class Scheduler:
                 pass
         req.status = status
         self.bm.free(req)
+        self.requests.pop(req.request_id, None)
+        if req.is_known_to_workers:
+            self._finished_req_ids.add(req.request_id)
 
     @property
     def num_unfinished(self) -> int:
@@ -90,6 +72,7 @@ class Scheduler:
         self.running.remove(victim)
         self.bm.free(victim)
         victim.num_computed_tokens = 0
+        victim.num_sent_blocks = 0  # re-admitted: the workers get its whole new block table
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -97,7 +80,8 @@ class Scheduler:
 
     # -- the step --------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput(finished_req_ids=self._finished_req_ids)
+        self._finished_req_ids = set()
         budget = self.config.max_num_batched_tokens
         now = time.monotonic()
 
@@ -112,18 +96,18 @@ class Scheduler:
             while not self.bm.can_allocate(req, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
-                out.preempted_ids.append(victim.request_id)
+                out.preempted_req_ids.append(victim.request_id)
                 if victim is req:
                     break
             if req.status is RequestStatus.PREEMPTED:
                 break  # it preempted itself: everything after it is already gone too
             self.bm.allocate(req, num_new)
-            out.scheduled.append(self._scheduled(req, num_new))
+            self._emit(out, req, num_new)
             budget -= num_new
             i += 1
 
         # 2. waiting requests, unless this step had to preempt
-        if not out.preempted_ids:
+        if not out.preempted_req_ids:
             skipped: list[Request] = []
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 req = self.waiting[0]
@@ -146,11 +130,11 @@ class Scheduler:
                     req.num_cached_tokens = req.num_computed_tokens
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
-                out.scheduled.append(self._scheduled(req, num_new))
+                self._emit(out, req, num_new)
                 budget -= num_new
             self.waiting.extendleft(reversed(skipped))
 
-        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         return out
 
     def _shared_prefix(self, req: Request) -> tuple[list[int], bool]:
@@ -164,29 +148,40 @@ class Scheduler:
         return self.bm.find_cached_prefix(req), True
 
     @staticmethod
-    def _scheduled(req: Request, num_new: int) -> ScheduledRequest:
-        start = req.num_computed_tokens
-        return ScheduledRequest(req, start, num_new, samples=start + num_new == req.num_tokens)
+    def _emit(out: SchedulerOutput, req: Request, num_new: int) -> None:
+        """Put req's share of the step into the contract: all of it the first time, deltas after."""
+        out.num_scheduled_tokens[req.request_id] = num_new
+        if not req.is_known_to_workers:
+            out.new_reqs.append(NewRequestData(
+                req.request_id, list(req.prompt_token_ids), req.output_token_ids, req.sampling_params, req.seed,
+                list(req.block_ids), req.num_computed_tokens))
+            req.is_known_to_workers = True
+        else:
+            c = out.cached_reqs
+            c.req_ids.append(req.request_id)
+            c.new_token_ids.append(req.token_ids[req.num_sent_tokens :])
+            c.new_block_ids.append(req.block_ids[req.num_sent_blocks :])
+            c.num_computed_tokens.append(req.num_computed_tokens)
+            c.resumed_from_preemption.append(req.num_sent_blocks == 0 and req.num_preemptions > 0)
+        req.num_sent_tokens = req.num_tokens
+        req.num_sent_blocks = len(req.block_ids)
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Advance the scheduled requests by their computed tokens, append sampled tokens, finish those
-        that hit a stop condition. Returns the requests that finished in this step."""
-        finished: list[Request] = []
+    def update(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
+        """Advance the scheduled requests by the tokens they computed and append the tokens they sampled
+        (blocks that became full are hashed for the prefix cache). Returns the requests that got new
+        tokens; their status is not touched here (the engine's StopChecker decides that)."""
+        updated: list[Request] = []
         now = time.monotonic()
-        for s in out.scheduled:
-            req = s.request
-            if req.is_finished:  # aborted while the step ran
+        for req_id, num_new in out.num_scheduled_tokens.items():
+            req = self.requests.get(req_id)
+            if req is None or req.is_finished:  # aborted while the step ran
                 continue
-            req.num_computed_tokens = s.start + s.num_new_tokens
-            if s.samples:
-                req.append_token(sampled[req.request_id])
+            req.num_computed_tokens += num_new
+            new_ids = result.sampled_token_ids.get(req_id)
+            if new_ids:
+                req.token_ids.extend(new_ids)
                 if req.first_token_time is None:
                     req.first_token_time = now
-                status = req.check_stop(self.config.max_model_len)
-                if status is not None:
-                    self.bm.cache_full_blocks(req)
-                    self.finish(req, status)
-                    finished.append(req)
-                    continue
+                updated.append(req)
             self.bm.cache_full_blocks(req)
-        return finished
+        return updated

@@ -140,6 +140,7 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
         for name, w in gguf_weights(gf, cfg, progress=progress):
             if name == "rope_freqs":
                 raise NotImplementedError("GGUF rope_freqs tensors have no HF equivalent")
+            assert isinstance(w, torch.Tensor)  # nothing asked to stay quantized
             tensors[name] = w.to(torch.float32).contiguous()
     finally:
         gf.close()

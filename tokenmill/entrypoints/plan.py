@@ -10,13 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tokenmill.compute import DTYPE_BYTES, choose_compute
 from tokenmill.config import format_size, parse_size
-from tokenmill.cpu_features import auto_dtype, cpu_has_amx_bf16
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
 from tokenmill.memory_plan import CacheTooSmallError, available_ram, default_kv_cache_bytes, make_plan
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def read_model_config(model: str) -> tuple[ModelConfig, int]:
@@ -39,7 +37,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB (default: what serve would pick here)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPE_BYTES])
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES])
+    p.add_argument("--quantization", choices=["int8"], default=None, help="as for serve")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where it would run (default cpu; the GPU's free memory is not probed here)")
     p.add_argument("--seq-len", type=int, default=None, help="length for 'how many fit at once' (default: max_model_len)")
@@ -47,7 +46,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     cfg, disk_bytes = read_model_config(args.model)
-    dtype = args.dtype if args.dtype != "auto" else auto_dtype(args.device)
+    compute = choose_compute(args.device, args.dtype, args.quantization)  # the rule serve uses, from CPU flags
     kv = parse_size(args.kv_cache_memory)
     if kv is None:
         if args.device == "cuda":
@@ -56,9 +55,7 @@ def run_plan(args: argparse.Namespace) -> int:
             return 2
         kv = default_kv_cache_bytes(False, available_ram())
     max_len = args.max_model_len or cfg.max_position_embeddings
-    # serve prepacks bf16 weights on CPUs with AMX (layers/linear.py); this is the torch-free guess of it
-    prepacked = args.device == "cpu" and dtype == "bfloat16" and cpu_has_amx_bf16()
-    plan = make_plan(cfg, _DTYPE_BYTES[dtype], args.block_size, kv, max_len, prepacked)
+    plan = make_plan(cfg, compute, args.block_size, kv, max_len)
     seq_len = args.seq_len or max_len
     print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
           f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads of {cfg.head_dim}), context {cfg.max_position_embeddings}")

@@ -1,31 +1,70 @@
-"""Linear layers: plain, prepacked for oneDNN (bf16 on CPU), or int8 weight-only (per output channel).
+"""Linear layers and the methods that store and multiply their weights.
 
-Prepacked: with bf16 on a CPU, F.linear hands oneDNN a plain weight that it reorders into its AMX
-layout at every call. Reordering once at load (`prepack`) and calling oneDNN's linear on the packed
-weight measured 1.3-2x faster for decode-sized batches (1-64 rows) and ~1.1-1.3x for prefill-sized
-ones: one request decodes 26.7 -> 35.8 tok/s, offline throughput +9% (benchmarks/README.md).
+A `Linear` owns its parameters; a `LinearMethod` decides how the weight is kept and multiplied:
 
-On CPUs without native bf16, a decode step at batch 1 is bound by reading fp32 weights. int8 weights
-with bf16 activations (`torch._weight_int8pack_mm`) were measured 2.4x faster than fp32 at batch 1 on
-this class of CPU, equal at batch 16 and slower beyond (benchmarks/README.md), so int8 is an opt-in
-mode for latency-bound, few-user serving. Within the mode every batch size uses the same kernel, so a
-request's tokens still do not depend on its neighbours.
+    create_weights(layer)      fp32 (out, in) weight (and bias) to load into, with per-shard loaders
+    load(layer, tensor, shard) copy one checkpoint tensor into its rows (q/k/v or gate/up of a fused layer)
+    finish_loading(layer)      after the model is at its device and dtype: convert (prepack, quantize)
+    apply(layer, x)            x (T, in) -> (T, out)
+    weight_bytes(out, in, b)   what the method keeps in memory (the memory plan asks compute.py, which
+                               each method's answer comes from)
+
+Methods:
+- unquantized: F.linear on the weight at the compute dtype.
+- prepacked: with bf16 on a CPU, F.linear hands oneDNN a plain weight that it reorders into its AMX layout
+  at every call. Reordering once at load and calling oneDNN's linear on the packed weight measured 1.3-2x
+  faster for decode-sized batches (1-64 rows) and ~1.1-1.3x for prefill-sized ones: one request decodes
+  26.7 -> 35.8 tok/s, offline throughput +9% (benchmarks/README.md).
+- int8: on CPUs without native bf16 a decode step at batch 1 is bound by reading fp32 weights. int8
+  weights with bf16 activations (`torch._weight_int8pack_mm`) were measured 2.4x faster than fp32 at
+  batch 1 on this class of CPU, equal at batch 16 and slower beyond (benchmarks/README.md): an opt-in
+  mode for latency-bound, few-user serving. Every batch size uses the same kernel, so a request's tokens
+  still do not depend on its neighbours.
 """
 
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from tokenmill.compute import linear_weight_bytes
 
 
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, K) float weight -> int8 (N, K) and bf16 scales (N,), symmetric per output channel."""
-    w = w.float()
-    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scales.to(torch.bfloat16)
+class LinearMethod(ABC):
+    name: str
+
+    def create_weights(self, layer: Linear) -> None:
+        layer.weight = nn.Parameter(torch.empty(layer.out_features, layer.in_features), requires_grad=False)
+        layer.weight.weight_loader = functools.partial(self.load, layer)  # type: ignore[attr-defined]
+        layer.weight.shard_ids = list(layer.shards)  # type: ignore[attr-defined]
+
+    def load(self, layer: Linear, param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
+        """Copy a checkpoint tensor (rows of the weight or bias) into `param` at the shard's rows."""
+        a, b = layer.shard_rows(shard)
+        if param.data[a:b].shape != tensor.shape:
+            raise ValueError(f"weight shard {shard!r} has shape {tuple(tensor.shape)}, expected "
+                             f"{tuple(param.data[a:b].shape)}")
+        param.data[a:b].copy_(tensor.to(torch.float32))
+
+    def finish_loading(self, layer: Linear) -> None:
+        """Called once the layer is at its device and dtype."""
+
+    @abstractmethod
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor: ...
+
+    def weight_bytes(self, out_features: int, in_features: int, dtype_bytes: int) -> int:
+        return linear_weight_bytes(self.name, out_features, in_features, dtype_bytes)
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    name = "unquantized"
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, layer.weight, layer.bias)
 
 
 @functools.cache
@@ -46,7 +85,7 @@ def can_prepack() -> bool:
 
 
 def prepack(w: torch.Tensor) -> torch.Tensor:
-    """(N, K) bf16 weight -> an opaque oneDNN tensor in its compute layout, for `linear(..., packed=)`."""
+    """(N, K) bf16 weight -> an opaque oneDNN tensor in its compute layout."""
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
 
 
@@ -55,24 +94,91 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
-def convert_weight(w: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(N, K) weight -> (weight, scales, packed) for `linear(x, weight, scales, packed=packed)`.
-    mode "int8": int8 weight and its per-channel scales; "prepack": an empty weight and the oneDNN copy."""
-    if mode == "int8":
-        q, s = quantize_int8(w)
-        return q, s, None
-    if mode == "prepack":
-        return w.new_empty(0), None, prepack(w)
-    raise ValueError(f"unknown weight mode {mode!r}")
+class PrepackedLinearMethod(LinearMethod):
+    """The weight is replaced by an empty tensor; `layer.packed` holds oneDNN's copy."""
+
+    name = "prepacked"
+
+    def finish_loading(self, layer: Linear) -> None:
+        layer.packed = prepack(layer.weight.data)
+        layer.weight.data = layer.weight.data.new_empty(0)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        assert layer.packed is not None, "finish_loading() prepacks the weight"
+        return packed_linear(x, layer.packed, layer.bias)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor | None = None,
-           bias: torch.Tensor | None = None, packed: torch.Tensor | None = None) -> torch.Tensor:
-    """x (T, K) @ w.T (+ bias). With `packed` (from `prepack`), w is not read. With `scales`, w is int8
-    (N, K): computed in bf16, returned in x's dtype."""
-    if packed is not None:
-        return packed_linear(x, packed, bias)
-    if scales is None:
-        return F.linear(x, w, bias)
-    y = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), w, scales).to(x.dtype)
-    return y if bias is None else y + bias
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float weight -> int8 (N, K) and bf16 scales (N,), symmetric per output channel."""
+    w = w.float()
+    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales.to(torch.bfloat16)
+
+
+class Int8LinearMethod(LinearMethod):
+    """The weight becomes int8 (N, K) with bf16 per-row scales in `layer.scales`; computed in bf16 and
+    returned in x's dtype."""
+
+    name = "int8"
+
+    def finish_loading(self, layer: Linear) -> None:
+        layer.weight.data, layer.scales = quantize_int8(layer.weight.data)
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        assert layer.scales is not None, "finish_loading() quantizes the weight"
+        y = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), layer.weight, layer.scales).to(x.dtype)
+        return y if layer.bias is None else y + layer.bias
+
+
+LINEAR_METHODS: dict[str, type[LinearMethod]] = {
+    m.name: m for m in (UnquantizedLinearMethod, PrepackedLinearMethod, Int8LinearMethod)
+}
+
+
+def get_linear_method(name: str) -> LinearMethod:
+    if name not in LINEAR_METHODS:
+        raise ValueError(f"unknown linear method {name!r}; known: {', '.join(LINEAR_METHODS)}")
+    return LINEAR_METHODS[name]()
+
+
+class Linear(nn.Module):
+    """y = x @ W.T (+ b). A fused layer lists its shards (name -> rows, in order): a fused q|k|v
+    projection is `Linear(d, q + 2 kv, shards={"q": q, "k": kv, "v": kv})`, loaded from three
+    checkpoint tensors."""
+
+    def __init__(self, in_features: int, out_features: int, method: LinearMethod, bias: bool = False,
+                 shards: dict[str, int] | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.method = method
+        self.shards = dict(shards or {})
+        if self.shards and sum(self.shards.values()) != out_features:
+            raise ValueError(f"shards {self.shards} do not add up to {out_features} rows")
+        self.packed: torch.Tensor | None = None  # prepacked method: oneDNN's copy of the weight
+        self.scales: torch.Tensor | None = None  # int8 method: per-row scales
+        self.weight: nn.Parameter
+        method.create_weights(self)
+        self.bias: nn.Parameter | None = None
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False)
+            self.bias.weight_loader = functools.partial(method.load, self)  # type: ignore[attr-defined]
+            self.bias.shard_ids = list(self.shards)  # type: ignore[attr-defined]
+            self.bias.is_required = False  # type: ignore[attr-defined]
+
+    def shard_rows(self, shard: str | None) -> tuple[int, int]:
+        if shard is None:
+            return 0, self.out_features
+        start = 0
+        for name, rows in self.shards.items():
+            if name == shard:
+                return start, start + rows
+            start += rows
+        raise ValueError(f"unknown shard {shard!r} (this layer has {list(self.shards)})")
+
+    def finish_loading(self) -> None:
+        self.method.finish_loading(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, in_features) -> (T, out_features)."""
+        return self.method.apply(self, x)

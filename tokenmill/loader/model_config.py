@@ -44,6 +44,15 @@ class ModelConfig:
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
         return self.num_layers * per_layer + bias + v * d * (1 if self.tie_word_embeddings else 2) + d
 
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """(out_features, in_features) of every matmul weight: per layer qkv, o, gate_up, down, and the
+        output layer when it is not tied to the embedding."""
+        d, i = self.hidden_size, self.intermediate_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = [(q + 2 * kv, d), (d, q), (2 * i, d), (d, i)]
+        head = [] if self.tie_word_embeddings else [(self.vocab_size, d)]
+        return per_layer * self.num_layers + head
+
     # -- readers ---------------------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, metadata: dict[str, Any], tensor_names: set[str], quantization: str) -> ModelConfig:

@@ -1,8 +1,15 @@
-"""Weight readers: yield (HF parameter name, tensor) pairs; the model decides what to do with them."""
+"""Weight readers: yield (HF parameter name, tensor) pairs; the model's parameters decide what to do with them.
+
+The GGUF reader renames llama.cpp's tensors to the HF names (and undoes its q/k row permutation for the
+llama architecture); with `keep_quantized` it hands the chosen tensors through as their raw GGUF blocks
+(`GGUFQuantized`), untouched by dequantisation, for a linear method that computes on them.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -12,6 +19,17 @@ from tqdm.auto import tqdm
 
 from tokenmill.loader.gguf import GGUFFile
 from tokenmill.loader.model_config import ModelConfig
+from tokenmill.loader.model_source import ModelSource
+
+
+@dataclass
+class GGUFQuantized:
+    """A GGUF tensor as stored: `data` (rows, bytes_per_row) uint8 blocks of `ggml_type` (a
+    gguf.GGMLQuantizationType), for a weight of `shape` (PyTorch order, e.g. (out, in))."""
+
+    data: torch.Tensor
+    ggml_type: object
+    shape: tuple[int, ...]
 
 _GGUF_TO_HF = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -27,29 +45,48 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
+                 keep_quantized: Callable[[str, object], bool] | None = None
+                 ) -> Iterator[tuple[str, torch.Tensor | GGUFQuantized]]:
+    """(HF name, fp32 tensor) for each tensor; (HF name, GGUFQuantized) where keep_quantized(HF name,
+    ggml_type) says so."""
     permuted = gf.architecture == "llama"  # llama.cpp's converter permutes q/k only for the llama arch
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
+        hf_name, n_head = _hf_name(name, cfg, permuted)
+        info = gf.tensors[name]
+        if keep_quantized is not None and keep_quantized(hf_name, info.ggml_type):
+            raw = gf.raw(name)  # (rows, bytes per row): whole rows permute like dequantised ones
+            if n_head:
+                raw = _unpermute(raw, n_head)
+            yield hf_name, GGUFQuantized(torch.from_numpy(np.array(raw)), info.ggml_type, info.shape)  # a copy
+            continue
         w = gf.load(name)
-        if name == "token_embd.weight":
-            yield "model.embed_tokens.weight", torch.from_numpy(w)
-        elif name == "output_norm.weight":
-            yield "model.norm.weight", torch.from_numpy(w)
-        elif name == "output.weight":
-            yield "lm_head.weight", torch.from_numpy(w)
-        elif name == "rope_freqs.weight":
-            yield "rope_freqs", torch.from_numpy(w)
-        elif m := re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name):
-            layer, part, kind = m.groups()
-            if part not in _GGUF_TO_HF:
-                raise ValueError(f"unexpected GGUF tensor {name}")
-            if permuted and part == "attn_q":
-                w = _unpermute(w, cfg.num_heads)
-            elif permuted and part == "attn_k":
-                w = _unpermute(w, cfg.num_kv_heads)
-            yield f"model.layers.{layer}.{_GGUF_TO_HF[part]}.{kind}", torch.from_numpy(np.ascontiguousarray(w))
-        else:
+        if n_head:
+            w = _unpermute(w, n_head)
+        yield hf_name, torch.from_numpy(np.ascontiguousarray(w))
+
+
+def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
+    """llama.cpp's tensor name -> (HF name, the head count to un-permute its rows by, or 0)."""
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight", 0
+    if name == "output_norm.weight":
+        return "model.norm.weight", 0
+    if name == "output.weight":
+        return "lm_head.weight", 0
+    if name == "rope_freqs.weight":
+        return "rope_freqs", 0
+    if m := re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name):
+        layer, part, kind = m.groups()
+        if part not in _GGUF_TO_HF:
             raise ValueError(f"unexpected GGUF tensor {name}")
+        n_head = 0
+        if permuted and part == "attn_q":
+            n_head = cfg.num_heads
+        elif permuted and part == "attn_k":
+            n_head = cfg.num_kv_heads
+        return f"model.layers.{layer}.{_GGUF_TO_HF[part]}.{kind}", n_head
+    raise ValueError(f"unexpected GGUF tensor {name}")
 
 
 def safetensors_weights(path: Path, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
@@ -60,3 +97,11 @@ def safetensors_weights(path: Path, progress: bool = True) -> Iterator[tuple[str
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
+
+
+def read_weights(source: ModelSource, cfg: ModelConfig, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of a model source, whichever format it is in."""
+    if source.kind == "gguf":
+        yield from gguf_weights(GGUFFile(source.path), cfg, progress)  # type: ignore[misc]
+    else:
+        yield from safetensors_weights(source.path, progress)

@@ -1,179 +1,136 @@
 """Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2), device-free, with fused QKV and gate/up.
 
+Parameter names follow the HF checkpoints, with q/k/v fused into `qkv_proj` and gate/up into
+`gate_up_proj` (`packed_modules_mapping` tells the loader which checkpoint tensor goes into which rows).
+
 Shapes: T = tokens in the step (all requests, flattened), D = hidden, nh/nkv = heads, hd = head dim.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenmill.layers.attention import AttentionMetadata, paged_attention, write_kv
-from tokenmill.layers.linear import convert_weight, linear
+from tokenmill.attention.backend import AttentionContext
+from tokenmill.layers.embedding import VocabEmbedding
+from tokenmill.layers.linear import Linear, LinearMethod
+from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding, inv_frequencies, rotate
 from tokenmill.loader.model_config import ModelConfig
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q, kv = self.nh * self.hd, self.nkv * self.hd
-        d, i = cfg.hidden_size, cfg.intermediate_size
-        self.input_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.post_attn_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.qkv_weight = nn.Parameter(torch.empty(q + 2 * kv, d), requires_grad=False)  # rows: q | k | v
-        self.qkv_bias = nn.Parameter(torch.zeros(q + 2 * kv), requires_grad=False) if cfg.attention_bias else None
-        self.o_weight = nn.Parameter(torch.empty(d, q), requires_grad=False)
-        self.gate_up_weight = nn.Parameter(torch.empty(2 * i, d), requires_grad=False)  # rows: gate | up
-        self.down_weight = nn.Parameter(torch.empty(d, i), requires_grad=False)
+        q, kv, d = self.nh * self.hd, self.nkv * self.hd, cfg.hidden_size
+        self.qkv_proj = Linear(d, q + 2 * kv, method, bias=cfg.attention_bias, shards={"q": q, "k": kv, "v": kv})
+        self.o_proj = Linear(q, d, method)
         self.scale = self.hd ** -0.5
-        # int8 mode: per-channel scales of the four projections (None: fp weights)
-        self.scales: dict[str, torch.Tensor | None] = {"qkv": None, "o": None, "gate_up": None, "down": None}
-        # prepacked mode: oneDNN copies of the four projections (None: use the plain weight)
-        self.packed: dict[str, torch.Tensor | None] = {"qkv": None, "o": None, "gate_up": None, "down": None}
 
-    def convert_weights(self, mode: str) -> None:
-        """Replace the projection weights with int8 or oneDNN-prepacked copies (`convert_weight`'s modes);
-        the originals are dropped."""
-        for name in self.scales:
-            param: nn.Parameter = getattr(self, f"{name}_weight")
-            param.data, self.scales[name], self.packed[name] = convert_weight(param.data, mode)
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
-        """x: (T, D) residual stream -> (T, D)."""
-        T = x.shape[0]
-        h = self.input_norm(x)
-        sc, pk = self.scales, self.packed
-        qkv = linear(h, self.qkv_weight, sc["qkv"], self.qkv_bias, pk["qkv"])  # (T, (nh + 2 nkv) hd)
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionContext) -> torch.Tensor:
+        """h: (T, D) normed hidden -> (T, D)."""
+        T = h.shape[0]
+        qkv = self.qkv_proj(h)  # (T, (nh + 2 nkv) hd)
         qk, v = qkv.split([(self.nh + self.nkv) * self.hd, self.nkv * self.hd], dim=-1)
         qk = rotate(qk.view(T, self.nh + self.nkv, self.hd), rope)  # q and k heads are adjacent: one pass
         q, k = qk[:, : self.nh], qk[:, self.nh :]
         v = v.view(T, self.nkv, self.hd)
-        write_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
-        attn = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.layer_idx)
-        x = x + linear(attn.reshape(T, -1), self.o_weight, sc["o"], packed=pk["o"])
-        h = self.post_attn_norm(x)
-        gate, up = linear(h, self.gate_up_weight, sc["gate_up"], packed=pk["gate_up"]).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down_weight, sc["down"], packed=pk["down"])
+        o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale)
+        return self.o_proj(o.reshape(T, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, method: LinearMethod) -> None:
+        super().__init__()
+        d, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_up_proj = Linear(d, 2 * i, method, shards={"gate": i, "up": i})
+        self.down_proj = Linear(i, d, method)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, layer_idx, method)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg, method)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionContext) -> torch.Tensor:
+        """x: (T, D) residual stream -> (T, D)."""
+        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, method: LinearMethod) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The `CausalLM` of the llama family (models/interface.py)."""
+
+    # checkpoint module name -> (our fused module, its shard)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
+    }
+
+    def __init__(self, cfg: ModelConfig, method: LinearMethod, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.max_positions = max_positions
-        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = (None if cfg.tie_word_embeddings else
-                        nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False))
+        self.model = LlamaModel(cfg, method)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, method)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight.is_required = False  # type: ignore[attr-defined]  # filled from the embedding
+        for m in self.model.layers.modules():  # norms default to ones, as before; matmul weights must be there
+            if isinstance(m, RMSNorm):
+                m.weight.is_required = False  # type: ignore[attr-defined]
         self.rope: RotaryEmbedding | None = None
-        # the output layer converted like the projections (weight, scales, packed); a copy when tied
-        self._head_mm: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
         self._rope_freqs: torch.Tensor | None = None
 
     # -- weights ---------------------------------------------------------------------------------------
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Take HF-named tensors; fuse q/k/v and gate/up into this model's parameters."""
-        cfg = self.cfg
-        q, kv, i = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
-        qkv_rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
-        gu_rows = {"gate_proj": (0, i), "up_proj": (i, 2 * i)}
-        loaded: set[str] = set()
-        for name, w in weights:
-            w = w.to(torch.float32)
-            loaded.add(name)
-            if name == "model.embed_tokens.weight":
-                self.embed.data.copy_(w)
-            elif name == "model.norm.weight":
-                self.norm.weight.data.copy_(w)
-            elif name == "lm_head.weight":
-                if self.lm_head is not None:
-                    self.lm_head.data.copy_(w)
-            elif name == "rope_freqs":
-                self._rope_freqs = w
-            elif name.startswith("model.layers."):
-                parts = name.split(".")
-                layer: DecoderLayer = self.layers[int(parts[2])]  # type: ignore[assignment]
-                sub, kind = parts[-2], parts[-1]
-                if sub in qkv_rows:
-                    a, b = qkv_rows[sub]
-                    if kind == "weight":
-                        layer.qkv_weight.data[a:b].copy_(w)
-                    elif layer.qkv_bias is not None:
-                        layer.qkv_bias.data[a:b].copy_(w)
-                elif sub in gu_rows:
-                    a, b = gu_rows[sub]
-                    layer.gate_up_weight.data[a:b].copy_(w)
-                elif sub == "o_proj":
-                    layer.o_weight.data.copy_(w)
-                elif sub == "down_proj":
-                    layer.down_weight.data.copy_(w)
-                elif sub == "input_layernorm":
-                    layer.input_norm.weight.data.copy_(w)
-                elif sub == "post_attention_layernorm":
-                    layer.post_attn_norm.weight.data.copy_(w)
-                elif "rotary_emb" not in name:
-                    raise ValueError(f"unexpected weight {name}")
-            elif "rotary_emb" not in name:
-                raise ValueError(f"unexpected weight {name}")
-        need = {"model.embed_tokens.weight", "model.norm.weight"}
-        if self.lm_head is not None:
-            need.add("lm_head.weight")
-        for n in range(cfg.num_layers):
-            for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
-                need.add(f"model.layers.{n}.{p}.weight")
-        if missing := need - loaded:
-            raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {sorted(missing)[:3]}")
+    def load_extra_weight(self, name: str, tensor: torch.Tensor) -> bool:
+        """Checkpoint tensors that are not parameters: GGUF's rope_freqs (kept for the rotary tables) and
+        HF's stored rotary inv_freq (recomputed). True if taken."""
+        if name == "rope_freqs":
+            self._rope_freqs = tensor.to(torch.float32)
+            return True
+        return "rotary_emb" in name
 
-    def finish_loading(self, device: torch.device, dtype: torch.dtype, quantization: str | None = None,
-                       prepack_weights: bool = False) -> None:
-        """Move to device/dtype, then optionally quantise (int8) or prepack (oneDNN) the matmul weights."""
+    def finish_loading(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Move to device/dtype, then let each linear method convert its weights (prepack, quantize)."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight.data = self.model.embed_tokens.weight.data  # shared until a method converts it
         self.to(device=device, dtype=dtype)
-        if quantization not in (None, "int8"):
-            raise ValueError(f"quantization {quantization!r} is not supported (supported: int8)")
-        mode = quantization or ("prepack" if prepack_weights else None)  # int8 takes precedence
-        if mode is not None:
-            for layer in self.layers:
-                layer.convert_weights(mode)  # type: ignore[operator]
-            w = self.embed if self.lm_head is None else self.lm_head
-            self._head_mm = convert_weight(w.data, mode)
-            self.lm_head = None  # the converted copy replaces it; the embedding stays for lookups
+        if self.cfg.tie_word_embeddings:  # .to() may have copied them apart
+            self.lm_head.weight.data = self.model.embed_tokens.weight.data
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.finish_loading()
         inv = inv_frequencies(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, self._rope_freqs)
         self.rope = RotaryEmbedding(self.cfg.head_dim, self.max_positions, inv, device, dtype)
 
     # -- compute ---------------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
         """input_ids, positions: (T,) -> final hidden states (T, D)."""
         assert self.rope is not None, "call finish_loading() first"
-        x = F.embedding(input_ids, self.embed)
+        x = self.model.embed_tokens(input_ids)
         rope = self.rope.tables(positions)  # (T, 1, hd) cos / sin rows, shared by every layer
-        for layer, cache in zip(self.layers, kv_caches):
-            x = layer(x, rope, cache, meta)
-        return self.norm(x)
+        for layer in self.model.layers:
+            x = layer(x, rope, attn)
+        return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(S, D) hidden of the positions that sample -> (S, V) float32 logits."""
-        if self._head_mm is not None:
-            w, scales, packed = self._head_mm
-            return linear(hidden, w, scales, packed=packed).float()
-        w = self.embed if self.lm_head is None else self.lm_head
-        return F.linear(hidden, w).float()
+        return self.lm_head(hidden).float()

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenmill.compute import ComputeChoice, choose_compute
 from tokenmill.config import EngineConfig
-from tokenmill.cpu_features import auto_dtype
 from tokenmill.memory_plan import available_ram, default_kv_cache_bytes
 
 log = logging.getLogger(__name__)
@@ -21,6 +21,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class Platform:
     device: torch.device
     dtype: torch.dtype
+    linear_method: str = "unquantized"  # compute.LINEAR_METHODS: how matmul weights are kept
+
+    @property
+    def compute(self) -> ComputeChoice:
+        return ComputeChoice(str(self.dtype).replace("torch.", ""), self.linear_method)
 
     @property
     def is_cuda(self) -> bool:
@@ -47,18 +52,19 @@ class Platform:
             return 0
         return min(2 * 2**30, available_ram() // 8)
 
-    def prepack_weights(self) -> bool:
-        """Reorder matmul weights into oneDNN's layout once at load (bf16 on CPU; see layers/linear.py).
-        TOKENMILL_PREPACK=0 turns it off, e.g. for A/B measurements."""
-        from tokenmill.layers.linear import can_prepack
+    def attention_backend(self) -> str:
+        """Which attention backend (attention/registry.py): the decode mirror on CPU, where gathering
+        every block of every decoding request each step costs more than keeping a contiguous copy; the
+        paged gather path on a GPU, or when the mirror is given no memory."""
+        return "decode_mirror" if self.decode_mirror_bytes() > 0 else "paged"
 
-        if os.environ.get("TOKENMILL_PREPACK", "1") == "0":
-            return False
-        return self.device.type == "cpu" and self.dtype == torch.bfloat16 and can_prepack()
 
-    def synchronize(self) -> None:
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
+def can_prepack_here() -> bool:
+    """oneDNN can prepack bf16 weights on this CPU (layers/linear.py probes it once).
+    TOKENMILL_PREPACK=0 turns it off, e.g. for A/B measurements."""
+    from tokenmill.layers.linear import can_prepack
+
+    return os.environ.get("TOKENMILL_PREPACK", "1") != "0" and can_prepack()
 
 
 def cpu_bf16_is_fast() -> bool:
@@ -77,15 +83,9 @@ def resolve_platform(config: EngineConfig) -> Platform:
         device = torch.device(config.device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device=cuda was asked for, but PyTorch sees no CUDA GPU; use --device cpu")
-    if config.dtype == "auto":
-        # bf16 on CUDA and on AMX CPUs; fp32 on CPUs where bf16 matmul is slow (see cpu_features).
-        name = auto_dtype(device.type)
-        if name == "bfloat16" and device.type == "cpu" and not cpu_bf16_is_fast():
-            name = "float32"
-        dtype = _DTYPES[name]
-    else:
-        dtype = _DTYPES[config.dtype]
+    compute = choose_compute(device.type, config.dtype, config.quantization,
+                             bf16_is_fast=cpu_bf16_is_fast, can_prepack=can_prepack_here)
     if device.type == "cpu":
         threads = config.num_threads or int(os.environ.get("TOKENMILL_NUM_THREADS", 0)) or os.cpu_count() or 1
         torch.set_num_threads(threads)
-    return Platform(device, dtype)
+    return Platform(device, _DTYPES[compute.dtype], compute.linear_method)

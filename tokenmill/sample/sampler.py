@@ -1,16 +1,19 @@
 """Sampler: logits (S, V) -> one token per row, vectorised over the batch.
 
-Order: logprobs are taken from the raw logits (as vLLM reports them); then penalties, logit_bias and
-min_tokens masks; then greedy rows take argmax, the rest are divided by temperature, cut by top_k, top_p
-and min_p, and sampled by the exponential race  argmax(p / E),  E ~ Exp(1)  (equivalent to drawing from
+Order: logprobs are taken from the raw logits (as vLLM reports them); then the logits processors
+(sample/logits_processor.py: penalties, logit_bias, min_tokens masks, in that order); then greedy rows
+take argmax, the rest are divided by temperature, cut by top_k, top_p and min_p, and sampled by the exponential race  argmax(p / E),  E ~ Exp(1)  (equivalent to drawing from
 p). A row with its own seed draws E from its own generator, so its tokens never depend on its neighbours.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from tokenmill.sample.logits_processor import LogitsProcessor
 
 
 @dataclass
@@ -23,17 +26,7 @@ class SamplingBatch:
     min_p: torch.Tensor | None  # (S,) float, 0.0 where disabled
     generators: list[torch.Generator | None]  # per row; None: the shared generator
     all_greedy: bool
-    # penalties: None when no row uses them
-    presence: torch.Tensor | None = None  # (S,)
-    frequency: torch.Tensor | None = None  # (S,)
-    repetition: torch.Tensor | None = None  # (S,)
-    output_ids: torch.Tensor | None = None  # (S, max_out) int64, padded with V (a dropped column)
-    seen_ids: torch.Tensor | None = None  # (S, max_seen) prompt + output ids, padded with V
-    bias_rows: torch.Tensor | None = None  # (nb,) logit_bias entries: row, token, value
-    bias_tokens: torch.Tensor | None = None
-    bias_values: torch.Tensor | None = None
-    block_rows: torch.Tensor | None = None  # (nm,) tokens forbidden this step (min_tokens): row, token
-    block_tokens: torch.Tensor | None = None
+    shared_generator: torch.Generator | None = None  # for rows without a seed: the engine's, seeded once
     max_logprobs: int = -1  # -1: no row wants logprobs; else the largest top-N asked for
 
 
@@ -46,36 +39,15 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None  # (S, N)
 
 
-def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
-    S, V = logits.shape
-    if b.output_ids is not None:
-        counts = torch.zeros(S, V + 1, dtype=logits.dtype, device=logits.device)
-        counts.scatter_add_(1, b.output_ids, torch.ones_like(b.output_ids, dtype=logits.dtype))
-        counts = counts[:, :V]
-        assert b.presence is not None and b.frequency is not None
-        logits = logits - b.frequency[:, None] * counts - b.presence[:, None] * (counts > 0).to(logits.dtype)
-    if b.seen_ids is not None:
-        assert b.repetition is not None
-        seen = torch.zeros(S, V + 1, dtype=torch.bool, device=logits.device)
-        seen.scatter_(1, b.seen_ids, True)
-        seen = seen[:, :V]
-        rp = b.repetition[:, None]
-        penalised = torch.where(logits > 0, logits / rp, logits * rp)
-        logits = torch.where(seen, penalised, logits)
-    return logits
-
-
-def sample(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
-    """logits: (S, V) float32. Does not modify its input."""
+def sample(logits: torch.Tensor, b: SamplingBatch, processors: Sequence[LogitsProcessor] = ()) -> SamplerOutput:
+    """logits: (S, V) float32; `processors` already prepared for these S rows. Does not modify its input."""
     out = SamplerOutput(token_ids=[])
     if b.max_logprobs >= 0:
         lp = torch.log_softmax(logits, dim=-1)
-    logits = apply_penalties(logits, b)
-    if b.bias_rows is not None:
-        logits = logits.index_put((b.bias_rows, b.bias_tokens), b.bias_values, accumulate=True)  # type: ignore[arg-type]
-    if b.block_rows is not None:
-        logits = logits.index_put((b.block_rows, b.block_tokens),  # type: ignore[arg-type]
-                                  torch.tensor(float("-inf"), device=logits.device))
+    for proc in processors:
+        if b.all_greedy and proc.is_argmax_invariant():
+            continue  # greedy's fast path: it cannot change any row's pick
+        logits = proc.apply(logits)
     greedy = logits.max(dim=-1).indices  # == argmax (first maximum); 2.6x faster than argmax on CPU
     if b.all_greedy:
         tokens = greedy
@@ -119,10 +91,10 @@ def _sample_random(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     noise = torch.empty_like(probs)
     shared = [i for i, g in enumerate(b.generators) if g is None]
     if len(shared) == S:
-        noise.exponential_()
+        noise.exponential_(generator=b.shared_generator)
     else:
         if shared:
-            noise[shared] = torch.empty(len(shared), V, device=probs.device).exponential_()
+            noise[shared] = torch.empty(len(shared), V, device=probs.device).exponential_(generator=b.shared_generator)
         for i, g in enumerate(b.generators):
             if g is not None:
                 noise[i] = torch.empty(V, device=probs.device).exponential_(generator=g)

@@ -19,6 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from tokenmill.attention.backend import AttentionMetadata, AttentionStep
+from tokenmill.attention.paged import PagedAttentionBackend
 
 
 @dataclass
@@ -92,6 +96,10 @@ class DecodeMirror:
         return MirrorStep(self.k, self.v, slots, pos, max_len, mask)
 
     # -- row management --------------------------------------------------------------------------------
+    def drop(self, req_ids: set[str]) -> None:
+        """Rows of these requests go (the last row moves into each hole)."""
+        self._drop_absent(set(self.ids) - req_ids)
+
     def _drop_absent(self, keep: set[str]) -> None:
         i = 0
         while i < len(self.ids):
@@ -135,3 +143,46 @@ class DecodeMirror:
         flat = blocks.reshape(2, self.num_layers, nb * self.block_size, self.nkv, self.hd)[:, :, :num_tokens]
         self.k[:, slot, :, :num_tokens] = flat[0].transpose(1, 2)  # (layers, nkv, n, hd)
         self.v[:, slot, :, :num_tokens] = flat[1].transpose(1, 2)
+
+
+class MirrorAttentionBackend(PagedAttentionBackend):
+    """The paged backend, with decodes reading their K/V from a DecodeMirror's rows; prefills, and any step
+    whose decodes do not fit the mirror's budget, take the paged path."""
+
+    name = "decode_mirror"
+
+    def __init__(self, block_size: int, device: torch.device, kv: torch.Tensor, budget_bytes: int) -> None:
+        """kv: the whole paged cache, (2, layers, num_blocks, block_size, nkv, hd)."""
+        super().__init__(block_size, device)
+        self.mirror = DecodeMirror(kv, budget_bytes)
+
+    def build_metadata(self, step: AttentionStep) -> AttentionMetadata:
+        decodes = step.decodes
+        if not decodes:
+            self.mirror.reset()
+            return self._metadata(step, [], None, None)
+        order = self.mirror.plan([s.req_id for s in decodes], [s.start for s in decodes],
+                                 [s.block_table for s in decodes])
+        if order is None:  # over budget: gather from the blocks this step
+            return super().build_metadata(step)
+        rows = self.mirror.step_inputs([decodes[i].start for i in order])
+        return self._metadata(step, order, None, None, extra=rows)
+
+    def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
+                         v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                         scale: float) -> None:
+        m = meta.extra
+        if not isinstance(m, MirrorStep):
+            super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale)
+            return
+        d = meta.num_decodes
+        kb, vb = m.k[layer_idx], m.v[layer_idx]  # (S, nkv, cap, hd)
+        kb[m.slots, :, m.positions] = k[:d]  # append this step's token to each row
+        vb[m.slots, :, m.positions] = v[:d]
+        qd = q[:d].unsqueeze(2)  # (D, nh, 1, hd)
+        o = F.scaled_dot_product_attention(qd, kb[:d, :, : m.max_len], vb[:d, :, : m.max_len], attn_mask=m.mask,
+                                           scale=scale, enable_gqa=True)
+        out[:d] = o.squeeze(2)
+
+    def release(self, req_ids: set[str]) -> None:
+        self.mirror.drop(req_ids)

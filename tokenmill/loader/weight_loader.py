@@ -1,0 +1,58 @@
+"""Load checkpoint tensors into a model that knows how its parameters take them (no model knowledge here).
+
+For each `(name, tensor)` from a reader:
+  1. the model may take it as an extra (e.g. stored rotary factors): `load_extra_weight`;
+  2. a checkpoint module named in the model's `packed_modules_mapping` is renamed to the fused module it
+     lives in, with its shard: `...self_attn.k_proj.weight` -> `...self_attn.qkv_proj.weight`, shard "k";
+  3. the parameter's own `weight_loader(param, tensor, shard)` copies it in (a plain copy if it has none).
+Afterwards every required parameter (and every shard of a fused one) must have been loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def default_weight_loader(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
+    if param.data.shape != tensor.shape:
+        raise ValueError(f"weight has shape {tuple(tensor.shape)}, expected {tuple(param.data.shape)}")
+    param.data.copy_(tensor.to(torch.float32))
+
+
+def load_weights(model: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """`model`: an nn.Module with `packed_modules_mapping` and `load_extra_weight` (models/interface.py)."""
+    params: dict[str, nn.Parameter] = dict(model.named_parameters())
+    mapping: dict[str, tuple[str, str]] = model.packed_modules_mapping
+    loaded: set[tuple[str, str | None]] = set()
+    for name, tensor in weights:
+        if model.load_extra_weight(name, tensor):
+            continue
+        target, shard = name, None
+        parts = name.split(".")
+        for i, part in enumerate(parts):
+            if part in mapping:
+                fused, shard = mapping[part]
+                target = ".".join(parts[:i] + [fused] + parts[i + 1 :])
+                break
+        param = params.get(target)
+        if param is None:
+            raise ValueError(f"unexpected weight {name}")
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        loader(param, tensor, shard)
+        loaded.add((target, shard))
+    reverse = {(fused, shard): src for src, (fused, shard) in mapping.items()}
+    missing: list[str] = []
+    for pname, param in params.items():
+        if not getattr(param, "is_required", True):
+            continue
+        for shard in getattr(param, "shard_ids", None) or [None]:
+            if (pname, shard) not in loaded:
+                parts = pname.split(".")
+                src = reverse.get((parts[-2], shard)) if shard is not None and len(parts) > 1 else None
+                missing.append(".".join(parts[:-2] + [src, parts[-1]]) if src else pname)
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {sorted(missing)[:3]}")

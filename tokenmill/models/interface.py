@@ -1,0 +1,28 @@
+"""What the runner needs of a model: the `CausalLM` protocol."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from tokenmill.attention.backend import AttentionContext
+
+
+class CausalLM(Protocol):
+    # checkpoint module name -> (this model's fused module, its shard), e.g. "q_proj" -> ("qkv_proj", "q")
+    packed_modules_mapping: dict[str, tuple[str, str]]
+
+    def named_parameters(self) -> object: ...  # nn.Module's: the loader finds parameters by checkpoint name
+
+    def load_extra_weight(self, name: str, tensor: torch.Tensor) -> bool:
+        """A checkpoint tensor that is not a parameter (e.g. stored rotary factors); True if taken."""
+
+    def finish_loading(self, device: torch.device, dtype: torch.dtype) -> None:
+        """After every weight is loaded: move to device/dtype and let linear methods convert weights."""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+        """input_ids, positions (T,) -> final hidden states (T, D)."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(S, D) -> (S, V) float32 logits."""

@@ -1,0 +1,71 @@
+"""The step contract between the scheduler and the workers: request ids and token counts, nothing live.
+
+Plain dataclasses, no torch and no `Request` objects, so a multi-process executor can pickle them as
+they are. The workers keep their own per-request state (token ids, block table, generator) by id:
+
+    first time a request is scheduled        -> NewRequestData (everything the workers need, once)
+    every later step it is scheduled in       -> one row of CachedRequestData (deltas only)
+    it finished, was aborted or stopped       -> its id in finished_req_ids (workers drop its state)
+
+`num_scheduled_tokens[req_id]` is the one scheduling quantity: the request computes tokens
+[num_computed_tokens, num_computed_tokens + n). A request samples when that range reaches the end of
+the tokens it has (a decode, or the last chunk of a prompt); the workers work that out themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenmill.outputs import TokenLogprobs
+from tokenmill.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """Sent once, the first time a request is scheduled."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # empty unless the workers never saw it before (e.g. a restarted worker)
+    sampling_params: SamplingParams
+    seed: int | None  # this sequence's own seed (n > 1 children get derived ones)
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """Deltas for requests the workers already know, one entry per request in each list."""
+
+    req_ids: list[str] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)  # output tokens appended since last sent
+    new_block_ids: list[list[int]] = field(default_factory=list)  # blocks appended to the table
+    num_computed_tokens: list[int] = field(default_factory=list)
+    # True: the request was preempted and re-admitted; `new_block_ids` is its whole table, not a delta
+    resumed_from_preemption: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # in scheduling order
+    total_num_scheduled_tokens: int = 0
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # draft tokens (none yet)
+    finished_req_ids: set[str] = field(default_factory=set)  # since the previous step
+    preempted_req_ids: list[str] = field(default_factory=list)  # in this step
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What one step produced, by request id. Only requests that sampled appear."""
+
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # one token each today
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one entry per sampled token

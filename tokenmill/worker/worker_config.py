@@ -1,0 +1,25 @@
+"""WorkerConfig: everything a worker needs to build its model, cache and runner. Plain, picklable data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenmill.config import EngineConfig
+from tokenmill.loader.model_config import ModelConfig
+from tokenmill.loader.model_source import ModelSource
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    engine_config: EngineConfig
+    source: ModelSource  # where the weights are
+    model_config: ModelConfig
+    device: str  # e.g. "cpu", "cuda:0" (the platform decided)
+    dtype: str  # float32 | bfloat16 | float16
+    linear_method: str  # compute.LINEAR_METHODS
+    attention_backend: str  # attention/registry.py
+    decode_mirror_bytes: int  # the decode_mirror backend's memory budget
+    num_blocks: int  # KV cache blocks (the memory plan's)
+    max_model_len: int
+    eog_token_ids: frozenset[int]
+    progress: bool = True
