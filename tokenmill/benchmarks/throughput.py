@@ -13,7 +13,8 @@ import random
 import time
 from typing import Any
 
-from tokenmill import LLM, SamplingParams
+from tokenmill.entrypoints.llm import LLM
+from tokenmill.sampling_params import SamplingParams
 
 
 def random_prompts(llm: LLM, n: int, length: int, seed: int) -> list[list[int]]:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.compute import linear_weight_bytes
+from tokenmill.platforms.onednn import packed_linear, prepack
 
 
 class LinearMethod(ABC):
@@ -65,33 +66,6 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, layer.weight, layer.bias)
-
-
-@functools.cache
-def can_prepack() -> bool:
-    """oneDNN's reorder and linear ops exist in this torch build and give F.linear's answer on this CPU
-    (private ops, so probed once with a small bf16 matmul rather than assumed)."""
-    ops = torch.ops.mkldnn
-    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise")):
-        return False
-    try:
-        g = torch.Generator().manual_seed(0)
-        w = torch.randn(64, 32, generator=g).to(torch.bfloat16)
-        x = torch.randn(3, 32, generator=g).to(torch.bfloat16)
-        return bool(torch.allclose(packed_linear(x, prepack(w)).float(), F.linear(x, w).float(), atol=0.05, rtol=0.02))
-    except RuntimeError:
-        return False
-
-
-def prepack(w: torch.Tensor) -> torch.Tensor:
-    """(N, K) bf16 weight -> an opaque oneDNN tensor in its compute layout."""
-    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
-
-
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (T, K) @ W.T (+ bias) with W prepacked by `prepack`."""
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
 class PrepackedLinearMethod(LinearMethod):

@@ -21,7 +21,7 @@ import struct
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -137,9 +137,6 @@ class GGUFFile:
         if not data.flags.writeable:  # F32 tensors come back as views of the read-only mmap
             data = data.copy()
         return data.reshape(info.shape)
-
-    def iter_tensors(self) -> Iterator[tuple[str, TensorInfo]]:
-        yield from self.tensors.items()
 
     def quantization(self) -> str:
         """Tensor types by count, e.g. 'GGUF Q4_1 (210), F32 (61), Q8_0 (1)'."""

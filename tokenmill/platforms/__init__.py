@@ -60,9 +60,9 @@ class Platform:
 
 
 def can_prepack_here() -> bool:
-    """oneDNN can prepack bf16 weights on this CPU (layers/linear.py probes it once).
+    """oneDNN can prepack bf16 weights on this CPU (platforms/onednn.py probes it once).
     TOKENMILL_PREPACK=0 turns it off, e.g. for A/B measurements."""
-    from tokenmill.layers.linear import can_prepack
+    from tokenmill.platforms.onednn import can_prepack
 
     return os.environ.get("TOKENMILL_PREPACK", "1") != "0" and can_prepack()
 

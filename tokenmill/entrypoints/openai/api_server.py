@@ -38,7 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tokenmill import __version__
+from tokenmill.version import __version__
 from tokenmill.config import EngineConfig
 from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.entrypoints.openai.errors import bad_request, error_response, install_error_handlers
