@@ -158,7 +158,17 @@ class LLMEngine:
             self.group_of.pop(r.request_id, None)
         st = self.output_processor.states.pop(request_id)
         st.error = error
+        if not self.requests:
+            self._flush_finished()
         return self.output_processor.make_output(st, force=True)
+
+    def _flush_finished(self) -> None:
+        """Nothing left to run: tell the workers now which requests ended, rather than with the next
+        request's first step (their per-request state would linger until then)."""
+        so = self.scheduler.schedule()
+        if so.finished_req_ids:
+            assert so.is_empty
+            self.executor.execute_model(so)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -197,6 +207,8 @@ class LLMEngine:
                     self.group_of.pop(r.request_id, None)
             if out.finished or st.stream:
                 outputs.append(out)
+        if not self.requests:
+            self._flush_finished()
         return outputs
 
     # -- stats -----------------------------------------------------------------------------------------
