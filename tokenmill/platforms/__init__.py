@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """compute.ComputeChoice's dtype name -> the torch dtype."""
+    return _DTYPES[name]
+
+
 @dataclass(frozen=True)
 class Platform:
     device: torch.device

@@ -10,18 +10,17 @@ from tokenmill.layers.linear import get_linear_method
 from tokenmill.loader.weight_loader import load_weights
 from tokenmill.loader.weights import read_weights
 from tokenmill.models.registry import get_model_class
+from tokenmill.platforms import torch_dtype
 from tokenmill.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.worker.kv_cache import allocate_kv_cache
 from tokenmill.worker.model_runner import ModelRunner
 from tokenmill.worker.worker_config import WorkerConfig
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         cfg, ec = config.model_config, config.engine_config
-        device, dtype = torch.device(config.device), _DTYPES[config.dtype]
+        device, dtype = torch.device(config.device), torch_dtype(config.dtype)
         model_cls = get_model_class(cfg.architecture)
         model = model_cls(cfg, get_linear_method(config.linear_method), max_positions=max(config.max_model_len, 1))
         load_weights(model, read_weights(config.source, cfg, config.progress))
