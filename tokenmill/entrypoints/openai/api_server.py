@@ -38,7 +38,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tokenmill import __version__
 from tokenmill.config import EngineConfig
 from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.entrypoints.openai.errors import bad_request, error_response, install_error_handlers
@@ -51,6 +50,7 @@ from tokenmill.entrypoints.openai.serving_completion import OpenAIServingComplet
 from tokenmill.entrypoints.openai.serving_engine import ServerState
 from tokenmill.memory_plan import CacheTooSmallError
 from tokenmill.metrics import ServerMetrics
+from tokenmill.version import __version__
 
 log = logging.getLogger("tokenmill.server")
 
