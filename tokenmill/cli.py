@@ -71,8 +71,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_from_args(args)
     prompts: list[Any] = list(args.prompt)
     if args.chat:
-        prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]))
-                   for p in prompts]
+        prompts = [llm.engine.input_processor.render_chat_ids([{"role": "user", "content": p}]) for p in prompts]
     if args.stream and len(prompts) == 1:
         eng = llm.engine
         eng.add_request("cli-0", prompts[0], params, stream=True)
@@ -112,7 +111,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             history = history[:1] if args.system else []
             continue
         history.append({"role": "user", "content": line})
-        ids = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(history, add_generation_prompt=True))
+        ids = eng.input_processor.render_chat_ids(history, add_generation_prompt=True)
         rid = f"chat-{turn}"
         turn += 1
         reply = ""

@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.engine.request import RequestStatus
 from tokenmill.outputs import RequestOutput
@@ -53,7 +54,7 @@ class RequestTimeoutError(RuntimeError):
 @dataclass
 class _Add:
     request_id: str
-    prompt: str | list[int]
+    prompt: str | list[int] | ProcessedPrompt
     params: SamplingParams
     stream: bool
     sink: Callable[[RequestOutput | BaseException], None]
@@ -106,7 +107,7 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         return len(self._sinks)
 
-    async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+    async def generate(self, request_id: str, prompt: str | list[int] | ProcessedPrompt, params: SamplingParams,
                        stream: bool = True, timeout: float | None = None) -> AsyncIterator[RequestOutput]:
         """Yield this request's outputs until the finished one. Cancelling the iteration aborts it.
 

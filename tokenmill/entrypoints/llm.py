@@ -45,8 +45,11 @@ class LLM:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(plist)} SamplingParams")
+        processor = self.engine.input_processor
+        # all of them checked before any runs: a bad prompt leaves nothing queued
+        processed = [processor.process(prompt, p) for prompt, p in zip(prompts, plist)]  # type: ignore[arg-type]
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
-        for rid, prompt, p in zip(ids, prompts, plist):
+        for rid, prompt, p in zip(ids, processed, plist):
             self.engine.add_request(rid, prompt, p)  # type: ignore[arg-type]
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="Generating", unit="req", disable=not (use_tqdm if use_tqdm is not None
@@ -71,9 +74,7 @@ class LLM:
         """Apply the model's chat template to each conversation, then generate."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
-        prompts: list[Prompt] = [
-            self.tokenizer.encode(self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
-                                                                     tools=tools))
-            for c in conversations  # type: ignore[union-attr]
-        ]
+        processor = self.engine.input_processor
+        prompts: list[Prompt] = [processor.render_chat_ids(c, add_generation_prompt, tools)  # type: ignore[arg-type]
+                                 for c in conversations]
         return self.generate(prompts, params, use_tqdm)

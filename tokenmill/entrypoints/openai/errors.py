@@ -14,6 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tokenmill.sampling_params import ParamError
+
 log = logging.getLogger("tokenmill.server")
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
@@ -84,6 +86,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.exception_handler(ParamError)
+    async def _param_error(_: Request, exc: ParamError) -> JSONResponse:  # a bad value no route turned into a 400
+        return error_response(400, exc.message, exc.field)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,7 +1,8 @@
 """OpenAIServing: what the completions and chat endpoints share.
 
 Admission (draining, engine death, queue limit), model-name checks, building SamplingParams from request
-fields, tokenizing off the event loop, validating the prompt against the context, running a request with
+fields, tokenizing off the event loop, the engine's InputProcessor (truncate, validate against the
+context: a ParamError's `field` is the error's `param`), running a request with
 client-disconnect detection and the optional per-request deadline, logprob token strings, and SSE framing.
 
 Prompt text is never logged unless the operator asked for it (`log_prompts`, the --log-prompts flag).
@@ -21,12 +22,12 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError, RequestTimeoutError
-from tokenmill.engine.llm_engine import ContextLengthError
+from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.errors import APIError, bad_request, error_body
 from tokenmill.entrypoints.openai.protocol import SamplingFields, Usage
 from tokenmill.metrics import ServerMetrics
 from tokenmill.outputs import FinishReason, RequestOutput
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import ParamError, SamplingParams
 
 log = logging.getLogger("tokenmill.server")
 T = TypeVar("T")
@@ -51,6 +52,7 @@ class OpenAIServing:
         self.async_engine = async_engine
         self.engine = async_engine.engine
         self.tokenizer = self.engine.tokenizer
+        self.input_processor = self.engine.input_processor
         self.vocab_size: int = self.engine.model_config.vocab_size
         self.max_model_len: int = self.engine.max_model_len
         self.served_model_name = served_model_name
@@ -119,33 +121,22 @@ class OpenAIServing:
                 logprobs=logprobs,
                 truncate_prompt_tokens=req.truncate_prompt_tokens,
             )
-        except ValueError as e:
-            raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
+        except ParamError as e:
+            raise bad_request(e.message, e.field) from None
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Tokenize on a worker thread so long prompts do not stall the event loop."""
-        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
+        return await asyncio.to_thread(self.input_processor.tokenize, text, add_special_tokens)
 
-    def prepare_prompt(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt") -> list[int]:
-        """Apply truncate_prompt_tokens and check the prompt fits the context; 400 otherwise.
+    def process_prompt(self, prompt_ids: list[int], params: SamplingParams,
+                       prompt_field: str = "prompt") -> ProcessedPrompt:
+        """Truncate and validate through the engine's InputProcessor; 400 naming the field at fault.
 
         `prompt_field` is the request field a bad prompt is blamed on (`messages` for chat)."""
-        if params.truncate_prompt_tokens is not None:
-            prompt_ids = prompt_ids[-params.truncate_prompt_tokens:]
         try:
-            self.engine.validate_prompt(prompt_ids, params)
-        except ContextLengthError as e:
-            raise bad_request(str(e)) from None
-        except ValueError as e:
-            message = str(e)
-            if message.startswith(("logit_bias", "stop_token_ids")):
-                param: str | None = message.split(" ", 1)[0]
-            elif message.startswith(("prompt", "the prompt")):
-                param = prompt_field
-            else:
-                param = None
-            raise bad_request(message, param) from None
-        return prompt_ids
+            return self.input_processor.process(prompt_ids, params, prompt_field)
+        except ParamError as e:
+            raise bad_request(e.message, e.field) from None
 
     def maybe_log_prompt(self, request_id: str, prompt: Any) -> None:
         """Log the prompt text of a request, only when the operator set --log-prompts."""
@@ -157,7 +148,7 @@ class OpenAIServing:
         log.info("request %s prompt: %s", request_id, text)
 
     # -- running ---------------------------------------------------------------------------------------
-    async def generate(self, request_id: str, prompt_ids: list[int],
+    async def generate(self, request_id: str, prompt: ProcessedPrompt,
                        params: SamplingParams) -> AsyncGenerator[RequestOutput, None]:
         """The engine's outputs for one request. Failures become APIErrors for this request alone.
 
@@ -166,7 +157,7 @@ class OpenAIServing:
         self.state.in_flight.add(request_id)
         try:
             # stream=True even for non-streaming responses: per-step outputs time inter-token latency
-            stream = self.async_engine.generate(request_id, prompt_ids, params, stream=True,
+            stream = self.async_engine.generate(request_id, prompt, params, stream=True,
                                                 timeout=self.request_timeout)
             async with contextlib.aclosing(stream) as outputs:  # type: ignore[type-var]
                 async for out in outputs:
@@ -181,7 +172,7 @@ class OpenAIServing:
         except ValueError as e:  # rejected by the engine at admission
             if self.metrics is not None:
                 self.metrics.on_request_error()
-            raise bad_request(str(e)) from None
+            raise bad_request(str(e), e.field if isinstance(e, ParamError) else None) from None
         finally:
             self.state.in_flight.discard(request_id)
 
