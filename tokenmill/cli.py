@@ -156,6 +156,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--request-timeout", type=_positive_float, default=None,
                    help="seconds a request may run (queue + generation) before it is aborted with a 408 "
                         "(streams: an error event, then [DONE]); default: no limit")
+    g.add_argument("--watchdog-timeout", type=_non_negative_float, default=None,
+                   help="seconds one engine step may take while requests wait; past it the engine is declared "
+                        "stalled: /health answers 503, waiting requests fail, the server exits 1 (default 60; "
+                        "0: no watchdog)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds in-flight requests may take before they are aborted")
     g.add_argument("--cors-origins", default=None, help="comma-separated origins allowed by CORS (default: none)")
@@ -184,6 +188,17 @@ def _positive_float(value: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
     if not number > 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {value!r}")
+    return number
+
+
+def _non_negative_float(value: str) -> float:
+    """argparse type: a number of seconds, 0 or more."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value!r}")
     return number
 
 

@@ -6,8 +6,9 @@ Routes only parse and delegate to the serving classes. `build_app` keeps all sta
 Lifecycle (`run_server`): the port is bound first and answers 503 while the model loads; /health turns
 200 once the app is installed. SIGTERM/SIGINT start a drain: /health and new requests get 503, in-flight
 requests may finish for up to --shutdown-timeout seconds, the rest are aborted (clients get a 503 error),
-then the process exits 0. A second signal exits at once. If the engine thread dies, the process logs why
-and exits 1 within seconds.
+then the process exits 0. A second signal exits at once. If the engine thread dies, or hangs past
+--watchdog-timeout while it has work (AsyncEngine's watchdog), the process logs why and exits 1 within
+seconds.
 
 Guards, outermost first: CORS; the API key (constant-time compare; every route but /health and /metrics
 needs it, /metrics too with --metrics-require-key); the body-size limit (413 past --max-request-bytes,
@@ -39,7 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenmill.config import EngineConfig
-from tokenmill.engine.async_engine import AsyncEngine
+from tokenmill.engine.async_engine import DEFAULT_WATCHDOG_TIMEOUT, AsyncEngine
 from tokenmill.entrypoints.openai.errors import bad_request, error_response, install_error_handlers
 from tokenmill.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse,
@@ -321,7 +322,10 @@ async def _serve(args: argparse.Namespace, config: EngineConfig) -> int:
         killer.start()
 
     # the engine thread loads the model itself, so that one thread does all torch work (async_engine.py)
-    async_engine = AsyncEngine(lambda: LLMEngine(config, False), on_death=on_engine_death)
+    watchdog_timeout = getattr(args, "watchdog_timeout", None)  # None: the default; 0: no watchdog
+    watchdog_timeout = DEFAULT_WATCHDOG_TIMEOUT if watchdog_timeout is None else watchdog_timeout or None
+    async_engine = AsyncEngine(lambda: LLMEngine(config, False), on_death=on_engine_death,
+                               watchdog_timeout=watchdog_timeout)
     try:
         engine = await asyncio.to_thread(async_engine.wait_loaded)
     except Exception as e:  # noqa: BLE001 - a bad model or setting: say why and stop
