@@ -133,9 +133,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tokenmill.entrypoints.openai.api_server import run_server
+    from tokenmill.entrypoints.openai.router import DESCRIPTION, build_router
+    from tokenmill.entrypoints.server.config import ServerConfig
+    from tokenmill.entrypoints.server.lifecycle import run_server
 
-    return run_server(args, engine_config_from_args(args))
+    engine_config = engine_config_from_args(args)
+    return run_server(ServerConfig.from_args(args), engine_config, [build_router], DESCRIPTION)  # the OpenAI API
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:

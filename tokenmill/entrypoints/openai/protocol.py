@@ -4,6 +4,7 @@ Field names follow OpenAI's API, plus the sampling fields vLLM accepts beyond it
 Requests forbid unknown fields (a typo or an unsupported feature is a 400 naming it, never silence).
 Fields that OpenAI defines but this server cannot honour are declared here so the schema shows them, and
 `serving_engine.reject_unsupported` answers 400 when they carry anything but their neutral value.
+The error body (ErrorResponse) is the whole server's, defined in server/errors.py and named here too.
 Most fields are `X | None`: clients often send explicit nulls, which mean "the default".
 
 Requests are validated strictly, as OpenAI does: no type coercion (`"stream": "yes"`, `"n": "2"` or
@@ -20,6 +21,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from tokenmill.entrypoints.server.errors import ErrorInfo, ErrorResponse  # the server's error shape: re-exported
+
 # torch generators take seeds in [-2**63, 2**64); we keep to signed 64-bit.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 
@@ -31,20 +34,6 @@ class _Request(BaseModel):
 
 class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-# -- errors ------------------------------------------------------------------------------------------------
-class ErrorInfo(_Response):
-    message: str
-    type: str
-    param: str | None = None
-    code: int
-
-
-class ErrorResponse(_Response):
-    """OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`."""
-
-    error: ErrorInfo
 
 
 # -- shared request parts ----------------------------------------------------------------------------------
@@ -274,7 +263,3 @@ class TokenizeResponse(_Response):
 
 class DetokenizeResponse(_Response):
     prompt: str
-
-
-class VersionResponse(_Response):
-    version: str

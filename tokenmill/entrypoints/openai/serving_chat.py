@@ -17,7 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from tokenmill.engine.input_processor import ProcessedPrompt
 
-from tokenmill.entrypoints.openai.errors import APIError, bad_request
+from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                                    ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
                                                    ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,

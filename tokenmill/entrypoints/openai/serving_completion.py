@@ -15,7 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from tokenmill.engine.input_processor import ProcessedPrompt
 
-from tokenmill.entrypoints.openai.errors import APIError, bad_request
+from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.entrypoints.openai.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
                                                    CompletionRequest, CompletionResponse)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, merge_streams, sse, sse_error

@@ -1,9 +1,10 @@
 """OpenAIServing: what the completions and chat endpoints share.
 
-Admission (draining, engine death, queue limit), model-name checks, building SamplingParams from request
-fields, tokenizing off the event loop, the engine's InputProcessor (truncate, validate against the
-context: a ParamError's `field` is the error's `param`), running a request with
-client-disconnect detection and the optional per-request deadline, logprob token strings, and SSE framing.
+Admission (the server's, server/admission.py: draining, engine death, queue limit), model-name checks,
+building SamplingParams from request fields, tokenizing off the event loop, the engine's InputProcessor
+(truncate, validate against the context: a ParamError's `field` is the error's `param`), running a
+request with client-disconnect detection and the optional per-request deadline, logprob token strings,
+and SSE framing.
 
 Prompt text is never logged unless the operator asked for it (`log_prompts`, the --log-prompts flag).
 """
@@ -16,15 +17,15 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
 
 from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError, RequestTimeoutError
 from tokenmill.engine.input_processor import ProcessedPrompt
-from tokenmill.entrypoints.openai.errors import APIError, bad_request, error_body
 from tokenmill.entrypoints.openai.protocol import SamplingFields, Usage
+from tokenmill.entrypoints.server.admission import Admission, ServerState
+from tokenmill.entrypoints.server.errors import APIError, bad_request, error_body
 from tokenmill.metrics import ServerMetrics
 from tokenmill.outputs import FinishReason, RequestOutput
 from tokenmill.sampling_params import ParamError, SamplingParams
@@ -36,19 +37,12 @@ _MIN_LOGPROB = -9999.0  # JSON has no -inf: a token with probability 0 reports t
 _MAX_LOGGED_PROMPT_CHARS = 4096  # --log-prompts: longer prompts are cut, with their length noted
 
 
-@dataclass
-class ServerState:
-    """Mutable server lifecycle state shared by the routes (one per app, never module-global)."""
-
-    is_ready: bool = False  # the engine is loaded and the app is serving
-    is_draining: bool = False  # shutting down: admit nothing new
-    in_flight: set[str] = field(default_factory=set)  # engine request ids being served
-
-
 class OpenAIServing:
     def __init__(self, async_engine: AsyncEngine, served_model_name: str, metrics: ServerMetrics | None,
                  state: ServerState, max_waiting_requests: int | None = None, *,
-                 request_timeout: float | None = None, log_prompts: bool = False) -> None:
+                 request_timeout: float | None = None, log_prompts: bool = False,
+                 admission: Admission | None = None) -> None:
+        """`admission`: the app's shared Admission (one is made from `state` and the limit if not given)."""
         self.async_engine = async_engine
         self.engine = async_engine.engine
         self.tokenizer = self.engine.tokenizer
@@ -59,6 +53,7 @@ class OpenAIServing:
         self.metrics = metrics
         self.state = state
         self.max_waiting_requests = max_waiting_requests
+        self.admission = admission or Admission(async_engine, state, max_waiting_requests)
         self.request_timeout = request_timeout  # seconds from admission to the last token; None: no deadline
         self.log_prompts = log_prompts
         self._token_text: dict[int, str] = {}
@@ -72,16 +67,7 @@ class OpenAIServing:
 
     def check_admission(self) -> None:
         """Raise 503 while draining, after engine death, or when too many requests already wait."""
-        if self.state.is_draining:
-            raise APIError(503, "the server is shutting down and admits no new requests")
-        if self.async_engine.is_dead:
-            raise APIError(503, f"the engine has stopped: {self.async_engine.dead_reason}")
-        if self.max_waiting_requests is not None:
-            # requests the engine holds but is not running yet (n > 1 counts once per request)
-            num_waiting = self.async_engine.num_unfinished - self.engine.stats()["num_running"]
-            if num_waiting >= self.max_waiting_requests:
-                raise APIError(503, f"too many requests are waiting ({num_waiting}); retry shortly",
-                               headers={"Retry-After": "1"})
+        self.admission.check()
 
     @staticmethod
     def new_id(prefix: str) -> str:
