@@ -1,6 +1,6 @@
 """The `tokenmill` command: generate, chat, serve, plan, bench. Flags build the same EngineConfig.
 
-The top of the layers: it parses flags and builds the rest. Only the `entrypoints/cli.py` shim imports it.
+The top of the layers: it parses flags and builds the rest; nothing in the package imports it.
 """
 
 from __future__ import annotations
