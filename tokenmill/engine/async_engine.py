@@ -109,6 +109,7 @@ class AsyncEngine:
         # written by the engine thread only: when its current round of work began; None while it is idle
         self._busy_since: float | None = None
         self._stopped = threading.Event()  # shutdown() was called: the watchdog stops too
+        self._death_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="tokenmill-engine", daemon=True)
         self._thread.start()
 
@@ -260,8 +261,12 @@ class AsyncEngine:
             sink(final if final is not None else EngineDeadError("server shutting down"))
 
     def _declare_dead(self, reason: BaseException, err: EngineDeadError) -> None:
-        """Mark the engine dead, fail every waiting caller with `err`, run on_death (either thread)."""
-        self.dead_reason = reason
+        """Mark the engine dead, fail every waiting caller with `err`, run on_death. Either thread may call
+        it (the engine thread dying, the watchdog); only the first call counts."""
+        with self._death_lock:
+            if self.dead_reason is not None:
+                return
+            self.dead_reason = reason
         for sink in list(self._sinks.values()):
             sink(err)
         self._sinks.clear()
