@@ -35,9 +35,9 @@ def read_hf_dir(path: str | os.PathLike[str]) -> HFTokenizerFiles:
     """
     root = Path(path)
     backend = tokenizers.Tokenizer.from_file(str(root / "tokenizer.json"))
-    config = read_json(root / "tokenizer_config.json")
-    gen_config = read_json(root / "generation_config.json")
-    model_config = read_json(root / "config.json")
+    config = _read_json(root / "tokenizer_config.json")
+    gen_config = _read_json(root / "generation_config.json")
+    model_config = _read_json(root / "config.json")
 
     def token_text(value: Any) -> str | None:
         if isinstance(value, Mapping):
@@ -75,12 +75,12 @@ def read_hf_dir(path: str | os.PathLike[str]) -> HFTokenizerFiles:
         eos_token_id=eos_id,
         eog_token_ids=frozenset(eog),
         add_bos=bool(add_bos),
-        chat_template=hf_chat_template(root, config),
+        chat_template=_chat_template(root, config),
         template_tokens={k: v for k, v in template_tokens.items() if v is not None},
     )
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     with open(path, encoding="utf-8") as f:
@@ -88,7 +88,7 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def hf_chat_template(root: Path, config: Mapping[str, Any]) -> str | None:
+def _chat_template(root: Path, config: Mapping[str, Any]) -> str | None:
     """The default chat template of a HF directory (``chat_template.jinja`` wins over the config entry)."""
     jinja_file = root / "chat_template.jinja"
     if jinja_file.is_file():
