@@ -9,11 +9,12 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from tokenmill.config import EngineConfig, parse_size
+from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+Prompt = str | list[int] | ProcessedPrompt  # a ProcessedPrompt: made by llm.engine.input_processor already
 
 
 class LLM:
@@ -36,7 +37,9 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool | None = None) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs come back in input order."""
+        """Generate for every prompt (text, token ids, or a ProcessedPrompt); outputs come back in input order.
+
+        Every prompt is checked before any is queued: a bad one raises ParamError and leaves nothing behind."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
