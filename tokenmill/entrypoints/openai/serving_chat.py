@@ -16,13 +16,12 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from tokenmill.engine.input_processor import ProcessedPrompt
-
-from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                                    ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
                                                    ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,
                                                    ChatTopLogprob)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, sse, sse_error
+from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.outputs import RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import MAX_LOGPROBS, SamplingParams
 from tokenmill.tokenizer.chat_template import ChatTemplateSecurityError
@@ -115,7 +114,8 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request(f"response_format: only type 'text' is supported, got {req.response_format.type!r}",
                               "response_format")
 
-    async def _collect(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams) -> ChatCompletionResponse:
+    async def _collect(self, request_id: str, prompt: ProcessedPrompt,
+                       params: SamplingParams) -> ChatCompletionResponse:
         final: RequestOutput | None = None
         async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
             async for out in outputs:
@@ -173,7 +173,8 @@ class OpenAIServingChat(OpenAIServing):
                             num_completion += len(c.token_ids)
             if include_usage:
                 yield sse(ChatCompletionChunk(id=request_id, created=created, model=self.served_model_name,
-                                              choices=[], usage=self.usage(len(prompt.prompt_token_ids), num_completion)))
+                                              choices=[],
+                                              usage=self.usage(len(prompt.prompt_token_ids), num_completion)))
         except APIError as e:  # headers are sent: the error goes in the stream
             yield sse_error(e)
         yield SSE_DONE

@@ -14,11 +14,10 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from tokenmill.engine.input_processor import ProcessedPrompt
-
-from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.entrypoints.openai.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
                                                    CompletionRequest, CompletionResponse)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, merge_streams, sse, sse_error
+from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import SamplingParams
 
