@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from tokenmill.outputs import CompletionOutput, FinishReason, RequestOutput
 from tokenmill.sampling_params import SamplingParams
-
 from tokenmill.version import __version__
+
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "FinishReason", "__version__"]
 
 if TYPE_CHECKING:

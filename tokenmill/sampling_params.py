@@ -13,6 +13,19 @@ MAX_LOGIT_BIAS = 1024
 MAX_STOP_TOKEN_IDS = 1024
 
 
+class ParamError(ValueError):
+    """A bad input value, with the request field it blames (`None`: no single field).
+
+    `str(error)` is the message a user reads; front ends use `field` (e.g. OpenAI's error `param`) and
+    never parse the message.
+    """
+
+    def __init__(self, field: str | None, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
 @dataclass
 class SamplingParams:
     """Per-request generation settings; the vLLM / OpenAI field names and meanings.
@@ -53,10 +66,10 @@ class SamplingParams:
         self.validate()
 
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the field and the reason for any bad value."""
+        """Raise ParamError naming the field and the reason for any bad value."""
 
         def bad(name: str, why: str) -> None:
-            raise ValueError(f"{name} {why}")
+            raise ParamError(name, f"{name} {why}")
 
         if not 1 <= self.n <= MAX_N:
             bad("n", f"must be between 1 and {MAX_N}, got {self.n}")

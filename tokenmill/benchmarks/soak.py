@@ -323,7 +323,7 @@ def _free_port() -> int:
 
 def start_server(server_args: list[str], log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "tokenmill.entrypoints.cli", "serve", "--port", str(port), *server_args]
+    cmd = [sys.executable, "-m", "tokenmill.cli", "serve", "--port", str(port), *server_args]
     log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -11,6 +11,13 @@ engine's next step) and the caller gets a RequestTimeoutError.
 If the engine thread dies, every waiting caller gets an EngineDeadError, `is_dead` turns True and the
 `on_death` callback runs (the server uses it to exit non-zero).
 
+A watchdog covers an engine thread that hangs instead of dying (a stuck kernel, a deadlock): a monitor
+thread checks that, whenever the engine thread is busy (draining commands or stepping, i.e. it has work),
+it comes round its loop within `watchdog_timeout` seconds. If it does not, the engine is marked stalled
+exactly as if it had died (EngineStalledError: `is_dead`, every waiting caller fails, a critical log line,
+`on_death`); the thread itself cannot be stopped, so if it ever comes back it leaves its loop. The
+engine thread is idle (never "stalled") while it waits for work, and the watchdog starts after loading.
+
 Given a function that builds the LLMEngine instead of an engine, the engine thread builds it (loading
 the weights) before its loop, so one thread does all the torch work. That matters on CPU: OpenMP (GNU
 libgomp) keeps a thread team per thread that ever ran a parallel region, and once it manages more
@@ -23,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -30,6 +38,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.engine.request import RequestStatus
 from tokenmill.outputs import RequestOutput
@@ -37,13 +46,15 @@ from tokenmill.sampling_params import SamplingParams
 
 log = logging.getLogger("tokenmill.engine")
 
+DEFAULT_WATCHDOG_TIMEOUT = 60.0  # seconds one step may take while there is work; far beyond any real step
+
 
 class EngineDeadError(RuntimeError):
     pass
 
 
-class RequestFailedError(RuntimeError):
-    pass
+class EngineStalledError(EngineDeadError):
+    """The engine thread made no progress for `watchdog_timeout` seconds while it had work."""
 
 
 class RequestTimeoutError(RuntimeError):
@@ -57,7 +68,7 @@ class RequestTimeoutError(RuntimeError):
 @dataclass
 class _Add:
     request_id: str
-    prompt: str | list[int]
+    prompt: str | list[int] | ProcessedPrompt
     params: SamplingParams
     stream: bool
     sink: Callable[[RequestOutput | BaseException], None]
@@ -72,9 +83,11 @@ class _Abort:
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine | Callable[[], LLMEngine],
-                 on_death: Callable[[BaseException], None] | None = None) -> None:
+                 on_death: Callable[[BaseException], None] | None = None,
+                 watchdog_timeout: float | None = DEFAULT_WATCHDOG_TIMEOUT) -> None:
         """`engine`: a built LLMEngine, or a function the engine thread calls to build one (see above);
-        then `wait_loaded()` returns it or raises what the build raised."""
+        then `wait_loaded()` returns it or raises what the build raised. `watchdog_timeout`: seconds the
+        engine thread may spend on one round of its loop (a step) while it has work; None: no watchdog."""
         self._build: Callable[[], LLMEngine] | None = None
         self.engine: LLMEngine
         if isinstance(engine, LLMEngine):
@@ -90,6 +103,13 @@ class AsyncEngine:
         self._stop = False
         self.dead_reason: BaseException | None = None
         self.step_hooks: list[Callable[[list[RequestOutput]], None]] = []  # metrics, tests
+        if watchdog_timeout is not None and not watchdog_timeout > 0:
+            raise ValueError(f"watchdog_timeout must be above 0 seconds (or None), got {watchdog_timeout}")
+        self.watchdog_timeout = watchdog_timeout
+        # written by the engine thread only: when its current round of work began; None while it is idle
+        self._busy_since: float | None = None
+        self._stopped = threading.Event()  # shutdown() was called: the watchdog stops too
+        self._death_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="tokenmill-engine", daemon=True)
         self._thread.start()
 
@@ -110,7 +130,7 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         return len(self._sinks)
 
-    async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+    async def generate(self, request_id: str, prompt: str | list[int] | ProcessedPrompt, params: SamplingParams,
                        stream: bool = True, timeout: float | None = None) -> AsyncIterator[RequestOutput]:
         """Yield this request's outputs until the finished one. Cancelling the iteration aborts it.
 
@@ -162,6 +182,7 @@ class AsyncEngine:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop = True
+        self._stopped.set()
         self._commands.put(None)
         self._wake.set()
         self._thread.join(timeout)
@@ -203,10 +224,15 @@ class AsyncEngine:
             finally:
                 self._loaded.set()
         eng = self.engine
+        if self.watchdog_timeout is not None:
+            threading.Thread(target=self._watch, args=(self.watchdog_timeout,), name="tokenmill-watchdog",
+                             daemon=True).start()
         try:
-            while not self._stop:
+            while not self._stop and self.dead_reason is None:  # dead_reason: the watchdog gave up on us
+                self._busy_since = time.monotonic()
                 self._drain_commands()
                 if not eng.has_unfinished_requests():
+                    self._busy_since = None
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
@@ -220,14 +246,13 @@ class AsyncEngine:
                     if sink is not None:
                         sink(out)
         except BaseException as e:  # noqa: BLE001 - the engine is gone; tell everyone why
-            self.dead_reason = e
             log.critical("engine loop died: %s\n%s", e, traceback.format_exc())
-            err = EngineDeadError(f"the engine stopped: {type(e).__name__}: {e}")
-            for sink in list(self._sinks.values()):
-                sink(err)
-            self._sinks.clear()
-            if self.on_death is not None:
-                self.on_death(e)
+            self._declare_dead(e, EngineDeadError(f"the engine stopped: {type(e).__name__}: {e}"))
+            return
+        finally:
+            self._busy_since = None
+        if self.dead_reason is not None:  # stalled, then came back: its callers were failed already
+            log.warning("the engine thread came back after the watchdog declared it stalled; it stops")
             return
         # orderly stop: abort what is left
         for rid in list(self._sinks):
@@ -235,5 +260,42 @@ class AsyncEngine:
             sink = self._sinks.pop(rid)
             sink(final if final is not None else EngineDeadError("server shutting down"))
 
+    def _declare_dead(self, reason: BaseException, err: EngineDeadError) -> None:
+        """Mark the engine dead, fail every waiting caller with `err`, run on_death. Either thread may call
+        it (the engine thread dying, the watchdog); only the first call counts."""
+        with self._death_lock:
+            if self.dead_reason is not None:
+                return
+            self.dead_reason = reason
+        for sink in list(self._sinks.values()):
+            sink(err)
+        self._sinks.clear()
+        if self.on_death is not None:
+            self.on_death(reason)
+
+    # -- watchdog thread -------------------------------------------------------------------------------
+    def _watch(self, timeout: float) -> None:
+        """Declare the engine stalled once one round of its loop has run `timeout` seconds."""
+        interval = min(1.0, timeout / 4)
+        while not self._stopped.wait(interval):
+            if self.dead_reason is not None:
+                return
+            since = self._busy_since
+            if since is None or time.monotonic() - since <= timeout:
+                continue
+            busy_for = time.monotonic() - since
+            err = EngineStalledError(
+                f"the engine made no progress for {busy_for:.1f}s while it had work (the watchdog allows "
+                f"{timeout:g}s per step); it is presumed hung, and {len(self._sinks)} waiting requests were failed")
+            log.critical("engine stalled: %s; the engine thread is at:\n%s", err, _stack_of(self._thread))
+            self._declare_dead(err, err)
+            return
+
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
+
+
+def _stack_of(thread: threading.Thread) -> str:
+    """Where `thread` is now, for the log of a stall."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(no stack: the thread is gone)"

@@ -12,6 +12,8 @@ from typing import Any
 
 from tokenmill.config import EngineConfig, format_size
 from tokenmill.engine.block_manager import BlockManager
+from tokenmill.engine.input_processor import ContextLengthError as ContextLengthError  # re-exported: its old home
+from tokenmill.engine.input_processor import InputProcessor, ProcessedPrompt
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.engine.scheduler import Scheduler, SchedulerConfig
@@ -22,10 +24,6 @@ from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
 log = logging.getLogger("tokenmill")
-
-
-class ContextLengthError(ValueError):
-    """The prompt plus the requested output does not fit the context (vLLM's wording)."""
 
 
 def read_model_header(source: ModelSource) -> tuple[Any, Any]:
@@ -80,6 +78,8 @@ class LLMEngine:
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                             watermark_blocks=max(1, num_blocks // 100)),
             self.block_manager)
+        # the one input path (render, tokenize, truncate, validate), shared with `LLM` and the server
+        self.input_processor = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stop_checker = StopChecker(self.max_model_len, self.output_processor)
         self.requests: dict[str, list[Request]] = {}  # request id -> its sequences (n of them)
@@ -96,44 +96,20 @@ class LLMEngine:
         return self.source.name
 
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        return list(prompt)
+        return self.input_processor.tokenize_prompt(prompt)
 
     def validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> int:
-        """Check the prompt fits; returns the resolved max_tokens. Raises ValueError / ContextLengthError."""
-        V = self.model_config.vocab_size
-        if not prompt_ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        bad = [t for t in prompt_ids if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is out of range [0, {V})")
-        params.validate(V)
-        n_prompt, limit = len(prompt_ids), self.max_model_len
-        if params.max_tokens is None:
-            if n_prompt >= limit:
-                raise ContextLengthError(
-                    f"This model's maximum context length is {limit} tokens. However, your prompt contains "
-                    f"{n_prompt} input tokens, which leaves no room for output tokens. Please reduce the length "
-                    "of the input prompt.")
-            return limit - n_prompt
-        total = n_prompt + params.max_tokens
-        if total > limit:
-            raise ContextLengthError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{params.max_tokens} output tokens and your prompt contains {n_prompt} input tokens, for a "
-                f"total of {total} tokens. Please reduce the length of the input prompt or the number of "
-                "requested output tokens.")
-        return params.max_tokens
+        """Check the prompt fits; returns the resolved max_tokens. Raises ParamError / ContextLengthError."""
+        return self.input_processor.validate(prompt_ids, params)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+    def add_request(self, request_id: str, prompt: str | list[int] | ProcessedPrompt, params: SamplingParams,
                     stream: bool = False, arrival_time: float | None = None) -> None:
+        """Queue a prompt: text, token ids, or a ProcessedPrompt the caller made with `input_processor`
+        for these params (then it is not processed again)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        prompt_ids = self.tokenize_prompt(prompt)
-        if params.truncate_prompt_tokens is not None:
-            prompt_ids = prompt_ids[-params.truncate_prompt_tokens :]
-        max_tokens = self.validate_prompt(prompt_ids, params)
+        processed = self.input_processor.process(prompt, params)
+        prompt_ids, max_tokens = processed.prompt_token_ids, processed.max_tokens
         now = arrival_time or time.monotonic()
         seqs: list[Request] = []
         for i in range(params.n):
@@ -143,7 +119,7 @@ class LLMEngine:
         self.requests[request_id] = seqs
         if params.n > 1:
             self.group_of.update((r.request_id, request_id) for r in seqs)
-        self.output_processor.add(request_id, prompt if isinstance(prompt, str) else None, prompt_ids, seqs, stream)
+        self.output_processor.add(request_id, processed.prompt, prompt_ids, seqs, stream)
         for r in seqs:
             self.scheduler.add(r)
 

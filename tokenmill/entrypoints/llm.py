@@ -9,11 +9,12 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from tokenmill.config import EngineConfig, parse_size
+from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+Prompt = str | list[int] | ProcessedPrompt  # a ProcessedPrompt: made by llm.engine.input_processor already
 
 
 class LLM:
@@ -36,7 +37,9 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool | None = None) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs come back in input order."""
+        """Generate for every prompt (text, token ids, or a ProcessedPrompt); outputs come back in input order.
+
+        Every prompt is checked before any is queued: a bad one raises ParamError and leaves nothing behind."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
@@ -45,8 +48,11 @@ class LLM:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(plist)} SamplingParams")
+        processor = self.engine.input_processor
+        # all of them checked before any runs: a bad prompt leaves nothing queued
+        processed = [processor.process(prompt, p) for prompt, p in zip(prompts, plist)]  # type: ignore[arg-type]
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
-        for rid, prompt, p in zip(ids, prompts, plist):
+        for rid, prompt, p in zip(ids, processed, plist):
             self.engine.add_request(rid, prompt, p)  # type: ignore[arg-type]
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="Generating", unit="req", disable=not (use_tqdm if use_tqdm is not None
@@ -71,9 +77,7 @@ class LLM:
         """Apply the model's chat template to each conversation, then generate."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
-        prompts: list[Prompt] = [
-            self.tokenizer.encode(self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
-                                                                     tools=tools))
-            for c in conversations  # type: ignore[union-attr]
-        ]
+        processor = self.engine.input_processor
+        prompts: list[Prompt] = [processor.render_chat_ids(c, add_generation_prompt, tools)  # type: ignore[arg-type]
+                                 for c in conversations]
         return self.generate(prompts, params, use_tqdm)

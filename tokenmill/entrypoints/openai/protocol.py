@@ -4,7 +4,13 @@ Field names follow OpenAI's API, plus the sampling fields vLLM accepts beyond it
 Requests forbid unknown fields (a typo or an unsupported feature is a 400 naming it, never silence).
 Fields that OpenAI defines but this server cannot honour are declared here so the schema shows them, and
 `serving_engine.reject_unsupported` answers 400 when they carry anything but their neutral value.
+The error body (ErrorResponse) is the whole server's, defined in server/errors.py and named here too.
 Most fields are `X | None`: clients often send explicit nulls, which mean "the default".
+
+Requests are validated strictly, as OpenAI does: no type coercion (`"stream": "yes"`, `"n": "2"` or
+`"max_tokens": 1.0` are 400s), except that an integer is accepted where a number is expected
+(`"temperature": 1`). A system, developer, user or tool message must carry `content`; an assistant turn in
+the history may leave it null.
 """
 
 from __future__ import annotations
@@ -12,32 +18,22 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from tokenmill.entrypoints.server.errors import ErrorInfo, ErrorResponse  # the server's error shape: re-exported
 
 # torch generators take seeds in [-2**63, 2**64); we keep to signed 64-bit.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="null")
+    # strict: no coercion between types (pydantic's strict float still takes an int, as OpenAI does)
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="null", strict=True)
 
 
 class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-# -- errors ------------------------------------------------------------------------------------------------
-class ErrorInfo(_Response):
-    message: str
-    type: str
-    param: str | None = None
-    code: int
-
-
-class ErrorResponse(_Response):
-    """OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`."""
-
-    error: ErrorInfo
 
 
 # -- shared request parts ----------------------------------------------------------------------------------
@@ -86,17 +82,28 @@ class CompletionRequest(SamplingFields):
 class TextPart(BaseModel):
     """One part of a message's content. Only `text` parts are supported; others get a 400."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
 
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = Field(default=None, validate_default=True)  # None: assistant only
     name: str | None = None
     tool_call_id: str | None = None  # tool messages
     tool_calls: list[dict[str, Any]] | None = None  # assistant turns in the history
+
+    @field_validator("content")
+    @classmethod
+    def _content_required(cls, content: str | list[TextPart] | None,
+                          info: ValidationInfo) -> str | list[TextPart] | None:
+        """Only an assistant turn may come without content (OpenAI answers 400 for the others)."""
+        role = info.data.get("role")  # absent when the role itself was invalid: that error is reported
+        if content is None and role is not None and role != "assistant":
+            raise PydanticCustomError("missing", "a {role} message needs content (a string or a list of text parts)",
+                                      {"role": role})
+        return content
 
 
 class ResponseFormat(_Request):
@@ -256,7 +263,3 @@ class TokenizeResponse(_Response):
 
 class DetokenizeResponse(_Response):
     prompt: str
-
-
-class VersionResponse(_Response):
-    version: str

@@ -15,12 +15,13 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from tokenmill.entrypoints.openai.errors import APIError, bad_request
+from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                                    ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
                                                    ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,
                                                    ChatTopLogprob)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, sse, sse_error
+from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.outputs import RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import MAX_LOGPROBS, SamplingParams
 from tokenmill.tokenizer.chat_template import ChatTemplateSecurityError
@@ -63,36 +64,32 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(req, max_tokens, logprobs)
         if not req.messages:
             raise bad_request("messages must not be empty", "messages")
-        prompt_ids = self.prepare_prompt(await self.render(req.messages, req.add_generation_prompt is not False),
-                                         params, "messages")
+        prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt is not False),
+                                     params, "messages")
         self.check_admission()
         request_id = self.new_id("chatcmpl")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages])
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._stream(request_id, prompt_ids, params, include_usage),
+            return StreamingResponse(self._stream(request_id, prompt, params, include_usage),
                                      media_type="text/event-stream")
-        result = await self.until_disconnect(self._collect(request_id, prompt_ids, params), raw_request)
+        result = await self.until_disconnect(self._collect(request_id, prompt, params), raw_request)
         return result if result is not None else Response(status_code=499)
 
     async def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        """Chat template + tokenize, on a worker thread.
+        """Chat template + tokenize (the engine's InputProcessor), on a worker thread.
 
         A template that rejects the conversation (e.g. its `raise_exception`) is a 400 on `messages`; one the
         sandbox refused is the model's fault, not the request's: a 500 that says so.
         """
         plain = messages_for_template(messages)
 
-        def work() -> list[int]:
-            text = self.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
-            return self.tokenizer.encode(text)
-
         try:
-            return await asyncio.to_thread(work)
+            return await asyncio.to_thread(self.input_processor.render_chat_ids, plain, add_generation_prompt)
         except ChatTemplateSecurityError as e:
             raise APIError(500, f"the model's chat template was refused and nothing it attempted ran ({e}); "
                                 "chat cannot be served with this template, completions still work") from None
-        except ValueError as e:  # ChatTemplateError is a ValueError
+        except ValueError as e:  # the template's ParamError on messages
             raise bad_request(str(e), "messages") from None
 
     def check_template(self) -> str | None:
@@ -117,9 +114,10 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request(f"response_format: only type 'text' is supported, got {req.response_format.type!r}",
                               "response_format")
 
-    async def _collect(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> ChatCompletionResponse:
+    async def _collect(self, request_id: str, prompt: ProcessedPrompt,
+                       params: SamplingParams) -> ChatCompletionResponse:
         final: RequestOutput | None = None
-        async with contextlib.aclosing(self.generate(request_id, prompt_ids, params)) as outputs:
+        async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
             async for out in outputs:
                 if out.finished:
                     self.check_finished(out)
@@ -132,9 +130,9 @@ class OpenAIServingChat(OpenAIServing):
                    for c in final.outputs]
         num_completion = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
-                                      usage=self.usage(len(prompt_ids), num_completion))
+                                      usage=self.usage(len(prompt.prompt_token_ids), num_completion))
 
-    async def _stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+    async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
                       include_usage: bool) -> AsyncIterator[bytes]:
         created = int(time.time())
 
@@ -147,7 +145,7 @@ class OpenAIServingChat(OpenAIServing):
         num_completion = 0
         try:
             role_sent = False
-            async with contextlib.aclosing(self.generate(request_id, prompt_ids, params)) as outputs:
+            async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
                 async for out in outputs:
                     if not role_sent:  # with the first output, as vLLM does: a client's TTFT includes prefill
                         role_sent = True
@@ -175,7 +173,8 @@ class OpenAIServingChat(OpenAIServing):
                             num_completion += len(c.token_ids)
             if include_usage:
                 yield sse(ChatCompletionChunk(id=request_id, created=created, model=self.served_model_name,
-                                              choices=[], usage=self.usage(len(prompt_ids), num_completion)))
+                                              choices=[],
+                                              usage=self.usage(len(prompt.prompt_token_ids), num_completion)))
         except APIError as e:  # headers are sent: the error goes in the stream
             yield sse_error(e)
         yield SSE_DONE

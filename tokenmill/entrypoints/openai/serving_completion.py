@@ -13,10 +13,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from tokenmill.entrypoints.openai.errors import APIError, bad_request
+from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
                                                    CompletionRequest, CompletionResponse)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, merge_streams, sse, sse_error
+from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import SamplingParams
 
@@ -35,12 +36,11 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.echo and req.logprobs is not None:
             raise bad_request("echo together with logprobs needs prompt logprobs, which are not supported", "echo")
         params = self.sampling_params(req, req.max_tokens, req.logprobs)
-        prompts = await self._prompt_ids(req.prompt)
-        prompts = [self.prepare_prompt(p, params) for p in prompts]
+        prompts = [self.process_prompt(p, params) for p in await self._prompt_ids(req.prompt)]
         self.check_admission()
         request_id = self.new_id("cmpl")
         self.maybe_log_prompt(request_id, req.prompt)
-        echo = [self.tokenizer.decode(p) for p in prompts] if req.echo else None
+        echo = [self.tokenizer.decode(p.prompt_token_ids) for p in prompts] if req.echo else None
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(self._stream(request_id, prompts, params, echo, include_usage),
@@ -66,12 +66,12 @@ class OpenAIServingCompletion(OpenAIServing):
         raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such lists",
                           "prompt")
 
-    def _engine_streams(self, request_id: str, prompts: list[list[int]],
+    def _engine_streams(self, request_id: str, prompts: list[ProcessedPrompt],
                         params: SamplingParams) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
         return merge_streams([self.generate(rid, p, params) for rid, p in zip(ids, prompts)])
 
-    async def _collect(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
+    async def _collect(self, request_id: str, prompts: list[ProcessedPrompt], params: SamplingParams,
                        echo: list[str] | None) -> CompletionResponse:
         final: dict[int, RequestOutput] = {}
         async with contextlib.aclosing(self._engine_streams(request_id, prompts, params)) as outputs:
@@ -89,9 +89,9 @@ class OpenAIServingCompletion(OpenAIServing):
                     index=p * params.n + c.index, text=(echo[p] if echo else "") + c.text, logprobs=lps,
                     finish_reason=c.finish_reason.value if c.finish_reason else None, stop_reason=c.stop_reason))
         return CompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
-                                  usage=self.usage(sum(len(p) for p in prompts), num_completion))
+                                  usage=self.usage(sum(len(p.prompt_token_ids) for p in prompts), num_completion))
 
-    async def _stream(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
+    async def _stream(self, request_id: str, prompts: list[ProcessedPrompt], params: SamplingParams,
                       echo: list[str] | None, include_usage: bool) -> AsyncIterator[bytes]:
         created = int(time.time())
         n = params.n
@@ -127,7 +127,7 @@ class OpenAIServingCompletion(OpenAIServing):
                             num_completion += len(c.token_ids)
             if include_usage:
                 yield sse(CompletionChunk(id=request_id, created=created, model=self.served_model_name, choices=[],
-                                          usage=self.usage(sum(len(p) for p in prompts), num_completion)))
+                                          usage=self.usage(sum(len(p.prompt_token_ids) for p in prompts), num_completion)))
         except APIError as e:  # headers are sent: the error goes in the stream
             yield sse_error(e)
         yield SSE_DONE

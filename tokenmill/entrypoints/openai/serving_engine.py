@@ -1,8 +1,10 @@
 """OpenAIServing: what the completions and chat endpoints share.
 
-Admission (draining, engine death, queue limit), model-name checks, building SamplingParams from request
-fields, tokenizing off the event loop, validating the prompt against the context, running a request with
-client-disconnect detection and the optional per-request deadline, logprob token strings, and SSE framing.
+Admission (the server's, server/admission.py: draining, engine death, queue limit), model-name checks,
+building SamplingParams from request fields, tokenizing off the event loop, the engine's InputProcessor
+(truncate, validate against the context: a ParamError's `field` is the error's `param`), running a
+request with client-disconnect detection and the optional per-request deadline, logprob token strings,
+and SSE framing.
 
 Prompt text is never logged unless the operator asked for it (`log_prompts`, the --log-prompts flag).
 """
@@ -15,18 +17,18 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
 
 from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError, RequestTimeoutError
-from tokenmill.engine.llm_engine import ContextLengthError
-from tokenmill.entrypoints.openai.errors import APIError, bad_request, error_body
+from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import SamplingFields, Usage
+from tokenmill.entrypoints.server.admission import Admission, ServerState
+from tokenmill.entrypoints.server.errors import APIError, bad_request, error_body
 from tokenmill.metrics import ServerMetrics
 from tokenmill.outputs import FinishReason, RequestOutput
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import ParamError, SamplingParams
 
 log = logging.getLogger("tokenmill.server")
 T = TypeVar("T")
@@ -35,28 +37,23 @@ _MIN_LOGPROB = -9999.0  # JSON has no -inf: a token with probability 0 reports t
 _MAX_LOGGED_PROMPT_CHARS = 4096  # --log-prompts: longer prompts are cut, with their length noted
 
 
-@dataclass
-class ServerState:
-    """Mutable server lifecycle state shared by the routes (one per app, never module-global)."""
-
-    is_ready: bool = False  # the engine is loaded and the app is serving
-    is_draining: bool = False  # shutting down: admit nothing new
-    in_flight: set[str] = field(default_factory=set)  # engine request ids being served
-
-
 class OpenAIServing:
     def __init__(self, async_engine: AsyncEngine, served_model_name: str, metrics: ServerMetrics | None,
                  state: ServerState, max_waiting_requests: int | None = None, *,
-                 request_timeout: float | None = None, log_prompts: bool = False) -> None:
+                 request_timeout: float | None = None, log_prompts: bool = False,
+                 admission: Admission | None = None) -> None:
+        """`admission`: the app's shared Admission (one is made from `state` and the limit if not given)."""
         self.async_engine = async_engine
         self.engine = async_engine.engine
         self.tokenizer = self.engine.tokenizer
+        self.input_processor = self.engine.input_processor
         self.vocab_size: int = self.engine.model_config.vocab_size
         self.max_model_len: int = self.engine.max_model_len
         self.served_model_name = served_model_name
         self.metrics = metrics
         self.state = state
         self.max_waiting_requests = max_waiting_requests
+        self.admission = admission or Admission(async_engine, state, max_waiting_requests)
         self.request_timeout = request_timeout  # seconds from admission to the last token; None: no deadline
         self.log_prompts = log_prompts
         self._token_text: dict[int, str] = {}
@@ -70,16 +67,7 @@ class OpenAIServing:
 
     def check_admission(self) -> None:
         """Raise 503 while draining, after engine death, or when too many requests already wait."""
-        if self.state.is_draining:
-            raise APIError(503, "the server is shutting down and admits no new requests")
-        if self.async_engine.is_dead:
-            raise APIError(503, f"the engine has stopped: {self.async_engine.dead_reason}")
-        if self.max_waiting_requests is not None:
-            # requests the engine holds but is not running yet (n > 1 counts once per request)
-            num_waiting = self.async_engine.num_unfinished - self.engine.stats()["num_running"]
-            if num_waiting >= self.max_waiting_requests:
-                raise APIError(503, f"too many requests are waiting ({num_waiting}); retry shortly",
-                               headers={"Retry-After": "1"})
+        self.admission.check()
 
     @staticmethod
     def new_id(prefix: str) -> str:
@@ -119,33 +107,22 @@ class OpenAIServing:
                 logprobs=logprobs,
                 truncate_prompt_tokens=req.truncate_prompt_tokens,
             )
-        except ValueError as e:
-            raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
+        except ParamError as e:
+            raise bad_request(e.message, e.field) from None
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Tokenize on a worker thread so long prompts do not stall the event loop."""
-        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
+        return await asyncio.to_thread(self.input_processor.tokenize, text, add_special_tokens)
 
-    def prepare_prompt(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt") -> list[int]:
-        """Apply truncate_prompt_tokens and check the prompt fits the context; 400 otherwise.
+    def process_prompt(self, prompt_ids: list[int], params: SamplingParams,
+                       prompt_field: str = "prompt") -> ProcessedPrompt:
+        """Truncate and validate through the engine's InputProcessor; 400 naming the field at fault.
 
         `prompt_field` is the request field a bad prompt is blamed on (`messages` for chat)."""
-        if params.truncate_prompt_tokens is not None:
-            prompt_ids = prompt_ids[-params.truncate_prompt_tokens:]
         try:
-            self.engine.validate_prompt(prompt_ids, params)
-        except ContextLengthError as e:
-            raise bad_request(str(e)) from None
-        except ValueError as e:
-            message = str(e)
-            if message.startswith(("logit_bias", "stop_token_ids")):
-                param: str | None = message.split(" ", 1)[0]
-            elif message.startswith(("prompt", "the prompt")):
-                param = prompt_field
-            else:
-                param = None
-            raise bad_request(message, param) from None
-        return prompt_ids
+            return self.input_processor.process(prompt_ids, params, prompt_field)
+        except ParamError as e:
+            raise bad_request(e.message, e.field) from None
 
     def maybe_log_prompt(self, request_id: str, prompt: Any) -> None:
         """Log the prompt text of a request, only when the operator set --log-prompts."""
@@ -157,7 +134,7 @@ class OpenAIServing:
         log.info("request %s prompt: %s", request_id, text)
 
     # -- running ---------------------------------------------------------------------------------------
-    async def generate(self, request_id: str, prompt_ids: list[int],
+    async def generate(self, request_id: str, prompt: ProcessedPrompt,
                        params: SamplingParams) -> AsyncGenerator[RequestOutput, None]:
         """The engine's outputs for one request. Failures become APIErrors for this request alone.
 
@@ -166,7 +143,7 @@ class OpenAIServing:
         self.state.in_flight.add(request_id)
         try:
             # stream=True even for non-streaming responses: per-step outputs time inter-token latency
-            stream = self.async_engine.generate(request_id, prompt_ids, params, stream=True,
+            stream = self.async_engine.generate(request_id, prompt, params, stream=True,
                                                 timeout=self.request_timeout)
             async with contextlib.aclosing(stream) as outputs:  # type: ignore[type-var]
                 async for out in outputs:
@@ -181,7 +158,7 @@ class OpenAIServing:
         except ValueError as e:  # rejected by the engine at admission
             if self.metrics is not None:
                 self.metrics.on_request_error()
-            raise bad_request(str(e)) from None
+            raise bad_request(str(e), e.field if isinstance(e, ParamError) else None) from None
         finally:
             self.state.in_flight.discard(request_id)
 

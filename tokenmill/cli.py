@@ -1,0 +1,268 @@
+"""The `tokenmill` command: generate, chat, serve, plan, bench. Flags build the same EngineConfig.
+
+The top of the layers: it parses flags and builds the rest; nothing in the package imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from tokenmill.config import EngineConfig, parse_size
+
+
+def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -> None:
+    if positional_model:
+        p.add_argument("model", nargs="?", default="default",
+                       help="a .gguf file, an HF-style directory, or 'default' (SmolLM2-135M-Instruct)")
+    g = p.add_argument_group("engine")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    g.add_argument("--kv-cache-memory", type=str, default=None,
+                   help="KV cache budget, e.g. 2GiB (default: 1/4 of free RAM up to 2GiB on CPU, most of free GPU memory)")
+    g.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, help="sequences per step")
+    g.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
+                   help="token budget per step (prefill chunks + decodes)")
+    g.add_argument("--block-size", type=int, default=EngineConfig.block_size, help="tokens per KV block")
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable automatic prefix caching")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g.add_argument("--dtype", default="auto",
+                   help="auto (bf16 on CUDA and on CPUs with AMX, else fp32), float32, bfloat16, float16")
+    g.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling")
+    g.add_argument("--num-threads", type=int, default=None, help="CPU threads for the model (default: all cores)")
+    g.add_argument("--quantization", choices=["int8"], default=None,
+                   help="int8: weight-only int8 matmuls on CPU, faster for one or a few streams, slower for "
+                        "big batches (default: fp32 weights)")
+
+
+def engine_config_from_args(args: argparse.Namespace, model: str | None = None) -> EngineConfig:
+    return EngineConfig(
+        model=model or args.model, max_model_len=args.max_model_len, kv_cache_memory=parse_size(args.kv_cache_memory),
+        block_size=args.block_size, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_caching, device=args.device, dtype=args.dtype, seed=args.seed,
+        num_threads=args.num_threads, quantization=args.quantization)
+
+
+def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=max_tokens)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--seed-request", dest="request_seed", type=int, default=None, help="per-request sampling seed")
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def sampling_from_args(args: argparse.Namespace) -> Any:
+    from tokenmill.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                          seed=args.request_seed, stop=args.stop)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from tokenmill.entrypoints.llm import LLM
+
+    llm = LLM(**_llm_kwargs(args))
+    params = sampling_from_args(args)
+    prompts: list[Any] = list(args.prompt)
+    if args.chat:
+        prompts = [llm.engine.input_processor.render_chat_ids([{"role": "user", "content": p}]) for p in prompts]
+    if args.stream and len(prompts) == 1:
+        eng = llm.engine
+        eng.add_request("cli-0", prompts[0], params, stream=True)
+        while eng.has_unfinished_requests():
+            for out in eng.step():
+                sys.stdout.write(out.outputs[0].delta_text)
+                sys.stdout.flush()
+        sys.stdout.write("\n")
+        return 0
+    for p, out in zip(args.prompt, llm.generate(prompts, params)):
+        if len(prompts) > 1:
+            print(f"=== {p!r}")
+        print(out.outputs[0].text)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from tokenmill.entrypoints.llm import LLM
+
+    llm = LLM(**_llm_kwargs(args))
+    params = sampling_from_args(args)
+    eng = llm.engine
+    history: list[dict[str, str]] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    print(f"Chatting with {eng.model_name}. Empty line or Ctrl-D to quit; /reset clears the history.")
+    turn = 0
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if not line.strip():
+            return 0
+        if line.strip() == "/reset":
+            history = history[:1] if args.system else []
+            continue
+        history.append({"role": "user", "content": line})
+        ids = eng.input_processor.render_chat_ids(history, add_generation_prompt=True)
+        rid = f"chat-{turn}"
+        turn += 1
+        reply = ""
+        try:
+            eng.add_request(rid, ids, params, stream=True)
+            while eng.has_unfinished_requests():
+                for out in eng.step():
+                    sys.stdout.write(out.outputs[0].delta_text)
+                    sys.stdout.flush()
+                    reply = out.outputs[0].text
+        except KeyboardInterrupt:
+            eng.abort_request(rid)
+        except ValueError as e:  # e.g. the history outgrew the context
+            print(f"error: {e}")
+            history.pop()
+            continue
+        print()
+        history.append({"role": "assistant", "content": reply})
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tokenmill.entrypoints.openai.router import DESCRIPTION, build_router
+    from tokenmill.entrypoints.server.config import ServerConfig
+    from tokenmill.entrypoints.server.lifecycle import run_server
+
+    engine_config = engine_config_from_args(args)
+    return run_server(ServerConfig.from_args(args), engine_config, [build_router], DESCRIPTION)  # the OpenAI API
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (or set "
+                        "TOKENMILL_API_KEY); compared in constant time")
+    g.add_argument("--metrics-require-key", action="store_true",
+                   help="require the API key on /metrics too (by default /metrics is open, for scrapers)")
+    g.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="answer 503 with Retry-After when this many requests already wait (default: no limit)")
+    g.add_argument("--max-request-bytes", type=_size, default="4MiB",
+                   help="largest request body; larger ones get 413 before they are read (default 4MiB; 0: no limit)")
+    g.add_argument("--request-timeout", type=_positive_float, default=None,
+                   help="seconds a request may run (queue + generation) before it is aborted with a 408 "
+                        "(streams: an error event, then [DONE]); default: no limit")
+    g.add_argument("--watchdog-timeout", type=_non_negative_float, default=None,
+                   help="seconds one engine step may take while requests wait; past it the engine is declared "
+                        "stalled: /health answers 503, waiting requests fail, the server exits 1 (default 60; "
+                        "0: no watchdog)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, seconds in-flight requests may take before they are aborted")
+    g.add_argument("--cors-origins", default=None, help="comma-separated origins allowed by CORS (default: none)")
+    g.add_argument("--log-prompts", action="store_true",
+                   help="log each request's prompt text (off by default: logs never contain prompts or outputs)")
+    g.add_argument("--access-log", action="store_true", help="log every HTTP request (off by default)")
+    g.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"])
+
+
+def _size(value: str) -> int:
+    """argparse type: a size such as 4MiB, as bytes."""
+    try:
+        size = parse_size(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if size is None or size < 0:
+        raise argparse.ArgumentTypeError(f"a size must not be negative, got {value!r}")
+    return size
+
+
+def _positive_float(value: str) -> float:
+    """argparse type: a number of seconds above 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value!r}")
+    return number
+
+
+def _non_negative_float(value: str) -> float:
+    """argparse type: a number of seconds, 0 or more."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value!r}")
+    return number
+
+
+def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    cfg = engine_config_from_args(args)
+    return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenmill", description="A small LLM inference server.")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="generate text for one or more prompts (batched)")
+    g.add_argument("prompt", nargs="+", help="prompt text (several prompts run as one batch)")
+    g.add_argument("--model", default="default", help="a .gguf file, an HF-style directory, or 'default'")
+    g.add_argument("--stream", action="store_true", help="print tokens as they come (one prompt)")
+    g.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    add_engine_args(g, positional_model=False)
+    add_sampling_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("chat", help="an interactive chat in the terminal that keeps the history")
+    c.add_argument("--model", default="default", help="a .gguf file, an HF-style directory, or 'default'")
+    c.add_argument("--system", default=None, help="a system prompt")
+    add_engine_args(c, positional_model=False)
+    add_sampling_args(c, max_tokens=512)
+    c.set_defaults(func=cmd_chat)
+
+    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_engine_args(s)
+    add_serve_args(s)
+    s.set_defaults(func=cmd_serve)
+
+    pl = sub.add_parser("plan", help="the memory arithmetic for a model and settings, before loading anything")
+    from tokenmill.entrypoints.plan import add_plan_args, run_plan
+
+    add_plan_args(pl)
+    pl.set_defaults(func=run_plan)
+
+    from tokenmill.benchmarks.commands import add_bench_parser
+    from tokenmill.entrypoints.convert import add_convert_parser
+
+    add_bench_parser(sub)  # bench serve | plot | compare | throughput | latency
+    add_convert_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, NotImplementedError) as e:
+        print(f"tokenmill: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""InputProcessor: the one input path. Render, tokenize, truncate and validate a prompt, once.
+
+The offline `LLM`, `LLMEngine.add_request` and every server front end hand their prompts here; what comes
+back is a ProcessedPrompt (plain data) that the engine trusts as it is, so a prompt the server already
+checked is not checked again on the engine thread.
+
+    text ----------------> tokenize --+
+    token ids ------------------------+--> truncate_prompt_tokens --> validate --> ProcessedPrompt
+    chat messages --> render template +       (keep the last N)        (empty, ids in range,
+                      --> tokenize                                      SamplingParams, context)
+
+Every rejection is a ParamError carrying the request field it blames (`prompt` by default; a caller may
+name another, e.g. `messages` for chat), so front ends never parse error text. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tokenmill.sampling_params import ParamError, SamplingParams
+from tokenmill.tokenizer.chat_template import ChatTemplateError, ChatTemplateSecurityError
+
+if TYPE_CHECKING:
+    from tokenmill.tokenizer.tokenizer import Tokenizer
+
+__all__ = ["ContextLengthError", "InputProcessor", "ParamError", "ProcessedPrompt"]
+
+
+class ContextLengthError(ParamError):
+    """The prompt plus the requested output does not fit the context (vLLM's wording).
+
+    It blames no single field (`field` is None): the prompt and max_tokens are at fault together."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(None, message)
+
+
+@dataclass(frozen=True)
+class ProcessedPrompt:
+    """A prompt ready for the engine: tokenized, truncated, and checked against its SamplingParams."""
+
+    prompt: str | None  # the text, when the prompt was given as text (before truncation); else None
+    prompt_token_ids: list[int]
+    max_tokens: int  # resolved: the request's max_tokens, or the rest of the context when it had none
+
+
+class InputProcessor:
+    """Turns prompts into ProcessedPrompts for one model: its tokenizer, vocabulary and context length."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+
+    # -- the steps ---------------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens)
+
+    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of a text prompt; a token-id prompt is copied as it is."""
+        if isinstance(prompt, str):
+            return self.tokenize(prompt)
+        return list(prompt)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None, field: str = "messages") -> str:
+        """The chat template applied to `messages`.
+
+        A template that rejects the conversation (its `raise_exception`, a missing template) is a ParamError
+        on `field`; ChatTemplateSecurityError (the sandbox refused the template: the model's fault, not the
+        request's) passes through as it is."""
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                      tools=tools)
+        except ChatTemplateSecurityError:
+            raise
+        except ChatTemplateError as e:
+            raise ParamError(field, str(e)) from None
+
+    def render_chat_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                        tools: list[dict[str, Any]] | None = None, field: str = "messages") -> list[int]:
+        """`render_chat`, then tokenize."""
+        return self.tokenize(self.render_chat(messages, add_generation_prompt, tools, field))
+
+    @staticmethod
+    def truncate(prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        """Keep only the last `truncate_prompt_tokens` tokens, when set."""
+        if params.truncate_prompt_tokens is not None:
+            return prompt_ids[-params.truncate_prompt_tokens:]
+        return prompt_ids
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams, field: str = "prompt") -> int:
+        """Check the prompt fits; returns the resolved max_tokens. Raises ParamError / ContextLengthError."""
+        V = self.vocab_size
+        if not prompt_ids:
+            raise ParamError(field, "the prompt is empty: give at least one token")
+        bad = [t for t in prompt_ids if not 0 <= t < V]
+        if bad:
+            raise ParamError(field, f"prompt token id {bad[0]} is out of range [0, {V})")
+        params.validate(V)
+        n_prompt, limit = len(prompt_ids), self.max_model_len
+        if params.max_tokens is None:
+            if n_prompt >= limit:
+                raise ContextLengthError(
+                    f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                    f"{n_prompt} input tokens, which leaves no room for output tokens. Please reduce the length "
+                    "of the input prompt.")
+            return limit - n_prompt
+        total = n_prompt + params.max_tokens
+        if total > limit:
+            raise ContextLengthError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{params.max_tokens} output tokens and your prompt contains {n_prompt} input tokens, for a "
+                f"total of {total} tokens. Please reduce the length of the input prompt or the number of "
+                "requested output tokens.")
+        return params.max_tokens
+
+    # -- the whole path ----------------------------------------------------------------------------------
+    def process(self, prompt: str | list[int] | ProcessedPrompt, params: SamplingParams,
+                field: str = "prompt") -> ProcessedPrompt:
+        """Tokenize (text), truncate and validate. A ProcessedPrompt is returned as it is: it was made by
+        this path for these params already."""
+        if isinstance(prompt, ProcessedPrompt):
+            return prompt
+        prompt_ids = self.truncate(self.tokenize_prompt(prompt), params)
+        max_tokens = self.validate(prompt_ids, params, field)
+        return ProcessedPrompt(prompt if isinstance(prompt, str) else None, prompt_ids, max_tokens)
+
+    def process_chat(self, messages: list[dict[str, Any]], params: SamplingParams, add_generation_prompt: bool = True,
+                     tools: list[dict[str, Any]] | None = None, field: str = "messages") -> ProcessedPrompt:
+        """Render, tokenize, truncate and validate a conversation; errors blame `field`."""
+        ids = self.render_chat_ids(messages, add_generation_prompt, tools, field)
+        return self.process(ids, params, field)

@@ -1,0 +1,76 @@
+"""The OpenAI-compatible routes, as one APIRouter: /v1/models, /v1/completions, /v1/chat/completions, and
+vLLM's /tokenize and /detokenize. Routes only parse and delegate to the serving classes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from tokenmill.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                                                   CompletionResponse, DetokenizeRequest, DetokenizeResponse,
+                                                   ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
+from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat
+from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from tokenmill.entrypoints.server.app import ServerContext
+from tokenmill.entrypoints.server.errors import bad_request
+
+log = logging.getLogger("tokenmill.server")
+
+DESCRIPTION = "An OpenAI-compatible LLM inference server."
+_STREAM: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+
+
+def build_router(ctx: ServerContext) -> APIRouter:
+    """The OpenAI routes over `ctx`'s engine, sharing the app's state, metrics and admission."""
+    engine = ctx.async_engine.engine
+    name = ctx.served_model_name
+    options: dict[str, Any] = {"request_timeout": ctx.config.request_timeout, "log_prompts": ctx.config.log_prompts,
+                               "admission": ctx.admission}
+    completions = OpenAIServingCompletion(ctx.async_engine, name, ctx.metrics, ctx.state,
+                                          ctx.config.max_waiting_requests, **options)
+    chat = OpenAIServingChat(ctx.async_engine, name, ctx.metrics, ctx.state, ctx.config.max_waiting_requests,
+                             **options)
+    template_problem = chat.check_template()
+    if template_problem:
+        log.error("%s", template_problem)
+    created = int(time.time())
+    router = APIRouter()
+
+    @router.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=name, created=created, root=engine.model_name,
+                                         max_model_len=engine.max_model_len)])
+
+    @router.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
+        completions.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise bad_request("give exactly one of prompt and messages", "prompt")
+        if req.messages is not None:
+            ids = await chat.render(req.messages, req.add_generation_prompt is not False)
+        else:
+            ids = await completions.encode(req.prompt or "", req.add_special_tokens is not False)
+        return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len, tokens=ids)
+
+    @router.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:
+        completions.check_model(req.model)
+        vocab = completions.vocab_size
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"tokens: token id {bad} is out of range [0, {vocab})", "tokens")
+        return DetokenizeResponse(prompt=await asyncio.to_thread(engine.tokenizer.decode, req.tokens))
+
+    @router.post("/v1/completions", response_model=CompletionResponse, responses=_STREAM)
+    async def create_completion(req: CompletionRequest, raw_request: Request) -> Any:
+        return await completions.create_completion(req, raw_request)
+
+    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_STREAM)
+    async def create_chat_completion(req: ChatCompletionRequest, raw_request: Request) -> Any:
+        return await chat.create_chat_completion(req, raw_request)
+
+    return router

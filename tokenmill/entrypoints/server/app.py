@@ -1,0 +1,115 @@
+"""build_app: the protocol-neutral app factory. Front ends come in as routers.
+
+    build_app(async_engine, config, routers=[openai.router.build_router, ...])
+        state (ServerState), metrics (ServerMetrics, an engine step hook), admission (Admission)
+        error handlers (the server's error shape), /health, /version, /metrics
+        each router factory(ServerContext) -> APIRouter, mounted in order
+        middleware, outermost first: CORS, API key, body-size limit
+
+All state lives on the app it returns (no module globals), so a test can build several apps around
+engines of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict
+
+from tokenmill.engine.async_engine import AsyncEngine
+from tokenmill.entrypoints.server.admission import Admission, ServerState
+from tokenmill.entrypoints.server.config import ServerConfig
+from tokenmill.entrypoints.server.errors import ErrorResponse, error_response, install_error_handlers
+from tokenmill.entrypoints.server.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
+from tokenmill.metrics import ServerMetrics
+from tokenmill.version import __version__
+
+log = logging.getLogger("tokenmill.server")
+
+# documented on every route; a route adds its own
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": desc}
+    for code, desc in ((400, "Invalid request"), (401, "Missing or wrong API key"), (404, "Unknown model"),
+                       (408, "Past --request-timeout: aborted"), (413, "Body larger than --max-request-bytes"),
+                       (500, "The request failed"), (503, "Draining, loading, or too many waiting requests"))
+}
+
+
+class VersionResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: str
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What a front end's router is built from: the engine, the config, and the app's shared parts."""
+
+    async_engine: AsyncEngine
+    config: ServerConfig
+    served_model_name: str  # config.served_model_name, or the model's own name
+    state: ServerState
+    metrics: ServerMetrics
+    admission: Admission
+
+
+RouterFactory = Callable[[ServerContext], APIRouter]
+
+
+def build_app(async_engine: AsyncEngine, config: ServerConfig | None = None, *, routers: Sequence[RouterFactory] = (),
+              state: ServerState | None = None, description: str = "An LLM inference server.") -> FastAPI:
+    """The app serving `async_engine` with `routers` mounted. Registers its metrics hook on the engine.
+
+    `state`: the lifecycle flags to share with the process (run_server drains through them); by default
+    the app is ready at once."""
+    config = config if config is not None else ServerConfig()
+    engine = async_engine.engine
+    name = config.served_model_name or engine.model_name
+    state = state if state is not None else ServerState(is_ready=True)
+    metrics = ServerMetrics(name, async_engine.stats, log_requests=config.log_requests)
+    async_engine.step_hooks.append(metrics.on_step)
+    context = ServerContext(async_engine, config, name, state, metrics,
+                            Admission(async_engine, state, config.max_waiting_requests))
+
+    app = FastAPI(title="tokenmill", version=__version__, responses=_ERRORS, description=description)
+    app.state.server_state = state
+    app.state.metrics = metrics
+    install_error_handlers(app)
+
+    @app.get("/health", response_class=Response, responses={200: {"description": "Ready (empty body)"},
+                                                            503: {"model": ErrorResponse}})
+    async def health() -> Response:
+        """200 when ready; 503 while loading, draining, or if the engine has died."""
+        if async_engine.is_dead:
+            return error_response(503, f"the engine has stopped: {async_engine.dead_reason}")
+        if not state.is_ready or state.is_draining:
+            return error_response(503, "draining" if state.is_draining else "loading")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> VersionResponse:
+        return VersionResponse(version=__version__)
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    for make_router in routers:
+        app.include_router(make_router(context))
+
+    # each add_middleware wraps the ones before it
+    if config.max_request_bytes is not None:
+        app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes)
+    if config.api_key:
+        exempt = {"/health"} | (set() if config.metrics_require_key else {"/metrics"})
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=frozenset(exempt))
+    if config.cors_origins:  # added last: outermost, so preflights are answered before the key check
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
+                           allow_headers=["*"], allow_credentials=True)
+    return app

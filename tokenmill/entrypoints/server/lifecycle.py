@@ -1,0 +1,160 @@
+"""The server process: `run_server(config, engine_config, routers)`.
+
+The port is bound first and answers 503 while the model loads; /health turns 200 once the app is
+installed. SIGTERM/SIGINT start a drain: /health and new requests get 503, in-flight requests may finish
+for up to `shutdown_timeout` seconds, the rest are aborted (clients get a 503 error), then the process
+exits 0. A second signal exits at once. If the engine thread dies, or hangs past `watchdog_timeout` while
+it has work (AsyncEngine's watchdog), the process logs why and exits 1 within seconds.
+
+Test hook: TOKENMILL_FAULT_AFTER_STEPS=N makes the engine loop raise after N steps (an injected fault, used
+by the test that checks the server exits non-zero when its engine dies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tokenmill.config import EngineConfig
+from tokenmill.engine.async_engine import AsyncEngine
+from tokenmill.entrypoints.server.admission import ServerState
+from tokenmill.entrypoints.server.app import RouterFactory, build_app
+from tokenmill.entrypoints.server.config import ServerConfig
+from tokenmill.entrypoints.server.errors import error_response
+from tokenmill.memory_plan import CacheTooSmallError
+
+log = logging.getLogger("tokenmill.server")
+
+
+class _LoadingGate:
+    """The ASGI app uvicorn serves: 503 for everything until the real app is installed."""
+
+    def __init__(self) -> None:
+        self.app: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.app is not None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "http":
+            await error_response(503, "the model is loading")(scope, receive, send)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server whose first SIGTERM/SIGINT drains instead of stopping; the second stops at once."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.on_first_signal: Any = None  # set once the app is up
+        self.num_signals = 0
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:  # runs in the main thread
+        self.num_signals += 1
+        if self.num_signals == 1 and self.on_first_signal is not None:
+            log.info("got %s: draining", signal.Signals(sig).name)
+            self.on_first_signal()
+        else:
+            self.should_exit = True
+            self.force_exit = self.num_signals > 1
+
+
+async def _drain(server: _Server, async_engine: AsyncEngine, state: ServerState, timeout: float) -> None:
+    """Stop admitting, let in-flight requests finish for up to `timeout` s, abort the rest, stop uvicorn."""
+    state.is_draining = True
+    deadline = time.monotonic() + timeout
+    if state.in_flight:
+        log.info("waiting up to %.0fs for %d in-flight requests", timeout, len(state.in_flight))
+    while state.in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if state.in_flight:
+        log.warning("shutdown timeout: aborting %d requests", len(state.in_flight))
+        for rid in list(state.in_flight):
+            async_engine.abort(rid, "server shutting down")
+        end = time.monotonic() + 2.0
+        while state.in_flight and time.monotonic() < end:  # let their error responses go out
+            await asyncio.sleep(0.05)
+    server.should_exit = True
+
+
+def _install_fault_injection(async_engine: AsyncEngine) -> None:
+    """TOKENMILL_FAULT_AFTER_STEPS=N: the engine loop raises after N steps (tests of engine death)."""
+    value = os.environ.get("TOKENMILL_FAULT_AFTER_STEPS")
+    if not value:
+        return
+    limit, num_steps = int(value), [0]
+
+    def hook(_: object) -> None:
+        num_steps[0] += 1
+        if num_steps[0] > limit:
+            raise RuntimeError(f"injected fault after {limit} engine steps (TOKENMILL_FAULT_AFTER_STEPS)")
+
+    async_engine.step_hooks.insert(0, hook)
+    log.warning("fault injection armed: the engine will fail after %d steps", limit)
+
+
+def run_server(config: ServerConfig, engine_config: EngineConfig, routers: Sequence[RouterFactory],
+               description: str = "An LLM inference server.") -> int:
+    """Serve `routers` until a signal (exit 0) or engine death or stall (exit 1). Returns the exit code."""
+    return asyncio.run(_serve(config, engine_config, routers, description))
+
+
+async def _serve(config: ServerConfig, engine_config: EngineConfig, routers: Sequence[RouterFactory],
+                 description: str) -> int:
+    from tokenmill.engine.llm_engine import LLMEngine
+
+    loop = asyncio.get_running_loop()
+    gate = _LoadingGate()
+    uv_config = uvicorn.Config(gate, host=config.host, port=config.port, log_level=config.log_level,
+                               access_log=config.access_log, lifespan="off", timeout_graceful_shutdown=5,
+                               timeout_keep_alive=5)
+    server = _Server(uv_config)
+    serve_task = asyncio.create_task(server.serve())
+    exit_code = 0
+
+    def on_engine_death(exc: BaseException) -> None:  # engine thread (or the watchdog's)
+        nonlocal exit_code
+        exit_code = 1
+        log.critical("the engine died (%s: %s); exiting", type(exc).__name__, exc)
+        loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+        killer = threading.Timer(10.0, os._exit, (1,))  # if a graceful stop hangs, still exit non-zero
+        killer.daemon = True
+        killer.start()
+
+    # the engine thread loads the model itself, so that one thread does all torch work (async_engine.py)
+    async_engine = AsyncEngine(lambda: LLMEngine(engine_config, False), on_death=on_engine_death,
+                               watchdog_timeout=config.watchdog_timeout)
+    try:
+        engine = await asyncio.to_thread(async_engine.wait_loaded)
+    except Exception as e:  # noqa: BLE001 - a bad model or setting: say why and stop
+        if isinstance(e, CacheTooSmallError):  # the memory plan's verdict, in `tokenmill plan`'s words
+            log.error("memory plan: verdict: cannot work. %s", e)
+        else:
+            log.error("cannot start the engine: %s", e)
+        server.should_exit = True
+        await asyncio.gather(serve_task, return_exceptions=True)
+        return 1
+    if serve_task.done():  # a signal while loading, or uvicorn could not start (e.g. the port is taken)
+        async_engine.shutdown()
+        return 0 if server.num_signals else 1
+    _install_fault_injection(async_engine)
+    state = ServerState()
+    gate.app = build_app(async_engine, config, routers=routers, state=state, description=description)
+    server.on_first_signal = lambda: loop.call_soon_threadsafe(
+        lambda: loop.create_task(_drain(server, async_engine, state, config.shutdown_timeout)))
+    state.is_ready = True
+    log.info("serving %s as %r on http://%s:%d%s", engine.describe(), config.served_model_name or engine.model_name,
+             config.host, config.port, " (API key required)" if config.api_key else "")
+    await serve_task
+    async_engine.shutdown()
+    if exit_code:
+        log.error("exiting with status %d because the engine died", exit_code)
+    return exit_code

@@ -1,0 +1,84 @@
+"""The server's ASGI guards, protocol-neutral. Outermost first (as build_app adds them): CORS; the API key
+(constant-time compare; every route but the exempt ones needs it); the body-size limit (413 past the
+limit, checked against Content-Length before anything is read, and counted as a chunked body arrives).
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tokenmill.entrypoints.server.errors import error_response
+
+
+class APIKeyMiddleware:
+    """401 unless `Authorization: Bearer <key>`; exempt paths (and CORS preflights) pass freely."""
+
+    def __init__(self, app: ASGIApp, api_key: str, exempt: frozenset[str]) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+        self.exempt = exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.exempt and scope["method"] != "OPTIONS":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                await error_response(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")(
+                    scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised from `receive` when a chunked body passes the limit; FastAPI re-raises HTTPExceptions as they are."""
+
+
+class BodySizeLimitMiddleware:
+    """413 in OpenAI's error shape for a body over `max_bytes`, never reading more than the limit.
+
+    A Content-Length over the limit is refused before any of the body is read (uvicorn discards the rest as
+    it arrives); a chunked body is counted as it is received and refused once it passes the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def message(self, num_bytes: int | None) -> str:
+        size = f"{num_bytes} bytes" if num_bytes is not None else "over the limit"
+        return (f"the request body is {size}; this server accepts at most {self.max_bytes} bytes "
+                "(--max-request-bytes)")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(413, self.message(int(declared)))(scope, receive, send)
+            return
+        num_received = 0
+        is_started = False
+
+        async def limited_receive() -> Message:
+            nonlocal num_received
+            message = await receive()
+            if message["type"] == "http.request":
+                num_received += len(message.get("body", b""))
+                if num_received > self.max_bytes:
+                    raise _BodyTooLarge(413, self.message(None))
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal is_started
+            is_started = is_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except _BodyTooLarge as e:  # raised outside FastAPI's body parsing (no route read it): answer here
+            if is_started:
+                raise
+            await error_response(413, str(e.detail))(scope, receive, send)
