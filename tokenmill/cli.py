@@ -161,7 +161,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "(streams: an error event, then [DONE]); default: no limit")
     g.add_argument("--watchdog-timeout", type=_non_negative_float, default=None,
                    help="seconds one engine step may take while requests wait; past it the engine is declared "
-                        "stalled: /health answers 503, waiting requests fail, the server exits 1 (default 60; "
+                        "stalled: /health answers 503, waiting requests fail, the server exits 1 (default 300; "
                         "0: no watchdog)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds in-flight requests may take before they are aborted")

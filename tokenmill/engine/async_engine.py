@@ -46,7 +46,10 @@ from tokenmill.sampling_params import SamplingParams
 
 log = logging.getLogger("tokenmill.engine")
 
-DEFAULT_WATCHDOG_TIMEOUT = 60.0  # seconds one step may take while there is work; far beyond any real step
+# seconds one round of the engine loop (a step) may take while there is work. A healthy step is well under a
+# second for small models, but one 512-token prefill step of an 8B model in fp32 on 2 CPU cores takes about
+# a minute, so the default leaves room for that; --watchdog-timeout tightens it.
+DEFAULT_WATCHDOG_TIMEOUT = 300.0
 
 
 class EngineDeadError(RuntimeError):
