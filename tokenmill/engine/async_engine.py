@@ -11,6 +11,9 @@ engine's next step) and the caller gets a RequestTimeoutError.
 If the engine thread dies, every waiting caller gets an EngineDeadError, `is_dead` turns True and the
 `on_death` callback runs (the server uses it to exit non-zero).
 
+Test hook: TOKENMILL_TEST_STEP_DELAY_S=x makes the loop sleep x seconds after each step (a deliberately
+slow engine, whatever the machine's speed: used by the --request-timeout test).
+
 Given a function that builds the LLMEngine instead of an engine, the engine thread builds it (loading
 the weights) before its loop, so one thread does all the torch work. That matters on CPU: OpenMP (GNU
 libgomp) keeps a thread team per thread that ever ran a parallel region, and once it manages more
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -203,6 +207,7 @@ class AsyncEngine:
             finally:
                 self._loaded.set()
         eng = self.engine
+        step_delay_s = float(os.environ.get("TOKENMILL_TEST_STEP_DELAY_S") or 0)
         try:
             while not self._stop:
                 self._drain_commands()
@@ -219,6 +224,8 @@ class AsyncEngine:
                         self._sinks.pop(out.request_id, None)
                     if sink is not None:
                         sink(out)
+                if step_delay_s:
+                    time.sleep(step_delay_s)
         except BaseException as e:  # noqa: BLE001 - the engine is gone; tell everyone why
             self.dead_reason = e
             log.critical("engine loop died: %s\n%s", e, traceback.format_exc())
