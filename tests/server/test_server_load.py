@@ -114,6 +114,7 @@ def test_disconnect_aborts(server: ServerProcess) -> None:
     other = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", headers=HEADERS, timeout=60,
                                                        json={"prompt": "Hi", "max_tokens": 30, "ignore_eos": True}))
     other.start()
+    t0 = time.monotonic()
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=HEADERS, timeout=60) as r:
         lines = r.iter_lines()
         got = 0
@@ -122,10 +123,12 @@ def test_disconnect_aborts(server: ServerProcess) -> None:
                 got += 1
             if got == 3:
                 break  # leaving the block closes the connection mid-stream
+    # time enough for a request to be admitted and start (10x what 3 tokens took), far from 1000 tokens
+    give_up_s = max(1.0, 10 * (time.monotonic() - t0))
     assert _wait_for(lambda: metrics(server)["tokenmill:request_success_total{abort}"] == before + 1)
     # non-streaming: the client gives up (timeout) and its request is aborted as well
     try:
-        httpx.post(f"{server.url}/v1/completions", headers=HEADERS, timeout=1.0,
+        httpx.post(f"{server.url}/v1/completions", headers=HEADERS, timeout=give_up_s,
                    json={"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True})
     except httpx.TimeoutException:
         pass
