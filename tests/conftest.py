@@ -37,3 +37,13 @@ def llm():
 
     return LLM(progress=False, kv_cache_memory=256 * 2**20, max_model_len=2048, dtype="float32")
 
+
+
+@pytest.fixture(scope="session")
+def small_llm():
+    """The default model with a 256-token context and a 32 MiB cache (fp32): for tests at the context limit,
+    where a prompt as long as the context is cheap, and for in-process apps (schemathesis)."""
+    from tokenmill import LLM
+
+    return LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, max_num_batched_tokens=256,
+               dtype="float32")

@@ -17,7 +17,8 @@ import time
 from conftest import API_KEY
 from server_process import ServerProcess
 
-from tokenmill.benchmarks.soak import SoakReport, checked_variants, compute_expected, make_client, run_soak, wait_idle
+from tokenmill.benchmarks.soak import (SoakReport, checked_variants, compute_expected, make_client, run_soak,
+                                       wait_idle)
 
 MAX_TOKENS = 8
 
