@@ -5,8 +5,8 @@ or chat, streamed or not), no answer may be an error, and afterwards the server 
 no KV blocks. The long version (10,000 requests) is `tokenmill bench soak`.
 
 The clients' hang-up delays are drawn up to the measured time of one batch of requests (the expected
-answers, 32 at once, asked a second time), not a fixed time: on a fast machine a fixed delay would outlast most requests and
-few clients would really hang up; on a slow one every delay is within a request's life either way.
+answers, 32 at once, asked a second time), not a fixed time: on a fast machine a fixed delay would outlast
+most requests and few clients would really hang up; on a slow one every delay is within a request's life.
 """
 
 from __future__ import annotations
