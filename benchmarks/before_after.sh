@@ -22,9 +22,12 @@ lscpu | grep -E "Model name|^CPU\(s\)" > "$OUT/lscpu.txt"
 for f in avx2 avx512f amx_bf16; do grep -qw "$f" /proc/cpuinfo && echo "flag $f: yes" || echo "flag $f: no"; done >> "$OUT/lscpu.txt"
 uptime > "$OUT/load.txt"
 
+cli_of() {  # the CLI module of a checkout (it moved from entrypoints/ to the package top)
+  [[ -f "$1/tokenmill/cli.py" ]] && echo tokenmill.cli || echo tokenmill.entrypoints.cli
+}
 run() {  # run LABEL TREE cmd...
   local label=$1 tree=$2; shift 2
-  (cd "$tree" && PYTHONPATH="$tree" "$PY" -m tokenmill.entrypoints.cli "$@")
+  (cd "$tree" && PYTHONPATH="$tree" "$PY" -m "$(cli_of "$tree")" "$@")
 }
 for round in 1 2; do
   for side in before after; do
@@ -36,10 +39,10 @@ for round in 1 2; do
 done
 for side in before after; do
   tree=$([[ $side == before ]] && echo "$BEFORE" || echo "$AFTER")
-  (cd "$tree" && PYTHONPATH="$tree" exec "$PY" -m tokenmill.entrypoints.cli serve --port "$PORT" \
+  (cd "$tree" && PYTHONPATH="$tree" exec "$PY" -m "$(cli_of "$tree")" serve --port "$PORT" \
      --max-model-len 2048 > "$OUT/server-$side.log" 2>&1) &
   srv=$!
-  "$PY" -m tokenmill.entrypoints.cli bench serve --base-url "http://127.0.0.1:$PORT" --wait-for-server 300 \
+  "$PY" -m tokenmill.cli bench serve --base-url "http://127.0.0.1:$PORT" --wait-for-server 300 \
     --label "$side" --random-input-len 200 --random-output-len 64 --sweep "$LEVELS" --prompts-per-concurrency 2 \
     --min-prompts 8 --num-warmups 2 --result-json "$OUT/serve-$side.json" > "$OUT/serve-$side.txt"
   kill -TERM "$srv"; wait "$srv" || true

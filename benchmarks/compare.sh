@@ -133,7 +133,7 @@ sweep() {  # sweep LABEL: the same load against whatever listens on PORT
     wait_quiet
     # in the background + wait, so a TERM to this script runs the trap at once (bash defers traps
     # until a foreground child exits)
-    "$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench serve --base-url "$BASE_URL" --label "$1" \
+    "$PYTHON" -m tokenmill.cli --log-level warning bench serve --base-url "$BASE_URL" --label "$1" \
         --dataset random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" \
         --sweep "$LEVELS" --prompts-per-concurrency "$PROMPTS_PER_C" --min-prompts "$MIN_PROMPTS" \
         --num-warmups "$NUM_WARMUPS" --seed 0 --tokenizer "$MODEL" --result-dir "$RESULTS_DIR" &
@@ -162,7 +162,7 @@ log "model $MODEL; levels $LEVELS; ${INPUT_LEN} in / ${OUTPUT_LEN} out; $THREADS
 
 if [[ -z "${SKIP_TOKENMILL:-}" ]]; then
     # shellcheck disable=SC2086
-    run_one tokenmill "$PYTHON" -m tokenmill.entrypoints.cli serve "$MODEL" --host 127.0.0.1 --port "$PORT" \
+    run_one tokenmill "$PYTHON" -m tokenmill.cli serve "$MODEL" --host 127.0.0.1 --port "$PORT" \
         --max-num-seqs "$MAXC" --max-model-len "$MAX_MODEL_LEN" --num-threads "$THREADS" ${TOKENMILL_ARGS:-}
 fi
 
@@ -187,7 +187,7 @@ for peer in $PEERS; do
         HF_DIR="$CACHE/hf/$(basename "$MODEL" .gguf)-fp32"
         if [[ ! -f "$HF_DIR/model.safetensors" ]]; then
             log "converting $MODEL to $HF_DIR (fp32, HF names) for vLLM"
-            "$PYTHON" -m tokenmill.entrypoints.cli convert "$MODEL" "$HF_DIR"
+            "$PYTHON" -m tokenmill.cli convert "$MODEL" "$HF_DIR"
         fi
         # VLLM_CPU_KVCACHE_SPACE: GiB of KV cache. vLLM's CPU backend by default pins its compute threads
         # to all cores but one, which it leaves to the API server (on 2 cores: one compute thread);
@@ -217,14 +217,14 @@ if (( ${#JSONS[@]} )); then
              "PROMPTS_PER_C=$PROMPTS_PER_C${SKIP_TOKENMILL:+ SKIP_TOKENMILL=1}${WAIT_QUIET:+ WAIT_QUIET=$WAIT_QUIET}" \
              "benchmarks/compare.sh (summary of every JSON in this directory)"
         echo
-        "$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench compare "${JSONS[@]}" --baseline tokenmill
+        "$PYTHON" -m tokenmill.cli --log-level warning bench compare "${JSONS[@]}" --baseline tokenmill
         if [[ -s "$RESULTS_DIR/contention.log" ]]; then
             echo
             echo "Contention: other processes took >20% of a core at $(wc -l <"$RESULTS_DIR/contention.log")" \
                  "samples (4 s each) during this run: compare contention.log with each JSON's date and duration."
         fi
     } | tee "$RESULTS_DIR/summary.md"
-    "$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench plot "${JSONS[@]}" -o "$RESULTS_DIR/compare.png"
+    "$PYTHON" -m tokenmill.cli --log-level warning bench plot "${JSONS[@]}" -o "$RESULTS_DIR/compare.png"
 fi
 if (( ${#FAILED[@]} )); then
     log "could not run: ${FAILED[*]} (logs in $RESULTS_DIR)"

@@ -19,7 +19,7 @@ RESULTS_DIR="${RESULTS_DIR:-$ROOT/benchmarks/results/$(date +%Y-%m-%d)-offline}"
 MODEL="${MODEL:-$("$PYTHON" -c 'from tokenmill.loader.model_source import default_model_path; print(default_model_path())')}"
 mkdir -p "$RESULTS_DIR"
 PROMPTS="$RESULTS_DIR/prompts.json"
-TM=("$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench throughput --model "$MODEL"
+TM=("$PYTHON" -m tokenmill.cli --log-level warning bench throughput --model "$MODEL"
     --num-prompts "$NUM_PROMPTS" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed "$SEED"
     --num-threads "$THREADS")
 
@@ -28,7 +28,7 @@ TM=("$PYTHON" -m tokenmill.entrypoints.cli --log-level warning bench throughput 
 
 VPY="$(benchmarks/peers/setup_vllm_cpu.sh | tail -1)"
 HF_DIR="$CACHE/hf/$(basename "$MODEL" .gguf)-fp32"
-[[ -f "$HF_DIR/model.safetensors" ]] || "$PYTHON" -m tokenmill.entrypoints.cli convert "$MODEL" "$HF_DIR"
+[[ -f "$HF_DIR/model.safetensors" ]] || "$PYTHON" -m tokenmill.cli convert "$MODEL" "$HF_DIR"
 for dt in $VLLM_DTYPES; do
     VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" VLLM_CPU_OMP_THREADS_BIND="0-$(( THREADS - 1 ))" \
         "$VPY" benchmarks/peers/vllm_offline.py --model "$HF_DIR" --prompts "$PROMPTS" --output-len "$OUTPUT_LEN" \

@@ -9,6 +9,19 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _half_the_cores() -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+    return str(max(1, cores // 2))
+
+
+# The test process (a client, or a reference model) and a server process often compute side by side. With
+# every OpenMP team as wide as the machine, they wait on each other at every barrier: on 2 cores the server
+# tests ran 2-3x slower (the soak 100 s instead of 51 s). So each process gets half the cores, unless the
+# environment says otherwise; server subprocesses inherit this. Set before anything imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", _half_the_cores())
+os.environ.setdefault("TOKENMILL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+
+
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
     from tokenmill.loader.model_source import default_model_path
@@ -24,3 +37,13 @@ def llm():
 
     return LLM(progress=False, kv_cache_memory=256 * 2**20, max_model_len=2048, dtype="float32")
 
+
+
+@pytest.fixture(scope="session")
+def small_llm():
+    """The default model with a 256-token context and a 32 MiB cache (fp32): for tests at the context limit,
+    where a prompt as long as the context is cheap, and for in-process apps (schemathesis)."""
+    from tokenmill import LLM
+
+    return LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, max_num_batched_tokens=256,
+               dtype="float32")

@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.benchmarks.commands import add_bench_parser
     from tokenmill.entrypoints.convert import add_convert_parser
 
-    add_bench_parser(sub)  # bench serve | plot | compare | throughput | latency
+    add_bench_parser(sub)  # bench serve | plot | compare | throughput | latency | soak
     add_convert_parser(sub)
     return parser
 

@@ -55,7 +55,8 @@ def test_eos_ends_with_stop(llm) -> None:
     assert "<|im_end|>" not in o.text
 
 
-def test_context_length_errors(llm) -> None:
+def test_context_length_errors(small_llm) -> None:
+    llm = small_llm  # at a 256-token context: the same limits, a prompt as long as the context is cheap
     limit = llm.engine.max_model_len
     ids = [100] * (limit - 10)
     with pytest.raises(ContextLengthError, match=r"maximum context length is \d+ tokens.*requested 11 output"):

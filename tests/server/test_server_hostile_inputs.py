@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_process import ServerProcess
+from server_process import ServerProcess, rss_bytes
 
 MAX_MODEL_LEN = 256
 VOCAB = 49152  # SmolLM2's vocabulary
@@ -104,14 +104,6 @@ def small_server() -> Iterator[ServerProcess]:
     srv = ServerProcess("--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "64MiB").wait_ready()
     yield srv
     assert srv.stop() == 0, srv.output()
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def assert_openai_error(r: httpx.Response, status: int, message: str, param: str | None = None) -> None:

@@ -15,10 +15,26 @@ import time
 import httpx
 from server_process import ServerProcess, free_port
 
+from tokenmill.benchmarks.soak import server_gauges
+
+
+def _gauges(srv: ServerProcess) -> dict[str, float]:
+    return server_gauges(httpx.get(f"{srv.url}/metrics", timeout=10).text)
+
+
+def _wait_for(cond, timeout: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
+    """Poll `cond` until it holds (True) or `timeout` s pass (False): for states, not for speed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
 
 def test_serve_prints_the_plan_and_refuses_settings_that_cannot_work() -> None:
     flags = ["--kv-cache-memory", "1MiB", "--max-model-len", "2048"]
-    serve = subprocess.run([sys.executable, "-m", "tokenmill.entrypoints.cli", "serve", "--port", str(free_port()),
+    serve = subprocess.run([sys.executable, "-m", "tokenmill.cli", "serve", "--port", str(free_port()),
                             *flags], capture_output=True, text=True, timeout=120)
     out = serve.stdout + serve.stderr
     assert serve.returncode == 1, out
@@ -26,7 +42,7 @@ def test_serve_prints_the_plan_and_refuses_settings_that_cannot_work() -> None:
 
     per_token = "22.5 KiB" if auto_dtype("cpu") == "bfloat16" else "45.0 KiB"  # --dtype auto in both commands
     assert f"memory plan: KV cache: {per_token} per token" in out and "Traceback" not in out, out
-    plan = subprocess.run([sys.executable, "-m", "tokenmill.entrypoints.cli", "plan", *flags], capture_output=True,
+    plan = subprocess.run([sys.executable, "-m", "tokenmill.cli", "plan", *flags], capture_output=True,
                           text=True, timeout=60)
     assert plan.returncode == 1
     verdict = next(line for line in plan.stdout.splitlines() if line.startswith("verdict: cannot work."))
@@ -146,15 +162,15 @@ def test_queue_limit_then_graceful_drain() -> None:
 
     try:
         threads = [threading.Thread(target=stream, args=(n,)) for n in ("a", "b")]
-        for t in threads:  # one runs, one waits
+        for t, gauge in zip(threads, ("num_requests_running", "num_requests_waiting")):  # one runs, one waits
             t.start()
-            time.sleep(0.5)
+            assert _wait_for(lambda: _gauges(srv)[gauge] == 1), _gauges(srv)
         over = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=10)
         assert over.status_code == 503 and over.headers["retry-after"] == "1", over.text
         short = threading.Thread(target=lambda: results.setdefault("short", httpx.post(
             f"{srv.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30).content))
         srv.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        _wait_for(lambda: httpx.get(f"{srv.url}/health", timeout=5).status_code != 200)  # the drain has begun
         assert httpx.get(f"{srv.url}/health", timeout=5).status_code == 503  # draining
         assert httpx.post(f"{srv.url}/v1/completions", json={"prompt": "Hi"}, timeout=5).status_code == 503
         short.start()

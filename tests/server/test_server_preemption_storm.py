@@ -12,22 +12,25 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from app_server import AppServer
 from conftest import API_KEY
 from server_process import ServerProcess
 
 from tokenmill.benchmarks.soak import server_gauges
+from tokenmill.config import EngineConfig
 
 NUM_REQUESTS, MAX_TOKENS = 64, 32
 # 720 KiB per 16-token block for SmolLM2-135M in fp32: 29 MiB is 41 blocks (656 tokens). Each request needs
 # ~3 blocks (a ~12-token prompt and 32 output tokens), so 64 of them want ~190.
-STORM_ARGS = ("--kv-cache-memory", "29MiB", "--max-model-len", "256", "--max-num-seqs", "64")
+STORM_CONFIG = EngineConfig(kv_cache_memory=29 * 2**20, max_model_len=256, max_num_seqs=64, dtype="float32")
 
 
 @pytest.fixture(scope="module")
-def storm_server() -> Iterator[ServerProcess]:
-    srv = ServerProcess(*STORM_ARGS).wait_ready()
+def storm_server() -> Iterator[AppServer]:
+    """In-process (no process behaviour is under test); the ample cache is the shared `server` process."""
+    srv = AppServer(STORM_CONFIG)
     yield srv
-    assert srv.stop() == 0, srv.output()
+    srv.stop()
 
 
 def _bodies() -> list[dict[str, object]]:
@@ -41,7 +44,7 @@ async def _all_at_once(url: str, headers: dict[str, str]) -> list[httpx.Response
         return await asyncio.gather(*(client.post("/v1/completions", json=b) for b in _bodies()))
 
 
-def test_preemption_storm(storm_server: ServerProcess, server: ServerProcess) -> None:
+def test_preemption_storm(storm_server: AppServer, server: ServerProcess) -> None:
     assert "-> 41 blocks" in storm_server.output()
     t0 = time.perf_counter()
     stormy = asyncio.run(_all_at_once(storm_server.url, {}))

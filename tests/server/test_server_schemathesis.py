@@ -1,9 +1,10 @@
 """schemathesis over the whole /openapi.json, in-process: no 5xx, every response conforms to the schema, and
 every 4xx is in OpenAI's error shape.
 
-The app is built around a real (small-context) engine in this process. Each operation is fuzzed with valid
-inputs (positive mode) and, where it takes a body, invalid ones (negative mode). Generated bodies get
-max_tokens capped at 4 so each example costs a few engine steps; everything else is left as generated.
+The app is built around a real (small-context) engine in this process, the session's `small_llm`. Each
+operation is fuzzed with valid inputs (positive mode) and, where it takes a body, invalid ones (negative
+mode). Generated bodies get max_tokens capped at 4 so each example costs a few engine steps; everything else
+is left as generated.
 """
 
 from __future__ import annotations
@@ -43,15 +44,11 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture(scope="module")
-def app_schema() -> Iterator[Any]:
-    from tokenmill.config import EngineConfig
+def app_schema(small_llm: Any) -> Iterator[Any]:
     from tokenmill.engine.async_engine import AsyncEngine
-    from tokenmill.engine.llm_engine import LLMEngine
     from tokenmill.entrypoints.openai.api_server import build_app
 
-    engine = LLMEngine(EngineConfig(max_model_len=256, kv_cache_memory=32 * 2**20, max_num_batched_tokens=256),
-                       progress=False)
-    async_engine = AsyncEngine(engine)
+    async_engine = AsyncEngine(small_llm.engine)  # the session's small engine: max_model_len 256
     app = build_app(async_engine, log_requests=False)
     yield schemathesis.openapi.from_asgi("/openapi.json", app)
     assert not async_engine.is_dead, async_engine.dead_reason

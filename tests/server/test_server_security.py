@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from app_server import AppServer
 from conftest import API_KEY
 from server_process import ServerProcess
 
@@ -63,7 +64,7 @@ def test_scanner_catches_what_it_looks_for() -> None:
 
 
 def test_binds_localhost_by_default() -> None:
-    from tokenmill.entrypoints.cli import build_parser
+    from tokenmill.cli import build_parser
 
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1"
@@ -144,19 +145,22 @@ def write_gguf_with_template(src: Path, dst: Path, template: str) -> None:
 
 @pytest.fixture(scope="module")
 def hostile_template_server(tmp_path_factory: pytest.TempPathFactory,
-                            default_model_path: str) -> Iterator[tuple[ServerProcess, Path]]:
+                            default_model_path: str) -> Iterator[tuple[AppServer, Path]]:
+    """In-process: what is under test is the app and the template sandbox, not the process."""
+    from tokenmill.config import EngineConfig
+
     tmp = tmp_path_factory.mktemp("hostile-gguf")
     canary = tmp / "canary"
     template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
                 f"{{{{ cycler.__init__.__globals__.os.popen('touch {canary}').read() }}}}")
     gguf = tmp / "hostile.gguf"
     write_gguf_with_template(Path(default_model_path), gguf, template)
-    srv = ServerProcess(str(gguf)).wait_ready()
+    srv = AppServer(EngineConfig(model=str(gguf), max_model_len=256, kv_cache_memory=32 * 2**20, dtype="float32"))
     yield srv, canary
-    assert srv.stop() == 0, srv.output()
+    srv.stop()
 
 
-def test_gguf_with_hostile_chat_template(hostile_template_server: tuple[ServerProcess, Path]) -> None:
+def test_gguf_with_hostile_chat_template(hostile_template_server: tuple[AppServer, Path]) -> None:
     srv, canary = hostile_template_server
     assert "chat template was refused" in srv.output()  # reported at start
     with httpx.Client(base_url=srv.url, timeout=60) as client:

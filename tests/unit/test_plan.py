@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tokenmill.entrypoints.cli import main
+from tokenmill.cli import main
 
 
 def test_plan_default_model_works(capsys) -> None:

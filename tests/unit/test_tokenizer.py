@@ -147,9 +147,10 @@ def test_attributes(tok: Tokenizer) -> None:
 
 
 def test_from_gguf_is_fast(metadata: dict[str, Any]) -> None:
-    start = time.perf_counter()
+    # CPU time, not wall time: on a busy machine the wall clock also counts time spent waiting for a core
+    start = time.process_time()
     Tokenizer.from_gguf(metadata)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 def test_bos_added_once(metadata: dict[str, Any]) -> None:

@@ -10,12 +10,15 @@ carries only `role: assistant`; some servers send it before the prompt is even p
 count as the first token (vLLM's benchmark counts any frame with choices; on servers that send the role
 frame with the first token, the two agree). Output token counts come from the final usage frame
 (`stream_options.include_usage`); without one, token chunks are counted.
+
+`SSEStream` and `chunk_text` are the SSE parsing that `bench serve` and `bench soak` share.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +62,29 @@ def build_payload(sample: SampleRequest, endpoint: str, model: str, extra: dict[
     return body
 
 
-def _chunk_text(choice: dict[str, Any]) -> str:
+class SSEStream:
+    """The JSON payloads of a streamed response's `data:` frames, in order, up to `data: [DONE]`.
+
+    `async for msg in SSEStream(resp)`; afterwards `is_done` tells whether the stream ended with [DONE]
+    (a server that dies or hangs up mid-stream leaves it False). Lines that are not `data:` are skipped.
+    """
+
+    def __init__(self, resp: httpx.Response) -> None:
+        self.resp = resp
+        self.is_done = False
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        async for line in self.resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                self.is_done = True
+                return
+            yield json.loads(data)
+
+
+def chunk_text(choice: dict[str, Any]) -> str:
     """Generated text in one streamed choice (completions `text`, chat `delta.content`/reasoning)."""
     if "text" in choice:
         return choice.get("text") or ""
@@ -83,21 +108,15 @@ async def send_request(client: httpx.AsyncClient, url: str, body: dict[str, Any]
                 raw = await resp.aread()
                 res.error = f"HTTP {resp.status_code}: {raw[:300].decode(errors='replace')}"
                 return res
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
+            async for msg in SSEStream(resp):
                 now = time.perf_counter()
-                msg = json.loads(data)
                 if "error" in msg and not msg.get("choices"):
                     res.error = f"stream error: {json.dumps(msg['error'])[:300]}"
                     return res
                 if msg.get("usage"):
                     usage = msg["usage"]
                 for choice in msg.get("choices") or ():
-                    text = _chunk_text(choice)
+                    text = chunk_text(choice)
                     if not text:
                         continue
                     if num_chunks == 0:

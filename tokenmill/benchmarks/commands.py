@@ -1,4 +1,4 @@
-"""`tokenmill bench ...`: registers serve, plot, compare, throughput and latency on the CLI.
+"""`tokenmill bench ...`: registers serve, soak, plot, compare, throughput and latency on the CLI.
 
 Imports of the benchmark modules happen when a command runs, so `tokenmill --help` stays fast.
 """
@@ -15,6 +15,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from tokenmill.benchmarks.serve import cmd_bench_serve
 
     return cmd_bench_serve(args)
+
+
+def _cmd_soak(args: argparse.Namespace) -> int:
+    from tokenmill.benchmarks.soak import cmd_bench_soak
+
+    return cmd_bench_soak(args)
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
@@ -79,18 +85,39 @@ def _offline_args(p: argparse.ArgumentParser, output_len: int) -> None:
     p.add_argument("--result-json", default=None, help="write the result here")
 
 
+def add_soak_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `tokenmill bench soak` (here, not in soak.py, which needs httpx: a `bench` extra)."""
+    p.add_argument("--url", default=None, help="target a running server (default: start one)")
+    p.add_argument("--server-args", default="--max-num-seqs 64", help="flags for the server it starts")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--num-requests", type=int, default=10_000)
+    p.add_argument("--warmup-requests", type=int, default=500, help="sent first; RSS is compared from there")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--disconnect-fraction", type=float, default=0.3)
+    p.add_argument("--random-fraction", type=float, default=0.5, help="share with random sampling parameters")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rss-interval", type=float, default=10.0, help="seconds between RSS samples")
+    p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
+
+
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Register `tokenmill bench {serve,plot,compare,throughput,latency}`."""
+    """Register `tokenmill bench {serve,soak,plot,compare,throughput,latency}`."""
     from tokenmill.benchmarks.compare import add_compare_args
     from tokenmill.benchmarks.plot import add_plot_args
     from tokenmill.benchmarks.serve import add_serve_bench_args
 
-    b = sub.add_parser("bench", help="benchmarks: serve (load test a server), plot, compare, throughput, latency")
+    b = sub.add_parser("bench", help="benchmarks: serve (load test a server), soak, plot, compare, throughput, "
+                                     "latency")
     bsub = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
 
     s = bsub.add_parser("serve", help="load-test an OpenAI-compatible server (TTFT, TPOT, ITL, throughput)")
     add_serve_bench_args(s)
     s.set_defaults(func=_cmd_serve)
+
+    k = bsub.add_parser("soak", help="many requests with random hang-ups, every answer checked, the server left idle")
+    add_soak_args(k)
+    k.set_defaults(func=_cmd_soak)
 
     p = bsub.add_parser("plot", help="plot TTFT and throughput vs concurrency from result JSONs")
     add_plot_args(p)

@@ -1,6 +1,6 @@
 """Soak: many requests at a fixed concurrency, clients hanging up at random moments, every answer checked.
 
-    python -m tokenmill.benchmarks.soak --num-requests 10000 --concurrency 64 --out benchmarks/results/soak
+    tokenmill bench soak --num-requests 10000 --concurrency 64 --out benchmarks/results/soak
 
 Each request is one of a small set of *checked* variants (a prompt, completions or chat, greedy or seeded:
 outputs that do not depend on what else runs, so the expected text is computed once up front) or, with
@@ -9,9 +9,10 @@ finish reason, usage within max_tokens). Streaming or not is chosen at random, a
 of the clients give up after a random delay (while queued, in prefill or mid-stream). At the end the
 server must be idle: no running or waiting requests and no KV blocks in use.
 
-The main program starts its own server (or targets --url), records its RSS at start, after warm-up and at
-the end, and writes `<out>.json` and `<out>.md`. `run_soak` is also what tests/server/test_server_soak.py
-runs (500 requests).
+The command starts its own server (tokenmill.benchmarks.server_process, as the tests do) or targets --url,
+records the server's RSS at start, after warm-up and at the end, and writes `<out>.json` and `<out>.md`.
+Streams are read with the bench's SSE client (tokenmill.benchmarks.client). `run_soak` is also what
+tests/server/test_server_soak.py runs (500 requests).
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import platform
 import random
 import shlex
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tokenmill.benchmarks.client import SSEStream, chunk_text
+from tokenmill.benchmarks.server_process import ServerProcess
 
 PROMPTS = ("The capital of France is", "Once upon a time,", "def fibonacci(n):", "The three primary colors are",
            "Water boils at", "My favourite book is", "In 1969, astronauts", "The quick brown fox")
@@ -156,20 +159,14 @@ async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], s
             data = json.loads(await r.aread())
             ans.error = str(data.get("error", {}).get("message", data))
             return ans
-        is_done = False
-        async for line in r.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                is_done = True
-                break
-            chunk = json.loads(line[6:])
+        chunks = SSEStream(r)
+        async for chunk in chunks:
             if "error" in chunk:  # an error after the headers went out
                 ans.status = int(chunk["error"].get("code", 500))
                 ans.error = chunk["error"]["message"]
                 continue
             for c in chunk["choices"]:
-                text = (c["delta"].get("content") or "") if endpoint == "chat" else c["text"]
+                text = chunk_text(c)
                 if text and ans.ttft is None:
                     ans.ttft = time.perf_counter() - t0
                 ans.texts[c["index"]] = ans.texts.get(c["index"], "") + text
@@ -177,7 +174,7 @@ async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], s
                     ans.finish_reasons[c["index"]] = c["finish_reason"]
             if chunk.get("usage"):
                 ans.num_completion_tokens = chunk["usage"]["completion_tokens"]
-        if not is_done and ans.status == 200:
+        if not chunks.is_done and ans.status == 200:
             ans.status, ans.error = 0, "the stream ended without [DONE]"
     return ans
 
@@ -307,40 +304,6 @@ def make_client(url: str, concurrency: int, api_key: str | None = None) -> httpx
 
 
 # -- the program -----------------------------------------------------------------------------------------
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(server_args: list[str], log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "tokenmill.cli", "serve", "--port", str(port), *server_args]
-    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}; see {log_path}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise TimeoutError(f"the server was not healthy in 300s; see {log_path}")
-
-
 def markdown(result: dict[str, Any]) -> str:
     r, rss = result["report"], result["rss_mib"]
     rows = [
@@ -376,17 +339,18 @@ def _ms(value: float | None) -> str:
 
 
 async def _amain(args: argparse.Namespace) -> dict[str, Any]:
-    proc = None
+    srv = None
     log_path = Path(tempfile.gettempdir()) / f"tokenmill-soak-{os.getpid()}.log"
     if args.url:
         url = args.url
     else:
-        proc, url = start_server(shlex.split(args.server_args), log_path)
+        srv = ServerProcess(*shlex.split(args.server_args), log_path=log_path).wait_ready(300)
+        url = srv.url
         print(f"server on {url}, log {log_path}", flush=True)
     try:
         rss: dict[str, float] = {}
-        if proc:
-            rss["start"] = rss_bytes(proc.pid) / 2**20
+        if srv:
+            rss["start"] = srv.rss_bytes() / 2**20
         done = [0]
 
         def progress(_: int) -> None:
@@ -401,16 +365,16 @@ async def _amain(args: argparse.Namespace) -> dict[str, Any]:
                       "expected": expected, "disconnect_fraction": args.disconnect_fraction,
                       "random_fraction": args.random_fraction}
             warm = await run_soak(client, num_requests=args.warmup_requests, seed=args.seed + 1, **common)
-            if proc:
-                rss["after_warmup"] = rss_bytes(proc.pid) / 2**20
+            if srv:
+                rss["after_warmup"] = srv.rss_bytes() / 2**20
             print(f"warm-up done: {warm.num_completed} completed, RSS {rss.get('after_warmup', 0):.0f} MiB",
                   flush=True)
             samples: list[tuple[float, int, float]] = []  # (seconds, requests answered, RSS MiB)
 
             async def sample_rss() -> None:
                 t0 = time.monotonic()
-                while proc:
-                    samples.append((round(time.monotonic() - t0, 1), done[0], rss_bytes(proc.pid) / 2**20))
+                while srv:
+                    samples.append((round(time.monotonic() - t0, 1), done[0], srv.rss_bytes() / 2**20))
                     await asyncio.sleep(args.rss_interval)
 
             sampler = asyncio.create_task(sample_rss())
@@ -418,41 +382,29 @@ async def _amain(args: argparse.Namespace) -> dict[str, Any]:
                                     **common)
             sampler.cancel()
             report.final_gauges = await wait_idle(client)
-        if proc:
-            rss["end"] = rss_bytes(proc.pid) / 2**20
+        if srv:
+            rss["end"] = srv.rss_bytes() / 2**20
             # the second half of the run against the first: a leak keeps growing, a cache being paged in does not
             half = [r for _, _, r in samples[len(samples) // 2:]]
             rss["max_first_half"] = max((r for _, _, r in samples[:len(samples) // 2]), default=float("nan"))
             rss["max_second_half"] = max(half, default=float("nan"))
-        growth = (rss["end"] / rss["after_warmup"] - 1) * 100 if proc else float("nan")
+        growth = (rss["end"] / rss["after_warmup"] - 1) * 100 if srv else float("nan")
         return {"report": asdict(report), "rss_mib": rss, "rss_growth_after_warmup_pct": growth,
                 "rss_samples": samples,
                 "warmup": {"num_requests": warm.num_requests, "num_completed": warm.num_completed,
                            "errors_by_status": warm.errors_by_status},
                 "server_args": args.server_args}
     finally:
-        if proc:
-            proc.terminate()
-            proc.wait(60)
+        if srv:
+            srv.stop(60)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tokenmill.benchmarks.soak", description=__doc__.split("\n")[0])
-    p.add_argument("--url", default=None, help="target a running server (default: start one)")
-    p.add_argument("--server-args", default="--max-num-seqs 64", help="flags for the server it starts")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--num-requests", type=int, default=10_000)
-    p.add_argument("--warmup-requests", type=int, default=500, help="sent first; RSS is compared from there")
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--disconnect-fraction", type=float, default=0.3)
-    p.add_argument("--random-fraction", type=float, default=0.5, help="share with random sampling parameters")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rss-interval", type=float, default=10.0, help="seconds between RSS samples")
-    p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
-    args = p.parse_args(argv)
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    """Run the soak; 0 when every answer was right, nothing failed and no KV block was left in use."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     result = asyncio.run(_amain(args))
-    result["command"] = "python -m tokenmill.benchmarks.soak " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    own_args = sys.argv[3:] if sys.argv[1:3] == ["bench", "soak"] else sys.argv[1:]
+    result["command"] = "tokenmill bench soak " + " ".join(shlex.quote(a) for a in own_args)
     result["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     result["date"] = time.strftime("%Y-%m-%d %H:%M")
     md = markdown(result)
@@ -465,6 +417,14 @@ def main(argv: list[str] | None = None) -> int:
     ok = report["num_wrong"] == 0 and not report["errors_by_status"] and report["final_gauges"].get(
         "kv_cache_usage_perc") == 0
     return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tokenmill.benchmarks.commands import add_soak_args
+
+    p = argparse.ArgumentParser(prog="tokenmill bench soak", description=__doc__.split("\n")[0])
+    add_soak_args(p)
+    return cmd_bench_soak(p.parse_args(argv))
 
 
 if __name__ == "__main__":

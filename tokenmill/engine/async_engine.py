@@ -18,6 +18,9 @@ exactly as if it had died (EngineStalledError: `is_dead`, every waiting caller f
 `on_death`); the thread itself cannot be stopped, so if it ever comes back it leaves its loop. The
 engine thread is idle (never "stalled") while it waits for work, and the watchdog starts after loading.
 
+Test hook: TOKENMILL_TEST_STEP_DELAY_S=x makes the loop sleep x seconds after each step (a deliberately
+slow engine, whatever the machine's speed: used by the --request-timeout test).
+
 Given a function that builds the LLMEngine instead of an engine, the engine thread builds it (loading
 the weights) before its loop, so one thread does all the torch work. That matters on CPU: OpenMP (GNU
 libgomp) keeps a thread team per thread that ever ran a parallel region, and once it manages more
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import sys
 import threading
@@ -230,6 +234,7 @@ class AsyncEngine:
         if self.watchdog_timeout is not None:
             threading.Thread(target=self._watch, args=(self.watchdog_timeout,), name="tokenmill-watchdog",
                              daemon=True).start()
+        step_delay_s = float(os.environ.get("TOKENMILL_TEST_STEP_DELAY_S") or 0)
         try:
             while not self._stop and self.dead_reason is None:  # dead_reason: the watchdog gave up on us
                 self._busy_since = time.monotonic()
@@ -248,6 +253,8 @@ class AsyncEngine:
                         self._sinks.pop(out.request_id, None)
                     if sink is not None:
                         sink(out)
+                if step_delay_s:
+                    time.sleep(step_delay_s)
         except BaseException as e:  # noqa: BLE001 - the engine is gone; tell everyone why
             log.critical("engine loop died: %s\n%s", e, traceback.format_exc())
             self._declare_dead(e, EngineDeadError(f"the engine stopped: {type(e).__name__}: {e}"))
