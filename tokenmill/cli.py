@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from tokenmill.config import EngineConfig, parse_size
@@ -156,10 +157,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="answer 503 with Retry-After when this many requests already wait (default: no limit)")
     g.add_argument("--max-request-bytes", type=_size, default="4MiB",
                    help="largest request body; larger ones get 413 before they are read (default 4MiB; 0: no limit)")
-    g.add_argument("--request-timeout", type=_positive_float, default=None,
+    g.add_argument("--request-timeout", type=_seconds(allow_zero=False), default=None,
                    help="seconds a request may run (queue + generation) before it is aborted with a 408 "
                         "(streams: an error event, then [DONE]); default: no limit")
-    g.add_argument("--watchdog-timeout", type=_non_negative_float, default=None,
+    g.add_argument("--watchdog-timeout", type=_seconds(allow_zero=True), default=None,
                    help="seconds one engine step may take while requests wait; past it the engine is declared "
                         "stalled: /health answers 503, waiting requests fail, the server exits 1 (default 300; "
                         "0: no watchdog)")
@@ -183,26 +184,19 @@ def _size(value: str) -> int:
     return size
 
 
-def _positive_float(value: str) -> float:
-    """argparse type: a number of seconds above 0."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {value!r}")
-    return number
+def _seconds(allow_zero: bool) -> Callable[[str], float]:
+    """argparse type: a number of seconds, above 0 (or 0 and more with `allow_zero`)."""
 
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+        if not (number >= 0 if allow_zero else number > 0):
+            raise argparse.ArgumentTypeError(f"must {'not be negative' if allow_zero else 'be above 0'}, got {value!r}")
+        return number
 
-def _non_negative_float(value: str) -> float:
-    """argparse type: a number of seconds, 0 or more."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value!r}")
-    return number
+    return parse
 
 
 def _llm_kwargs(args: argparse.Namespace) -> dict[str, Any]:

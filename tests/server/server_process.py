@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from tokenmill.benchmarks.server_process import ServerProcess as _ServerProcess
 from tokenmill.benchmarks.server_process import free_port, rss_bytes
 
-__all__ = ["MODEL_ARGS", "ServerProcess", "free_port", "rss_bytes"]
+__all__ = ["MODEL_ARGS", "ServerProcess", "free_port", "rss_bytes", "wait_for"]
 
 MODEL_ARGS = ["--kv-cache-memory", "256MiB", "--max-model-len", "2048"]
 # fp32 unless a test asks otherwise: HTTP outputs are compared exactly with the offline fp32 `llm` and
@@ -18,3 +21,13 @@ class ServerProcess(_ServerProcess):
 
     def __init__(self, *extra_args: str, env: dict[str, str] | None = None) -> None:
         super().__init__(*MODEL_ARGS, *([] if "--dtype" in extra_args else DEFAULT_DTYPE), *extra_args, env=env)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 60.0) -> bool:
+    """Poll `cond` until it holds (True) or `timeout` s pass (False): for states, not for speed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False

@@ -13,23 +13,13 @@ import threading
 import time
 
 import httpx
-from server_process import ServerProcess, free_port
+from server_process import ServerProcess, free_port, wait_for
 
 from tokenmill.benchmarks.soak import server_gauges
 
 
 def _gauges(srv: ServerProcess) -> dict[str, float]:
     return server_gauges(httpx.get(f"{srv.url}/metrics", timeout=10).text)
-
-
-def _wait_for(cond, timeout: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    """Poll `cond` until it holds (True) or `timeout` s pass (False): for states, not for speed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_serve_prints_the_plan_and_refuses_settings_that_cannot_work() -> None:
@@ -164,13 +154,13 @@ def test_queue_limit_then_graceful_drain() -> None:
         threads = [threading.Thread(target=stream, args=(n,)) for n in ("a", "b")]
         for t, gauge in zip(threads, ("num_requests_running", "num_requests_waiting")):  # one runs, one waits
             t.start()
-            assert _wait_for(lambda: _gauges(srv)[gauge] == 1), _gauges(srv)
+            assert wait_for(lambda: _gauges(srv)[gauge] == 1), _gauges(srv)
         over = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=10)
         assert over.status_code == 503 and over.headers["retry-after"] == "1", over.text
         short = threading.Thread(target=lambda: results.setdefault("short", httpx.post(
             f"{srv.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30).content))
         srv.proc.send_signal(signal.SIGTERM)
-        _wait_for(lambda: httpx.get(f"{srv.url}/health", timeout=5).status_code != 200)  # the drain has begun
+        wait_for(lambda: httpx.get(f"{srv.url}/health", timeout=5).status_code != 200)  # the drain has begun
         assert httpx.get(f"{srv.url}/health", timeout=5).status_code == 503  # draining
         assert httpx.post(f"{srv.url}/v1/completions", json={"prompt": "Hi"}, timeout=5).status_code == 503
         short.start()

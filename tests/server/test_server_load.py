@@ -11,7 +11,7 @@ import time
 import httpx
 from conftest import API_KEY
 from prometheus_client.parser import text_string_to_metric_families
-from server_process import ServerProcess
+from server_process import ServerProcess, wait_for
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -98,15 +98,6 @@ def test_32_concurrent_streams_and_health(server: ServerProcess) -> None:
     assert max(latencies) < bound, f"slowest /health took {max(latencies) * 1000:.0f} ms (bound {bound * 1000:.0f} ms)"
 
 
-def _wait_for(cond, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_disconnect_aborts(server: ServerProcess) -> None:
     before = metrics(server)["tokenmill:request_success_total{abort}"]
     body = {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True, "stream": True}
@@ -125,14 +116,14 @@ def test_disconnect_aborts(server: ServerProcess) -> None:
                 break  # leaving the block closes the connection mid-stream
     # time enough for a request to be admitted and start (10x what 3 tokens took), far from 1000 tokens
     give_up_s = max(1.0, 10 * (time.monotonic() - t0))
-    assert _wait_for(lambda: metrics(server)["tokenmill:request_success_total{abort}"] == before + 1)
+    assert wait_for(lambda: metrics(server)["tokenmill:request_success_total{abort}"] == before + 1)
     # non-streaming: the client gives up (timeout) and its request is aborted as well
     try:
         httpx.post(f"{server.url}/v1/completions", headers=HEADERS, timeout=give_up_s,
                    json={"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True})
     except httpx.TimeoutException:
         pass
-    assert _wait_for(lambda: metrics(server)["tokenmill:request_success_total{abort}"] == before + 2)
+    assert wait_for(lambda: metrics(server)["tokenmill:request_success_total{abort}"] == before + 2)
     other.join()
-    assert _wait_for(lambda: metrics(server)["tokenmill:kv_cache_usage_perc"] == 0.0
+    assert wait_for(lambda: metrics(server)["tokenmill:kv_cache_usage_perc"] == 0.0
                      and metrics(server)["tokenmill:num_requests_running"] == 0)
