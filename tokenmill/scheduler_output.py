@@ -1,7 +1,8 @@
 """The step contract between the scheduler and the workers: request ids and token counts, nothing live.
 
-Plain dataclasses, no torch and no `Request` objects, so a multi-process executor can pickle them as
-they are. The workers keep their own per-request state (token ids, block table, generator) by id:
+Plain dataclasses, no torch and no `Request` objects, so a multi-process executor can serialise them as
+they are (tests/engine/test_step_contract.py sends every step through the standard library's serialiser).
+The workers keep their own per-request state (token ids, block table, generator) by id:
 
     first time a request is scheduled        -> NewRequestData (everything the workers need, once)
     every later step it is scheduled in       -> one row of CachedRequestData (deltas only)
