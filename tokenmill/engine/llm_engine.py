@@ -22,6 +22,7 @@ from tokenmill.loader.model_source import ModelSource, resolve_model
 from tokenmill.memory_plan import MemoryPlan, make_plan
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler_output import SchedulerOutput
 
 log = logging.getLogger("tokenmill")
 
@@ -65,11 +66,11 @@ class LLMEngine:
         self.plan.check()  # refuse settings that cannot work, before loading anything big
 
         compute = self.platform.compute
+        backend, mirror_bytes = self.platform.attention_backend()
         self.executor = InProcessExecutor(WorkerConfig(
             engine_config=config, source=self.source, model_config=cfg, device=str(self.platform.device),
-            dtype=compute.dtype, linear_method=compute.linear_method,
-            attention_backend=self.platform.attention_backend(),
-            decode_mirror_bytes=self.platform.decode_mirror_bytes(), num_blocks=self.plan.num_blocks,
+            dtype=compute.dtype, linear_method=compute.linear_method, attention_backend=backend,
+            decode_mirror_bytes=mirror_bytes, num_blocks=self.plan.num_blocks,
             max_model_len=self.max_model_len, eog_token_ids=frozenset(self.tokenizer.eog_token_ids),
             progress=progress))
         num_blocks = self.executor.num_kv_blocks()
@@ -81,7 +82,7 @@ class LLMEngine:
         # the one input path (render, tokenize, truncate, validate), shared with `LLM` and the server
         self.input_processor = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.stop_checker = StopChecker(self.max_model_len, self.output_processor)
+        self.stop_checker = StopChecker(self.max_model_len)
         self.requests: dict[str, list[Request]] = {}  # request id -> its sequences (n of them)
         self.group_of: dict[str, str] = {}  # sequence id -> request id, for n > 1
         self.load_time = time.monotonic() - t0
@@ -94,13 +95,6 @@ class LLMEngine:
     @property
     def model_name(self) -> str:
         return self.source.name
-
-    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
-        return self.input_processor.tokenize_prompt(prompt)
-
-    def validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> int:
-        """Check the prompt fits; returns the resolved max_tokens. Raises ParamError / ContextLengthError."""
-        return self.input_processor.validate(prompt_ids, params)
 
     def add_request(self, request_id: str, prompt: str | list[int] | ProcessedPrompt, params: SamplingParams,
                     stream: bool = False, arrival_time: float | None = None) -> None:
@@ -135,16 +129,14 @@ class LLMEngine:
         st = self.output_processor.states.pop(request_id)
         st.error = error
         if not self.requests:
-            self._flush_finished()
+            self._send_finished(self.scheduler.take_finished_req_ids())
         return self.output_processor.make_output(st, force=True)
 
-    def _flush_finished(self) -> None:
-        """Nothing left to run: tell the workers now which requests ended, rather than with the next
-        request's first step (their per-request state would linger until then)."""
-        so = self.scheduler.schedule()
-        if so.finished_req_ids:
-            assert so.is_empty
-            self.executor.execute_model(so)
+    def _send_finished(self, req_ids: set[str]) -> None:
+        """Tell the workers which requests ended in a step that computes nothing: when nothing else is
+        left to run, at once (their per-request state would otherwise wait for the next request)."""
+        if req_ids:
+            self.executor.execute_model(SchedulerOutput(finished_req_ids=req_ids))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -153,8 +145,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            if sched.finished_req_ids:  # let the workers drop what finished since the last step
-                self.executor.execute_model(sched)
+            self._send_finished(sched.finished_req_ids)
             return []
         result = self.executor.execute_model(sched)
         touched: dict[str, None] = {}
@@ -184,7 +175,7 @@ class LLMEngine:
             if out.finished or st.stream:
                 outputs.append(out)
         if not self.requests:
-            self._flush_finished()
+            self._send_finished(self.scheduler.take_finished_req_ids())
         return outputs
 
     # -- stats -----------------------------------------------------------------------------------------

@@ -26,6 +26,15 @@ class SequenceState:
     num_sent_tokens: int = 0
     logprobs: list[TokenLogprobs] | None = None
 
+    def append_text(self, token_id: int, hidden: bool, flush: bool) -> str:
+        """Detokenize one new token into `text` (none of it if `hidden`, e.g. an EOS); `flush` at the
+        sequence's end releases any held-back partial character. Returns the text added."""
+        delta = "" if hidden else self.detok.push([token_id])
+        if flush:
+            delta += self.detok.flush()
+        self.text += delta
+        return delta
+
 
 @dataclass
 class RequestState:
@@ -58,16 +67,6 @@ class OutputProcessor:
                                          logprobs=[] if params.logprobs is not None else None))
         st.hold_back = max((len(s) for s in params.stop_strings), default=1) - 1
         self.states[request_id] = st
-
-    @staticmethod
-    def append_text(seq: SequenceState, token_id: int, hidden: bool, flush: bool) -> str:
-        """Detokenize one new token into seq.text (none of it if `hidden`, e.g. an EOS); `flush` at the
-        sequence's end releases any held-back partial character. Returns the text added."""
-        delta = "" if hidden else seq.detok.push([token_id])
-        if flush:
-            delta += seq.detok.flush()
-        seq.text += delta
-        return delta
 
     def make_output(self, st: RequestState, force: bool = False) -> RequestOutput | None:
         """The RequestOutput for this step, or None if nothing new is to be told."""

@@ -64,6 +64,11 @@ class Scheduler:
         if req.is_known_to_workers:
             self._finished_req_ids.add(req.request_id)
 
+    def take_finished_req_ids(self) -> set[str]:
+        """Ids of the requests the workers know that finished since this was last asked (each told once)."""
+        ids, self._finished_req_ids = self._finished_req_ids, set()
+        return ids
+
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -80,8 +85,7 @@ class Scheduler:
 
     # -- the step --------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput(finished_req_ids=self._finished_req_ids)
-        self._finished_req_ids = set()
+        out = SchedulerOutput(finished_req_ids=self.take_finished_req_ids())
         budget = self.config.max_num_batched_tokens
         now = time.monotonic()
 
@@ -162,7 +166,7 @@ class Scheduler:
             c.new_token_ids.append(req.token_ids[req.num_sent_tokens :])
             c.new_block_ids.append(req.block_ids[req.num_sent_blocks :])
             c.num_computed_tokens.append(req.num_computed_tokens)
-            c.resumed_from_preemption.append(req.num_sent_blocks == 0 and req.num_preemptions > 0)
+            c.resumed_from_preemption.append(req.num_sent_blocks == 0)  # only a preemption empties it
         req.num_sent_tokens = req.num_tokens
         req.num_sent_blocks = len(req.block_ids)
 

@@ -12,7 +12,7 @@ The engine applies the status it returns once, through Scheduler.finish; nobody 
 
 from __future__ import annotations
 
-from tokenmill.engine.output_processor import OutputProcessor, SequenceState
+from tokenmill.engine.output_processor import SequenceState
 from tokenmill.engine.request import Request, RequestStatus
 
 
@@ -41,9 +41,8 @@ def find_stop_string(text: str, from_pos: int, stop_strings: list[str]) -> tuple
 
 
 class StopChecker:
-    def __init__(self, max_model_len: int, output_processor: OutputProcessor) -> None:
+    def __init__(self, max_model_len: int) -> None:
         self.max_model_len = max_model_len
-        self.output_processor = output_processor
 
     def check(self, req: Request, seq: SequenceState) -> RequestStatus | None:
         """Account req's last token in its text (seq) and decide. Sets req.stop_reason."""
@@ -52,7 +51,7 @@ class StopChecker:
         req.stop_reason = stop_token
         hidden = status is RequestStatus.FINISHED_STOPPED  # an EOS or stop token is not text
         before = len(seq.text)
-        delta = self.output_processor.append_text(seq, req.token_ids[-1], hidden=hidden, flush=status is not None)
+        delta = seq.append_text(req.token_ids[-1], hidden=hidden, flush=status is not None)
         if delta and params.stop_strings and req.num_output_tokens >= params.min_tokens:
             from_pos = max(0, before - max(len(x) for x in params.stop_strings) + 1)
             hit = find_stop_string(seq.text, from_pos, params.stop_strings)

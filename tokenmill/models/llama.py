@@ -91,8 +91,9 @@ class LlamaForCausalLM(nn.Module):
         self.max_positions = max_positions
         self.model = LlamaModel(cfg, method)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, method)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight.is_required = False  # type: ignore[attr-defined]  # filled from the embedding
+        if cfg.tie_word_embeddings:  # filled from the embedding at finish_loading; nothing to allocate now
+            self.lm_head.weight.data = torch.empty(0)
+            self.lm_head.weight.is_required = False  # type: ignore[attr-defined]
         for m in self.model.layers.modules():  # norms default to ones, as before; matmul weights must be there
             if isinstance(m, RMSNorm):
                 m.weight.is_required = False  # type: ignore[attr-defined]
@@ -110,10 +111,8 @@ class LlamaForCausalLM(nn.Module):
 
     def finish_loading(self, device: torch.device, dtype: torch.dtype) -> None:
         """Move to device/dtype, then let each linear method convert its weights (prepack, quantize)."""
-        if self.cfg.tie_word_embeddings:
-            self.lm_head.weight.data = self.model.embed_tokens.weight.data  # shared until a method converts it
         self.to(device=device, dtype=dtype)
-        if self.cfg.tie_word_embeddings:  # .to() may have copied them apart
+        if self.cfg.tie_word_embeddings:  # shared, until a method that converts weights makes its own copy
             self.lm_head.weight.data = self.model.embed_tokens.weight.data
         for m in self.modules():
             if isinstance(m, Linear):

@@ -25,12 +25,11 @@ def torch_dtype(name: str) -> torch.dtype:
 @dataclass(frozen=True)
 class Platform:
     device: torch.device
-    dtype: torch.dtype
-    linear_method: str = "unquantized"  # compute.LINEAR_METHODS: how matmul weights are kept
+    compute: ComputeChoice  # the dtype and the linear method (compute.choose_compute decided them)
 
     @property
-    def compute(self) -> ComputeChoice:
-        return ComputeChoice(str(self.dtype).replace("torch.", ""), self.linear_method)
+    def dtype(self) -> torch.dtype:
+        return _DTYPES[self.compute.dtype]
 
     @property
     def is_cuda(self) -> bool:
@@ -57,11 +56,12 @@ class Platform:
             return 0
         return min(2 * 2**30, available_ram() // 8)
 
-    def attention_backend(self) -> str:
-        """Which attention backend (attention/registry.py): the decode mirror on CPU, where gathering
-        every block of every decoding request each step costs more than keeping a contiguous copy; the
-        paged gather path on a GPU, or when the mirror is given no memory."""
-        return "decode_mirror" if self.decode_mirror_bytes() > 0 else "paged"
+    def attention_backend(self) -> tuple[str, int]:
+        """Which attention backend (attention/registry.py) and its memory: the decode mirror on CPU, where
+        gathering every block of every decoding request each step costs more than keeping a contiguous
+        copy; the paged gather path on a GPU, or when the mirror is given no memory."""
+        mirror_bytes = self.decode_mirror_bytes()
+        return ("decode_mirror", mirror_bytes) if mirror_bytes > 0 else ("paged", 0)
 
 
 def can_prepack_here() -> bool:
@@ -93,4 +93,4 @@ def resolve_platform(config: EngineConfig) -> Platform:
     if device.type == "cpu":
         threads = config.num_threads or int(os.environ.get("TOKENMILL_NUM_THREADS", 0)) or os.cpu_count() or 1
         torch.set_num_threads(threads)
-    return Platform(device, _DTYPES[compute.dtype], compute.linear_method)
+    return Platform(device, compute)

@@ -52,7 +52,6 @@ class OpenAIServing:
         self.served_model_name = served_model_name
         self.metrics = metrics
         self.state = state
-        self.max_waiting_requests = max_waiting_requests
         self.admission = admission or Admission(async_engine, state, max_waiting_requests)
         self.request_timeout = request_timeout  # seconds from admission to the last token; None: no deadline
         self.log_prompts = log_prompts
