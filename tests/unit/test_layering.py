@@ -20,7 +20,7 @@ LEVELS = {
     "executor": 4,
     "worker": 3,
     "attention": 2, "models": 2, "layers": 2, "sample": 2,
-    "loader": 1, "tokenizer": 1, "platforms": 1, "memory_plan": 1,
+    "loader": 1, "tokenizer": 1, "platforms": 1, "memory_plan": 1, "native": 1,
     "config": 0, "sampling_params": 0, "scheduler_output": 0, "outputs": 0, "version": 0, "cpu_features": 0,
     "compute": 0,
 }
