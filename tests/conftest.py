@@ -32,10 +32,12 @@ def default_model_path() -> str:
 @pytest.fixture(scope="session")
 def llm():
     """The default model with a modest cache, shared by tests that do not change engine settings. fp32, so
-    it can be held to an fp32 reference whatever `--dtype auto` picks on this CPU."""
+    it can be held to an fp32 reference whatever `--dtype auto` picks on this CPU; dequantized, so it is
+    exact against transformers on the same weights (the gguf method is held to a bound: test_gguf_method.py)."""
     from tokenmill import LLM
 
-    return LLM(progress=False, kv_cache_memory=256 * 2**20, max_model_len=2048, dtype="float32")
+    return LLM(progress=False, kv_cache_memory=256 * 2**20, max_model_len=2048, dtype="float32",
+               quantization="dequantize")
 
 
 
@@ -46,4 +48,4 @@ def small_llm():
     from tokenmill import LLM
 
     return LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, max_num_batched_tokens=256,
-               dtype="float32")
+               dtype="float32", quantization="dequantize")

@@ -6,6 +6,8 @@ The top of the layers: it parses flags and builds the rest; nothing in the packa
 from __future__ import annotations
 
 import argparse
+
+from tokenmill.compute import QUANTIZATION_CHOICES
 import logging
 import sys
 from collections.abc import Callable
@@ -32,9 +34,11 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                    help="auto (bf16 on CUDA and on CPUs with AMX, else fp32), float32, bfloat16, float16")
     g.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling")
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads for the model (default: all cores)")
-    g.add_argument("--quantization", choices=["int8"], default=None,
-                   help="int8: weight-only int8 matmuls on CPU, faster for one or a few streams, slower for "
-                        "big batches (default: fp32 weights)")
+    g.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None,
+                   help="default: a GGUF file on CPU keeps its quantized blocks (ggml's kernels), other "
+                        "weights run at the compute dtype. dequantize: GGUF weights dequantized at load; "
+                        "q8_0, q4_k, ...: requantize unquantized weights at load (ggml's quantizer); int8: "
+                        "torch's weight-only int8")
 
 
 def engine_config_from_args(args: argparse.Namespace, model: str | None = None) -> EngineConfig:

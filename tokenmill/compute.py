@@ -2,12 +2,16 @@
 method's weights cost in bytes. Torch-free, so `tokenmill plan`, `serve` and the engine's memory plan
 all ask the same function.
 
-    device  dtype asked  quantization  ->  dtype      linear method
-    cuda    auto         -             ->  bfloat16   unquantized
-    cpu     auto         -             ->  bfloat16   prepacked      CPU lists AMX (and oneDNN can prepack)
-    cpu     auto         -             ->  float32    unquantized    no AMX: bf16 matmul is far slower there
-    cpu     any          int8          ->  (as above) int8           weight-only int8, bf16 activations
-    any     bfloat16     -             ->  bfloat16   prepacked on CPU when oneDNN can, else unquantized
+    device  weights  quantization  ->  dtype      linear method
+    cpu     GGUF     - (auto)      ->  (below)    gguf           the file's blocks on ggml's kernels (if built)
+    cpu     any      q8_0, q4_k... ->  (below)    gguf           requantized at load by ggml's quantizer
+    cpu     any      int8          ->  (below)    int8           weight-only int8, bf16 activations (torch)
+    cuda    any      -             ->  bfloat16   unquantized    GGUF dequantized (no CUDA kernels for blocks yet)
+    cpu     any      dequantize    ->  (below)    prepacked / unquantized, as for an unquantized checkpoint
+    cpu     HF       -             ->  bfloat16   prepacked      CPU lists AMX (and oneDNN can prepack)
+    cpu     HF       -             ->  float32    unquantized    no AMX: bf16 matmul is far slower there
+
+The compute dtype (activations, norms, KV cache) is bf16 on CUDA and on CPUs with AMX, else fp32.
 """
 
 from __future__ import annotations
@@ -18,13 +22,17 @@ from dataclasses import dataclass
 from tokenmill.cpu_features import cpu_has_amx_bf16
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-LINEAR_METHODS = ("unquantized", "prepacked", "int8")
+LINEAR_METHODS = ("unquantized", "prepacked", "int8", "gguf")
+# --quantization values that requantize at load with ggml's quantizer (no importance matrix needed)
+REQUANT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
+QUANTIZATION_CHOICES = ("dequantize", "int8", *REQUANT_TYPES)
 
 
 @dataclass(frozen=True)
 class ComputeChoice:
     dtype: str  # float32 | bfloat16 | float16: activations, non-matmul weights and the KV cache
     linear_method: str  # one of LINEAR_METHODS
+    requant_type: str | None = None  # gguf method: quantize unquantized weights at load to this type
 
     @property
     def dtype_bytes(self) -> int:
@@ -32,10 +40,12 @@ class ComputeChoice:
 
 
 def choose_compute(device_type: str, dtype: str = "auto", quantization: str | None = None, *,
+                   weights: str = "hf", ggml_available: Callable[[], bool] | None = None,
                    bf16_is_fast: Callable[[], bool] | None = None,
                    can_prepack: Callable[[], bool] | None = None) -> ComputeChoice:
-    """`bf16_is_fast` and `can_prepack` are the torch-side probes (platforms passes them); without them
-    the rule goes by the CPU flags alone, which is what `tokenmill plan` can know without torch."""
+    """`weights`: "gguf" or "hf" (the checkpoint's format). `ggml_available` says whether ggml's kernels are
+    built here (native/ggml.py); `bf16_is_fast` and `can_prepack` are the torch-side probes (platforms
+    passes them); without them the rule goes by the CPU flags alone."""
     if dtype == "auto":
         if device_type == "cuda":
             dtype = "bfloat16"
@@ -44,13 +54,24 @@ def choose_compute(device_type: str, dtype: str = "auto", quantization: str | No
             dtype = "bfloat16" if fast else "float32"
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    if quantization is not None and quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization {quantization!r} is not supported (supported: "
+                         f"{', '.join(QUANTIZATION_CHOICES)})")
+    has_ggml = ggml_available() if ggml_available is not None else False
+    if quantization in REQUANT_TYPES:
+        if device_type == "cuda":
+            raise ValueError(f"quantization {quantization} runs on ggml's CPU kernels; use it with --device cpu")
+        if not has_ggml:
+            raise ValueError(f"quantization {quantization} needs ggml's kernels, which are not built here "
+                             "(run `python -m tokenmill.native.build`; it needs cmake and g++)")
+        return ComputeChoice(dtype, "gguf", quantization)
+    if quantization is None and weights == "gguf" and device_type == "cpu" and has_ggml:
+        return ComputeChoice(dtype, "gguf")
     if quantization == "int8":
         if device_type == "cuda":
             raise ValueError("quantization int8 is a CPU mode (torch's int8 weight-only CPU kernel); "
                              "use it with --device cpu")
         return ComputeChoice(dtype, "int8")
-    if quantization is not None:
-        raise ValueError(f"quantization {quantization!r} is not supported (supported: int8)")
     if device_type == "cpu" and dtype == "bfloat16":
         packable = can_prepack() if can_prepack is not None else cpu_has_amx_bf16()
         if packable:
@@ -65,3 +86,40 @@ def linear_weight_bytes(method: str, out_features: int, in_features: int, dtype_
     if method in ("unquantized", "prepacked"):
         return out_features * in_features * dtype_bytes
     raise ValueError(f"unknown linear method {method!r}")
+
+
+def quantized_row_bytes(type_name: str, in_features: int) -> int:
+    """Bytes of one row of `in_features` values in a ggml type (e.g. "q4_k"); ValueError if the row is not
+    a whole number of the type's blocks. Torch-free (gguf's table)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    qtype = GGMLQuantizationType[type_name.upper()]
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    if in_features % block:
+        raise ValueError(f"rows of {in_features} are not a multiple of the {type_name} block ({block})")
+    return in_features // block * type_size
+
+
+def requant_type_for(type_name: str, in_features: int) -> str:
+    """The type a row of `in_features` is requantized to: `type_name`, or q8_0 where the row is not a whole
+    number of its blocks (K-quants need multiples of 256; llama.cpp falls back the same way)."""
+    for t in (type_name, "q8_0"):
+        try:
+            quantized_row_bytes(t, in_features)
+            return t
+        except ValueError:
+            continue
+    return "f16"
+
+
+def stored_matrix_bytes(method: str, out_features: int, in_features: int, stored_type: str,
+                        requant_type: str | None) -> int:
+    """Bytes a checkpoint matrix (embedding or matmul weight) of `stored_type` takes under the gguf method:
+    its own blocks, or requantized when it is stored unquantized and a requant type is asked for."""
+    assert method == "gguf"
+    if requant_type is not None and stored_type in UNQUANTIZED_TYPES:
+        stored_type = requant_type_for(requant_type, in_features)
+    return out_features * quantized_row_bytes(stored_type, in_features)
+
+
+UNQUANTIZED_TYPES = ("f32", "f16", "bf16")

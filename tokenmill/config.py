@@ -43,7 +43,9 @@ class EngineConfig:
     dtype: str = "auto"  # auto (bf16 on CUDA and on CPUs with AMX, else fp32) | float32 | bfloat16 | float16
     seed: int = 0
     num_threads: int | None = None  # CPU threads for torch; None: all cores
-    quantization: str | None = None  # None: weights at the compute dtype; "int8": weight-only int8 (CPU)
+    # None: a GGUF file on CPU keeps its blocks (ggml), anything else is at the compute dtype; "dequantize":
+    # GGUF dequantized at load; "int8": weight-only int8 (torch); "q8_0", "q4_k", ...: requantized by ggml
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -58,7 +60,10 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization must be int8 or unset, got {self.quantization!r}")
+        from tokenmill.compute import QUANTIZATION_CHOICES
+
+        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)} or unset, "
+                             f"got {self.quantization!r}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenmill.compute import ComputeChoice, linear_weight_bytes
+from tokenmill.compute import ComputeChoice, linear_weight_bytes, stored_matrix_bytes
 from tokenmill.config import format_size
 from tokenmill.loader.model_config import ModelConfig
 
@@ -41,8 +41,10 @@ class MemoryPlan:
     def lines(self) -> list[str]:
         return [
             f"weights: {self.num_parameters / 1e6:.1f}M parameters, {format_size(self.weight_bytes)} "
-            f"at {self.dtype_bytes * 8}-bit" + ("" if self.linear_method == "unquantized" else
-                                                 f" ({self.linear_method} matmul weights)")
+            + (f"as ggml blocks ({self.linear_method}; norms at {self.dtype_bytes * 8}-bit)"
+               if self.linear_method.startswith("gguf") else
+               f"at {self.dtype_bytes * 8}-bit" + ("" if self.linear_method == "unquantized" else
+                                                   f" ({self.linear_method} matmul weights)"))
             + (f" + {format_size(self.extra_weight_bytes)} ({self.linear_method} copy of the tied output layer)"
                if self.extra_weight_bytes else ""),
             f"KV cache: {format_size(self.kv_bytes_per_token)} per token, "
@@ -85,12 +87,25 @@ def default_kv_cache_bytes(is_cuda: bool, free_bytes: int) -> int:
 
 
 def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cache_bytes: int,
-              max_model_len: int) -> MemoryPlan:
+              max_model_len: int, matrices: list[tuple[int, int, str]] | None = None) -> MemoryPlan:
     """Weight bytes come from the linear method (compute.linear_weight_bytes): every matmul weight is
     stored as the method stores it, everything else (embedding, norms, biases) at the compute dtype. A
-    tied output layer shares the embedding, unless the method keeps its own converted copy."""
+    tied output layer shares the embedding, unless the method keeps its own converted copy.
+
+    The gguf method keeps every 2-D checkpoint tensor (embedding included) as ggml blocks: `matrices`
+    lists them as (out, in, stored type, e.g. "q4_k" or "f32"), from the GGUF header (GGUFFile.matrices);
+    without it (an HF checkpoint) they are the config's matmul shapes and the embedding, stored as f32.
+    A tied output layer multiplies by the embedding's own blocks."""
     per_token = cfg.kv_bytes_per_token(compute.dtype_bytes)
     method, nbytes = compute.linear_method, compute.dtype_bytes
+    if method == "gguf":
+        mats = matrices if matrices is not None else [
+            (n, k, "f32") for n, k in [*cfg.linear_shapes(), (cfg.vocab_size, cfg.hidden_size)]]
+        stored = sum(stored_matrix_bytes(method, n, k, t, compute.requant_type) for n, k, t in mats)
+        rest = (cfg.num_parameters() - sum(n * k for n, k, _ in mats)) * nbytes  # norms, biases
+        return MemoryPlan(cfg.num_parameters(), stored + max(rest, 0), nbytes, per_token, block_size,
+                          kv_cache_bytes, kv_cache_bytes // (per_token * block_size), max_model_len,
+                          linear_method=method if compute.requant_type is None else f"gguf {compute.requant_type}")
     shapes = cfg.linear_shapes()
     linear = sum(linear_weight_bytes(method, n, k, nbytes) for n, k in shapes)
     rest = (cfg.num_parameters() - sum(n * k for n, k in shapes)) * nbytes  # embedding, norms, biases

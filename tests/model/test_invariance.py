@@ -33,7 +33,7 @@ def test_prefix_cache_on_equals_off(llm) -> None:
     system = ("You are a meticulous assistant. Answer briefly, cite nothing, and never apologise. " * 4)
     prompts = [system + f"Question: what is notable about {s}?" for s in SUBJECTS[:6]]
     off = LLM(progress=False, kv_cache_memory=64 * 2**20, max_model_len=1024, enable_prefix_caching=False,
-              dtype="float32")
+              dtype="float32", quantization="dequantize")
     want = texts(off.generate(prompts, GREEDY))
     bm = llm.engine.block_manager
     hits_before = bm.num_hits
@@ -45,7 +45,7 @@ def test_prefix_cache_on_equals_off(llm) -> None:
 
 def test_preempted_equals_ample(batched) -> None:
     # 10 blocks of 16 tokens: far less than 16 requests need at once, so requests are preempted
-    small = LLM(progress=False, kv_cache_memory=10 * 16 * 46080, max_model_len=160, dtype="float32")
+    small = LLM(progress=False, kv_cache_memory=10 * 16 * 46080, max_model_len=160, dtype="float32", quantization="dequantize")
     assert small.engine.plan.num_blocks == 10
     got = texts(small.generate(PROMPTS, GREEDY))
     assert small.engine.scheduler.num_preemptions > 0
@@ -55,7 +55,7 @@ def test_preempted_equals_ample(batched) -> None:
 
 def test_chunked_prefill_equals_whole(batched) -> None:
     chunked = LLM(progress=False, kv_cache_memory=64 * 2**20, max_model_len=1024, max_num_batched_tokens=16,
-                  dtype="float32")
+                  dtype="float32", quantization="dequantize")
     assert texts(chunked.generate(PROMPTS, GREEDY)) == batched
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tokenmill.cli import main
 
 
@@ -36,8 +38,26 @@ def test_plan_auto_dtype_follows_the_cpu(capsys, monkeypatch) -> None:
 
     for flags, per_token in ((frozenset({"avx2"}), "45.0 KiB"), (frozenset({"avx2", "amx_tile", "amx_bf16"}), "22.5 KiB")):
         monkeypatch.setattr(cf, "cpu_flags", lambda f=flags: f)
-        assert main(["plan", "--kv-cache-memory", "1GiB", "--max-model-len", "4096"]) == 0
+        args = ["plan", "--kv-cache-memory", "1GiB", "--max-model-len", "4096", "--quantization", "dequantize"]
+        assert main(args) == 0
         out = capsys.readouterr().out
         assert f"{per_token} per token" in out
         # bf16 on AMX prepacks the weights: SmolLM2's tied 49152 x 576 output layer gets a second copy
         assert ("+ 54.0 MiB (prepacked copy of the tied output layer)" in out) == (per_token == "22.5 KiB")
+
+
+def test_plan_counts_the_gguf_blocks_a_gguf_file_keeps(capsys, default_model_path) -> None:
+    """By default a GGUF file on CPU keeps its blocks: the plan counts the file's matrix bytes (plus norms
+    at the compute dtype), not a dequantized copy."""
+    from tokenmill.loader.gguf import GGUFFile
+    from tokenmill.native import ggml
+
+    if not ggml.available():
+        pytest.skip(f"ggml not built here: {ggml.unavailable_reason()}")
+    gf = GGUFFile(default_model_path)
+    matrix_bytes = sum(t.num_bytes for t in gf.tensors.values() if len(t.shape) == 2)
+    norms = sum(t.shape[0] for t in gf.tensors.values() if len(t.shape) == 1)
+    assert main(["plan", "--kv-cache-memory", "1GiB", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    from tokenmill.config import format_size
+    assert f"{format_size(matrix_bytes + 4 * norms)} as ggml blocks" in out, out

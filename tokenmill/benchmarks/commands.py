@@ -10,6 +10,8 @@ import json
 import platform
 import time
 
+from tokenmill.compute import QUANTIZATION_CHOICES
+
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from tokenmill.benchmarks.serve import cmd_bench_serve
@@ -79,7 +81,7 @@ def _offline_args(p: argparse.ArgumentParser, output_len: int) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (as for serve)")
-    p.add_argument("--quantization", choices=["int8"], default=None, help="as for serve")
+    p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None, help="as for serve")
     p.add_argument("--num-threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-json", default=None, help="write the result here")

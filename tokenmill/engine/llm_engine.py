@@ -27,8 +27,9 @@ from tokenmill.scheduler_output import SchedulerOutput
 log = logging.getLogger("tokenmill")
 
 
-def read_model_header(source: ModelSource) -> tuple[Any, Any]:
-    """(ModelConfig, Tokenizer) of a model source, from its header and tokenizer files (no weights)."""
+def read_model_header(source: ModelSource) -> tuple[Any, Any, list[tuple[int, int, str]] | None]:
+    """(ModelConfig, Tokenizer, the GGUF file's matrices or None) of a model source, from its header and
+    tokenizer files (no weights)."""
     from tokenmill.loader.model_config import ModelConfig
     from tokenmill.tokenizer.tokenizer import Tokenizer
 
@@ -38,10 +39,10 @@ def read_model_header(source: ModelSource) -> tuple[Any, Any]:
         gf = GGUFFile(source.path)
         try:
             return (ModelConfig.from_gguf(gf.metadata, set(gf.tensors), gf.quantization()),
-                    Tokenizer.from_gguf(gf.metadata))
+                    Tokenizer.from_gguf(gf.metadata), gf.matrices())
         finally:
             gf.close()
-    return ModelConfig.from_hf_dir(source.path), Tokenizer.from_hf_dir(source.path)
+    return ModelConfig.from_hf_dir(source.path), Tokenizer.from_hf_dir(source.path), None
 
 
 class LLMEngine:
@@ -54,13 +55,15 @@ class LLMEngine:
         t0 = time.monotonic()
         self.config = config
         self.source = resolve_model(config.model)
-        self.platform = resolve_platform(config)  # device, dtype and linear method: decided once, here
-        self.model_config, self.tokenizer = read_model_header(self.source)
+        # device, dtype and linear method: decided once, here
+        self.platform = resolve_platform(config, weights=self.source.kind)
+        self.model_config, self.tokenizer, matrices = read_model_header(self.source)
         cfg = self.model_config
         get_model_class(cfg.architecture)  # an unsupported architecture fails now, before the plan
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()
-        self.plan: MemoryPlan = make_plan(cfg, self.platform.compute, config.block_size, kv_bytes, self.max_model_len)
+        self.plan: MemoryPlan = make_plan(cfg, self.platform.compute, config.block_size, kv_bytes, self.max_model_len,
+                                         matrices)
         for line in self.plan.lines():
             log.info("memory plan: %s", line)
         self.plan.check()  # refuse settings that cannot work, before loading anything big
@@ -69,7 +72,8 @@ class LLMEngine:
         backend, mirror_bytes = self.platform.attention_backend()
         self.executor = InProcessExecutor(WorkerConfig(
             engine_config=config, source=self.source, model_config=cfg, device=str(self.platform.device),
-            dtype=compute.dtype, linear_method=compute.linear_method, attention_backend=backend,
+            dtype=compute.dtype, linear_method=compute.linear_method, requant_type=compute.requant_type,
+            attention_backend=backend,
             decode_mirror_bytes=mirror_bytes, num_blocks=self.plan.num_blocks,
             max_model_len=self.max_model_len, eog_token_ids=frozenset(self.tokenizer.eog_token_ids),
             progress=progress))

@@ -10,25 +10,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tokenmill.compute import DTYPE_BYTES, choose_compute
+from tokenmill.compute import DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute
 from tokenmill.config import format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
 from tokenmill.memory_plan import CacheTooSmallError, available_ram, default_kv_cache_bytes, make_plan
 
 
-def read_model_config(model: str) -> tuple[ModelConfig, int]:
-    """(config, bytes of the weights on disk) from headers only."""
+def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int, int, str]] | None]:
+    """(config, bytes of the weights on disk, "gguf" or "hf", the GGUF file's matrices) from headers only."""
     source = resolve_model(model)
     if source.kind == "gguf":
         from tokenmill.loader.gguf import GGUFFile
         gf = GGUFFile(source.path)
         try:
-            return ModelConfig.from_gguf(gf.metadata, set(gf.tensors), gf.quantization()), source.path.stat().st_size
+            return (ModelConfig.from_gguf(gf.metadata, set(gf.tensors), gf.quantization()),
+                    source.path.stat().st_size, "gguf", gf.matrices())
         finally:
             gf.close()
     size = sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
-    return ModelConfig.from_hf_dir(source.path), size
+    return ModelConfig.from_hf_dir(source.path), size, "hf", None
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -38,15 +39,18 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES])
-    p.add_argument("--quantization", choices=["int8"], default=None, help="as for serve")
+    p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None, help="as for serve")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where it would run (default cpu; the GPU's free memory is not probed here)")
     p.add_argument("--seq-len", type=int, default=None, help="length for 'how many fit at once' (default: max_model_len)")
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    cfg, disk_bytes = read_model_config(args.model)
-    compute = choose_compute(args.device, args.dtype, args.quantization)  # the rule serve uses, from CPU flags
+    cfg, disk_bytes, kind, matrices = read_model_config(args.model)
+    from tokenmill.native import ggml
+
+    # the rule serve uses, from the CPU flags and whether ggml is built here
+    compute = choose_compute(args.device, args.dtype, args.quantization, weights=kind, ggml_available=ggml.available)
     kv = parse_size(args.kv_cache_memory)
     if kv is None:
         if args.device == "cuda":
@@ -55,7 +59,7 @@ def run_plan(args: argparse.Namespace) -> int:
             return 2
         kv = default_kv_cache_bytes(False, available_ram())
     max_len = args.max_model_len or cfg.max_position_embeddings
-    plan = make_plan(cfg, compute, args.block_size, kv, max_len)
+    plan = make_plan(cfg, compute, args.block_size, kv, max_len, matrices)
     seq_len = args.seq_len or max_len
     print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
           f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads of {cfg.head_dim}), context {cfg.max_position_embeddings}")

@@ -1,6 +1,12 @@
-"""Token embedding: a (vocab, hidden) table looked up by id."""
+"""Token embedding: a (vocab, hidden) table looked up by id.
+
+With a linear method that keeps ggml blocks (gguf), the table stays as its blocks and a step dequantizes
+only the rows it gathers; a tied output layer multiplies by the same blocks.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -8,12 +14,36 @@ from torch import nn
 
 
 class VocabEmbedding(nn.Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, method: Any = None) -> None:
         super().__init__()
         # torch.empty, not nn.Embedding's random init: the checkpoint overwrites it (and an 8B model's
         # table would take seconds to initialise)
-        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
+        self.embedding_dim = embedding_dim
+        self.blocks: Any = None  # GGUFQuantized when the method keeps blocks
+        if method is not None and method.keeps_blocks:
+            self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+            self.weight.weight_loader = self._load_blocks(method)  # type: ignore[attr-defined]
+        else:
+            self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
+        self.shape = (num_embeddings, embedding_dim)
+
+    def _load_blocks(self, method: Any) -> Any:
+        def load(param: nn.Parameter, tensor: Any, shard: str | None) -> None:
+            if tuple(tensor.shape) != self.shape:
+                raise ValueError(f"embedding has shape {tuple(tensor.shape)}, expected {self.shape}")
+            self.blocks = method.to_blocks(tensor)
+        return load
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(T,) int64 -> (T, embedding_dim)."""
-        return F.embedding(input_ids, self.weight)
+        if self.blocks is None:
+            return F.embedding(input_ids, self.weight)
+        from tokenmill.native import ggml
+
+        ids = input_ids.to(torch.int64).contiguous()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.shape[0]):
+            raise IndexError(f"token id out of range [0, {self.shape[0]})")
+        out = torch.empty(ids.shape[0], self.embedding_dim)
+        ggml.get_rows(int(self.blocks.ggml_type), self.blocks.data.ctypes.data, self.embedding_dim, ids.data_ptr(),
+                      ids.shape[0], out.data_ptr())
+        return out.to(self.weight.dtype)

@@ -15,6 +15,7 @@ Methods:
   at every call. Reordering once at load and calling oneDNN's linear on the packed weight measured 1.3-2x
   faster for decode-sized batches (1-64 rows) and ~1.1-1.3x for prefill-sized ones: one request decodes
   26.7 -> 35.8 tok/s, offline throughput +9% (benchmarks/README.md).
+- gguf (layers/ggml_linear.py): ggml blocks (a GGUF file's own, or requantized at load) on ggml's kernels.
 - int8: on CPUs without native bf16 a decode step at batch 1 is bound by reading fp32 weights. int8
   weights with bf16 activations (`torch._weight_int8pack_mm`) were measured 2.4x faster than fp32 at
   batch 1 on this class of CPU, equal at batch 16 and slower beyond (benchmarks/README.md): an opt-in
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,10 @@ from tokenmill.platforms.onednn import packed_linear, prepack
 
 class LinearMethod(ABC):
     name: str
+    keeps_blocks = False  # the gguf method: the embedding keeps ggml blocks too
+
+    def calibrate(self, layers: list[Linear], dtype: torch.dtype) -> None:
+        """Once, after every layer finished loading: measure whatever the method decides by measuring."""
 
     def create_weights(self, layer: Linear) -> None:
         layer.weight = nn.Parameter(torch.empty(layer.out_features, layer.in_features), requires_grad=False)
@@ -110,9 +116,13 @@ LINEAR_METHODS: dict[str, type[LinearMethod]] = {
 }
 
 
-def get_linear_method(name: str) -> LinearMethod:
+def get_linear_method(name: str, requant_type: str | None = None) -> LinearMethod:
+    if name == "gguf":  # imported here: it needs the native library, the others do not
+        from tokenmill.layers.ggml_linear import GGUFLinearMethod
+
+        return GGUFLinearMethod(requant_type)
     if name not in LINEAR_METHODS:
-        raise ValueError(f"unknown linear method {name!r}; known: {', '.join(LINEAR_METHODS)}")
+        raise ValueError(f"unknown linear method {name!r}; known: {', '.join(LINEAR_METHODS)}, gguf")
     return LINEAR_METHODS[name]()
 
 
@@ -131,6 +141,11 @@ class Linear(nn.Module):
             raise ValueError(f"shards {self.shards} do not add up to {out_features} rows")
         self.packed: torch.Tensor | None = None  # prepacked method: oneDNN's copy of the weight
         self.scales: torch.Tensor | None = None  # int8 method: per-row scales
+        # gguf method (layers/ggml_linear.py): blocks per shard while loading, then ggml's matrices
+        self.blocks: dict[str | None, Any] = {}
+        self.matmul: Any = None
+        self.dense: list[tuple[Any, int]] = []
+        self.dense_ok = False
         self.weight: nn.Parameter
         method.create_weights(self)
         self.bias: nn.Parameter | None = None

@@ -138,6 +138,23 @@ class GGUFFile:
             data = data.copy()
         return data.reshape(info.shape)
 
+    def matrices(self) -> list[tuple[int, int, str]]:
+        """(rows, row length, type name, e.g. "q4_k") of every 2-D tensor: what the gguf method keeps."""
+        return [(t.shape[0], t.shape[1], t.ggml_type.name.lower()) for t in self.tensors.values()
+                if len(t.shape) == 2]
+
+    def release(self, offset: int, num_bytes: int) -> None:
+        """Drop the file's pages in [offset, offset + num_bytes) from this process (they were copied, e.g.
+        repacked): page-aligned inside the range, so neighbours stay. A hint; errors are ignored."""
+        page = mmap.PAGESIZE
+        start = -(-offset // page) * page
+        end = (offset + num_bytes) // page * page
+        if end > start and hasattr(self._mm, "madvise"):
+            try:
+                self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            except (OSError, ValueError):
+                pass
+
     def quantization(self) -> str:
         """Tensor types by count, e.g. 'GGUF Q4_1 (210), F32 (61), Q8_0 (1)'."""
         counts = Counter(t.ggml_type.name for t in self.tensors.values())

@@ -23,8 +23,9 @@ def default_weight_loader(param: nn.Parameter, tensor: torch.Tensor, shard: str 
     param.data.copy_(tensor.to(torch.float32))
 
 
-def load_weights(model: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """`model`: an nn.Module with `packed_modules_mapping` and `load_extra_weight` (models/interface.py)."""
+def load_weights(model: Any, weights: Iterable[tuple[str, Any]]) -> None:
+    """`model`: an nn.Module with `packed_modules_mapping` and `load_extra_weight` (models/interface.py);
+    `weights`: (name, tensor) pairs, a tensor being dense or a method's blocks (loader/weights.py)."""
     params: dict[str, nn.Parameter] = dict(model.named_parameters())
     mapping: dict[str, tuple[str, str]] = model.packed_modules_mapping
     loaded: set[tuple[str, str | None]] = set()

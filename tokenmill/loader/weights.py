@@ -7,6 +7,7 @@ llama architecture); with `keep_quantized` it hands the chosen tensors through a
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from tokenmill.loader.gguf import GGUFFile
+from gguf import GGMLQuantizationType
+
+from tokenmill.loader.gguf import GGUFFile, TensorInfo
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import ModelSource
 
@@ -25,11 +28,20 @@ from tokenmill.loader.model_source import ModelSource
 @dataclass
 class GGUFQuantized:
     """A GGUF tensor as stored: `data` (rows, bytes_per_row) uint8 blocks of `ggml_type` (a
-    gguf.GGMLQuantizationType), for a weight of `shape` (PyTorch order, e.g. (out, in))."""
+    gguf.GGMLQuantizationType), for a weight of `shape` (PyTorch order, e.g. (out, in)).
 
-    data: torch.Tensor
-    ggml_type: object
+    `data` is a read-only view of the file's mmap (zero copy; it keeps the mapping alive), or a copy where
+    rows had to be permuted. A consumer that copies the bytes elsewhere (repacking) calls `release()` so
+    the file's pages leave this process's memory."""
+
+    data: np.ndarray
+    ggml_type: GGMLQuantizationType
     shape: tuple[int, ...]
+    release: Callable[[], None] = lambda: None
+
+    @property
+    def type_name(self) -> str:
+        return self.ggml_type.name.lower()
 
 _GGUF_TO_HF = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -45,25 +57,34 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
+KeepQuantized = Callable[[str, TensorInfo], bool]
+
+
 def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
-                 keep_quantized: Callable[[str, object], bool] | None = None
-                 ) -> Iterator[tuple[str, torch.Tensor | GGUFQuantized]]:
+                 keep_quantized: KeepQuantized | None = None) -> Iterator[tuple[str, torch.Tensor | GGUFQuantized]]:
     """(HF name, fp32 tensor) for each tensor; (HF name, GGUFQuantized) where keep_quantized(HF name,
-    ggml_type) says so."""
+    tensor info) says so."""
     permuted = gf.architecture == "llama"  # llama.cpp's converter permutes q/k only for the llama arch
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
         hf_name, n_head = _hf_name(name, cfg, permuted)
         info = gf.tensors[name]
-        if keep_quantized is not None and keep_quantized(hf_name, info.ggml_type):
-            raw = gf.raw(name)  # (rows, bytes per row): whole rows permute like dequantised ones
+        if keep_quantized is not None and keep_quantized(hf_name, info):
+            raw = gf.raw(name)  # (rows, bytes per row), a view: whole rows permute like dequantised ones
+            release: Callable[[], None] = functools.partial(gf.release, info.offset, info.num_bytes)
             if n_head:
-                raw = _unpermute(raw, n_head)
-            yield hf_name, GGUFQuantized(torch.from_numpy(np.array(raw)), info.ggml_type, info.shape)  # a copy
+                raw = np.ascontiguousarray(_unpermute(raw, n_head))  # a copy: the file's pages can go
+                release()
+                release = _nothing
+            yield hf_name, GGUFQuantized(raw, info.ggml_type, info.shape, release)
             continue
         w = gf.load(name)
         if n_head:
             w = _unpermute(w, n_head)
         yield hf_name, torch.from_numpy(np.ascontiguousarray(w))
+
+
+def _nothing() -> None:
+    pass
 
 
 def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
@@ -99,9 +120,11 @@ def safetensors_weights(path: Path, progress: bool = True) -> Iterator[tuple[str
                 yield name, f.get_tensor(name)
 
 
-def read_weights(source: ModelSource, cfg: ModelConfig, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """The (name, tensor) pairs of a model source, whichever format it is in."""
+def read_weights(source: ModelSource, cfg: ModelConfig, progress: bool = True,
+                 keep_quantized: KeepQuantized | None = None) -> Iterator[tuple[str, torch.Tensor | GGUFQuantized]]:
+    """The (name, tensor) pairs of a model source, whichever format it is in; GGUF tensors that
+    `keep_quantized` picks come as their blocks (GGUFQuantized)."""
     if source.kind == "gguf":
-        yield from gguf_weights(GGUFFile(source.path), cfg, progress)  # type: ignore[misc]
+        yield from gguf_weights(GGUFFile(source.path), cfg, progress, keep_quantized)
     else:
         yield from safetensors_weights(source.path, progress)

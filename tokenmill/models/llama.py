@@ -71,7 +71,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, method: LinearMethod) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -112,8 +112,11 @@ class LlamaForCausalLM(nn.Module):
     def finish_loading(self, device: torch.device, dtype: torch.dtype) -> None:
         """Move to device/dtype, then let each linear method convert its weights (prepack, quantize)."""
         self.to(device=device, dtype=dtype)
-        if self.cfg.tie_word_embeddings:  # shared, until a method that converts weights makes its own copy
-            self.lm_head.weight.data = self.model.embed_tokens.weight.data
+        embed = self.model.embed_tokens
+        if self.cfg.tie_word_embeddings and embed.blocks is not None:  # the head multiplies by the same blocks
+            self.lm_head.weight.weight_loader(self.lm_head.weight, embed.blocks, None)  # type: ignore[attr-defined]
+        elif self.cfg.tie_word_embeddings:  # shared, until a method that converts weights makes its own copy
+            self.lm_head.weight.data = embed.weight.data
         for m in self.modules():
             if isinstance(m, Linear):
                 m.finish_loading()

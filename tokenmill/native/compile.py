@@ -20,7 +20,6 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenmill.cpu_features import cpu_flags
 
 log = logging.getLogger("tokenmill.native")
 
@@ -48,12 +47,26 @@ def compiler_version(cxx: str = "g++") -> str | None:
     return out.stdout.splitlines()[0] if out.stdout else None
 
 
+@functools.cache
+def _host_flags() -> str:
+    """The CPU flags from /proc/cpuinfo, read here (not through cpu_features, which tests monkeypatch to
+    pretend another CPU: the binary must match the real one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return ""
+
+
 def build_key(*parts: str | bytes) -> str:
     h = hashlib.sha256()
     for p in parts:
         h.update(p if isinstance(p, bytes) else p.encode())
         h.update(b"\0")
-    h.update(" ".join(sorted(cpu_flags())).encode())
+    h.update(_host_flags().encode())
     return h.hexdigest()[:16]
 
 

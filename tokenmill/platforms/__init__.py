@@ -81,15 +81,24 @@ def cpu_bf16_is_fast() -> bool:
     return cpu_has_amx_bf16() and (bool(check()) if check is not None else True)
 
 
-def resolve_platform(config: EngineConfig) -> Platform:
+def ggml_available() -> bool:
+    """ggml's kernels are built here (native/ggml.py says why not, once, in the log)."""
+    from tokenmill.native import ggml
+
+    return ggml.available()
+
+
+def resolve_platform(config: EngineConfig, weights: str = "hf") -> Platform:
+    """`weights`: the checkpoint's format, "gguf" or "hf" (a GGUF file on CPU keeps its blocks)."""
     if config.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(config.device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device=cuda was asked for, but PyTorch sees no CUDA GPU; use --device cpu")
-    compute = choose_compute(device.type, config.dtype, config.quantization,
-                             bf16_is_fast=cpu_bf16_is_fast, can_prepack=can_prepack_here)
+    compute = choose_compute(device.type, config.dtype, config.quantization, weights=weights,
+                             ggml_available=ggml_available, bf16_is_fast=cpu_bf16_is_fast,
+                             can_prepack=can_prepack_here)
     if device.type == "cpu":
         threads = config.num_threads or int(os.environ.get("TOKENMILL_NUM_THREADS", 0)) or os.cpu_count() or 1
         torch.set_num_threads(threads)

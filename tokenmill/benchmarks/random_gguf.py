@@ -1,0 +1,172 @@
+"""Write a random-weight GGUF of a given shape and quantization mix, quantized by ggml's own quantizer.
+
+For tests (tiny models in each quant type) and for the 7B-class memory and speed check, without
+downloading anything: the tokenizer is the default model's (padded with unused tokens to the vocabulary
+size asked for), the weights are N(0, std) and quantized row by row as they are written, so even a
+7B-class file never needs its fp32 copy in memory.
+
+    python -m tokenmill.benchmarks.random_gguf out.gguf --preset qwen2.5-7b --mix q4_k_m
+
+Mixes follow llama.cpp's recipes in spirit: `q4_k_m` / `q5_k_m` keep attn_v and ffn_down of about half
+the layers (the first and last eighth, and every third in between) and the output layer in Q6_K; a plain
+type name ("q4_0", "q8_0", "q6_k", ...) uses that type for every matrix. Norms are F32.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PRESETS = {
+    # name: (arch, hidden, intermediate, layers, heads, kv_heads, vocab, tied)
+    "qwen2.5-7b": ("qwen2", 3584, 18944, 28, 28, 4, 152064, False),
+    "tiny-256": ("llama", 256, 512, 2, 4, 2, 49152, False),
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str = "llama"
+    hidden: int = 256
+    intermediate: int = 512
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    vocab: int = 49152
+    tied: bool = False
+    context: int = 4096
+    attention_bias: bool = False
+
+
+def _more_bits(layer: int, n: int) -> bool:
+    return layer < n // 8 or layer >= 7 * n // 8 or (layer - n // 8) % 3 == 2
+
+
+def tensor_type(name: str, layer: int, n_layers: int, mix: str) -> str:
+    """The ggml type name of tensor `name` (llama.cpp naming) in `mix`."""
+    if mix in ("q4_k_m", "q5_k_m"):
+        base = mix[:4]
+        if name == "output.weight":
+            return "q6_k"
+        if name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(layer, n_layers):
+            return "q6_k"
+        return base
+    return mix
+
+
+def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.05, seed: int = 0,
+                      name: str = "random") -> Path:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+    from tokenmill.loader.gguf import GGUFFile
+    from tokenmill.loader.model_source import default_model_path
+    from tokenmill.native import ggml
+
+    path = Path(path)
+    s = shape
+    hd = s.hidden // s.heads
+    rng = np.random.default_rng(seed)
+    tensors: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (s.vocab, s.hidden), "")]
+    for i in range(s.layers):
+        p = f"blk.{i}."
+        tensors += [(p + "attn_norm.weight", (s.hidden,), "f32"),
+                    (p + "attn_q.weight", (s.heads * hd, s.hidden), ""),
+                    (p + "attn_k.weight", (s.kv_heads * hd, s.hidden), ""),
+                    (p + "attn_v.weight", (s.kv_heads * hd, s.hidden), "")]
+        if s.attention_bias:
+            tensors += [(p + "attn_q.bias", (s.heads * hd,), "f32"), (p + "attn_k.bias", (s.kv_heads * hd,), "f32"),
+                        (p + "attn_v.bias", (s.kv_heads * hd,), "f32")]
+        tensors += [(p + "attn_output.weight", (s.hidden, s.heads * hd), ""),
+                    (p + "ffn_norm.weight", (s.hidden,), "f32"),
+                    (p + "ffn_gate.weight", (s.intermediate, s.hidden), ""),
+                    (p + "ffn_up.weight", (s.intermediate, s.hidden), ""),
+                    (p + "ffn_down.weight", (s.hidden, s.intermediate), "")]
+    tensors.append(("output_norm.weight", (s.hidden,), "f32"))
+    if not s.tied:
+        tensors.append(("output.weight", (s.vocab, s.hidden), ""))
+
+    def type_of(tname: str, t: str) -> str:
+        layer = int(tname.split(".")[1]) if tname.startswith("blk.") else 0
+        return t or tensor_type(tname, layer, s.layers, mix)
+
+    w = GGUFWriter(path, s.arch)
+    a = s.arch
+    w.add_name(name)
+    w.add_uint32(f"{a}.block_count", s.layers)
+    w.add_uint32(f"{a}.context_length", s.context)
+    w.add_uint32(f"{a}.embedding_length", s.hidden)
+    w.add_uint32(f"{a}.feed_forward_length", s.intermediate)
+    w.add_uint32(f"{a}.attention.head_count", s.heads)
+    w.add_uint32(f"{a}.attention.head_count_kv", s.kv_heads)
+    w.add_float32(f"{a}.rope.freq_base", 10000.0)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_uint32(f"{a}.vocab_size", s.vocab)
+    w.add_uint32(f"{a}.rope.dimension_count", hd)
+    src = GGUFFile(default_model_path()).metadata
+    tokens = list(src["tokenizer.ggml.tokens"])
+    types = [int(t) for t in src["tokenizer.ggml.token_type"]]
+    if s.vocab < len(tokens):
+        raise ValueError(f"vocab {s.vocab} is smaller than the default tokenizer's {len(tokens)}")
+    tokens += [f"<unused_{i}>" for i in range(s.vocab - len(tokens))]
+    types += [5] * (s.vocab - len(types))  # 5: unused
+    w.add_tokenizer_model(str(src["tokenizer.ggml.model"]))
+    w.add_tokenizer_pre(str(src["tokenizer.ggml.pre"]))
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(list(src["tokenizer.ggml.merges"]))
+    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
+    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
+    w.add_add_bos_token(False)
+    w.add_chat_template(str(src["tokenizer.chat_template"]))
+    for tname, tshape, t in tensors:
+        qtype = GGMLQuantizationType[type_of(tname, t).upper()]
+        block, size = GGML_QUANT_SIZES[qtype]
+        if len(tshape) == 1:
+            w.add_tensor_info(tname, tshape, np.dtype(np.float32), tshape[0] * 4)
+        else:
+            rows, k = tshape
+            w.add_tensor_info(tname, (rows, k // block * size), np.dtype(np.uint8), rows * (k // block * size),
+                              raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for tname, tshape, t in tensors:
+        if len(tshape) == 1:
+            arr = (1.0 + 0.1 * rng.standard_normal(tshape[0])).astype(np.float32) if "norm" in tname else \
+                (0.1 * rng.standard_normal(tshape[0])).astype(np.float32)
+            w.write_tensor_data(arr)
+            continue
+        qtype = GGMLQuantizationType[type_of(tname, t).upper()]
+        rows, k = tshape
+        block, size = GGML_QUANT_SIZES[qtype]
+        out = np.empty((rows, k // block * size), dtype=np.uint8)
+        chunk = max(1, (1 << 24) // k)  # quantize 16M values at a time
+        for r0 in range(0, rows, chunk):
+            r = min(chunk, rows - r0)
+            x = (std * rng.standard_normal((r, k), dtype=np.float32))
+            ggml.quantize(int(qtype), x.ctypes.data, out[r0:].ctypes.data, r, k)
+        w.write_tensor_data(out)
+    w.close()
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tokenmill.benchmarks.random_gguf", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out")
+    p.add_argument("--preset", choices=list(PRESETS), default="tiny-256")
+    p.add_argument("--mix", default="q4_k_m", help="q4_k_m, q5_k_m, or one ggml type (q4_0, q8_0, q6_k, ...)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    arch, hidden, inter, layers, heads, kv, vocab, tied = PRESETS[args.preset]
+    shape = Shape(arch, hidden, inter, layers, heads, kv, vocab, tied, attention_bias=arch == "qwen2")
+    out = write_random_gguf(args.out, shape, args.mix, seed=args.seed, name=f"random {args.preset} {args.mix}")
+    print(f"wrote {out} ({out.stat().st_size / 2**30:.2f} GiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,221 @@
+"""The gguf linear method: matmul weights kept as ggml blocks (a GGUF file's own, or requantized at load),
+multiplied by ggml's CPU kernels (native/ggml.py).
+
+A weight arrives per shard as `GGUFQuantized` blocks (zero-copy views of the file's mmap) or, from an
+unquantized checkpoint with `--quantization q8_0|q4_k|...`, as a dense tensor that ggml's quantizer turns
+into blocks at once (so an fp32 copy of the whole model never exists). At finish_loading, adjacent shards
+of one type (q|k|v, gate|up) are joined into one matrix, and each matrix is handed to ggml, repacked into
+an interleaved layout where the running CPU has one for its type (Q4_0 / Q4_K / IQ4_NL on AVX2; more with
+AVX-512 and AMX), else used in place.
+
+Per call, by the number of rows M:
+- M <= max_ggml_rows: ggml's kernels (activations quantized to 8 bits per row, as in llama.cpp: ~5e-3
+  relative error against the fp32 dequantized reference);
+- above: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
+  compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
+  compute-bound. Repacked matrices have no plain blocks left, so they always take ggml's path (its
+  repacked kernels are the fast ones at large M).
+`calibrate` measures the crossover once at start on this machine and logs it (TOKENMILL_GGML_MAX_ROWS
+overrides). Within one path each output row depends only on its own input row (checked by the tests);
+across the crossover results differ at the kernel-error level.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from torch import nn
+
+from tokenmill.compute import UNQUANTIZED_TYPES, requant_type_for
+from tokenmill.layers.linear import Linear, LinearMethod
+from tokenmill.loader.weights import GGUFQuantized
+from tokenmill.native import ggml
+
+log = logging.getLogger("tokenmill")
+
+_TILE_ELEMS = 1 << 22  # dense path: dequantize at most 4M values (16 MB fp32) at a time
+_CALIBRATION_ROWS = (4, 8, 16, 32, 64, 128, 256)
+
+
+def to_blocks(tensor: torch.Tensor, type_name: str) -> GGUFQuantized:
+    """A dense (rows, k) tensor -> blocks of `type_name` by ggml's quantizer (f16/f32: a plain copy).
+    K-quant rows that are not a multiple of 256 fall back to q8_0 (compute.requant_type_for)."""
+    rows, k = tensor.shape
+    t = requant_type_for(type_name, k)
+    qtype = GGMLQuantizationType[t.upper()]
+    src = np.ascontiguousarray(tensor.detach().to(torch.float32).numpy())
+    if t in UNQUANTIZED_TYPES:
+        data = src.astype(np.float16 if t == "f16" else np.float32)
+        return GGUFQuantized(data.view(np.uint8).reshape(rows, -1), qtype, (rows, k))
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    dst = np.empty((rows, k // block * type_size), dtype=np.uint8)
+    ggml.quantize(int(qtype), src.ctypes.data, dst.ctypes.data, rows, k)
+    return GGUFQuantized(dst, qtype, (rows, k))
+
+
+class _Scratch:
+    """One reused fp32 buffer for the dense path's tiles (grown on demand, never shrunk)."""
+
+    def __init__(self) -> None:
+        self.buf = torch.empty(0)
+
+    def get(self, n: int) -> torch.Tensor:
+        if self.buf.numel() < n:
+            self.buf = torch.empty(n)
+        return self.buf[:n]
+
+
+class GGUFLinearMethod(LinearMethod):
+    name = "gguf"
+    keeps_blocks = True  # the embedding keeps its blocks too (layers/embedding.py)
+
+    def __init__(self, requant_type: str | None = None, repack: bool | None = None) -> None:
+        if not ggml.available():
+            raise RuntimeError(f"the gguf linear method needs ggml's kernels: {ggml.unavailable_reason()}")
+        self.requant_type = requant_type
+        self.repack = os.environ.get("TOKENMILL_GGML_REPACK", "1") != "0" if repack is None else repack
+        env = os.environ.get("TOKENMILL_GGML_MAX_ROWS")
+        self.max_ggml_rows: int = int(env) if env else 16  # until calibrate() measures it
+        self._fixed_rows = env is not None
+        self._scratch = _Scratch()
+
+    # -- weights ---------------------------------------------------------------------------------------
+    def create_weights(self, layer: Linear) -> None:
+        layer.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        layer.weight.weight_loader = functools.partial(self.load, layer)  # type: ignore[attr-defined]
+        layer.weight.shard_ids = list(layer.shards)  # type: ignore[attr-defined]
+        layer.blocks = {}  # shard (or None) -> GGUFQuantized, until finish_loading
+        layer.matmul = None
+        layer.dense = []  # (GgmlWeight with plain blocks, first output column) for the dense path
+
+    def to_blocks(self, tensor: torch.Tensor | GGUFQuantized) -> GGUFQuantized:
+        """A checkpoint matrix as ggml blocks: quantized ones as they are; dense ones at the requant type
+        (or f32 without one)."""
+        if isinstance(tensor, GGUFQuantized):
+            return tensor
+        return to_blocks(tensor, self.requant_type or "f32")
+
+    def load(self, layer: Linear, param: nn.Parameter, tensor: torch.Tensor | GGUFQuantized,  # type: ignore[override]
+             shard: str | None) -> None:
+        if param is not layer.weight:  # the bias: dense, like any method's
+            assert isinstance(tensor, torch.Tensor)
+            super().load(layer, param, tensor, shard)
+            return
+        a, b = layer.shard_rows(shard)
+        want = (b - a, layer.in_features)
+        if tuple(tensor.shape) != want:
+            raise ValueError(f"weight shard {shard!r} has shape {tuple(tensor.shape)}, expected {want}")
+        layer.blocks[shard] = self.to_blocks(tensor)
+
+    def finish_loading(self, layer: Linear) -> None:
+        order = list(layer.shards) if layer.shards else [None]
+        if set(order) != set(layer.blocks):
+            raise ValueError(f"linear layer lacks shards {set(order) - set(layer.blocks)}")
+        groups: list[tuple[int, list[GGUFQuantized]]] = []  # (first output column, adjacent parts of one type)
+        for shard in order:
+            part, (a, _) = layer.blocks[shard], layer.shard_rows(shard)
+            if groups and groups[-1][1][-1].ggml_type == part.ggml_type:
+                groups[-1][1].append(part)
+            else:
+                groups.append((a, [part]))
+        weights, offsets = [], []
+        for offset, parts in groups:
+            if len(parts) == 1:
+                data, release = parts[0].data, parts[0].release
+            else:  # join the rows: a copy, after which the file's pages can go
+                data = np.concatenate([p.data for p in parts], axis=0)
+                for p in parts:
+                    p.release()
+                release = _nothing
+            n = sum(p.shape[0] for p in parts)
+            w = ggml.GgmlWeight(int(parts[0].ggml_type), layer.in_features, n, data.ctypes.data, self.repack, data)
+            if w.repacked:
+                release()
+            else:
+                layer.dense.append((w, offset))
+            weights.append(w)
+            offsets.append(offset)
+        layer.matmul = ggml.GgmlMatmul(weights, offsets, layer.out_features)
+        layer.dense_ok = len(layer.dense) == len(weights)
+        layer.blocks = {}
+
+    def weight_bytes(self, out_features: int, in_features: int, dtype_bytes: int) -> int:
+        raise NotImplementedError("the gguf method's bytes depend on the file's types (memory_plan.make_plan)")
+
+    # -- compute ---------------------------------------------------------------------------------------
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        """x (M, in) -> (M, out) at x's dtype."""
+        m = x.shape[0]
+        if m > self.max_ggml_rows and layer.dense_ok:
+            y = self._dense(layer, x)
+        else:
+            y = self._ggml(layer, x)
+        return y if layer.bias is None else y + layer.bias
+
+    def _ggml(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        assert layer.matmul is not None, "finish_loading() builds the matmul"
+        x32 = x.to(torch.float32).contiguous()
+        y = torch.empty(x.shape[0], layer.out_features, dtype=torch.float32)
+        if x.shape[0]:
+            layer.matmul(x32.data_ptr(), x.shape[0], y.data_ptr(), torch.get_num_threads())
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def _dense(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        y = x.new_empty(x.shape[0], layer.out_features)
+        k, threads = layer.in_features, torch.get_num_threads()
+        for w, offset in layer.dense:
+            row_bytes = ggml.row_size(w.ggml_type, k)
+            step = max(1, _TILE_ELEMS // k)
+            for r0 in range(0, w.n, step):
+                r = min(step, w.n - r0)
+                tile = self._scratch.get(r * k).view(r, k)
+                ggml.dequantize(w.ggml_type, w.data_ptr + r0 * row_bytes, r, k, tile.data_ptr(), threads)
+                y[:, offset + r0 : offset + r0 + r] = F.linear(x, tile if x.dtype == torch.float32 else tile.to(x.dtype))
+        return y
+
+    # -- the crossover -----------------------------------------------------------------------------------
+    def calibrate(self, layers: list[Linear], dtype: torch.dtype) -> None:
+        """Measure, on the most common layer shape, from how many rows dequantize + F.linear beats ggml's
+        kernels; log the figures. Skipped when TOKENMILL_GGML_MAX_ROWS fixes it or no layer can go dense."""
+        dense = [lyr for lyr in layers if getattr(lyr, "dense_ok", False)]
+        if self._fixed_rows or not dense:
+            log.info("gguf matmuls: ggml's kernels up to %d rows%s", self.max_ggml_rows,
+                     " (TOKENMILL_GGML_MAX_ROWS)" if self._fixed_rows else " (every matrix repacked: always ggml)")
+            return
+        shapes: dict[tuple[int, int], list[Linear]] = {}
+        for lyr in dense:
+            shapes.setdefault((lyr.out_features, lyr.in_features), []).append(lyr)
+        layer = max(shapes.items(), key=lambda kv: len(kv[1]) * kv[0][0] * kv[0][1])[1][0]  # most bytes
+        figures, best = [], 0
+        for m in _CALIBRATION_ROWS:
+            x = torch.randn(m, layer.in_features, dtype=dtype)
+            t_g = _best_time(lambda: self._ggml(layer, x))
+            t_d = _best_time(lambda: self._dense(layer, x))
+            figures.append(f"M={m} {t_g * 1e3:.2f}/{t_d * 1e3:.2f} ms")
+            if t_d < t_g:
+                break
+            best = m
+        self.max_ggml_rows = max(best, 1)
+        log.info("gguf matmuls: ggml's kernels up to %d rows, dequantize + F.linear above (measured on a "
+                 "(%d, %d) layer, ggml/dense: %s)", self.max_ggml_rows, layer.out_features, layer.in_features,
+                 ", ".join(figures))
+
+
+def _best_time(fn: object, reps: int = 3) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()  # type: ignore[operator]
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _nothing() -> None:
+    pass

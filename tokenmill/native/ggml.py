@@ -1,0 +1,153 @@
+"""ctypes binding of tokenmill's ggml shim (ggml_shim.cpp): quantized matmuls, row gathers, the quantizer.
+
+`lib()` returns the loaded library, or None when ggml is not built here (the reason is logged once and kept
+in `unavailable_reason()`). Nothing here imports torch: callers pass raw pointers (tensor.data_ptr(),
+ndarray.ctypes.data).
+
+ggml type ids are gguf.GGMLQuantizationType's values (the same enum).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+
+from tokenmill.native.compile import NativeBuildError
+
+log = logging.getLogger("tokenmill.native")
+
+_c_i64p = ctypes.POINTER(ctypes.c_int64)
+_reason: str | None = None
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    vp, i64, i32, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
+    sigs: dict[str, tuple[object, list[object]]] = {
+        "tm_row_size": (sz, [i32, i64]),
+        "tm_block_size": (i64, [i32]),
+        "tm_type_name": (ctypes.c_char_p, [i32]),
+        "tm_weight_create": (vp, [i32, i64, i64, vp, i32]),
+        "tm_weight_nbytes": (sz, [vp]),
+        "tm_weight_layout": (ctypes.c_char_p, [vp]),
+        "tm_weight_repacked": (i32, [vp]),
+        "tm_weight_free": (None, [vp]),
+        "tm_matmul": (i32, [ctypes.POINTER(vp), _c_i64p, i32, vp, i64, i64, vp, i64, i32]),
+        "tm_get_rows": (None, [i32, vp, i64, vp, i64, vp]),
+        "tm_dequantize": (None, [i32, vp, i64, i64, vp, i32]),
+        "tm_quantize": (sz, [i32, vp, vp, i64, i64]),
+        "tm_quantize_requires_imatrix": (i32, [i32]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+@functools.cache
+def lib() -> ctypes.CDLL | None:
+    """The shim, built (without downloading) if the ggml sdist is cached; None if not available here.
+    TOKENMILL_GGML=0 turns it off (GGUF weights are then dequantized)."""
+    global _reason
+    if os.environ.get("TOKENMILL_GGML", "1") == "0":
+        _reason = "TOKENMILL_GGML=0"
+        return None
+    try:
+        from tokenmill.native.ggml_build import shim_library
+
+        path = shim_library(download=False)
+        handle = ctypes.CDLL(str(path))
+    except (NativeBuildError, OSError) as e:
+        _reason = str(e)
+        log.warning("ggml kernels unavailable, GGUF weights will be dequantized: %s", e)
+        return None
+    _declare(handle)
+    return handle
+
+
+def available() -> bool:
+    return lib() is not None
+
+
+def unavailable_reason() -> str | None:
+    lib()
+    return _reason
+
+
+def _lib() -> ctypes.CDLL:
+    h = lib()
+    if h is None:
+        raise NativeBuildError(f"ggml is not available: {_reason}")
+    return h
+
+
+def row_size(ggml_type: int, k: int) -> int:
+    return int(_lib().tm_row_size(ggml_type, k))
+
+
+def quantize(ggml_type: int, src_ptr: int, dst_ptr: int, rows: int, k: int) -> int:
+    """ggml's quantizer: (rows, k) fp32 at src_ptr -> dst_ptr (rows * row_size bytes). Returns bytes."""
+    if k % int(_lib().tm_block_size(ggml_type)):
+        raise ValueError(f"rows of {k} are not a multiple of the {type_name(ggml_type)} block "
+                         f"({_lib().tm_block_size(ggml_type)})")
+    return int(_lib().tm_quantize(ggml_type, src_ptr, dst_ptr, rows, k))
+
+
+def requires_imatrix(ggml_type: int) -> bool:
+    return bool(_lib().tm_quantize_requires_imatrix(ggml_type))
+
+
+def type_name(ggml_type: int) -> str:
+    return _lib().tm_type_name(ggml_type).decode()
+
+
+def get_rows(ggml_type: int, data_ptr: int, k: int, ids_ptr: int, n: int, out_ptr: int) -> None:
+    """Dequantize rows ids[0..n) (int64 at ids_ptr) of a (rows, k) matrix into out (n, k) fp32."""
+    _lib().tm_get_rows(ggml_type, data_ptr, k, ids_ptr, n, out_ptr)
+
+
+def dequantize(ggml_type: int, data_ptr: int, rows: int, k: int, out_ptr: int, n_threads: int = 1) -> None:
+    """(rows, k) blocks at data_ptr -> (rows, k) fp32 at out_ptr."""
+    _lib().tm_dequantize(ggml_type, data_ptr, rows, k, out_ptr, n_threads)
+
+
+class GgmlWeight:
+    """One (n, k) matrix of a ggml type, at `data_ptr` (zero copy: `keepalive` must hold the memory) or, with
+    repack, in ggml's repacked copy. Freed with the object."""
+
+    def __init__(self, ggml_type: int, k: int, n: int, data_ptr: int, repack: bool, keepalive: object) -> None:
+        self._lib = _lib()
+        self.ggml_type, self.k, self.n = ggml_type, k, n
+        h = self._lib.tm_weight_create(ggml_type, k, n, data_ptr, int(repack))
+        if not h:
+            raise ValueError(f"ggml cannot hold a ({n}, {k}) {type_name(ggml_type)} weight")
+        self.handle: int = h
+        self.repacked = bool(self._lib.tm_weight_repacked(h))
+        self.layout: str = self._lib.tm_weight_layout(h).decode()
+        self.nbytes = int(self._lib.tm_weight_nbytes(h))
+        self.data_ptr = data_ptr if not self.repacked else 0  # the plain blocks, if kept
+        self._keepalive = None if self.repacked else keepalive
+
+    def __del__(self) -> None:
+        h, self.handle = getattr(self, "handle", 0), 0
+        if h:
+            self._lib.tm_weight_free(h)
+
+
+class GgmlMatmul:
+    """The weights of one (possibly fused) linear layer, multiplied in one call: out columns
+    [offset_i, offset_i + n_i) come from weight i."""
+
+    def __init__(self, weights: list[GgmlWeight], offsets: list[int], out_features: int) -> None:
+        self.weights, self.out_features = weights, out_features
+        self.k = weights[0].k
+        self._handles = (ctypes.c_void_p * len(weights))(*(w.handle for w in weights))
+        self._offsets = (ctypes.c_int64 * len(weights))(*offsets)
+        self._n = len(weights)
+        self._fn = _lib().tm_matmul
+
+    def __call__(self, x_ptr: int, m: int, y_ptr: int, n_threads: int) -> None:
+        """x (m, k) fp32 contiguous -> y (m, out_features) fp32 contiguous."""
+        rc = self._fn(self._handles, self._offsets, self._n, x_ptr, m, self.k, y_ptr, self.out_features, n_threads)
+        if rc:
+            raise RuntimeError(f"ggml matmul failed (status {rc})")

@@ -1,0 +1,213 @@
+// tokenmill's bridge to ggml's CPU matmuls, through ggml's public C API only (built against the pinned
+// ggml of ggml-python's sdist; see ggml_build.py). One call per linear layer from Python (ctypes), so the
+// per-call overhead is one foreign call, not one per ggml function.
+//
+// A weight is an (N rows x K) matrix of one ggml type: either the file's own bytes (zero copy: `data`
+// points into an mmap of the GGUF file and must outlive the weight), or a copy in one of ggml's repacked
+// layouts (an "extra" CPU buffer type, e.g. interleaved Q4_0/Q4_K tiles on AVX2) when the running CPU
+// supports it for this type, checked the way llama.cpp checks it (supports_op), never by trying.
+//
+// tm_matmul computes y[m, off_i : off_i + N_i] = x[m, :] . W_i[n, :] for every weight i of a fused layer
+// (q|k|v, gate|up), all in one ggml graph. x: (M, K) fp32 row-major; y: (M, ldy) fp32 row-major.
+// Like llama.cpp, ggml quantizes x per row to 8 bits (Q8_0 / Q8_K) before the integer dot products.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+namespace {
+
+struct Weight {
+    ggml_context* ctx = nullptr;       // holds the tensor's metadata
+    ggml_tensor* t = nullptr;          // ne = {K, N}
+    ggml_backend_buffer_t buf = nullptr;  // repacked copy (or nullptr: data points at the caller's bytes)
+    const char* layout = "ggml";
+};
+
+std::once_flag g_init;
+
+// ggml's own log: warnings and errors to stderr, its per-tensor info lines ("repack: ...") dropped.
+void log_cb(ggml_log_level level, const char* text, void*) {
+    if (level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+void init_once() {
+    std::call_once(g_init, [] {
+        ggml_log_set(log_cb, nullptr);
+        ggml_cpu_init();
+    });
+}
+
+ggml_context* small_ctx(size_t n_tensors, void* mem, size_t mem_size) {
+    ggml_init_params p{};
+    p.mem_size = mem ? mem_size : n_tensors * ggml_tensor_overhead() + 1024;
+    p.mem_buffer = mem;
+    p.no_alloc = true;
+    return ggml_init(p);
+}
+
+// The first extra CPU buffer type (repack, AMX, ...) that supports mul_mat with this weight, or nullptr.
+ggml_backend_buffer_type_t pick_extra_buft(ggml_tensor* w) {
+    ggml_backend_reg_t reg = ggml_backend_cpu_reg();
+    ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, 0);
+    auto get_extra = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(
+        reg, "ggml_backend_dev_get_extra_bufts");
+    if (!get_extra) return nullptr;
+    ggml_context* ctx = small_ctx(4, nullptr, 0);
+    ggml_tensor* x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 64);
+    ggml_tensor* wt = ggml_dup_tensor(ctx, w);
+    ggml_tensor* op = ggml_mul_mat(ctx, wt, x);
+    ggml_backend_buffer_type_t found = nullptr;
+    for (ggml_backend_buffer_type_t* b = get_extra(dev); b && *b; ++b) {
+        ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(*b, 0);
+        wt->buffer = dummy;
+        bool ok = ggml_backend_dev_supports_op(dev, op);
+        wt->buffer = nullptr;
+        ggml_backend_buffer_free(dummy);
+        if (ok) {
+            found = *b;
+            break;
+        }
+    }
+    ggml_free(ctx);
+    return found;
+}
+
+}  // namespace
+
+extern "C" {
+
+size_t tm_row_size(int type, int64_t k) { return ggml_row_size((ggml_type)type, k); }
+
+int64_t tm_block_size(int type) { return ggml_blck_size((ggml_type)type); }
+
+int tm_type_count() { return GGML_TYPE_COUNT; }
+
+const char* tm_type_name(int type) { return ggml_type_name((ggml_type)type); }
+
+// A weight of `type`, (n rows x k). repack != 0: copy `data` into a repacked layout if the CPU has one for
+// this type (else fall back to zero copy). Returns nullptr on a bad shape.
+void* tm_weight_create(int type, int64_t k, int64_t n, const void* data, int repack) {
+    init_once();
+    if (k % ggml_blck_size((ggml_type)type) != 0) return nullptr;
+    auto* w = new Weight();
+    w->ctx = small_ctx(1, nullptr, 0);
+    w->t = ggml_new_tensor_2d(w->ctx, (ggml_type)type, k, n);
+    if (repack) {
+        if (ggml_backend_buffer_type_t buft = pick_extra_buft(w->t)) {
+            size_t size = ggml_backend_buft_get_alloc_size(buft, w->t);
+            w->buf = ggml_backend_buft_alloc_buffer(buft, size);
+            if (w->buf) {
+                ggml_backend_buffer_set_usage(w->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+                ggml_backend_tensor_alloc(w->buf, w->t, ggml_backend_buffer_get_base(w->buf));
+                ggml_backend_tensor_set(w->t, data, 0, ggml_nbytes(w->t));  // repacks
+                w->layout = ggml_backend_buft_name(buft);
+                return w;
+            }
+        }
+    }
+    w->t->data = const_cast<void*>(data);
+    return w;
+}
+
+// Bytes the weight keeps: its repacked buffer, or the caller's bytes it points at.
+size_t tm_weight_nbytes(void* h) {
+    auto* w = (Weight*)h;
+    return w->buf ? ggml_backend_buffer_get_size(w->buf) : ggml_nbytes(w->t);
+}
+
+const char* tm_weight_layout(void* h) { return ((Weight*)h)->layout; }
+
+int tm_weight_repacked(void* h) { return ((Weight*)h)->buf != nullptr; }
+
+void tm_weight_free(void* h) {
+    auto* w = (Weight*)h;
+    if (!w) return;
+    if (w->buf) ggml_backend_buffer_free(w->buf);
+    ggml_free(w->ctx);
+    delete w;
+}
+
+// See the header comment. offsets[i]: first output column of weight i. Returns 0 on success.
+int tm_matmul(void** weights, const int64_t* offsets, int n_weights, const float* x, int64_t m, int64_t k,
+              float* y, int64_t ldy, int n_threads) {
+    init_once();
+    thread_local std::vector<uint8_t> meta, work;
+    thread_local std::vector<float> scratch;
+    size_t meta_size = (2 + 2 * (size_t)n_weights) * ggml_tensor_overhead() +
+                       ggml_graph_overhead_custom(2 * n_weights + 2, false) + 1024;
+    if (meta.size() < meta_size) meta.resize(meta_size);
+    ggml_context* ctx = small_ctx(0, meta.data(), meta.size());
+    ggml_tensor* xt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, m);
+    xt->data = const_cast<float*>(x);
+    ggml_cgraph* gf = ggml_new_graph_custom(ctx, 2 * n_weights + 2, false);
+    // a single weight writing all of y's columns writes in place; otherwise each result goes to scratch
+    // (ggml's repacked kernels assume a contiguous destination) and is copied into its columns
+    bool direct = n_weights == 1 && offsets[0] == 0 && ((Weight*)weights[0])->t->ne[1] == ldy;
+    size_t total = 0;
+    for (int i = 0; i < n_weights; ++i) total += (size_t)((Weight*)weights[i])->t->ne[1] * m;
+    if (!direct && scratch.size() < total) scratch.resize(total);
+    std::vector<ggml_tensor*> outs(n_weights);
+    size_t pos = 0;
+    for (int i = 0; i < n_weights; ++i) {
+        ggml_tensor* w = ((Weight*)weights[i])->t;
+        if (w->ne[0] != k) {
+            ggml_free(ctx);
+            return 1;
+        }
+        ggml_tensor* r = ggml_mul_mat(ctx, w, xt);  // ne = {N_i, M}
+        r->data = direct ? (void*)y : (void*)(scratch.data() + pos);
+        pos += (size_t)w->ne[1] * m;
+        outs[i] = r;
+        ggml_build_forward_expand(gf, r);
+    }
+    ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
+    if (plan.work_size > work.size()) work.resize(plan.work_size);
+    plan.work_data = work.data();
+    int status = ggml_graph_compute(gf, &plan) == GGML_STATUS_SUCCESS ? 0 : 2;
+    if (!direct && status == 0) {
+        for (int i = 0; i < n_weights; ++i) {
+            int64_t ni = outs[i]->ne[0];
+            const float* src = (const float*)outs[i]->data;
+            for (int64_t r = 0; r < m; ++r) std::memcpy(y + r * ldy + offsets[i], src + r * ni, ni * sizeof(float));
+        }
+    }
+    ggml_free(ctx);
+    return status;
+}
+
+// Dequantize rows ids[0..n) of an (rows x k) matrix of `type` at `data` into out (n, k) fp32.
+void tm_get_rows(int type, const void* data, int64_t k, const int64_t* ids, int64_t n, float* out) {
+    const ggml_type_traits* tr = ggml_get_type_traits((ggml_type)type);
+    size_t row = ggml_row_size((ggml_type)type, k);
+    for (int64_t i = 0; i < n; ++i) tr->to_float((const uint8_t*)data + ids[i] * row, out + i * k, k);
+}
+
+// Dequantize a whole (rows x k) matrix (rows contiguous) into out, split over n_threads rows-wise (one
+// thread below ~1M values: a parallel region costs more than it saves there).
+void tm_dequantize(int type, const void* data, int64_t rows, int64_t k, float* out, int n_threads) {
+    const ggml_type_traits* tr = ggml_get_type_traits((ggml_type)type);
+    size_t row = ggml_row_size((ggml_type)type, k);
+    int nt = rows * k >= (1 << 20) ? n_threads : 1;
+    int64_t chunk = (rows + nt - 1) / nt;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int t = 0; t < nt; ++t) {
+        int64_t r0 = t * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        if (r1 > r0) tr->to_float((const uint8_t*)data + r0 * row, out + r0 * k, (r1 - r0) * k);
+    }
+}
+
+// ggml's quantizer (imatrix-free): src (rows, k) fp32 -> dst, rows * tm_row_size(type, k) bytes.
+size_t tm_quantize(int type, const float* src, void* dst, int64_t rows, int64_t k) {
+    init_once();
+    return ggml_quantize_chunk((ggml_type)type, src, dst, 0, rows, k, nullptr);
+}
+
+int tm_quantize_requires_imatrix(int type) { return ggml_quantize_requires_imatrix((ggml_type)type); }
+
+}  // extern "C"
