@@ -52,6 +52,11 @@ CTX_PER_SLOT=512  # >= INPUT_LEN + OUTPUT_LEN with room for the chat template
 MAX_MODEL_LEN=$(( CTX_PER_SLOT > 2048 ? CTX_PER_SLOT : 2048 ))
 BASE_URL="http://127.0.0.1:$PORT"
 mkdir -p "$RESULTS_DIR"
+# the summary and the figure need the bench extras: check before measuring, not after 25 minutes
+"$PYTHON" -c "import httpx, matplotlib" 2>/dev/null || {
+    echo "compare.sh needs tokenmill's bench extras: $PYTHON -m pip install -e '.[bench]' (make compare does)" >&2
+    exit 2
+}
 
 log() { printf '\n[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

@@ -113,12 +113,14 @@ def dequantize(ggml_type: int, data_ptr: int, rows: int, k: int, out_ptr: int, n
 
 class GgmlWeight:
     """One (n, k) matrix of a ggml type, at `data_ptr` (zero copy: `keepalive` must hold the memory) or, with
-    repack, in ggml's repacked copy. Freed with the object."""
+    repack, in ggml's repacked copy (AMX layouts only with TOKENMILL_GGML_AMX=1: see ggml_shim.cpp). Freed
+    with the object."""
 
     def __init__(self, ggml_type: int, k: int, n: int, data_ptr: int, repack: bool, keepalive: object) -> None:
         self._lib = _lib()
         self.ggml_type, self.k, self.n = ggml_type, k, n
-        h = self._lib.tm_weight_create(ggml_type, k, n, data_ptr, int(repack))
+        flags = int(repack) | (2 if os.environ.get("TOKENMILL_GGML_AMX") == "1" else 0)
+        h = self._lib.tm_weight_create(ggml_type, k, n, data_ptr, flags)
         if not h:
             raise ValueError(f"ggml cannot hold a ({n}, {k}) {type_name(ggml_type)} weight")
         self.handle: int = h

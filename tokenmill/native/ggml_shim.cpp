@@ -52,7 +52,9 @@ ggml_context* small_ctx(size_t n_tensors, void* mem, size_t mem_size) {
 }
 
 // The first extra CPU buffer type (repack, AMX, ...) that supports mul_mat with this weight, or nullptr.
-ggml_backend_buffer_type_t pick_extra_buft(ggml_tensor* w) {
+// AMX only with allow_amx: llama.cpp's AMX path for Q4_1 was seen to segfault at the first decode on a
+// Sapphire Rapids Xeon (benchmarks/compare.sh runs llama-server with --no-repack for that reason).
+ggml_backend_buffer_type_t pick_extra_buft(ggml_tensor* w, bool allow_amx) {
     ggml_backend_reg_t reg = ggml_backend_cpu_reg();
     ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, 0);
     auto get_extra = (ggml_backend_dev_get_extra_bufts_t)ggml_backend_reg_get_proc_address(
@@ -64,6 +66,7 @@ ggml_backend_buffer_type_t pick_extra_buft(ggml_tensor* w) {
     ggml_tensor* op = ggml_mul_mat(ctx, wt, x);
     ggml_backend_buffer_type_t found = nullptr;
     for (ggml_backend_buffer_type_t* b = get_extra(dev); b && *b; ++b) {
+        if (!allow_amx && std::strstr(ggml_backend_buft_name(*b), "AMX")) continue;
         ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(*b, 0);
         wt->buffer = dummy;
         bool ok = ggml_backend_dev_supports_op(dev, op);
@@ -90,16 +93,16 @@ int tm_type_count() { return GGML_TYPE_COUNT; }
 
 const char* tm_type_name(int type) { return ggml_type_name((ggml_type)type); }
 
-// A weight of `type`, (n rows x k). repack != 0: copy `data` into a repacked layout if the CPU has one for
-// this type (else fall back to zero copy). Returns nullptr on a bad shape.
+// A weight of `type`, (n rows x k). repack & 1: copy `data` into a repacked layout if the CPU has one for
+// this type (else fall back to zero copy); repack & 2: AMX layouts may be used too. nullptr on a bad shape.
 void* tm_weight_create(int type, int64_t k, int64_t n, const void* data, int repack) {
     init_once();
     if (k % ggml_blck_size((ggml_type)type) != 0) return nullptr;
     auto* w = new Weight();
     w->ctx = small_ctx(1, nullptr, 0);
     w->t = ggml_new_tensor_2d(w->ctx, (ggml_type)type, k, n);
-    if (repack) {
-        if (ggml_backend_buffer_type_t buft = pick_extra_buft(w->t)) {
+    if (repack & 1) {
+        if (ggml_backend_buffer_type_t buft = pick_extra_buft(w->t, (repack & 2) != 0)) {
             size_t size = ggml_backend_buft_get_alloc_size(buft, w->t);
             w->buf = ggml_backend_buft_alloc_buffer(buft, size);
             if (w->buf) {
