@@ -34,8 +34,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                    help="auto (bf16 on CUDA and on CPUs with AMX, else fp32), float32, bfloat16, float16")
     g.add_argument("--seed", type=int, default=0, help="seed for unseeded sampling")
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads for the model (default: all cores)")
-    g.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None,
-                   help="default: a GGUF file on CPU keeps its quantized blocks (ggml's kernels), other "
+    g.add_argument("--quantization", choices=["auto", *QUANTIZATION_CHOICES], default=None,
+                   help="auto (default): a GGUF file on CPU keeps its quantized blocks (ggml's kernels), other "
                         "weights run at the compute dtype. dequantize: GGUF weights dequantized at load; "
                         "q8_0, q4_k, ...: requantize unquantized weights at load (ggml's quantizer); int8: "
                         "torch's weight-only int8")
@@ -46,7 +46,7 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
         model=model or args.model, max_model_len=args.max_model_len, kv_cache_memory=parse_size(args.kv_cache_memory),
         block_size=args.block_size, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, device=args.device, dtype=args.dtype, seed=args.seed,
-        num_threads=args.num_threads, quantization=args.quantization)
+        num_threads=args.num_threads, quantization=None if args.quantization == "auto" else args.quantization)
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:

@@ -101,7 +101,9 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def small_server() -> Iterator[ServerProcess]:
-    srv = ServerProcess("--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "64MiB").wait_ready()
+    # the default for a GGUF file on CPU (its blocks on ggml's kernels), which the shared servers do not use
+    srv = ServerProcess("--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "64MiB",
+                        "--quantization", "auto").wait_ready()
     yield srv
     assert srv.stop() == 0, srv.output()
 

@@ -22,7 +22,8 @@ from tokenmill.config import EngineConfig
 NUM_REQUESTS, MAX_TOKENS = 64, 32
 # 720 KiB per 16-token block for SmolLM2-135M in fp32: 29 MiB is 41 blocks (656 tokens). Each request needs
 # ~3 blocks (a ~12-token prompt and 32 output tokens), so 64 of them want ~190.
-STORM_CONFIG = EngineConfig(kv_cache_memory=29 * 2**20, max_model_len=256, max_num_seqs=64, dtype="float32")
+STORM_CONFIG = EngineConfig(kv_cache_memory=29 * 2**20, max_model_len=256, max_num_seqs=64, dtype="float32",
+                            quantization="dequantize")
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ def _offline_llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     return LLM(args.model, progress=False, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-               dtype=args.dtype, quantization=args.quantization, num_threads=args.num_threads)
+               dtype=args.dtype, quantization=None if args.quantization == "auto" else args.quantization, num_threads=args.num_threads)
 
 
 def _emit(args: argparse.Namespace, llm: object, kind: str, result: dict[str, object]) -> int:
@@ -81,7 +81,7 @@ def _offline_args(p: argparse.ArgumentParser, output_len: int) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (as for serve)")
-    p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None, help="as for serve")
+    p.add_argument("--quantization", choices=["auto", *QUANTIZATION_CHOICES], default=None, help="as for serve")
     p.add_argument("--num-threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-json", default=None, help="write the result here")
@@ -90,7 +90,10 @@ def _offline_args(p: argparse.ArgumentParser, output_len: int) -> None:
 def add_soak_args(p: argparse.ArgumentParser) -> None:
     """The flags of `tokenmill bench soak` (here, not in soak.py, which needs httpx: a `bench` extra)."""
     p.add_argument("--url", default=None, help="target a running server (default: start one)")
-    p.add_argument("--server-args", default="--max-num-seqs 64", help="flags for the server it starts")
+    # checked answers must not depend on the batch: fp32 with dequantized weights (the GGUF-block method
+    # and bf16 pick kernels by batch size)
+    p.add_argument("--server-args", default="--max-num-seqs 64 --dtype float32 --quantization dequantize",
+                   help="flags for the server it starts")
     p.add_argument("--api-key", default=None)
     p.add_argument("--num-requests", type=int, default=10_000)
     p.add_argument("--warmup-requests", type=int, default=500, help="sent first; RSS is compared from there")
