@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+_POOL_VALUES = 1 << 24  # matrices above this many values reuse a pool of 16M quantized values per (type, row)
+
 PRESETS = {
     # name: (arch, hidden, intermediate, layers, heads, kv_heads, vocab, tied)
     "qwen2.5-7b": ("qwen2", 3584, 18944, 28, 28, 4, 152064, False),
@@ -130,6 +132,7 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
             rows, k = tshape
             w.add_tensor_info(tname, (rows, k // block * size), np.dtype(np.uint8), rows * (k // block * size),
                               raw_dtype=qtype)
+    pools: dict[tuple[object, int], np.ndarray] = {}
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -143,11 +146,18 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
         rows, k = tshape
         block, size = GGML_QUANT_SIZES[qtype]
         out = np.empty((rows, k // block * size), dtype=np.uint8)
-        chunk = max(1, (1 << 24) // k)  # quantize 16M values at a time
-        for r0 in range(0, rows, chunk):
-            r = min(chunk, rows - r0)
-            x = (std * rng.standard_normal((r, k), dtype=np.float32))
-            ggml.quantize(int(qtype), x.ctypes.data, out[r0:].ctypes.data, r, k)
+        pool_rows = max(1, _POOL_VALUES // k)
+        if rows <= pool_rows:
+            x = std * rng.standard_normal((rows, k), dtype=np.float32)
+            ggml.quantize(int(qtype), x.ctypes.data, out.ctypes.data, rows, k)
+        else:  # a big matrix: rows drawn from a pool of quantized random rows (ggml's K-quant search is slow)
+            pool = pools.get((qtype, k))
+            if pool is None:
+                x = std * rng.standard_normal((pool_rows, k), dtype=np.float32)
+                pool = np.empty((pool_rows, out.shape[1]), dtype=np.uint8)
+                ggml.quantize(int(qtype), x.ctypes.data, pool.ctypes.data, pool_rows, k)
+                pools[(qtype, k)] = pool
+            out[:] = pool[rng.integers(0, pool_rows, rows)]
         w.write_tensor_data(out)
     w.close()
     return path
