@@ -192,11 +192,11 @@ void tm_get_rows(int type, const void* data, int64_t k, const int64_t* ids, int6
 }
 
 // Dequantize a whole (rows x k) matrix (rows contiguous) into out, split over n_threads rows-wise (one
-// thread below ~1M values: a parallel region costs more than it saves there).
+// thread below ~128K values, ~0.1 ms of work: a parallel region costs more than it saves there).
 void tm_dequantize(int type, const void* data, int64_t rows, int64_t k, float* out, int n_threads) {
     const ggml_type_traits* tr = ggml_get_type_traits((ggml_type)type);
     size_t row = ggml_row_size((ggml_type)type, k);
-    int nt = rows * k >= (1 << 20) ? n_threads : 1;
+    int nt = rows * k >= (1 << 17) ? n_threads : 1;
     int64_t chunk = (rows + nt - 1) / nt;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int t = 0; t < nt; ++t) {
