@@ -51,6 +51,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # (D, max_blocks) int64, padded with 0
     decode_mask: torch.Tensor | None  # (D, 1, 1, max_blocks * bs) bool: True where the key is valid
     prefills: list[PrefillChunk]
+    decode_context_lens: torch.Tensor | None = None  # (D,) int64: keys each decode attends to (start + 1)
     decode_order: list[int] = field(default_factory=list)  # i-th decode token = step.decodes[order[i]]
     extra: object | None = None  # backend-specific per-step state (the decode mirror's rows)
 

@@ -11,6 +11,7 @@ from tokenmill.attention.backend import AttentionBackend
 _BACKENDS = {
     "paged": ("tokenmill.attention.paged", "PagedAttentionBackend"),
     "decode_mirror": ("tokenmill.attention.decode_mirror", "MirrorAttentionBackend"),
+    "native": ("tokenmill.attention.native_paged", "NativePagedAttentionBackend"),
 }
 
 
@@ -23,4 +24,6 @@ def create_attention_backend(name: str, block_size: int, device: torch.device, k
     cls = getattr(importlib.import_module(module), cls_name)
     if name == "decode_mirror":
         return cls(block_size, device, kv, mirror_bytes)  # type: ignore[no-any-return]
+    if name == "native":
+        return cls(block_size, device, kv)  # type: ignore[no-any-return]
     return cls(block_size, device)  # type: ignore[no-any-return]

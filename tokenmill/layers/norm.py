@@ -1,10 +1,19 @@
-"""RMSNorm over the last dimension."""
+"""RMSNorm over the last dimension, optionally fused with the residual add before it.
+
+The decoder's residual stream (as in vLLM): each norm gets the sublayer output x and the running residual,
+adds x into the residual and normalizes the sum, in one pass when the native kernel takes the tensors
+(CPU, fp32 or bf16; tokenmill/native/kernels.py), otherwise with torch.
+"""
 
 from __future__ import annotations
+
+from typing import overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tokenmill.native import kernels
 
 
 class RMSNorm(nn.Module):
@@ -12,7 +21,24 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
         self.eps = eps
+        self.use_native = kernels.is_enabled()  # decided once (TOKENMILL_NATIVE_KERNELS=0: torch)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., dim) -> (..., dim)."""
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+    @overload
+    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(self, x: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (T, dim) -> rmsnorm(x) * weight. With a residual (T, dim): residual + x, normalized; returns
+        (normed, new residual). The native path adds into `residual` in place and returns it, the torch
+        path returns a new tensor: use the returned residual, never the one passed in."""
+        if self.use_native:
+            out = kernels.add_rms_norm(x, residual, self.weight, self.eps)
+            if out is not None:
+                return out if residual is None else (out, residual)
+        if residual is None:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        residual = residual + x
+        return F.rms_norm(residual, (x.shape[-1],), self.weight, self.eps), residual

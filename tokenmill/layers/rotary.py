@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+
+from tokenmill.native import kernels
 
 
 def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None,
@@ -34,9 +36,17 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None,
     return inv.to(torch.float32)
 
 
+class RotaryTables(NamedTuple):
+    """One step's rows of the tables, picked once and shared by every layer."""
+
+    cos: torch.Tensor  # (T, 1, hd)
+    signed_sin: torch.Tensor  # (T, 1, hd): sin with rotate-half's sign folded in
+    native: bool = False  # rotate_ may use the native kernel
+
+
 class RotaryEmbedding:
     """cos/sin tables for positions [0, max_positions). Per step, `tables(positions)` picks the rows once
-    for all layers; `rotate` then turns q and k (adjacent heads in one tensor) in one pass per layer."""
+    for all layers; `rotate_` then turns q and k (adjacent heads in one tensor) in one pass per layer."""
 
     def __init__(self, head_dim: int, max_positions: int, inv_freq: torch.Tensor, device: torch.device,
                  dtype: torch.dtype) -> None:
@@ -48,14 +58,23 @@ class RotaryEmbedding:
         #   == x * cos + cat(-x2, x1) * sin  (HF's rotate_half)
         sin = freqs.sin()
         self.signed_sin = torch.cat([-sin, sin], dim=-1).to(device=device, dtype=dtype)
+        self.use_native = kernels.is_enabled()  # decided once (TOKENMILL_NATIVE_KERNELS=0: torch)
 
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def tables(self, positions: torch.Tensor) -> RotaryTables:
         """positions (T,) -> cos, signed sin (T, 1, hd), broadcast over heads."""
-        return (torch.index_select(self.cos, 0, positions).unsqueeze(1),
-                torch.index_select(self.signed_sin, 0, positions).unsqueeze(1))
+        return RotaryTables(torch.index_select(self.cos, 0, positions).unsqueeze(1),
+                            torch.index_select(self.signed_sin, 0, positions).unsqueeze(1), self.use_native)
 
 
-def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def rotate(x: torch.Tensor, tables: RotaryTables) -> torch.Tensor:
     """x (T, heads, hd) -> rotated copy. `tables` from RotaryEmbedding.tables for the same T positions."""
-    cos, signed_sin = tables
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+    return x * tables.cos + x.roll(x.shape[-1] // 2, dims=-1) * tables.signed_sin
+
+
+def rotate_(x: torch.Tensor, tables: RotaryTables) -> torch.Tensor:
+    """x (T, heads, hd), heads adjacent (a view into the qkv projection is fine) -> rotated: in place by
+    the native kernel when it takes the tensors (bit-identical to `rotate` in fp32), else the copy that
+    `rotate` makes. Use the returned tensor."""
+    if tables.native and kernels.rotary_(x, tables.cos, tables.signed_sin):
+        return x
+    return rotate(x, tables)

@@ -9,14 +9,14 @@ Shapes: T = tokens in the step (all requests, flattened), D = hidden, nh/nkv = h
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.attention.backend import AttentionContext
+from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.norm import RMSNorm
-from tokenmill.layers.rotary import RotaryEmbedding, inv_frequencies, rotate
+from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, inv_frequencies, rotate_
 from tokenmill.loader.model_config import ModelConfig
 
 
@@ -30,12 +30,12 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(q, d, method)
         self.scale = self.hd ** -0.5
 
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionContext) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
         """h: (T, D) normed hidden -> (T, D)."""
         T = h.shape[0]
         qkv = self.qkv_proj(h)  # (T, (nh + 2 nkv) hd)
         qk, v = qkv.split([(self.nh + self.nkv) * self.hd, self.nkv * self.hd], dim=-1)
-        qk = rotate(qk.view(T, self.nh + self.nkv, self.hd), rope)  # q and k heads are adjacent: one pass
+        qk = rotate_(qk.view(T, self.nh + self.nkv, self.hd), rope)  # q and k heads are adjacent: one pass
         q, k = qk[:, : self.nh], qk[:, self.nh :]
         v = v.view(T, self.nkv, self.hd)
         o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale)
@@ -47,11 +47,11 @@ class LlamaMLP(nn.Module):
         super().__init__()
         d, i = cfg.hidden_size, cfg.intermediate_size
         self.gate_up_proj = Linear(d, 2 * i, method, shards={"gate": i, "up": i})
+        self.act = SiluAndMul()
         self.down_proj = Linear(i, d, method)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(self.gate_up_proj(h)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -62,10 +62,17 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg, method)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionContext) -> torch.Tensor:
-        """x: (T, D) residual stream -> (T, D)."""
-        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTables,
+                attn: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream, carried as (x, residual): the stream is x + residual, x the previous
+        sublayer's output (the first layer: x the embeddings, residual None). Each norm adds x into the
+        residual and normalizes the sum in one pass. -> (this layer's MLP output, residual), (T, D) each."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, rope, attn), residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -129,9 +136,12 @@ class LlamaForCausalLM(nn.Module):
         assert self.rope is not None, "call finish_loading() first"
         x = self.model.embed_tokens(input_ids)
         rope = self.rope.tables(positions)  # (T, 1, hd) cos / sin rows, shared by every layer
+        residual: torch.Tensor | None = None
         for layer in self.model.layers:
-            x = layer(x, rope, attn)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, rope, attn)
+        if residual is None:  # no layers
+            return self.model.norm(x)
+        return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(S, D) hidden of the positions that sample -> (S, V) float32 logits."""

@@ -1,0 +1,246 @@
+"""The native CPU kernels (tokenmill/native/kernels.cpp) against the torch path they replace, over random
+shapes; skipped, saying why, when the library cannot be built here.
+
+Tolerances. fp32: residual add exact; RMSNorm, silu * up and attention within rtol 1e-4, atol 1e-5 (the
+kernels sum in another order and use their own exp: measured errors are ~1e-6); rotary bit-identical.
+bf16: the kernels compute in fp32 and round once, the torch ops round at every step, so within 2 bf16 ulps
+(rtol 1.6e-2) of the torch result, or of an fp32 reference on the same bf16 inputs for attention.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenmill.native import kernels
+
+FP32 = dict(rtol=1e-4, atol=1e-5)
+BF16 = dict(rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lib():
+    if kernels.library() is None:
+        pytest.skip("the native kernels did not build here (no g++, or a compiler error: see the log of "
+                    "tokenmill.native); everything runs the torch path")
+    return kernels.library()
+
+
+@pytest.fixture(scope="module")
+def portable_lib():
+    """The same source without the AVX2 intrinsics (the plain 8-float path other CPUs compile)."""
+    lib = kernels.library(kernels.FLAGS + ("-DTM_PORTABLE",))
+    if lib is None:
+        pytest.skip("the portable build of the native kernels failed")
+    return lib
+
+
+def tol(dtype: torch.dtype) -> dict[str, float]:
+    return FP32 if dtype == torch.float32 else BF16
+
+
+# -- residual add + RMSNorm ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,D", [(1, 576), (5, 67), (16, 4096), (64, 576), (3, 8)])
+def test_add_rms_norm_matches_torch(dtype: torch.dtype, T: int, D: int) -> None:
+    g = torch.Generator().manual_seed(T * 1000 + D)
+    x = torch.randn(T, D, generator=g).to(dtype)
+    res = torch.randn(T, D, generator=g).to(dtype) * 3
+    w = torch.randn(D, generator=g).to(dtype)
+    want_res = res + x
+    want = F.rms_norm(want_res, (D,), w, 1e-5)
+    res_native = res.clone()
+    got = kernels.add_rms_norm(x, res_native, w, 1e-5)
+    assert got is not None
+    assert torch.equal(res_native, want_res)  # the add rounds once, either way
+    torch.testing.assert_close(got, want, **tol(dtype))
+    alone = kernels.add_rms_norm(x, None, w, 1e-5)  # no residual: the plain norm
+    assert alone is not None
+    torch.testing.assert_close(alone, F.rms_norm(x, (D,), w, 1e-5), **tol(dtype))
+
+
+def test_add_rms_norm_strided_rows_and_refusals() -> None:
+    base = torch.randn(4, 100)
+    x = base[:, 10:74]  # rows 100 apart
+    res = torch.randn(4, 64)
+    w = torch.randn(64)
+    want = F.rms_norm(res + x, (64,), w, 1e-6)
+    got = kernels.add_rms_norm(x, res, w, 1e-6)
+    assert got is not None
+    torch.testing.assert_close(got, want, **FP32)
+    assert kernels.add_rms_norm(x.half(), None, w.half(), 1e-6) is None  # fp16: torch's
+    assert kernels.add_rms_norm(torch.randn(4, 64, 2)[..., 0], None, w, 1e-6) is None  # stride 2 in the last dim
+    assert kernels.add_rms_norm(torch.randn(64), None, w, 1e-6) is None  # 1-D
+
+
+# -- silu(gate) * up -------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,I", [(1, 1536), (7, 13), (64, 1536), (2, 14336)])
+def test_silu_and_mul_matches_torch(dtype: torch.dtype, T: int, I: int) -> None:
+    x = (torch.randn(T, 2 * I, generator=torch.Generator().manual_seed(T + I)) * 4).to(dtype)
+    x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # saturation and zero
+    gate, up = x.chunk(2, dim=-1)
+    got = kernels.silu_and_mul(x)
+    assert got is not None
+    torch.testing.assert_close(got, F.silu(gate) * up, **tol(dtype))
+
+
+# -- rotary ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (32, 8, 128), (4, 2, 36)])
+def test_rotary_matches_torch(dtype: torch.dtype, nh: int, nkv: int, hd: int) -> None:
+    from tokenmill.layers.rotary import RotaryEmbedding, inv_frequencies, rotate
+
+    rope = RotaryEmbedding(hd, 2048, inv_frequencies(hd, 10000.0, None), torch.device("cpu"), dtype)
+    for T in (1, 16, 33):
+        tables = rope.tables(torch.randint(0, 2048, (T,)))
+        qkv = torch.randn(T, (nh + 2 * nkv) * hd).to(dtype)
+        qk = qkv[:, : (nh + nkv) * hd].view(T, nh + nkv, hd)  # a view: rows (nh + 2 nkv) hd apart
+        v_before = qkv[:, (nh + nkv) * hd :].clone()
+        want = rotate(qk, tables)
+        assert kernels.rotary_(qk, tables.cos, tables.signed_sin)
+        if dtype == torch.float32:
+            assert torch.equal(qk, want)  # the same products and sums as torch, rounded the same way
+        else:
+            torch.testing.assert_close(qk, want, **BF16)
+        assert torch.equal(qkv[:, (nh + nkv) * hd :], v_before)  # v untouched
+
+
+# -- paged decode attention ------------------------------------------------------------------------
+LENGTHS = [1, 15, 16, 17, 100, 513]
+
+
+def make_paged(B: int, nkv: int, hd: int, bs: int, lens: list[int], dtype: torch.dtype, seed: int):
+    """Random caches with each sequence's blocks scattered; -> k_cache, v_cache, block tables, lens."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-L // bs) for L in lens]
+    nb = sum(need) + 3
+    k_cache = torch.randn(nb, bs, nkv, hd, generator=g).to(dtype)
+    v_cache = torch.randn(nb, bs, nkv, hd, generator=g).to(dtype)
+    perm = torch.randperm(nb, generator=g).tolist()
+    width = max(need) + 2  # wider than needed, padded with 0, as the metadata is
+    tables = torch.zeros(B, width, dtype=torch.long)
+    at = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = torch.tensor(perm[at : at + n])
+        at += n
+    return k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.long)
+
+
+def reference(q, k_cache, v_cache, tables, lens, scale) -> torch.Tensor:
+    """The torch path, per sequence: gather its blocks, SDPA (GQA as enable_gqa has it), in fp32."""
+    B, nh, hd = q.shape
+    bs, nkv = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty(B, nh, hd)
+    for b in range(B):
+        L = int(lens[b])
+        ids = tables[b, : -(-L // bs)]
+        k = k_cache[ids].reshape(-1, nkv, hd)[:L].float().transpose(0, 1)[None]
+        v = v_cache[ids].reshape(-1, nkv, hd)[:L].float().transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(q[b].float()[None, :, None], k, v, scale=scale, enable_gqa=True)
+        out[b] = o[0, :, 0]
+    return out
+
+
+CASES = [  # (nh, nkv, hd): GQA ratios 1-8, head dims 64 and 128 (and one other multiple of 8)
+    (9, 3, 64), (8, 8, 64), (8, 1, 64), (16, 2, 128), (32, 8, 128), (28, 4, 128), (12, 2, 64), (10, 2, 64),
+    (4, 4, 128), (16, 16, 64), (6, 1, 96),
+]
+
+
+@pytest.mark.parametrize("nh,nkv,hd", CASES)
+def test_paged_decode_attention_matches_torch(nh: int, nkv: int, hd: int) -> None:
+    rng = random.Random(nh * 100 + nkv * 10 + hd)
+    for B in (1, rng.randint(2, 9), 64):
+        lens = [rng.choice(LENGTHS) if rng.random() < 0.6 else rng.randint(1, 600) for _ in range(B)]
+        if B == 64:  # keep the caches small: long contexts for a few sequences only
+            lens = [L if b < 8 else min(L, 48) for b, L in enumerate(lens)]
+        k_cache, v_cache, tables, lens_t = make_paged(B, nkv, hd, 16, lens, torch.float32, seed=B)
+        qkv = torch.randn(B, (nh + 2 * nkv) * hd)
+        q = qkv[:, : nh * hd].view(B, nh, hd)  # a view into the projection, as the model passes it
+        out = torch.empty(B, nh, hd)
+        assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, hd ** -0.5)
+        torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, hd ** -0.5), **FP32)
+
+
+@pytest.mark.parametrize("bs", [8, 32, 5])
+def test_paged_decode_attention_other_block_sizes(bs: int) -> None:
+    """Tiles of 16 positions cross blocks smaller than 16, or lie inside bigger ones."""
+    lens = [1, 15, 16, 17, 33, 100, 257, 513]
+    k_cache, v_cache, tables, lens_t = make_paged(len(lens), 3, 64, bs, lens, torch.float32, seed=bs)
+    q = torch.randn(len(lens), 9, 64)
+    out = torch.empty_like(q)
+    assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 0.125)
+    torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, 0.125), **FP32)
+
+
+def test_paged_decode_attention_bf16() -> None:
+    lens = [1, 17, 100, 513, 300]
+    k_cache, v_cache, tables, lens_t = make_paged(len(lens), 4, 128, 16, lens, torch.bfloat16, seed=7)
+    q = torch.randn(len(lens), 28, 128).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 128 ** -0.5)
+    want = reference(q, k_cache, v_cache, tables, lens_t, 128 ** -0.5)  # fp32 math on the bf16 inputs
+    torch.testing.assert_close(out.float(), want, **BF16)
+
+
+def test_each_sequence_is_independent_of_the_batch_and_the_threads() -> None:
+    """Bit for bit: a sequence alone, in a batch (any position), at 1 or 2 threads. The engine's
+    batched == alone invariance rests on this."""
+    lens = [513, 1, 300, 17, 256, 257, 40, 1000]
+    k_cache, v_cache, tables, lens_t = make_paged(len(lens), 3, 64, 16, lens, torch.float32, seed=3)
+    q = torch.randn(len(lens), 9, 64)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out = torch.empty_like(q)
+            assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 0.125)
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1])
+        for b in range(len(lens)):
+            alone = torch.empty(1, 9, 64)
+            assert kernels.paged_decode_attention(alone, q[b : b + 1], k_cache, v_cache, tables[b : b + 1],
+                                                  lens_t[b : b + 1], 0.125)
+            assert torch.equal(alone[0], outs[0][b]), b
+        # reversed batch order: each row still the same bits
+        rev = torch.empty_like(q)
+        assert kernels.paged_decode_attention(rev, q.flip(0), k_cache, v_cache, tables.flip(0), lens_t.flip(0), 0.125)
+        assert torch.equal(rev.flip(0), outs[0])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_attention_refuses_what_it_cannot_take() -> None:
+    k_cache, v_cache, tables, lens_t = make_paged(2, 2, 64, 16, [5, 9], torch.float32, seed=1)
+    q = torch.randn(2, 4, 64)
+    out = torch.empty_like(q)
+    assert not kernels.paged_decode_attention(out, q.half(), k_cache.half(), v_cache.half(), tables, lens_t, 0.1)
+    assert not kernels.paged_decode_attention(out, q, k_cache, v_cache, tables.int(), lens_t, 0.1)
+    assert not kernels.paged_decode_attention(out, torch.randn(2, 3, 64), k_cache, v_cache, tables, lens_t, 0.1)
+    k12, v12, t12, l12 = make_paged(2, 2, 12, 16, [5, 9], torch.float32, seed=1)
+    q12 = torch.randn(2, 4, 12)
+    assert not kernels.paged_decode_attention(torch.empty_like(q12), q12, k12, v12, t12, l12, 0.1)  # hd % 8
+
+
+# -- the portable build (no intrinsics) ------------------------------------------------------------
+def test_portable_build_agrees(portable_lib, monkeypatch) -> None:
+    monkeypatch.setattr(kernels, "library", lambda flags=kernels.FLAGS: portable_lib)
+    x, res, w = torch.randn(3, 100), torch.randn(3, 100), torch.randn(100)
+    got = kernels.add_rms_norm(x, res.clone(), w, 1e-5)
+    assert got is not None
+    torch.testing.assert_close(got, F.rms_norm(res + x, (100,), w, 1e-5), **FP32)
+    g = torch.randn(4, 2 * 37) * 4
+    got = kernels.silu_and_mul(g)
+    assert got is not None
+    torch.testing.assert_close(got, F.silu(g[:, :37]) * g[:, 37:], **FP32)
+    lens = [1, 17, 300, 513]
+    k_cache, v_cache, tables, lens_t = make_paged(4, 2, 64, 16, lens, torch.float32, seed=5)
+    q = torch.randn(4, 14, 64)
+    out = torch.empty_like(q)
+    assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 0.125)
+    torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, 0.125), **FP32)

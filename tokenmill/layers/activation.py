@@ -1,0 +1,26 @@
+"""Gated activation of the MLP: silu(gate) * up from the fused gate|up projection."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenmill.native import kernels
+
+
+class SiluAndMul(nn.Module):
+    """(T, 2I) = gate | up (the fused projection's output) -> silu(gate) * up, (T, I). One pass with the
+    native kernel when it takes the tensor (CPU, fp32 or bf16), otherwise torch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.use_native = kernels.is_enabled()  # decided once (TOKENMILL_NATIVE_KERNELS=0: torch)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_native:
+            out = kernels.silu_and_mul(x)
+            if out is not None:
+                return out
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

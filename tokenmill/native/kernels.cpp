@@ -1,0 +1,706 @@
+// tokenmill's native CPU decode kernels: plain C++ (no torch headers), called through ctypes from
+// tokenmill/native/kernels.py, which checks shapes, dtypes and strides before calling.
+//
+//   tm_add_rms_norm   residual += x (optional); out = rmsnorm(residual) * w      rows of D
+//   tm_silu_and_mul   out = silu(gate) * up, from the fused (T, 2I) gate|up rows
+//   tm_rotary         q and k heads rotated in place (HF rotate-half) by per-token cos / signed-sin rows
+//   tm_paged_decode_attention
+//                     one query token per sequence against its paged K/V: for each KV head, all its
+//                     query heads against tiles of 16 keys, online softmax; the context is cut into
+//                     fixed partitions (flash-decoding), merged at the end
+//
+// Element types: fp32 (`float`) and bf16 (`uint16_t`, converted to fp32 in registers; all arithmetic is
+// fp32, results rounded to nearest even once). The `dtype` argument: 0 = fp32, 1 = bf16.
+//
+// Every result is a function of its own row (or sequence) only: the partition size is fixed, never
+// chosen from the batch or the thread count, so a sequence gets the same bits alone or in any batch.
+//
+// OpenMP: each entry point takes the thread count explicitly, and opens a parallel region only above a
+// work threshold (a region costs microseconds when idle and far more on a busy machine).
+//
+// Vector code: AVX2 + FMA intrinsics when the compiler targets them (-march=native), otherwise (or with
+// -DTM_PORTABLE) the same kernels over a plain 8-float struct that the compiler vectorizes as it can.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(TM_PORTABLE)
+#include <immintrin.h>
+#define TM_AVX2 1
+#endif
+
+namespace {
+
+using bf16 = uint16_t;
+
+// ---- scalar conversions ---------------------------------------------------------------------------
+inline float to_f32(float x) { return x; }
+inline float to_f32(bf16 x) {
+    uint32_t u = uint32_t(x) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline void store1(float* p, float x) { *p = x; }
+inline void store1(bf16* p, float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it a (quiet) NaN
+        *p = bf16((u >> 16) | 0x40);
+        return;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    *p = bf16(u >> 16);
+}
+
+// ---- 8-float vectors ------------------------------------------------------------------------------
+#ifdef TM_AVX2
+struct V8 {
+    __m256 v;
+};
+inline V8 vzero() { return {_mm256_setzero_ps()}; }
+inline V8 vset1(float x) { return {_mm256_set1_ps(x)}; }
+inline V8 vload(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline V8 vload(const bf16* p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
+}
+inline void vstore(float* p, V8 a) { _mm256_storeu_ps(p, a.v); }
+inline void vstore(bf16* p, V8 a) {
+    __m256i u = _mm256_castps_si256(a.v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+    r = _mm256_srli_epi32(r, 16);
+    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+inline V8 operator+(V8 a, V8 b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline V8 operator-(V8 a, V8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline V8 operator*(V8 a, V8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline V8 operator/(V8 a, V8 b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline V8 fma(V8 a, V8 b, V8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }  // a * b + c
+inline V8 vmax(V8 a, V8 b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline V8 vmin(V8 a, V8 b) { return {_mm256_min_ps(a.v, b.v)}; }
+inline float hsum(V8 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+inline float hmax(V8 a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+// lane j of the result = the sum of the lanes of a[j]
+inline V8 reduce8(const V8* a) {
+    __m256 s01 = _mm256_hadd_ps(a[0].v, a[1].v), s23 = _mm256_hadd_ps(a[2].v, a[3].v);
+    __m256 s45 = _mm256_hadd_ps(a[4].v, a[5].v), s67 = _mm256_hadd_ps(a[6].v, a[7].v);
+    __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    // s0123 = [a0 a1 a2 a3 (low halves) | a0 a1 a2 a3 (high halves)], likewise s4567
+    __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20), hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+    return {_mm256_add_ps(lo, hi)};
+}
+// Makes the compiler materialize `a` in a register here: a vector used by several FMAs is then loaded
+// once, where GCC would otherwise fold the load into each FMA (the load ports, not the FMAs, then bound
+// the attention loops)
+inline void in_register(V8& a) { asm("" : "+x"(a.v)); }
+// lanes 0-3 to lo[0..4), lanes 4-7 to hi[0..4)
+inline void vstore_halves(float* lo, float* hi, V8 a) {
+    _mm_storeu_ps(lo, _mm256_castps256_ps128(a.v));
+    _mm_storeu_ps(hi, _mm256_extractf128_ps(a.v, 1));
+}
+// lanes where a < b get x, the others y
+inline V8 select_lt(V8 a, V8 b, V8 x, V8 y) { return {_mm256_blendv_ps(y.v, x.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))}; }
+inline V8 vround(V8 a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+// 2^n for integral n in [-126, 127], as a float
+inline V8 vpow2i(V8 n) {
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};
+}
+#else
+struct V8 {
+    float f[8];
+};
+#define TM_LANES(expr)          \
+    V8 r;                       \
+    for (int i = 0; i < 8; ++i) \
+        r.f[i] = (expr);        \
+    return r
+inline V8 vzero() { TM_LANES(0.0f); }
+inline V8 vset1(float x) { TM_LANES(x); }
+inline V8 vload(const float* p) { TM_LANES(p[i]); }
+inline V8 vload(const bf16* p) { TM_LANES(to_f32(p[i])); }
+inline void vstore(float* p, V8 a) {
+    for (int i = 0; i < 8; ++i) p[i] = a.f[i];
+}
+inline void vstore(bf16* p, V8 a) {
+    for (int i = 0; i < 8; ++i) store1(p + i, a.f[i]);
+}
+inline V8 operator+(V8 a, V8 b) { TM_LANES(a.f[i] + b.f[i]); }
+inline V8 operator-(V8 a, V8 b) { TM_LANES(a.f[i] - b.f[i]); }
+inline V8 operator*(V8 a, V8 b) { TM_LANES(a.f[i] * b.f[i]); }
+inline V8 operator/(V8 a, V8 b) { TM_LANES(a.f[i] / b.f[i]); }
+inline V8 fma(V8 a, V8 b, V8 c) { TM_LANES(std::fma(a.f[i], b.f[i], c.f[i])); }
+inline V8 vmax(V8 a, V8 b) { TM_LANES(a.f[i] > b.f[i] ? a.f[i] : b.f[i]); }
+inline V8 vmin(V8 a, V8 b) { TM_LANES(a.f[i] < b.f[i] ? a.f[i] : b.f[i]); }
+inline float hsum(V8 a) {
+    float s0 = (a.f[0] + a.f[4]) + (a.f[2] + a.f[6]), s1 = (a.f[1] + a.f[5]) + (a.f[3] + a.f[7]);
+    return s0 + s1;
+}
+inline float hmax(V8 a) {
+    float m = a.f[0];
+    for (int i = 1; i < 8; ++i) m = a.f[i] > m ? a.f[i] : m;
+    return m;
+}
+inline V8 reduce8(const V8* a) { TM_LANES(hsum(a[i])); }
+inline void in_register(V8&) {}
+inline void vstore_halves(float* lo, float* hi, V8 a) {
+    for (int i = 0; i < 4; ++i) lo[i] = a.f[i], hi[i] = a.f[4 + i];
+}
+inline V8 select_lt(V8 a, V8 b, V8 x, V8 y) { TM_LANES(a.f[i] < b.f[i] ? x.f[i] : y.f[i]); }
+inline V8 vround(V8 a) { TM_LANES(std::nearbyint(a.f[i])); }
+inline V8 vpow2i(V8 n) {
+    V8 r;
+    for (int i = 0; i < 8; ++i) {
+        uint32_t u = uint32_t(int32_t(n.f[i]) + 127) << 23;
+        std::memcpy(&r.f[i], &u, 4);
+    }
+    return r;
+}
+#undef TM_LANES
+#endif
+
+// exp(x), relative error ~2e-7; 0 below -87.3 (and for -inf); clamped at 88 (exp(88) ~ 1.7e38, finite).
+// x = n ln2 + r with |r| <= ln2/2; exp(r) by its Taylor series to r^7 (truncation < 1e-8).
+inline V8 vexp(V8 x) {
+    const V8 lo = vset1(-87.3f);
+    V8 xc = vmin(vmax(x, lo), vset1(88.0f));
+    V8 n = vround(xc * vset1(1.44269504088896341f));  // in [-126, 127]
+    V8 r = fma(n, vset1(-0.693359375f), xc);  // ln2 in two parts: n * hi is exact
+    r = fma(n, vset1(2.12194440e-4f), r);
+    V8 p = vset1(1.0f / 5040);
+    p = fma(p, r, vset1(1.0f / 720));
+    p = fma(p, r, vset1(1.0f / 120));
+    p = fma(p, r, vset1(1.0f / 24));
+    p = fma(p, r, vset1(1.0f / 6));
+    p = fma(p, r, vset1(0.5f));
+    p = fma(p, r, vset1(1.0f));
+    p = fma(p, r, vset1(1.0f));
+    return select_lt(x, lo, vzero(), p * vpow2i(n));
+}
+
+inline float exp1(float x) { return x < -87.3f ? 0.0f : std::exp(x); }
+
+// Work of at least this many elements (or multiply-adds) gets an OpenMP region; below it, one thread.
+constexpr int64_t kParallelMinWork = int64_t(1) << 18;
+
+inline int threads_for(int64_t work, int nthreads) { return (nthreads > 1 && work >= kParallelMinWork) ? nthreads : 1; }
+
+// f(t) for t in [0, rows): on nt threads, or (nt == 1) as a plain loop that never enters OpenMP
+template <typename F>
+void for_rows(int64_t rows, int nt, F&& f) {
+    if (nt > 1) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t t = 0; t < rows; ++t) f(t);
+    } else {
+        for (int64_t t = 0; t < rows; ++t) f(t);
+    }
+}
+
+// ---- fused residual add + RMSNorm -----------------------------------------------------------------
+template <typename T>
+void add_rms_norm_row(T* out, const T* x, T* res, const T* w, int64_t D, float eps) {
+    // the row to normalize: res (after res += x) when there is a residual, else x
+    const T* src = x;
+    if (res != nullptr) {
+        int64_t i = 0;
+        for (; i + 8 <= D; i += 8) vstore(res + i, vload(res + i) + vload(x + i));
+        for (; i < D; ++i) store1(res + i, to_f32(res[i]) + to_f32(x[i]));
+        src = res;  // read back: in bf16 the norm sees the rounded sum, as the unfused ops would
+    }
+    V8 acc[4] = {vzero(), vzero(), vzero(), vzero()};
+    int64_t i = 0;
+    for (; i + 32 <= D; i += 32)
+        for (int u = 0; u < 4; ++u) {
+            V8 v = vload(src + i + 8 * u);
+            acc[u] = fma(v, v, acc[u]);
+        }
+    for (; i + 8 <= D; i += 8) {
+        V8 v = vload(src + i);
+        acc[0] = fma(v, v, acc[0]);
+    }
+    float ss = hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    for (; i < D; ++i) ss += to_f32(src[i]) * to_f32(src[i]);
+    const float inv = 1.0f / std::sqrt(ss / float(D) + eps);
+    const V8 vinv = vset1(inv);
+    i = 0;
+    for (; i + 8 <= D; i += 8) vstore(out + i, (vload(src + i) * vinv) * vload(w + i));
+    for (; i < D; ++i) store1(out + i, (to_f32(src[i]) * inv) * to_f32(w[i]));
+}
+
+template <typename T>
+void add_rms_norm(T* out, int64_t out_stride, const T* x, int64_t x_stride, T* res, int64_t res_stride,
+                  const T* w, int64_t rows, int64_t D, float eps, int nthreads) {
+    for_rows(rows, threads_for(rows * D, nthreads), [&](int64_t t) {
+        add_rms_norm_row(out + t * out_stride, x + t * x_stride, res ? res + t * res_stride : nullptr, w, D, eps);
+    });
+}
+
+// ---- silu(gate) * up ------------------------------------------------------------------------------
+template <typename T>
+void silu_and_mul(T* out, int64_t out_stride, const T* in, int64_t in_stride, int64_t rows, int64_t I,
+                  int nthreads) {
+    for_rows(rows, threads_for(rows * I, nthreads), [&](int64_t t) {
+        const T* g = in + t * in_stride;
+        const T* u = g + I;
+        T* o = out + t * out_stride;
+        const V8 one = vset1(1.0f);
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8) {
+            V8 gv = vload(g + i);
+            vstore(o + i, (gv / (one + vexp(vzero() - gv))) * vload(u + i));
+        }
+        for (; i < I; ++i) {
+            float gv = to_f32(g[i]);
+            store1(o + i, (gv / (1.0f + std::exp(-gv))) * to_f32(u[i]));
+        }
+    });
+}
+
+// ---- rotary, in place -----------------------------------------------------------------------------
+// x[i] = x[i] cos[i] + x[i + h] ssin[i];  x[i + h] = x[i + h] cos[i + h] + x[i] ssin[i + h]   (i < h = hd/2)
+// Each product is rounded before the sum (no FMA), as torch's x * cos + roll(x) * ssin: in fp32 the
+// result is bit-identical to the torch path.
+template <typename T>
+void rotary(T* x, int64_t x_stride, int64_t heads, int64_t hd, const T* cos, const T* ssin, int64_t tab_stride,
+            int64_t rows, int nthreads) {
+    const int64_t h = hd / 2;
+    for_rows(rows, threads_for(rows * heads * hd, nthreads), [&](int64_t t) {
+        const T* c = cos + t * tab_stride;
+        const T* s = ssin + t * tab_stride;
+        for (int64_t hh = 0; hh < heads; ++hh) {
+            T* a = x + t * x_stride + hh * hd;
+            T* b = a + h;
+            int64_t i = 0;
+            for (; i + 8 <= h; i += 8) {
+                V8 av = vload(a + i), bv = vload(b + i);
+                V8 p1 = av * vload(c + i), p2 = bv * vload(s + i);
+                V8 p3 = bv * vload(c + h + i), p4 = av * vload(s + h + i);
+                vstore(a + i, p1 + p2);
+                vstore(b + i, p3 + p4);
+            }
+            for (; i < h; ++i) {
+                float av = to_f32(a[i]), bv = to_f32(b[i]);
+                float p1 = av * to_f32(c[i]), p2 = bv * to_f32(s[i]);
+                float p3 = bv * to_f32(c[h + i]), p4 = av * to_f32(s[h + i]);
+                store1(a + i, p1 + p2);
+                store1(b + i, p3 + p4);
+            }
+        }
+    });
+}
+
+// ---- paged decode attention -----------------------------------------------------------------------
+constexpr int kTile = 16;  // keys per tile
+
+struct AttnArgs {
+    int64_t nh, nkv, hd, bs;
+    int64_t kv_slot_stride;  // elements between consecutive cache slots (nkv * hd)
+    float scale;
+};
+
+// Register blocking for G query heads (G <= 8) of one KV head: scores take KJ keys at a time (G * KJ
+// accumulators), values CB vectors of the head dim at a time (G * CB accumulators). Each key and value
+// vector of a tile is loaded once for all G heads.
+template <int G>
+struct Block {
+    static constexpr int KJ = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 2 : 1;
+    static constexpr int CB = KJ;
+};
+
+// sc[g][j] = q[g] . k_j for the tile's 16 rows (rows past n: anything; the caller masks them)
+template <int G, typename U>
+inline void tile_scores(const float* q, int64_t NC, const U* const* kp, int n, float (*sc)[kTile]) {
+    constexpr int KJ = Block<G>::KJ;
+    const int64_t hd = NC * 8;
+    for (int j0 = 0; j0 < n; j0 += KJ) {
+        asm volatile("" ::: "memory");
+        V8 s[8];  // s[g * KJ + j]: head g, key j0 + j; reduced together
+        for (int i = 0; i < 8; ++i) s[i] = vzero();
+        for (int64_t c = 0; c < NC; ++c) {
+            V8 k[KJ];
+            for (int j = 0; j < KJ; ++j) {
+                k[j] = vload(kp[j0 + j] + 8 * c);
+                if (G > 1) in_register(k[j]);
+            }
+            for (int g = 0; g < G; ++g) {
+                const V8 qv = vload(q + g * hd + 8 * c);
+                for (int j = 0; j < KJ; ++j) s[g * KJ + j] = fma(qv, k[j], s[g * KJ + j]);
+            }
+        }
+        alignas(32) float t[8];
+        vstore(t, reduce8(s));
+        for (int g = 0; g < G; ++g)
+            for (int j = 0; j < KJ; ++j) sc[g][j0 + j] = t[g * KJ + j];
+    }
+}
+
+// acc[g] += sum_j p[g][j] v_j over the tile's 16 rows (p = 0 past the valid ones)
+template <int G, typename U>
+inline void tile_accumulate(float* acc, int64_t NC, const U* const* vp, const float (*p)[kTile]) {
+    constexpr int CB = Block<G>::CB;
+    const int64_t hd = NC * 8;
+    for (int64_t c0 = 0; c0 < NC; c0 += CB) {
+        // a compiler barrier: without it GCC hoists the 16 x G broadcasts of p out of this loop into
+        // stack slots and reloads them (measured slower than broadcasting again)
+        asm volatile("" ::: "memory");
+        const int64_t cn = NC - c0 < CB ? NC - c0 : CB;
+        V8 o[G][CB];
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < CB; ++c) o[g][c] = c < cn ? vload(acc + g * hd + 8 * (c0 + c)) : vzero();
+        for (int j = 0; j < kTile; ++j) {
+            V8 v[CB];
+            for (int c = 0; c < CB; ++c) {
+                v[c] = c < cn ? vload(vp[j] + 8 * (c0 + c)) : vzero();
+                if (G > 1) in_register(v[c]);
+            }
+            for (int g = 0; g < G; ++g) {
+                const V8 pg = vset1(p[g][j]);
+                for (int c = 0; c < CB; ++c) o[g][c] = fma(pg, v[c], o[g][c]);
+            }
+        }
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < CB; ++c)
+                if (c < cn) vstore(acc + g * hd + 8 * (c0 + c), o[g][c]);
+    }
+}
+
+// One tile (kp, vp: its 16 key and value rows of one KV head, n valid) for G query heads (q: G x hd,
+// fp32, already scaled): online softmax into the running max m[g], sum l[g] and unnormalized acc[g].
+template <int G, typename T>
+inline void attend_tile(int64_t NC, const float* q, const T* const* kp, const T* const* vp, int n, float* m,
+                        float* l, float* acc) {
+    const int64_t hd = NC * 8;
+    alignas(32) float sc[G][kTile];
+    tile_scores<G>(q, NC, kp, n, sc);
+    for (int g = 0; g < G; ++g) {  // mask, new max, rescale what was accumulated, probabilities into sc
+        for (int j = n; j < kTile; ++j) sc[g][j] = -std::numeric_limits<float>::infinity();
+        V8 s0 = vload(&sc[g][0]), s1 = vload(&sc[g][8]);
+        const float mt = hmax(vmax(s0, s1));
+        if (mt > m[g]) {
+            const float alpha = exp1(m[g] - mt);
+            if (l[g] != 0.0f) {
+                const V8 va = vset1(alpha);
+                for (int64_t c = 0; c < NC; ++c) vstore(acc + g * hd + 8 * c, vload(acc + g * hd + 8 * c) * va);
+            }
+            l[g] *= alpha;
+            m[g] = mt;
+        }
+        const V8 vm = vset1(m[g]);
+        s0 = vexp(s0 - vm);
+        s1 = vexp(s1 - vm);
+        l[g] += hsum(s0) + hsum(s1);
+        vstore(&sc[g][0], s0);
+        vstore(&sc[g][8], s1);
+    }
+    tile_accumulate<G>(acc, NC, vp, sc);
+}
+
+// All G query heads of one KV head on one tile, in groups of at most 8 (each group reads the tile once)
+template <typename T, int NCT>
+inline void attend_tile_heads(int64_t NC, int64_t G, const float* q, const T* const* kp, const T* const* vp, int n,
+                              float* m, float* l, float* acc) {
+    const int64_t hd = NC * 8;
+    for (int64_t g0 = 0; g0 < G; g0 += 8) {
+        const float* qg = q + g0 * hd;
+        float* ag = acc + g0 * hd;
+        switch (G - g0 < 8 ? G - g0 : 8) {
+#define TM_CASE(N) \
+    case N: attend_tile<N>(NC, qg, kp, vp, n, m + g0, l + g0, ag); break;
+            TM_CASE(1) TM_CASE(2) TM_CASE(3) TM_CASE(4) TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8)
+#undef TM_CASE
+        }
+    }
+}
+
+// KV heads [h0, h1) of one sequence over positions [p0, p1): their query heads (q: (h1 - h0) * G rows of
+// hd, fp32, scaled) against each tile of 16 positions in turn, all the heads of a tile before the next
+// tile, so the cache is read in slot order. Leaves m, l, acc per query head (rows of hd).
+template <typename T, int NCT>
+void attend_range(const AttnArgs& a, int64_t nc_rt, const float* q, int64_t G, const T* kc, const T* vc,
+                  const int64_t* table, int64_t h0, int64_t h1, int64_t p0, int64_t p1, float* m, float* l,
+                  float* acc) {
+    const int64_t NC = NCT ? NCT : nc_rt;  // vectors of 8 per head
+    const int64_t hd = NC * 8;
+    for (int64_t g = 0; g < (h1 - h0) * G; ++g) {
+        m[g] = -std::numeric_limits<float>::infinity();
+        l[g] = 0.0f;
+        for (int64_t c = 0; c < NC; ++c) vstore(acc + g * hd + 8 * c, vzero());
+    }
+    const int64_t span_bytes = (h1 - h0) * hd * int64_t(sizeof(T));  // of each slot, for these heads
+    // the rows of the tile at `pos` (n of them) for head h0 (past the end: the last valid row again)
+    auto tile_rows = [&](int64_t pos, int n, const T** kr, const T** vr) {
+        int64_t bi = pos / a.bs, off = pos % a.bs;
+        if (off + n <= a.bs) {  // within one block (always, when bs is a multiple of 16)
+            const int64_t base = (table[bi] * a.bs + off) * a.kv_slot_stride + h0 * hd;
+            for (int j = 0; j < kTile; ++j) {
+                const int64_t r = base + (j < n ? j : n - 1) * a.kv_slot_stride;
+                kr[j] = kc + r;
+                vr[j] = vc + r;
+            }
+            return;
+        }
+        for (int j = 0; j < kTile; ++j) {
+            if (j < n) {
+                const int64_t r = (table[bi] * a.bs + off) * a.kv_slot_stride + h0 * hd;
+                kr[j] = kc + r;
+                vr[j] = vc + r;
+                if (++off == a.bs) off = 0, ++bi;
+            } else {
+                kr[j] = kr[n - 1];
+                vr[j] = vr[n - 1];
+            }
+        }
+    };
+    const T* rk[kTile];
+    const T* rv[kTile];
+    const T* nrk[kTile];
+    const T* nrv[kTile];
+    const T* kp[kTile];
+    const T* vp[kTile];
+    tile_rows(p0, int(p1 - p0 < kTile ? p1 - p0 : kTile), nrk, nrv);
+    for (int64_t pos = p0; pos < p1; pos += kTile) {
+        const int n = int(p1 - pos < kTile ? p1 - pos : kTile);
+        std::memcpy(rk, nrk, sizeof(rk));
+        std::memcpy(rv, nrv, sizeof(rv));
+        // the next tile's rows, prefetched (the blocks are scattered, and the hardware prefetchers stop
+        // at page boundaries)
+        if (pos + kTile < p1) {
+            const int nn = int(p1 - pos - kTile < kTile ? p1 - pos - kTile : kTile);
+            tile_rows(pos + kTile, nn, nrk, nrv);
+            for (int j = 0; j < nn; ++j)
+                for (int64_t b = 0; b < span_bytes; b += 64) {
+                    __builtin_prefetch(reinterpret_cast<const char*>(nrk[j]) + b, 0, 3);
+                    __builtin_prefetch(reinterpret_cast<const char*>(nrv[j]) + b, 0, 3);
+                }
+        }
+        for (int64_t h = 0; h < h1 - h0; ++h) {
+            for (int j = 0; j < kTile; ++j) kp[j] = rk[j] + h * hd, vp[j] = rv[j] + h * hd;
+            const int64_t q0 = h * G;
+            attend_tile_heads<T, NCT>(NC, G, q + q0 * hd, kp, vp, n, m + q0, l + q0, acc + q0 * hd);
+        }
+    }
+}
+
+template <typename T, int NCT>
+void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, const T* kc, const T* vc,
+                  const int64_t* tables, int64_t table_stride, const int64_t* lens, int64_t num_seqs,
+                  const AttnArgs& a, int64_t part, int nthreads) {
+    const int64_t G = a.nh / a.nkv, hd = a.hd, nc = hd / 8;
+    // partitions: each sequence's positions cut every `part` (the result depends on this cut only)
+    std::vector<int64_t> first(num_seqs + 1);  // first partition index of each sequence
+    int64_t total_keys = 0;
+    first[0] = 0;
+    for (int64_t b = 0; b < num_seqs; ++b) {
+        const int64_t L = lens[b] > 0 ? lens[b] : 0;
+        first[b + 1] = first[b] + (L + part - 1) / part;
+        total_keys += L;
+    }
+    const int64_t nparts = first[num_seqs];
+    std::vector<int64_t> seq_of(nparts);
+    for (int64_t b = 0; b < num_seqs; ++b)
+        for (int64_t p = first[b]; p < first[b + 1]; ++p) seq_of[p] = b;
+    // partial results of sequences with more than one partition: m, l, acc per (partition, q head)
+    thread_local std::vector<float> scratch;
+    const size_t need = size_t(nparts) * a.nh * (hd + 2);
+    if (scratch.size() < need) scratch.resize(need);
+    float* pm = scratch.data();
+    float* pl = pm + nparts * a.nh;
+    float* pacc = pl + nparts * a.nh;
+    const int nt = threads_for(total_keys * a.nh * hd, nthreads);
+    // work items: (partition, group of KV heads). A head's result does not depend on its group, so the
+    // groups are free to follow the thread count: one group (reading each slot whole) when there are
+    // enough partitions to go round, more when there are few
+    int64_t groups = 1;
+    if (nt > 1 && nparts < 4 * nt) groups = std::min<int64_t>(a.nkv, (4 * nt + nparts - 1) / nparts);
+    const int64_t heads_per_group = (a.nkv + groups - 1) / groups;
+    groups = (a.nkv + heads_per_group - 1) / heads_per_group;
+    const int64_t items = nparts * groups;
+
+    // one item: attend, then normalize into out or leave the partial result
+    auto work = [&](int64_t it, float* qs, float* acc, float* m, float* l) {
+        const int64_t p = it / groups, h0 = (it % groups) * heads_per_group, b = seq_of[p];
+        const int64_t h1 = std::min(a.nkv, h0 + heads_per_group);
+        const int64_t L = lens[b], np = first[b + 1] - first[b], pi = p - first[b];
+        const int64_t p0 = pi * part, p1 = p0 + part < L ? p0 + part : L;
+        const int64_t qh0 = h0 * G, nq = (h1 - h0) * G;  // the query heads of this item
+        const T* qrow = q + b * q_stride + qh0 * hd;
+        for (int64_t i = 0; i < nq * hd; i += 8) vstore(qs + i, vload(qrow + i) * vset1(a.scale));
+        attend_range<T, NCT>(a, nc, qs, G, kc, vc, tables + b * table_stride, h0, h1, p0, p1, m, l, acc);
+        for (int64_t g = 0; g < nq; ++g) {
+            const int64_t qh = qh0 + g;
+            if (np == 1) {  // the whole context: normalize into out
+                T* o = out + b * out_stride + qh * hd;
+                const V8 inv = vset1(1.0f / l[g]);
+                for (int64_t c = 0; c < nc; ++c) vstore(o + 8 * c, vload(acc + g * hd + 8 * c) * inv);
+            } else {
+                pm[p * a.nh + qh] = m[g];
+                pl[p * a.nh + qh] = l[g];
+                std::memcpy(pacc + (p * a.nh + qh) * hd, acc + g * hd, sizeof(float) * hd);
+            }
+        }
+    };
+    // a sequence of several partitions: merge them, in partition order
+    auto merge = [&](int64_t b, float* tmp) {
+        const int64_t p_begin = first[b], np = first[b + 1] - p_begin;
+        if (np <= 1) {
+            if (np == 0)  // empty context: zeros
+                for (int64_t i = 0; i < a.nh * hd; ++i) store1(out + b * out_stride + i, 0.0f);
+            return;
+        }
+        for (int64_t qh = 0; qh < a.nh; ++qh) {
+            float M = -std::numeric_limits<float>::infinity();
+            for (int64_t p = p_begin; p < p_begin + np; ++p) M = pm[p * a.nh + qh] > M ? pm[p * a.nh + qh] : M;
+            float Lsum = 0.0f;
+            for (int64_t p = p_begin; p < p_begin + np; ++p) Lsum += exp1(pm[p * a.nh + qh] - M) * pl[p * a.nh + qh];
+            for (int64_t c = 0; c < nc; ++c) {
+                V8 o = vzero();
+                for (int64_t p = p_begin; p < p_begin + np; ++p)
+                    o = fma(vset1(exp1(pm[p * a.nh + qh] - M)), vload(pacc + (p * a.nh + qh) * hd + 8 * c), o);
+                vstore(tmp + 8 * c, o);
+            }
+            const V8 inv = vset1(1.0f / Lsum);
+            T* o = out + b * out_stride + qh * hd;
+            for (int64_t c = 0; c < nc; ++c) vstore(o + 8 * c, vload(tmp + 8 * c) * inv);
+        }
+    };
+    // per thread: q scaled, acc, m, l for one item's query heads (at most all nh)
+    auto thread_buffers = [&]() {
+        thread_local std::vector<float> buf;
+        const size_t floats = size_t(a.nh) * (2 * hd + 2);
+        if (buf.size() < floats) buf.resize(floats);
+        float* qs = buf.data();
+        return std::make_tuple(qs, qs + a.nh * hd, qs + 2 * a.nh * hd, qs + 2 * a.nh * hd + a.nh);
+    };
+    if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+        {
+            auto [qs, acc, m, l] = thread_buffers();
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < items; ++it) work(it, qs, acc, m, l);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t b = 0; b < num_seqs; ++b) merge(b, acc);
+        }
+    } else {
+        auto [qs, acc, m, l] = thread_buffers();
+        for (int64_t it = 0; it < items; ++it) work(it, qs, acc, m, l);
+        for (int64_t b = 0; b < num_seqs; ++b) merge(b, acc);
+    }
+}
+
+template <typename T>
+int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t q_stride, const void* kc,
+                          const void* vc, const int64_t* tables, int64_t table_stride, const int64_t* lens,
+                          int64_t num_seqs, const AttnArgs& a, int64_t part, int nthreads) {
+    auto run = [&](auto nct) {
+        paged_decode<T, decltype(nct)::value>(static_cast<T*>(out), out_stride, static_cast<const T*>(q), q_stride,
+                                              static_cast<const T*>(kc), static_cast<const T*>(vc), tables,
+                                              table_stride, lens, num_seqs, a, part, nthreads);
+    };
+    switch (a.hd) {
+        case 64: run(std::integral_constant<int, 8>{}); break;
+        case 128: run(std::integral_constant<int, 16>{}); break;
+        default: run(std::integral_constant<int, 0>{}); break;
+    }
+    return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Version of this interface: kernels.py refuses a library that answers differently.
+int tm_abi_version() { return 1; }
+
+// `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
+
+// out (rows, D) = rmsnorm(res + x) * w, with res (rows, D) += x first; res == NULL: out = rmsnorm(x) * w.
+int tm_add_rms_norm(int dtype, void* out, int64_t out_stride, const void* x, int64_t x_stride, void* res,
+                    int64_t res_stride, const void* w, int64_t rows, int64_t D, float eps, int nthreads) {
+    if (dtype == 0)
+        add_rms_norm(static_cast<float*>(out), out_stride, static_cast<const float*>(x), x_stride,
+                     static_cast<float*>(res), res_stride, static_cast<const float*>(w), rows, D, eps, nthreads);
+    else if (dtype == 1)
+        add_rms_norm(static_cast<bf16*>(out), out_stride, static_cast<const bf16*>(x), x_stride,
+                     static_cast<bf16*>(res), res_stride, static_cast<const bf16*>(w), rows, D, eps, nthreads);
+    else
+        return -1;
+    return 0;
+}
+
+// out (rows, I) = silu(in[:, :I]) * in[:, I:2I]
+int tm_silu_and_mul(int dtype, void* out, int64_t out_stride, const void* in, int64_t in_stride, int64_t rows,
+                    int64_t I, int nthreads) {
+    if (dtype == 0)
+        silu_and_mul(static_cast<float*>(out), out_stride, static_cast<const float*>(in), in_stride, rows, I, nthreads);
+    else if (dtype == 1)
+        silu_and_mul(static_cast<bf16*>(out), out_stride, static_cast<const bf16*>(in), in_stride, rows, I, nthreads);
+    else
+        return -1;
+    return 0;
+}
+
+// x (rows, heads, hd), heads adjacent (stride hd), rows x_stride apart, rotated in place by cos and
+// signed sin (rows, hd), rows tab_stride apart. hd even.
+int tm_rotary(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, const void* cos, const void* ssin,
+              int64_t tab_stride, int64_t rows, int nthreads) {
+    if (hd % 2) return -2;
+    if (dtype == 0)
+        rotary(static_cast<float*>(x), x_stride, heads, hd, static_cast<const float*>(cos),
+               static_cast<const float*>(ssin), tab_stride, rows, nthreads);
+    else if (dtype == 1)
+        rotary(static_cast<bf16*>(x), x_stride, heads, hd, static_cast<const bf16*>(cos),
+               static_cast<const bf16*>(ssin), tab_stride, rows, nthreads);
+    else
+        return -1;
+    return 0;
+}
+
+// One query token per sequence b: q (num_seqs, nh, hd) rows q_stride apart -> out (num_seqs, nh, hd)
+// rows out_stride apart, over positions [0, lens[b]) of the paged caches k_cache, v_cache
+// (num_blocks, block_size, nkv, hd; contiguous): position p is in block tables[b * table_stride + p / bs]
+// at offset p % bs. Query head h reads KV head h / (nh / nkv). The context is cut into partitions of
+// `partition` positions (a multiple of 16), attended independently and merged.
+// Returns 0; -1 unknown dtype; -2 shapes it does not handle (hd % 8 != 0, nh % nkv != 0).
+int tm_paged_decode_attention(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
+                              const void* k_cache, const void* v_cache, const int64_t* tables,
+                              int64_t table_stride, const int64_t* lens, int64_t num_seqs, int64_t nh,
+                              int64_t nkv, int64_t hd, int64_t block_size, float scale, int64_t partition,
+                              int nthreads) {
+    if (hd <= 0 || hd % 8 || nkv <= 0 || nh % nkv || block_size <= 0 || partition <= 0 || partition % kTile)
+        return -2;
+    const AttnArgs a{nh, nkv, hd, block_size, nkv * hd, scale};
+    if (dtype == 0)
+        return paged_decode_dispatch<float>(out, out_stride, q, q_stride, k_cache, v_cache, tables, table_stride,
+                                            lens, num_seqs, a, partition, nthreads);
+    if (dtype == 1)
+        return paged_decode_dispatch<bf16>(out, out_stride, q, q_stride, k_cache, v_cache, tables, table_stride,
+                                           lens, num_seqs, a, partition, nthreads);
+    return -1;
+}
+
+}  // extern "C"

@@ -1,0 +1,164 @@
+"""ctypes bindings to kernels.cpp: fused decode kernels for CPU tensors (fp32 and bf16).
+
+The library is built with g++ on first use (compile.py caches it per source, flags, compiler and CPU) and
+loaded once. When it cannot be built (no g++, a compiler error) every caller takes its torch path, and the
+log says so once. `TOKENMILL_NATIVE_KERNELS=0` forces the torch path (read at every call, so a test or an
+A/B run can flip it).
+
+Each wrapper checks what the kernel needs (CPU, fp32 or bf16, one dtype, unit stride in the last dim and
+the layout stated) and returns None (or False) when the tensors do not fit, so the caller falls back to
+torch; it never raises for an unsupported input. Results are written by the kernels; torch only allocates.
+Threads: torch's count (`torch.get_num_threads()`), passed explicitly; libgomp is the one torch loaded
+(same soname), so there is one OpenMP team.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from tokenmill.native.compile import NativeBuildError, build_library
+
+log = logging.getLogger("tokenmill.native")
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
+ABI_VERSION = 1
+ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
+# decode attention cuts each context into partitions of this many positions, attended independently and
+# merged (flash-decoding): a fixed size, so a sequence's result never depends on its batch or the threads
+DEFAULT_PARTITION = 256
+
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+_SIGNATURES = {
+    "tm_add_rms_norm": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _I64, _F32, _I32],
+    "tm_silu_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
+    "tm_rotary": [_I32, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
+    "tm_paged_decode_attention": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64,
+                                  _F32, _I64, _I32],
+}
+
+
+@functools.cache
+def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
+    """The loaded library, built on first use; None (logged once) when it cannot be built or loaded."""
+    try:
+        path = build_library("tokenmill_kernels", [SOURCE], flags)
+        lib = ctypes.CDLL(str(path))
+        if lib.tm_abi_version() != ABI_VERSION:
+            raise NativeBuildError(f"{path} answers ABI {lib.tm_abi_version()}, expected {ABI_VERSION}")
+        for name, argtypes in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+    except (NativeBuildError, OSError, AttributeError) as e:
+        log.warning("native CPU kernels unavailable, using the torch path: %s", e)
+        return None
+    log.info("native CPU kernels loaded from %s", path)
+    return lib
+
+
+def is_enabled() -> bool:
+    """The kernels are built and not switched off by TOKENMILL_NATIVE_KERNELS=0. Layers and backends ask
+    once, when they are built; the wrappers below do not read the switch."""
+    return os.environ.get(ENV_SWITCH) != "0" and library() is not None
+
+
+def supports_dtype(dtype: torch.dtype) -> bool:
+    return dtype in _DTYPE_CODE
+
+
+# The checks below run on every call, so they use the cheap tensor attributes (is_cpu, stride(), dim())
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> torch.Tensor | None:
+    """x, residual (T, D), weight (D,): residual += x (in place), returns rmsnorm(residual) * weight as a new
+    (T, D) tensor; without a residual, rmsnorm(x) * weight. None: not for the kernel (nothing written)."""
+    code = _DTYPE_CODE.get(x.dtype)
+    lib = library()
+    if code is None or lib is None or not x.is_cpu or x.dim() != 2 or weight.dtype != x.dtype:
+        return None
+    T, D = x.shape
+    xs = x.stride()
+    if xs[1] != 1 or weight.shape != (D,) or weight.stride() != (1,):
+        return None
+    res_ptr, res_stride = None, 0
+    if residual is not None:
+        rs = residual.stride()
+        if residual.dtype != x.dtype or residual.shape != x.shape or rs[1] != 1:
+            return None
+        res_ptr, res_stride = residual.data_ptr(), rs[0]
+    out = torch.empty((T, D), dtype=x.dtype)
+    rc = lib.tm_add_rms_norm(code, out.data_ptr(), D, x.data_ptr(), xs[0], res_ptr, res_stride, weight.data_ptr(),
+                             T, D, eps, torch.get_num_threads())
+    return out if rc == 0 else None
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """x (T, 2I) = gate | up -> silu(gate) * up (T, I), a new tensor. None: not for the kernel."""
+    code = _DTYPE_CODE.get(x.dtype)
+    lib = library()
+    if code is None or lib is None or not x.is_cpu or x.dim() != 2:
+        return None
+    T, I2 = x.shape
+    xs = x.stride()
+    if xs[1] != 1 or I2 % 2:
+        return None
+    out = torch.empty((T, I2 // 2), dtype=x.dtype)
+    rc = lib.tm_silu_and_mul(code, out.data_ptr(), I2 // 2, x.data_ptr(), xs[0], T, I2 // 2, torch.get_num_threads())
+    return out if rc == 0 else None
+
+
+def rotary_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> bool:
+    """x (T, heads, hd) with its heads adjacent (stride hd), any row stride, rotated in place by the
+    (T, 1, hd) or (T, hd) tables of rotary.py (rows contiguous). False: not for the kernel, x untouched."""
+    code = _DTYPE_CODE.get(x.dtype)
+    lib = library()
+    if code is None or lib is None or not x.is_cpu or x.dim() != 3:
+        return False
+    T, H, hd = x.shape
+    xs, cs = x.stride(), cos.stride()
+    if xs[1] != hd or xs[2] != 1 or hd % 2 or cos.dtype != x.dtype or signed_sin.dtype != x.dtype:
+        return False
+    if cos.shape[0] != T or cos.numel() != T * hd or cs[-1] != 1 or signed_sin.shape != cos.shape or signed_sin.stride() != cs:
+        return False
+    rc = lib.tm_rotary(code, x.data_ptr(), xs[0], H, hd, cos.data_ptr(), signed_sin.data_ptr(), cs[0], T,
+                       torch.get_num_threads())
+    return rc == 0
+
+
+def paged_decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           partition: int = DEFAULT_PARTITION) -> bool:
+    """One query token per sequence: q (B, nh, hd) (heads adjacent, any row stride) attends over positions
+    [0, context_lens[b]) of the paged caches k_cache, v_cache (num_blocks, block_size, nkv, hd; contiguous),
+    found through block_tables (B, >= blocks needed) int64; the result goes into out (B, nh, hd), heads
+    adjacent. GQA: query head h reads KV head h // (nh // nkv). False: not for the kernel (nothing written).
+    Each sequence's result depends on its own inputs only (not on the batch or the thread count)."""
+    code = _DTYPE_CODE.get(q.dtype)
+    lib = library()
+    if code is None or lib is None or not q.is_cpu or q.dim() != 3 or k_cache.dim() != 4:
+        return False
+    B, nh, hd = q.shape
+    _, bs, nkv, khd = k_cache.shape
+    qs, os_ = q.stride(), out.stride()
+    if (khd != hd or qs[1] != hd or qs[2] != 1 or out.shape != q.shape or os_[1] != hd or os_[2] != 1
+            or out.dtype != q.dtype or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype
+            or v_cache.shape != k_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
+        return False
+    if (block_tables.dtype != torch.int64 or context_lens.dtype != torch.int64 or block_tables.dim() != 2
+            or block_tables.stride(1) != 1 or block_tables.shape[0] != B or not context_lens.is_contiguous()
+            or context_lens.shape != (B,)):
+        return False
+    rc = lib.tm_paged_decode_attention(code, out.data_ptr(), os_[0], q.data_ptr(), qs[0], k_cache.data_ptr(),
+                                       v_cache.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
+                                       context_lens.data_ptr(), B, nh, nkv, hd, bs, scale, partition,
+                                       torch.get_num_threads())
+    return rc == 0
