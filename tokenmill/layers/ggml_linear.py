@@ -42,6 +42,11 @@ log = logging.getLogger("tokenmill")
 
 _TILE_ELEMS = 1 << 22  # dense path: dequantize at most 4M values (16 MB fp32) at a time
 _CALIBRATION_ROWS = (4, 8, 16, 32, 64, 128, 256)
+# ggml's kernels run on one thread below this many multiply-adds: a decode step's small matmuls (SmolLM2's
+# gate|up at one row: 1.8M) take 25-100 us, and a 2-thread region costs more than it saves there, up to
+# 10-40x more when another process holds a core (one stream measured 49.6 tok/s on 1 thread and 1.2 tok/s
+# on 2 with a test suite on the other core). The output layer at one row (28M) and batches still split.
+_PARALLEL_MACS = 1 << 24
 
 
 def to_blocks(tensor: torch.Tensor, type_name: str) -> GGUFQuantized:
@@ -163,8 +168,10 @@ class GGUFLinearMethod(LinearMethod):
         assert layer.matmul is not None, "finish_loading() builds the matmul"
         x32 = x.to(torch.float32).contiguous()
         y = torch.empty(x.shape[0], layer.out_features, dtype=torch.float32)
-        if x.shape[0]:
-            layer.matmul(x32.data_ptr(), x.shape[0], y.data_ptr(), torch.get_num_threads())
+        m = x.shape[0]
+        if m:
+            threads = torch.get_num_threads() if m * layer.in_features * layer.out_features >= _PARALLEL_MACS else 1
+            layer.matmul(x32.data_ptr(), m, y.data_ptr(), threads)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def _dense(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:

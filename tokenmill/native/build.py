@@ -26,18 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     except NativeBuildError as e:
         failed = True
         print(f"tokenmill native: ggml is not available, GGUF weights will be dequantized: {e}", file=sys.stderr)
-    import importlib
+    from tokenmill.native.compile import build_library
+    from tokenmill.native.kernels import FLAGS, SOURCE
 
     try:
-        kernels = importlib.import_module("tokenmill.native.kernels")
-    except ImportError:
-        kernels = None
-    if kernels is not None and hasattr(kernels, "build"):
-        try:
-            print(f"tokenmill native: kernels at {kernels.build()}")
-        except NativeBuildError as e:
-            failed = True
-            print(f"tokenmill native: kernels not built, the torch path will run: {e}", file=sys.stderr)
+        print(f"tokenmill native: kernels at {build_library('tokenmill_kernels', [SOURCE], FLAGS)}")
+    except NativeBuildError as e:
+        failed = True
+        print(f"tokenmill native: kernels not built, the torch path will run: {e}", file=sys.stderr)
     return 1 if failed and args.strict else 0
 
 
