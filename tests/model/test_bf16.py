@@ -22,7 +22,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def bf16_llm() -> LLM:
-    return LLM(progress=False, kv_cache_memory=64 * 2**20, max_model_len=1024, dtype="bfloat16")
+    return LLM(progress=False, kv_cache_memory=64 * 2**20, max_model_len=1024, dtype="bfloat16",
+               quantization="dequantize")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -98,7 +99,8 @@ def test_prepacked_weights_match_plain(bf16_llm: LLM, monkeypatch) -> None:
     """bf16 on CPU prepacks the matmul weights for oneDNN; the logits are those of plain F.linear."""
     assert bf16_llm.engine.executor.worker.model.model.layers[0].self_attn.qkv_proj.packed is not None  # the default here is prepacked
     monkeypatch.setenv("TOKENMILL_PREPACK", "0")
-    plain = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=512, dtype="bfloat16")
+    plain = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=512, dtype="bfloat16",
+                quantization="dequantize")
     assert plain.engine.executor.worker.model.model.layers[0].self_attn.qkv_proj.packed is None
     ids = plain.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3)
     a, b = prompt_logits(bf16_llm, ids), prompt_logits(plain, ids)

@@ -150,7 +150,8 @@ def test_engine_without_native_kernels_generates_the_same(llm, monkeypatch) -> N
     from tokenmill.attention.decode_mirror import MirrorAttentionBackend
 
     monkeypatch.setenv(kernels.ENV_SWITCH, "0")
-    plain = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=512, dtype="float32")
+    plain = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=512, dtype="float32",
+                quantization="dequantize")
     runner = plain.engine.executor.worker.runner
     assert isinstance(runner.attn_backend, MirrorAttentionBackend)
     assert not runner.model.model.layers[0].input_layernorm.use_native
