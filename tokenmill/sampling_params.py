@@ -108,11 +108,14 @@ class SamplingParams:
                 bad("stop", f"strings must be at most {MAX_STOP_STRING_LEN} characters")
         if self.logit_bias and len(self.logit_bias) > MAX_LOGIT_BIAS:
             bad("logit_bias", f"has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed")
-        for tok, b in (self.logit_bias or {}).items():
-            if not -100.0 <= b <= 100.0:
-                bad("logit_bias", f"values must be in [-100, 100], got {b} for token {tok}")
-            if tok < 0 or (vocab_size is not None and tok >= vocab_size):
-                bad("logit_bias", f"token id {tok} is out of range [0, {vocab_size or 'vocab_size'})")
+        bias = self.logit_bias or {}
+        values = [f"{b} for token {tok}" for tok, b in bias.items() if not -100.0 <= b <= 100.0]
+        if values:  # every offender named, not just the first
+            bad("logit_bias", f"values must be in [-100, 100], got {', '.join(values)}")
+        ids = [str(tok) for tok in bias if tok < 0 or (vocab_size is not None and tok >= vocab_size)]
+        if ids:
+            bad("logit_bias", f"token ids {', '.join(ids)} are out of range [0, {vocab_size or 'vocab_size'})"
+                if len(ids) > 1 else f"token id {ids[0]} is out of range [0, {vocab_size or 'vocab_size'})")
         if self.stop_token_ids and len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             bad("stop_token_ids", f"has {len(self.stop_token_ids)} entries; at most {MAX_STOP_TOKEN_IDS} are allowed")
         for tok in self.stop_token_ids or []:

@@ -49,7 +49,7 @@ class SamplingFields(_Request):
     temperature: float | None = Field(default=None, allow_inf_nan=False)
     top_p: float | None = Field(default=None, allow_inf_nan=False)
     stop: str | list[str] | None = None
-    max_tokens: int | None = None  # None: up to the rest of the context
+    max_tokens: int | None = None  # None: completions 16 (OpenAI's default), chat the rest of the context
     presence_penalty: float | None = Field(default=None, allow_inf_nan=False)
     frequency_penalty: float | None = Field(default=None, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]

@@ -73,4 +73,10 @@ def build_router(ctx: ServerContext) -> APIRouter:
     async def create_chat_completion(req: ChatCompletionRequest, raw_request: Request) -> Any:
         return await chat.create_chat_completion(req, raw_request)
 
+    # llama-server and Ollama also answer without the /v1 prefix: an openai client pointed at
+    # http://host:port (a common slip) then works instead of getting 404s
+    for alias, endpoint in (("/models", models), ("/completions", create_completion),
+                            ("/chat/completions", create_chat_completion)):
+        methods = ["GET"] if alias == "/models" else ["POST"]
+        router.add_api_route(alias, endpoint, methods=methods, include_in_schema=False)
     return router

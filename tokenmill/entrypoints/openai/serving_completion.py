@@ -6,6 +6,8 @@ A request with P prompts and n choices runs as P engine requests (each with its 
 
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -23,6 +25,9 @@ from tokenmill.sampling_params import SamplingParams
 
 # Prompts one request may carry (each runs as its own engine request, times n).
 MAX_PROMPTS_PER_REQUEST = 64
+# OpenAI's and vLLM's default for /v1/completions without max_tokens (clamped to the rest of the context):
+# one forgotten field must not tie up a slot until the context is full
+DEFAULT_MAX_TOKENS = 16
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -37,6 +42,8 @@ class OpenAIServingCompletion(OpenAIServing):
             raise bad_request("echo together with logprobs needs prompt logprobs, which are not supported", "echo")
         params = self.sampling_params(req, req.max_tokens, req.logprobs)
         prompts = [self.process_prompt(p, params) for p in await self._prompt_ids(req.prompt)]
+        if req.max_tokens is None:
+            prompts = [dataclasses.replace(p, max_tokens=min(DEFAULT_MAX_TOKENS, p.max_tokens)) for p in prompts]
         self.check_admission()
         request_id = self.new_id("cmpl")
         self.maybe_log_prompt(request_id, req.prompt)

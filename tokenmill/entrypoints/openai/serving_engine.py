@@ -75,14 +75,14 @@ class OpenAIServing:
     # -- request -> engine inputs ----------------------------------------------------------------------
     def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams from the request fields; a bad value is a 400 naming its field."""
+        if req.stream_options is not None and not req.stream:  # vLLM's wording; OpenAI also answers 400
+            raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
         bias: dict[int, float] | None = None
         if req.logit_bias:
-            bias = {}
-            for key, value in req.logit_bias.items():
-                try:
-                    bias[int(key)] = value
-                except ValueError:
-                    raise bad_request(f"logit_bias: keys must be token ids, got {key!r}", "logit_bias") from None
+            bad = [key for key in req.logit_bias if not key.lstrip("-").isdigit()]
+            if bad:
+                raise bad_request(f"logit_bias: keys must be token ids, got {', '.join(map(repr, bad))}", "logit_bias")
+            bias = {int(key): value for key, value in req.logit_bias.items()}
         top_k = 0 if req.top_k is None else req.top_k
         try:
             return SamplingParams(

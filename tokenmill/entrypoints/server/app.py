@@ -27,7 +27,7 @@ from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.entrypoints.server.admission import Admission, ServerState
 from tokenmill.entrypoints.server.config import ServerConfig
 from tokenmill.entrypoints.server.errors import ErrorResponse, error_response, install_error_handlers
-from tokenmill.entrypoints.server.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
+from tokenmill.entrypoints.server.middleware import APIKeyMiddleware, BodySizeLimitMiddleware, CORSDisabledMiddleware
 from tokenmill.metrics import ServerMetrics
 from tokenmill.version import __version__
 
@@ -112,4 +112,6 @@ def build_app(async_engine: AsyncEngine, config: ServerConfig | None = None, *, 
     if config.cors_origins:  # added last: outermost, so preflights are answered before the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
                            allow_headers=["*"], allow_credentials=True)
+    else:  # preflights get a 403 naming --cors-origins
+        app.add_middleware(CORSDisabledMiddleware)
     return app

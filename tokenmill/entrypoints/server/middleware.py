@@ -31,6 +31,25 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class CORSDisabledMiddleware:
+    """Without --cors-origins, a browser's CORS preflight gets a 403 that says how to allow its origin
+    (instead of a bare 404/405 that a browser reports only as a failed fetch)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "OPTIONS":
+            headers = dict(scope["headers"])
+            if b"origin" in headers and b"access-control-request-method" in headers:
+                origin = headers[b"origin"].decode("latin-1")
+                await error_response(403, f"cross-origin requests are not enabled on this server (origin {origin}): "
+                                          f"start it with --cors-origins {origin} (a comma-separated list, or '*')")(
+                    scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class _BodyTooLarge(StarletteHTTPException):
     """Raised from `receive` when a chunked body passes the limit; FastAPI re-raises HTTPExceptions as they are."""
 

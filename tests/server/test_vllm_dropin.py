@@ -1,0 +1,92 @@
+"""What vLLM's and llama-server's clients rely on (issue 11, the first items), in-process:
+/v1/completions defaults to 16 tokens, stream_options needs stream, logit_bias names every bad key,
+and the unprefixed routes that llama-server and Ollama answer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+
+@pytest.fixture(scope="module")
+def app() -> Iterator[Any]:
+    from tokenmill.config import EngineConfig
+    from tokenmill.engine.async_engine import AsyncEngine
+    from tokenmill.engine.llm_engine import LLMEngine
+    from tokenmill.entrypoints.openai.api_server import build_app
+
+    engine = LLMEngine(EngineConfig(max_model_len=256, kv_cache_memory=32 * 2**20, dtype="float32",
+                                    quantization="dequantize"), progress=False)
+    async_engine = AsyncEngine(engine)
+    yield build_app(async_engine, log_requests=False)
+    assert not async_engine.is_dead, async_engine.dead_reason
+    async_engine.shutdown()
+
+
+def call(app: Any, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    async def main() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
+                                     timeout=120) as client:
+            return await client.request(method, path, json=body)
+
+    return asyncio.run(main())
+
+
+def test_completions_default_to_16_tokens(app) -> None:
+    r = call(app, "POST", "/v1/completions", {"prompt": "Once upon a time", "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_stream_options_without_stream_is_a_400(app) -> None:
+    for path, body in (("/v1/completions", {"prompt": "hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        r = call(app, "POST", path, {**body, "max_tokens": 2, "stream_options": {"include_usage": True}})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "stream_options" and "stream=True" in err["message"], err
+
+
+def test_logit_bias_names_every_bad_key(app) -> None:
+    r = call(app, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 1,
+                                              "logit_bias": {"foo": 1, "12": 1, "bar": 2}})
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    assert "'foo'" in msg and "'bar'" in msg and "'12'" not in msg, msg
+    r = call(app, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 1,
+                                              "logit_bias": {"99999999": 1, "88888888": 1, "5": 300}})
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    assert "300" in msg, msg  # values first; then ids, all of them
+    r = call(app, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 1,
+                                              "logit_bias": {"99999999": 1, "88888888": 1}})
+    msg = r.json()["error"]["message"]
+    assert "99999999" in msg and "88888888" in msg, msg
+
+
+def test_unprefixed_routes_answer_like_v1(app) -> None:
+    assert call(app, "GET", "/models").json() == call(app, "GET", "/v1/models").json()
+    body = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+    a, b = call(app, "POST", "/completions", body), call(app, "POST", "/v1/completions", body)
+    assert a.status_code == 200 and a.json()["choices"][0]["text"] == b.json()["choices"][0]["text"]
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+    a, b = call(app, "POST", "/chat/completions", chat), call(app, "POST", "/v1/chat/completions", chat)
+    assert a.status_code == 200
+    assert a.json()["choices"][0]["message"] == b.json()["choices"][0]["message"]
+
+
+def test_cors_preflight_without_cors_origins_says_how_to_enable_it(app) -> None:
+    async def main() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return await client.options("/v1/chat/completions", headers={
+                "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"})
+
+    r = asyncio.run(main())
+    assert r.status_code == 403
+    msg = r.json()["error"]["message"]
+    assert "--cors-origins http://localhost:3000" in msg, msg
