@@ -174,3 +174,30 @@ def test_queue_limit_then_graceful_drain() -> None:
             assert b"shutting down" in raw.rsplit(b"\n\n", 3)[-3]
     finally:
         srv.stop()
+
+
+def test_sigterm_right_after_a_burst_of_aborted_streams_exits_0() -> None:
+    """200 streams with a large max_tokens whose clients hang up after their first token, then SIGTERM at
+    once: the server drains and exits 0 (it used to die of SIGABRT when it left while the engine thread
+    was still inside a long step). Twice, on fresh servers."""
+    import asyncio
+
+    async def burst(url: str) -> None:
+        body = {"prompt": "Tell me a long story.", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            async def one(i: int) -> None:
+                async with client.stream("POST", f"{url}/v1/completions", json={**body, "seed": i}) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            return  # hang up after the first chunk
+            await asyncio.gather(*(one(i) for i in range(200)), return_exceptions=True)
+
+    for _ in range(2):
+        srv = ServerProcess("--shutdown-timeout", "5", "--max-num-seqs", "64").wait_ready()
+        try:
+            asyncio.run(burst(srv.url))
+            srv.proc.send_signal(signal.SIGTERM)
+            assert srv.proc.wait(timeout=60) == 0, srv.output()[-3000:]
+        finally:
+            srv.stop()

@@ -187,12 +187,14 @@ class AsyncEngine:
         self._commands.put(_Abort(request_id, reason))
         self._wake.set()
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def shutdown(self, timeout: float = 5.0) -> bool:
+        """Stop the engine thread; True if it ended within `timeout` (False: still inside a step)."""
         self._stop = True
         self._stopped.set()
         self._commands.put(None)
         self._wake.set()
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     # -- engine thread ---------------------------------------------------------------------------------
     def _drain_commands(self) -> None:

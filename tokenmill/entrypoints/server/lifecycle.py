@@ -154,7 +154,13 @@ async def _serve(config: ServerConfig, engine_config: EngineConfig, routers: Seq
     log.info("serving %s as %r on http://%s:%d%s", engine.describe(), config.served_model_name or engine.model_name,
              config.host, config.port, " (API key required)" if config.api_key else "")
     await serve_task
-    async_engine.shutdown()
+    if not async_engine.shutdown(timeout=5.0):
+        # still inside a long step: leaving through the interpreter's exit would tear down torch's C++
+        # runtime under the running thread (seen as SIGABRT, "terminate called without an active
+        # exception"); every request has had its answer, so leave at once
+        log.warning("the engine thread is still inside a step after the drain; exiting without waiting for it")
+        logging.shutdown()
+        os._exit(exit_code)
     if exit_code:
         log.error("exiting with status %d because the engine died", exit_code)
     return exit_code
