@@ -90,3 +90,13 @@ def test_cors_preflight_without_cors_origins_says_how_to_enable_it(app) -> None:
     assert r.status_code == 403
     msg = r.json()["error"]["message"]
     assert "--cors-origins http://localhost:3000" in msg, msg
+
+
+def test_tokenize_returns_token_strings_when_asked(app) -> None:
+    plain = call(app, "POST", "/tokenize", {"prompt": "Hello world"}).json()
+    assert plain.get("token_strs") is None
+    r = call(app, "POST", "/tokenize", {"prompt": "Hello world", "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens"] == plain["tokens"] and len(body["token_strs"]) == body["count"]
+    assert "".join(body["token_strs"]).replace("\u0120", " ") == "Hello world"  # byte-level BPE's space mark

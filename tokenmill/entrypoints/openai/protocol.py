@@ -133,6 +133,7 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = True
     add_generation_prompt: bool | None = True
+    return_token_strs: bool | None = False  # vLLM's: also the vocabulary string of each token
 
 
 class DetokenizeRequest(_Request):
@@ -259,6 +260,7 @@ class TokenizeResponse(_Response):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None = None  # with return_token_strs
 
 
 class DetokenizeResponse(_Response):

@@ -54,7 +54,8 @@ def build_router(ctx: ServerContext) -> APIRouter:
             ids = await chat.render(req.messages, req.add_generation_prompt is not False)
         else:
             ids = await completions.encode(req.prompt or "", req.add_special_tokens is not False)
-        return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len, tokens=ids)
+        strs = [engine.tokenizer.id_to_token(t) for t in ids] if req.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len, tokens=ids, token_strs=strs)
 
     @router.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:
