@@ -26,11 +26,6 @@ if TYPE_CHECKING:  # torch and the loaders are imported when a conversion runs, 
 
 logger = logging.getLogger(__name__)
 
-# our architecture name -> (HF class, HF model_type)
-_HF_CLASSES = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausalLM", "mistral"),
-               "qwen2": ("Qwen2ForCausalLM", "qwen2")}
-
-
 def hf_rope_scaling(cfg: ModelConfig) -> dict[str, Any] | None:
     """The HF `rope_scaling` entry for a GGUF's rope settings (None: plain RoPE)."""
     rs = cfg.rope_scaling
@@ -48,9 +43,10 @@ def hf_rope_scaling(cfg: ModelConfig) -> dict[str, Any] | None:
 
 def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
     """config.json for `cfg` in the form transformers and vLLM read."""
-    if cfg.architecture not in _HF_CLASSES:
-        raise NotImplementedError(f"no HF architecture for {cfg.architecture!r}")
-    cls, model_type = _HF_CLASSES[cfg.architecture]
+    from tokenmill.loader import architectures
+
+    arch = architectures.get(cfg.architecture)
+    cls, model_type = arch.hf_classes[0], arch.hf_model_type
     out: dict[str, Any] = {
         "architectures": [cls],
         "model_type": model_type,

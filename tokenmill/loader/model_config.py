@@ -7,16 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = {
-    # GGUF general.architecture / HF model_type -> our implementation
-    "llama": "llama", "mistral": "llama", "qwen2": "llama", "smollm": "llama",
-}
-_HF_ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+from tokenmill.loader import architectures
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # llama | mistral | qwen2
+    architecture: str  # a name in loader/architectures.py
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -56,10 +52,8 @@ class ModelConfig:
     # -- readers ---------------------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, metadata: dict[str, Any], tensor_names: set[str], quantization: str) -> ModelConfig:
-        arch = str(metadata.get("general.architecture", ""))
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
-                             f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}")
+        arch = str(metadata.get("general.architecture", ""))  # the prefix of its metadata keys
+        ours = architectures.from_gguf_name(arch)
 
         def get(key: str, default: Any = None) -> Any:
             v = metadata.get(f"{arch}.{key}", default)
@@ -83,7 +77,7 @@ class ModelConfig:
         if "rope_freqs.weight" in tensor_names:
             rope_scaling = {"rope_type": "gguf_rope_freqs"}  # per-frequency factors stored as a tensor
         return cls(
-            architecture=arch if arch != "smollm" else "llama",
+            architecture=ours.name,
             vocab_size=int(vocab),
             hidden_size=hidden,
             intermediate_size=int(get("feed_forward_length")),
@@ -105,10 +99,10 @@ class ModelConfig:
     def from_hf_dir(cls, path: str | Path) -> ModelConfig:
         cfg = json.loads((Path(path) / "config.json").read_text())
         archs = cfg.get("architectures") or []
-        arch = next((_HF_ARCH[a] for a in archs if a in _HF_ARCH), cfg.get("model_type"))
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"{path}/config.json: architecture {archs or cfg.get('model_type')} is not supported; "
-                             f"supported: {', '.join(sorted(_HF_ARCH))}")
+        try:
+            arch = architectures.from_hf_config(list(archs), cfg.get("model_type")).name
+        except ValueError as e:
+            raise ValueError(f"{path}/config.json: {e}") from None
         n_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         return cls(

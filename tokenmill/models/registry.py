@@ -1,29 +1,22 @@
-"""Model registry: architecture -> (module, class), imported only when that architecture is loaded."""
+"""Model registry: architecture -> its CausalLM class, imported only when that architecture is loaded.
+
+The table of architectures and their names lives in loader/architectures.py (torch-free, so the loader,
+the plan and the CLI read it too); this module imports the implementation a row names.
+"""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-_LLAMA = ("tokenmill.models.llama", "LlamaForCausalLM")
-
-# ModelConfig.architecture (GGUF general.architecture / HF model_type) -> implementation
-MODELS: dict[str, tuple[str, str]] = {
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
-    "smollm": _LLAMA,
-}
+from tokenmill.loader import architectures
 
 
 def supported_architectures() -> list[str]:
-    return sorted(MODELS)
+    return sorted(architectures.ARCHITECTURES)
 
 
 def get_model_class(architecture: str) -> Any:
     """The CausalLM class for an architecture; a ValueError listing the supported ones otherwise."""
-    if architecture not in MODELS:
-        raise ValueError(f"architecture {architecture!r} is not supported; supported: "
-                         f"{', '.join(supported_architectures())}")
-    module, name = MODELS[architecture]
+    module, name = architectures.get(architecture).implementation.split(":")
     return getattr(importlib.import_module(module), name)

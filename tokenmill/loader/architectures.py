@@ -1,0 +1,63 @@
+"""The model registry's table: every architecture tokenmill implements, and the names it goes by.
+
+One row per architecture (our name is ModelConfig.architecture). It maps the names other tools use
+onto it: GGUF's `general.architecture`, the HF `architectures` classes in config.json, and the HF class
+`tokenmill convert` writes. The implementation is named as "module:Class" and imported only when that
+architecture is loaded (models/registry.py), so this table stays free of torch and readable by the
+loader, the memory plan and the CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str  # ours: ModelConfig.architecture
+    implementation: str  # "module:Class", a CausalLM (models/interface.py)
+    gguf_names: tuple[str, ...]  # GGUF general.architecture values that load as this one
+    hf_classes: tuple[str, ...]  # HF config.json `architectures` entries; the first is what convert writes
+    hf_model_type: str  # HF config.json `model_type` convert writes
+
+
+_LLAMA = "tokenmill.models.llama:LlamaForCausalLM"
+
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
+    Architecture("llama", _LLAMA, ("llama", "smollm"), ("LlamaForCausalLM",), "llama"),
+    Architecture("mistral", _LLAMA, ("mistral",), ("MistralForCausalLM",), "mistral"),
+    Architecture("qwen2", _LLAMA, ("qwen2",), ("Qwen2ForCausalLM",), "qwen2"),
+]}
+
+
+def supported() -> str:
+    """The supported architectures, for error messages."""
+    return ", ".join(sorted(ARCHITECTURES))
+
+
+def from_gguf_name(gguf_arch: str) -> Architecture:
+    """The architecture a GGUF file's general.architecture names; a ValueError listing ours otherwise."""
+    for a in ARCHITECTURES.values():
+        if gguf_arch in a.gguf_names:
+            return a
+    raise ValueError(f"GGUF architecture {gguf_arch!r} is not supported; supported: {supported()}")
+
+
+def from_hf_config(hf_archs: list[str], model_type: str | None) -> Architecture:
+    """The architecture of an HF config.json (its `architectures` list, else its model_type)."""
+    for name in hf_archs:
+        for a in ARCHITECTURES.values():
+            if name in a.hf_classes:
+                return a
+    if not hf_archs and model_type is not None:
+        for a in ARCHITECTURES.values():
+            if a.hf_model_type == model_type:
+                return a
+    raise ValueError(f"architecture {hf_archs or model_type} is not supported; supported: {supported()} "
+                     f"(HF classes: {', '.join(sorted(c for a in ARCHITECTURES.values() for c in a.hf_classes))})")
+
+
+def get(name: str) -> Architecture:
+    if name not in ARCHITECTURES:
+        raise ValueError(f"architecture {name!r} is not supported; supported: {supported()}")
+    return ARCHITECTURES[name]
