@@ -67,3 +67,6 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     error: str | None = None
+    # prompt_logprobs=N: one entry per prompt token, the first None (nothing comes before it to score it);
+    # each the model's raw log-softmax of that token given the ones before it, with the top-N alternatives
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

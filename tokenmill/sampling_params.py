@@ -31,7 +31,9 @@ class SamplingParams:
     """Per-request generation settings; the vLLM / OpenAI field names and meanings.
 
     `temperature == 0` means greedy. `max_tokens=None` lets the output fill the rest of the context.
-    `logprobs=N` returns the sampled token's logprob plus the top-N alternatives at each step.
+    `logprobs=N` returns the sampled token's logprob plus the top-N alternatives at each step;
+    `prompt_logprobs=N` the same for every prompt token after the first (the model's raw log-softmax,
+    before any sampling setting; such a request does not read the prefix cache, see Scheduler).
     """
 
     n: int = 1
@@ -95,8 +97,8 @@ class SamplingParams:
             bad("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             bad("logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
-        if self.prompt_logprobs is not None:
-            bad("prompt_logprobs", "is not supported")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            bad("prompt_logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             bad("truncate_prompt_tokens", f"must be at least 1, got {self.truncate_prompt_tokens}")
         if len(self.stop_strings) > MAX_STOP_STRINGS:

@@ -65,8 +65,19 @@ class SchedulerOutput:
 
 
 @dataclass
+class PromptLogprobsChunk:
+    """Prompt logprobs one prefill chunk produced: `entries[j]` scores prompt token `start + j` (start >= 1)."""
+
+    start: int
+    entries: list[TokenLogprobs]
+
+
+@dataclass
 class ModelRunnerOutput:
     """What one step produced, by request id. Only requests that sampled appear."""
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # one token each today
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one entry per sampled token
+    # requests with prompt_logprobs whose prefill chunk ran this step (a recomputed chunk comes again: the
+    # engine stores entries by position, so a repeat overwrites with the same numbers)
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)

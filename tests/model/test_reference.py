@@ -20,17 +20,6 @@ PROMPTS = [
 NUM_TOKENS = 32
 
 
-@pytest.fixture(scope="module")
-def reference(default_model_path: str):
-    transformers = pytest.importorskip("transformers")
-    from pathlib import Path
-
-    p = Path(default_model_path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
-    model.eval()
-    return model
-
-
 def reference_greedy(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     with torch.inference_mode():
         x = torch.tensor([ids])

@@ -152,6 +152,10 @@ class LLMEngine:
             self._send_finished(sched.finished_req_ids)
             return []
         result = self.executor.execute_model(sched)
+        for rid, chunk in result.prompt_logprobs.items():
+            pst = self.output_processor.states.get(self.group_of.get(rid, rid))
+            if pst is not None and pst.prompt_logprobs is not None:  # by position: a recompute overwrites
+                pst.prompt_logprobs[chunk.start : chunk.start + len(chunk.entries)] = chunk.entries
         touched: dict[str, None] = {}
         for req in self.scheduler.update(sched, result):
             group_id = self.group_of.get(req.request_id, req.request_id)

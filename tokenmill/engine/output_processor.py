@@ -47,6 +47,8 @@ class RequestState:
     hold_back: int = 0
     finished_emitted: bool = False
     error: str | None = None
+    # prompt_logprobs=N: entry i scores prompt token i, filled as prefill chunks run (entry 0 stays None)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -66,6 +68,8 @@ class OutputProcessor:
             st.seqs.append(SequenceState(r, i, IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
                                          logprobs=[] if params.logprobs is not None else None))
         st.hold_back = max((len(s) for s in params.stop_strings), default=1) - 1
+        if params.prompt_logprobs is not None:
+            st.prompt_logprobs = [None] * len(prompt_token_ids)
         self.states[request_id] = st
 
     def make_output(self, st: RequestState, force: bool = False) -> RequestOutput | None:
@@ -99,5 +103,6 @@ class OutputProcessor:
                                                if s.request.first_token_time), default=None)
             st.metrics.num_preemptions = sum(s.request.num_preemptions for s in st.seqs)
             st.metrics.num_cached_tokens = first.num_cached_tokens
-        return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, outs, finished, st.metrics, st.error)
+        return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, outs, finished, st.metrics, st.error,
+                             st.prompt_logprobs)
 

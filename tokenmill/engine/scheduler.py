@@ -143,12 +143,15 @@ class Scheduler:
 
     def _shared_prefix(self, req: Request) -> tuple[list[int], bool]:
         """Blocks req can reuse: a prefilled sibling's full prompt blocks (n > 1), else prefix-cache hits.
-        The flag says whether they came from the cache."""
+        The flag says whether they came from the cache. A request that wants prompt logprobs computes its
+        whole prompt (as vLLM does); its full blocks still go into the cache for others."""
         leader = req.fork_of
         if leader is not None and not leader.is_finished and leader.status is RequestStatus.RUNNING:
             n_full = min(leader.num_computed_tokens, req.num_tokens - 1) // self.bm.block_size
             if leader.token_ids[: n_full * self.bm.block_size] == req.token_ids[: n_full * self.bm.block_size]:
                 return leader.block_ids[:n_full], False
+        if req.sampling_params.prompt_logprobs is not None:
+            return [], False  # cached blocks hold KV, not the logits the prompt's logprobs come from
         return self.bm.find_cached_prefix(req), True
 
     @staticmethod

@@ -4,21 +4,40 @@ backend, the logits processors and each request's state (by id; no `Request` obj
 Per step it first applies the contract to its request states (drop finished, add new, apply deltas),
 then builds, for the T scheduled tokens (decodes first, in the backend's order, then prefill chunks):
     input_ids (T,), positions (T,), and the backend's metadata (slot mapping, block tables, masks),
-runs the model, computes logits only at the S positions that sample, and samples them.
+runs the model, computes logits only at the S positions that sample, and samples them. Requests that
+asked for prompt logprobs also get logits at their prompt positions in this chunk (nobody else pays).
 """
 
 from __future__ import annotations
 
 import torch
 
+from dataclasses import dataclass
+
 from tokenmill.attention.backend import AttentionBackend, AttentionContext, AttentionStep, ScheduledSeq
 from tokenmill.models.interface import CausalLM
 from tokenmill.outputs import Logprob, TokenLogprobs
 from tokenmill.sample.logits_processor import LogitsProcessor, default_processors
 from tokenmill.sample.sampler import SamplerOutput, SamplingBatch, sample
-from tokenmill.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from tokenmill.scheduler_output import ModelRunnerOutput, PromptLogprobsChunk, SchedulerOutput
 from tokenmill.worker.kv_cache import per_layer_views
 from tokenmill.worker.request_state import CachedRequestState
+
+
+# prompt logprobs: logits rows computed at once, so a long prompt never holds (T, V) floats at a time
+_PROMPT_LOGITS_ELEMENTS = 1 << 24
+
+
+@dataclass
+class _PromptRows:
+    """One request's prompt positions in this step that score a prompt token: hidden rows
+    [row, row + len(targets)) predict prompt tokens start, start + 1, ... (= targets)."""
+
+    req_id: str
+    row: int
+    start: int
+    targets: list[int]
+    num_top: int
 
 
 class ModelRunner:
@@ -61,9 +80,9 @@ class ModelRunner:
 
     # -- inputs ----------------------------------------------------------------------------------------
     def _prepare_inputs(self, so: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionContext,
-                                                              list[int], list[CachedRequestState]]:
+                                                              list[int], list[CachedRequestState], list[_PromptRows]]:
         """-> input_ids (T,), positions (T,), attention context, the token index of each sampling row,
-        and the sampling rows' states (in the step's order)."""
+        the sampling rows' states (in the step's order), and the rows that score prompt tokens."""
         decodes: list[ScheduledSeq] = []
         prefills: list[ScheduledSeq] = []
         for rid, n in so.num_scheduled_tokens.items():
@@ -76,9 +95,15 @@ class ModelRunner:
         pos: list[int] = []
         sample_idx: list[int] = []
         rows: list[CachedRequestState] = []
+        prompt_rows: list[_PromptRows] = []
         for seq in ordered:
             st = self.requests[seq.req_id]
             end = seq.start + seq.num_tokens
+            n_top = st.sampling_params.prompt_logprobs
+            last = min(end, len(st.prompt_token_ids) - 1)  # position p's logits score prompt token p + 1
+            if n_top is not None and seq.start < last:
+                prompt_rows.append(_PromptRows(seq.req_id, len(ids), seq.start + 1,
+                                               st.prompt_token_ids[seq.start + 1 : last + 1], n_top))
             ids.extend(st.token_ids[seq.start : end])
             pos.extend(range(seq.start, end))
             if end == len(st.token_ids):  # reaches the last known token: a new one is sampled
@@ -87,7 +112,7 @@ class ModelRunner:
         dev = self.device
         attn = AttentionContext(self.attn_backend, meta, self.kv_caches)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
-                attn, sample_idx, rows)
+                attn, sample_idx, rows, prompt_rows)
 
     def _prepare_sampling(self, rows: list[CachedRequestState]) -> SamplingBatch:
         dev, V = self.device, self.vocab_size
@@ -121,8 +146,10 @@ class ModelRunner:
         result = ModelRunnerOutput()
         if so.is_empty:
             return result
-        input_ids, positions, attn, sample_idx, rows = self._prepare_inputs(so)
+        input_ids, positions, attn, sample_idx, rows, prompt_rows = self._prepare_inputs(so)
         hidden = self.model.forward(input_ids, positions, attn)
+        for pr in prompt_rows:
+            result.prompt_logprobs[pr.req_id] = self._prompt_logprobs(hidden, pr)
         if not rows:
             return result
         logits = self.model.compute_logits(hidden[sample_idx])
@@ -134,6 +161,26 @@ class ModelRunner:
             if n is not None:
                 result.logprobs[r.req_id] = [self._logprobs_row(out, i, n)]
         return result
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, pr: _PromptRows) -> PromptLogprobsChunk:
+        """Raw log-softmax of the prompt tokens pr scores, from hidden (T, D), in slices of rows."""
+        entries: list[TokenLogprobs] = []
+        step = max(1, _PROMPT_LOGITS_ELEMENTS // self.vocab_size)
+        for a in range(0, len(pr.targets), step):
+            tgt = pr.targets[a : a + step]
+            logits = self.model.compute_logits(hidden[pr.row + a : pr.row + a + len(tgt)])  # (S, V) float32
+            lp = torch.log_softmax(logits, dim=-1)
+            t = torch.tensor(tgt, dtype=torch.long, device=lp.device).unsqueeze(1)
+            chosen = lp.gather(1, t)  # (S, 1)
+            ranks = ((lp > chosen).sum(dim=1) + 1).tolist()
+            top_lp, top_ids = lp.topk(pr.num_top, dim=-1) if pr.num_top > 0 else (None, None)
+            for j, tok in enumerate(tgt):
+                top: list[Logprob] = []
+                if top_lp is not None and top_ids is not None:
+                    top = [Logprob(int(i), float(v), r + 1)
+                           for r, (i, v) in enumerate(zip(top_ids[j].tolist(), top_lp[j].tolist()))]
+                entries.append(TokenLogprobs(tok, float(chosen[j, 0]), int(ranks[j]), top))
+        return PromptLogprobsChunk(pr.start, entries)
 
     @staticmethod
     def _logprobs_row(so: SamplerOutput, i: int, n: int) -> TokenLogprobs:
