@@ -49,3 +49,17 @@ def small_llm():
 
     return LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, max_num_batched_tokens=256,
                dtype="float32", quantization="dequantize")
+
+
+@pytest.fixture(scope="session")
+def reference(default_model_path: str):
+    """HF transformers loading the default GGUF on its own (it dequantises and un-permutes itself), fp32:
+    the independent implementation greedy tokens, logits and logprobs are held to."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from pathlib import Path
+
+    p = Path(default_model_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
+    model.eval()
+    return model

@@ -67,6 +67,7 @@ class SamplingFields(_Request):
     include_stop_str_in_output: bool | None = False
     skip_special_tokens: bool | None = True
     truncate_prompt_tokens: int | None = None  # keep only the last N prompt tokens
+    prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, top N each (not with stream)
 
 
 class CompletionRequest(SamplingFields):
@@ -157,12 +158,26 @@ class CompletionLogprobs(_Response):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(_Response):
+    """vLLM's prompt_logprobs entry for one token id."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's prompt_logprobs: per prompt token, {token id: entry} holding the token itself and the top N;
+# the first is null (nothing comes before it)
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(_Response):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # vLLM's extra: the stop string or token id that ended it
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extra, when asked for
 
 
 class CompletionResponse(_Response):
@@ -208,6 +223,7 @@ class ChatCompletionResponse(_Response):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extra, when asked for
 
 
 class ChatDelta(_Response):

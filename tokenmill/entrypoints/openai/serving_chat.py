@@ -130,7 +130,9 @@ class OpenAIServingChat(OpenAIServing):
                    for c in final.outputs]
         num_completion = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
-                                      usage=self.usage(len(prompt.prompt_token_ids), num_completion))
+                                      usage=self.usage(len(prompt.prompt_token_ids), num_completion),
+                                      prompt_logprobs=self.prompt_logprobs(final.prompt_logprobs,
+                                                                           params.prompt_logprobs))
 
     async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
                       include_usage: bool) -> AsyncIterator[bytes]:

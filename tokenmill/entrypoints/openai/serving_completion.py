@@ -38,9 +38,14 @@ class OpenAIServingCompletion(OpenAIServing):
             raise bad_request("suffix is not supported by this server", "suffix")
         if req.best_of is not None and req.best_of != 1:
             raise bad_request("best_of other than 1 is not supported; use n for several choices", "best_of")
-        if req.echo and req.logprobs is not None:
-            raise bad_request("echo together with logprobs needs prompt logprobs, which are not supported", "echo")
-        params = self.sampling_params(req, req.max_tokens, req.logprobs)
+        if req.max_tokens == 0 and not req.echo:
+            raise bad_request("max_tokens must be at least 1 (0 is accepted with echo, to score the prompt)",
+                              "max_tokens")
+        # echo with logprobs scores the prompt too (what evaluation harnesses send): it needs prompt logprobs;
+        # echo with max_tokens 0 gives the prompt back and generates nothing (one token runs and is dropped)
+        echo_logprobs = bool(req.echo) and req.logprobs is not None
+        params = self.sampling_params(req, 1 if req.max_tokens == 0 else req.max_tokens, req.logprobs,
+                                      req.logprobs if echo_logprobs else None)
         prompts = [self.process_prompt(p, params) for p in await self._prompt_ids(req.prompt)]
         if req.max_tokens is None:
             prompts = [dataclasses.replace(p, max_tokens=min(DEFAULT_MAX_TOKENS, p.max_tokens)) for p in prompts]
@@ -49,10 +54,9 @@ class OpenAIServingCompletion(OpenAIServing):
         self.maybe_log_prompt(request_id, req.prompt)
         echo = [self.tokenizer.decode(p.prompt_token_ids) for p in prompts] if req.echo else None
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._stream(request_id, prompts, params, echo, include_usage),
+            return StreamingResponse(self._stream(request_id, prompts, params, echo, req),
                                      media_type="text/event-stream")
-        result = await self.until_disconnect(self._collect(request_id, prompts, params, echo), raw_request)
+        result = await self.until_disconnect(self._collect(request_id, prompts, params, echo, req), raw_request)
         return result if result is not None else Response(status_code=499)
 
     async def _prompt_ids(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
@@ -79,7 +83,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return merge_streams([self.generate(rid, p, params) for rid, p in zip(ids, prompts)])
 
     async def _collect(self, request_id: str, prompts: list[ProcessedPrompt], params: SamplingParams,
-                       echo: list[str] | None) -> CompletionResponse:
+                       echo: list[str] | None, req: CompletionRequest) -> CompletionResponse:
         final: dict[int, RequestOutput] = {}
         async with contextlib.aclosing(self._engine_streams(request_id, prompts, params)) as outputs:
             async for p, out in outputs:
@@ -88,20 +92,33 @@ class OpenAIServingCompletion(OpenAIServing):
                     final[p] = out
         choices: list[CompletionChoice] = []
         num_completion = 0
+        generate = req.max_tokens != 0
         for p in range(len(prompts)):
-            for c in final[p].outputs:
-                num_completion += len(c.token_ids)
-                lps = self._logprobs(c.token_ids, c.logprobs, 0) if c.logprobs is not None else None
+            out = final[p]
+            for c in out.outputs:
+                ids = c.token_ids if generate else []
+                num_completion += len(ids)
+                lps = None
+                if c.logprobs is not None:
+                    lps = CompletionLogprobs()
+                    offset = self._prompt_part(lps, out, req.logprobs) if echo else 0
+                    self._append(lps, ids, c.logprobs, offset)
                 choices.append(CompletionChoice(
-                    index=p * params.n + c.index, text=(echo[p] if echo else "") + c.text, logprobs=lps,
-                    finish_reason=c.finish_reason.value if c.finish_reason else None, stop_reason=c.stop_reason))
+                    index=p * params.n + c.index, text=(echo[p] if echo else "") + (c.text if generate else ""),
+                    logprobs=lps, finish_reason=c.finish_reason.value if c.finish_reason else None,
+                    stop_reason=c.stop_reason, prompt_logprobs=self.prompt_logprobs(out.prompt_logprobs,
+                                                                                    req.prompt_logprobs)))
         return CompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
                                   usage=self.usage(sum(len(p.prompt_token_ids) for p in prompts), num_completion))
 
     async def _stream(self, request_id: str, prompts: list[ProcessedPrompt], params: SamplingParams,
-                      echo: list[str] | None, include_usage: bool) -> AsyncIterator[bytes]:
+                      echo: list[str] | None, req: CompletionRequest) -> AsyncIterator[bytes]:
         created = int(time.time())
         n = params.n
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        generate = req.max_tokens != 0
+        # echo with logprobs waits for the prompt's logprobs (they come with its first output)
+        echo_waits = echo is not None and req.logprobs is not None
 
         def chunk(index: int, text: str, logprobs: CompletionLogprobs | None = None, finish: str | None = None,
                   stop_reason: int | str | None = None) -> bytes:
@@ -112,26 +129,38 @@ class OpenAIServingCompletion(OpenAIServing):
         num_sent_tokens: dict[int, int] = {}  # choice -> tokens already reported (for logprob slices)
         text_offset: dict[int, int] = {}  # choice -> characters already sent
         finished: set[int] = set()
+        echoed: set[int] = set()  # prompts whose echo went out
         num_completion = 0
         try:
-            if echo:
+            if echo and not echo_waits:
                 for p, text in enumerate(echo):
+                    echoed.add(p)
                     for i in range(n):
+                        text_offset[p * n + i] = len(text)
                         yield chunk(p * n + i, text)
             async with contextlib.aclosing(self._engine_streams(request_id, prompts, params)) as outputs:
                 async for p, out in outputs:
                     if out.finished:
                         self.check_finished(out)
+                    if echo and p not in echoed:
+                        echoed.add(p)
+                        for i in range(n):
+                            lps = CompletionLogprobs()
+                            text_offset[p * n + i] = self._prompt_part(lps, out, req.logprobs)
+                            yield chunk(p * n + i, echo[p], lps)
                     for c in out.outputs:
                         index = p * n + c.index
                         if index in finished:
                             continue
-                        frame = self._delta(index, c, num_sent_tokens, text_offset, chunk)
+                        if not generate:  # echo only: the one token that ran is not shown
+                            frame = chunk(index, "", None, c.finish_reason.value) if c.finish_reason else None
+                        else:
+                            frame = self._delta(index, c, num_sent_tokens, text_offset, chunk)
                         if frame is not None:
                             yield frame
                         if c.finish_reason is not None:
                             finished.add(index)
-                            num_completion += len(c.token_ids)
+                            num_completion += len(c.token_ids) if generate else 0
             if include_usage:
                 yield sse(CompletionChunk(id=request_id, created=created, model=self.served_model_name, choices=[],
                                           usage=self.usage(sum(len(p.prompt_token_ids) for p in prompts), num_completion)))
@@ -146,7 +175,8 @@ class OpenAIServingCompletion(OpenAIServing):
         new_ids = c.delta_token_ids
         lps = None
         if c.logprobs is not None and new_ids:
-            lps = self._logprobs(new_ids, c.logprobs[start:start + len(new_ids)], text_offset.get(index, 0))
+            lps = CompletionLogprobs()
+            self._append(lps, new_ids, c.logprobs[start:start + len(new_ids)], text_offset.get(index, 0))
         num_sent_tokens[index] = start + len(new_ids)
         finish = c.finish_reason.value if c.finish_reason else None
         if not c.delta_text and lps is None and finish is None:
@@ -154,9 +184,9 @@ class OpenAIServingCompletion(OpenAIServing):
         text_offset[index] = text_offset.get(index, 0) + len(c.delta_text)
         return chunk(index, c.delta_text, lps, finish, c.stop_reason if finish else None)  # type: ignore[operator]
 
-    def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
-        """The completions logprobs shape for these tokens; offsets count characters from `offset`."""
-        out = CompletionLogprobs()
+    def _append(self, out: CompletionLogprobs, token_ids: list[int], logprobs: list[TokenLogprobs], offset: int) -> int:
+        """Add these generated tokens in the completions logprobs shape; offsets count characters from
+        `offset`. Returns the offset after them."""
         for tok, lp in zip(token_ids, logprobs):
             text = self.token_text(tok)
             out.tokens.append(text)
@@ -166,4 +196,26 @@ class OpenAIServingCompletion(OpenAIServing):
             out.top_logprobs.append(top)
             out.text_offset.append(offset)
             offset += len(text)
-        return out
+        return offset
+
+    def _prompt_part(self, out: CompletionLogprobs, result: RequestOutput, n_top: int | None) -> int:
+        """Echo: the prompt's tokens first, in OpenAI's shape (the first token has null logprobs; its top
+        alternatives too). Without logprobs asked, nothing. Returns the offset after the prompt."""
+        entries = result.prompt_logprobs
+        if n_top is None or entries is None:
+            return 0
+        offset = 0
+        for tok, e in zip(result.prompt_token_ids, entries):
+            text = self.token_text(tok)
+            out.tokens.append(text)
+            out.text_offset.append(offset)
+            offset += len(text)
+            if e is None:
+                out.token_logprobs.append(None)
+                out.top_logprobs.append(None)
+                continue
+            out.token_logprobs.append(self.clamp_logprob(e.logprob))
+            top = {self.token_text(t.token_id): self.clamp_logprob(t.logprob) for t in e.top[:n_top]}
+            top.setdefault(text, self.clamp_logprob(e.logprob))
+            out.top_logprobs.append(top)
+        return offset

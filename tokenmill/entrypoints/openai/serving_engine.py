@@ -23,11 +23,11 @@ from fastapi import Request
 
 from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError, RequestTimeoutError
 from tokenmill.engine.input_processor import ProcessedPrompt
-from tokenmill.entrypoints.openai.protocol import SamplingFields, Usage
+from tokenmill.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, SamplingFields, Usage
 from tokenmill.entrypoints.server.admission import Admission, ServerState
 from tokenmill.entrypoints.server.errors import APIError, bad_request, error_body
 from tokenmill.metrics import ServerMetrics
-from tokenmill.outputs import FinishReason, RequestOutput
+from tokenmill.outputs import FinishReason, RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import ParamError, SamplingParams
 
 log = logging.getLogger("tokenmill.server")
@@ -73,10 +73,16 @@ class OpenAIServing:
         return f"{prefix}-{uuid.uuid4().hex}"
 
     # -- request -> engine inputs ----------------------------------------------------------------------
-    def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """SamplingParams from the request fields; a bad value is a 400 naming its field."""
+    def sampling_params(self, req: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
+        """SamplingParams from the request fields; a bad value is a 400 naming its field. `prompt_logprobs`:
+        what the endpoint needs beyond the request's own field (completions' echo with logprobs)."""
         if req.stream_options is not None and not req.stream:  # vLLM's wording; OpenAI also answers 400
             raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+        if req.prompt_logprobs is not None and req.stream:  # vLLM's wording
+            raise bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        if req.prompt_logprobs is not None:
+            prompt_logprobs = max(req.prompt_logprobs, prompt_logprobs or 0)
         bias: dict[int, float] | None = None
         if req.logit_bias:
             bad = [key for key in req.logit_bias if not key.lstrip("-").isdigit()]
@@ -104,6 +110,7 @@ class OpenAIServing:
                 include_stop_str_in_output=bool(req.include_stop_str_in_output),
                 skip_special_tokens=req.skip_special_tokens is not False,
                 logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
                 truncate_prompt_tokens=req.truncate_prompt_tokens,
             )
         except ParamError as e:
@@ -195,6 +202,22 @@ class OpenAIServing:
         if text is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
+
+    def prompt_logprobs(self, entries: list[TokenLogprobs | None] | None, n_top: int | None) -> PromptLogprobs | None:
+        """vLLM's prompt_logprobs field from the engine's entries (None unless the request asked)."""
+        if entries is None or n_top is None:
+            return None
+        out: PromptLogprobs = []
+        for e in entries:
+            if e is None:
+                out.append(None)
+                continue
+            d = {str(t.token_id): PromptLogprob(logprob=self.clamp_logprob(t.logprob), rank=t.rank,
+                                                decoded_token=self.token_text(t.token_id)) for t in e.top[:n_top]}
+            d.setdefault(str(e.token_id), PromptLogprob(logprob=self.clamp_logprob(e.logprob), rank=e.rank,
+                                                        decoded_token=self.token_text(e.token_id)))
+            out.append(d)
+        return out
 
     @staticmethod
     def clamp_logprob(value: float) -> float:
