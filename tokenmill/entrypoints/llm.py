@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from tokenmill.config import EngineConfig, parse_size
+from tokenmill.engine.beam_search import BeamSearch, BeamSearchParams, Hypothesis
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.outputs import RequestOutput
@@ -81,3 +82,35 @@ class LLM:
         prompts: list[Prompt] = [processor.render_chat_ids(c, add_generation_prompt, tools)  # type: ignore[arg-type]
                                  for c in conversations]
         return self.generate(prompts, params, use_tqdm)
+
+    def beam_search(self, prompts: str | list[int] | Sequence[str | list[int]],
+                    params: BeamSearchParams) -> list[list[Hypothesis]]:
+        """Beam search for each prompt (engine/beam_search.py: transformers' rules); per prompt, the
+        `beam_width` best hypotheses, best first. All prompts' beams run batched, round by round."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        processor = self.engine.input_processor
+        searches: list[BeamSearch] = []
+        for prompt in prompts:  # type: ignore[union-attr]
+            ids = processor.tokenize_prompt(prompt)  # type: ignore[arg-type]
+            room = self.engine.max_model_len - len(ids)
+            if room < 1:
+                processor.process(ids, SamplingParams(max_tokens=1))  # raises the input path's own error
+            bp = BeamSearchParams(params.beam_width, min(params.max_tokens, room), params.length_penalty,
+                                  params.early_stopping, params.ignore_eos)
+            searches.append(BeamSearch(ids, bp, self.tokenizer.eog_token_ids))
+        while not all(s.done for s in searches):
+            live = [s for s in searches if not s.done]
+            seqs = [(s, seq) for s in live for seq in s.pending()]
+            outs = self.generate([seq for _, seq in seqs], [s.step_params() for s, _ in seqs], use_tqdm=False)
+            i = 0
+            for s in live:
+                n = len(s.beams)
+                s.advance([[(t.token_id, t.logprob) for t in o.outputs[0].logprobs[0].top]  # type: ignore[index]
+                           for o in outs[i : i + n]])
+                i += n
+        results = [s.results() for s in searches]
+        for hyps in results:
+            for h in hyps:
+                h.text = self.tokenizer.decode(h.token_ids)
+        return results
