@@ -35,7 +35,7 @@ from torch import nn
 
 from tokenmill.compute import UNQUANTIZED_TYPES, requant_type_for
 from tokenmill.layers.linear import Linear, LinearMethod
-from tokenmill.loader.weights import GGUFQuantized
+from tokenmill.loader.weights import GGUFQuantized, nothing
 from tokenmill.native import ggml
 
 log = logging.getLogger("tokenmill")
@@ -138,7 +138,7 @@ class GGUFLinearMethod(LinearMethod):
                 data = np.concatenate([p.data for p in parts], axis=0)
                 for p in parts:
                     p.release()
-                release = _nothing
+                release = nothing
             n = sum(p.shape[0] for p in parts)
             w = ggml.GgmlWeight(int(parts[0].ggml_type), layer.in_features, n, data.ctypes.data, self.repack, data)
             if w.repacked:
@@ -222,7 +222,3 @@ def _best_time(fn: object, reps: int = 3) -> float:
         fn()  # type: ignore[operator]
         best = min(best, time.perf_counter() - t)
     return best
-
-
-def _nothing() -> None:
-    pass

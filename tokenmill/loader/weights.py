@@ -74,7 +74,7 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
             if n_head:
                 raw = np.ascontiguousarray(_unpermute(raw, n_head))  # a copy: the file's pages can go
                 release()
-                release = _nothing
+                release = nothing
             yield hf_name, GGUFQuantized(raw, info.ggml_type, info.shape, release)
             continue
         w = gf.load(name)
@@ -83,8 +83,8 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
         yield hf_name, torch.from_numpy(np.ascontiguousarray(w))
 
 
-def _nothing() -> None:
-    pass
+def nothing() -> None:
+    """A release() for data that holds no file pages (a copy)."""
 
 
 def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
