@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import uuid
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError, RequestTimeoutError
+from tokenmill.engine.beam_search import BeamSearch, BeamSearchParams, Hypothesis
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, SamplingFields, Usage
 from tokenmill.entrypoints.server.admission import Admission, ServerState
@@ -167,6 +169,35 @@ class OpenAIServing:
             raise bad_request(str(e), e.field if isinstance(e, ParamError) else None) from None
         finally:
             self.state.in_flight.discard(request_id)
+
+    async def beam_search(self, request_id: str, prompt: ProcessedPrompt, bp: BeamSearchParams) -> list[Hypothesis]:
+        """Beam search (engine/beam_search.py): each round, every beam is one engine request, run
+        concurrently so they batch, sharing blocks through the prefix cache. -> the hypotheses, best first.
+        A client that leaves cancels this, which aborts the round's requests."""
+        bp = dataclasses.replace(bp, max_tokens=min(bp.max_tokens, prompt.max_tokens))
+        search = BeamSearch(prompt.prompt_token_ids, bp, self.tokenizer.eog_token_ids)
+        params = search.step_params()
+
+        async def candidates(rid: str, seq: list[int]) -> list[tuple[int, float]]:
+            final: RequestOutput | None = None
+            async with contextlib.aclosing(self.generate(rid, self.process_prompt(seq, params), params)) as outs:
+                async for out in outs:
+                    if out.finished:
+                        self.check_finished(out)
+                        final = out
+            assert final is not None and final.outputs[0].logprobs
+            return [(t.token_id, t.logprob) for t in final.outputs[0].logprobs[0].top]
+
+        rnd = 0
+        while not search.done:
+            seqs = search.pending()
+            search.advance(list(await asyncio.gather(*(candidates(f"{request_id}-r{rnd}b{i}", seq)
+                                                         for i, seq in enumerate(seqs)))))
+            rnd += 1
+        hyps = search.results()
+        for h in hyps:
+            h.text = self.tokenizer.decode(h.token_ids)
+        return hyps
 
     def check_finished(self, out: RequestOutput) -> None:
         """Turn an aborted or failed final output into the APIError the client should see."""
