@@ -91,8 +91,9 @@ def make_hf(tmp: Path, case: dict, tokenizer) -> tuple[Path, object]:
     return tmp, model
 
 
-def write_gguf(path: Path, model, tokenizer, qtype: str = "F32", **overrides) -> Path:
-    """The same weights as a GGUF, as llama.cpp's converter writes a Phi3ForCausalLM (names, metadata)."""
+def write_gguf(path: Path, model, tokenizer, qtype: str = "F32", split_qkv: bool = False, **overrides) -> Path:
+    """The same weights as a GGUF, as llama.cpp's converter writes a Phi3ForCausalLM (names, metadata);
+    `split_qkv`: attn_q / attn_k / attn_v instead of attn_qkv (llama.cpp's phi3 graph takes either)."""
     from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.quants import quantize
 
@@ -140,6 +141,14 @@ def write_gguf(path: Path, model, tokenizer, qtype: str = "F32", **overrides) ->
                   p + "self_attn.o_proj.weight": b + "attn_output.weight",
                   p + "post_attention_layernorm.weight": b + "ffn_norm.weight",
                   p + "mlp.gate_up_proj.weight": b + "ffn_up.weight", p + "mlp.down_proj.weight": b + "ffn_down.weight"}
+    if split_qkv:
+        q, kv = c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim
+        for i in range(c.num_hidden_layers):
+            qkv = sd.pop(f"model.layers.{i}.self_attn.qkv_proj.weight")
+            del names[f"model.layers.{i}.self_attn.qkv_proj.weight"]
+            for part, rows in zip("qkv", np.split(qkv, [q, q + kv])):
+                sd[f"{i}.{part}"] = rows
+                names[f"{i}.{part}"] = f"blk.{i}.attn_{part}.weight"
     for hf_name, name in names.items():
         x = np.ascontiguousarray(sd[hf_name], dtype=np.float32)
         if x.ndim == 2 and qtype != "F32":
@@ -150,7 +159,6 @@ def write_gguf(path: Path, model, tokenizer, qtype: str = "F32", **overrides) ->
     if rp["rope_type"] == "longrope":
         w.add_tensor("rope_factors_long.weight", np.array(rp["long_factor"], dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rp["short_factor"], dtype=np.float32))
-    assert head_dim  # (the converter derives it as hidden / heads, as we do)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -207,6 +215,37 @@ def test_logits_and_greedy_match_transformers(case, fmt: str, tokenizer) -> None
         assert err < 1e-3, f"{name} {fmt}: max logit error {err:.2e}"
         out = ours.generate([ids], GREEDY)[0]
         assert out.outputs[0].token_ids == want_tokens, f"{name} {fmt} diverged"
+
+
+def test_gguf_with_separate_q_k_v(tokenizer, tmp_path: Path) -> None:
+    _, model = make_hf(tmp_path, CASES["longrope-short"], tokenizer)
+    ours = engine(write_gguf(tmp_path / "split.gguf", model, tokenizer, split_qkv=True))
+    ids = prompts_for("longrope-short", tokenizer[0])[0]
+    with torch.inference_mode():
+        want = model(torch.tensor([ids])).logits[0]
+    assert float((prompt_logits(ours, ids) - want).abs().max()) < 1e-3
+
+
+def test_config_json_as_the_hub_ships_it(tmp_path: Path) -> None:
+    """Phi-4-mini-instruct's config.json (transformers 4 form: rope_scaling with "type", the original
+    context and partial_rotary_factor at the top level), read without weights."""
+    from tokenmill.layers.rotary import attention_factor, longrope_factors
+    from tokenmill.loader.model_config import ModelConfig
+
+    short, long = [1.0] * 48, [1.5 + i for i in range(48)]
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 200064, "hidden_size": 3072,
+        "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+        "hidden_act": "silu", "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+        "partial_rotary_factor": 0.75, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "rope_scaling": {"long_factor": long, "short_factor": short, "type": "longrope"},
+        "sliding_window": 262144, "tie_word_embeddings": True}))
+    cfg = ModelConfig.from_hf_dir(tmp_path)
+    assert (cfg.architecture, cfg.head_dim, cfg.rotary_dim, cfg.sliding_window) == ("phi3", 128, 96, 262144)
+    assert cfg.rope_scaling is not None
+    assert longrope_factors(cfg.rope_scaling, 131072) == long and longrope_factors(cfg.rope_scaling, 4096) == short
+    assert attention_factor(cfg.rope_scaling, cfg.max_position_embeddings) == pytest.approx(
+        (1 + np.log(32) / np.log(4096)) ** 0.5)
 
 
 def test_long_regime_is_not_the_short_one(tokenizer, tmp_path: Path) -> None:
@@ -286,3 +325,21 @@ def test_other_unsupported_features_fail_naming_them(tokenizer, tmp_path: Path) 
     (d / "config.json").write_text(json.dumps(cfg | {"hidden_act": "gelu"}))
     with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported"):
         engine(d)
+
+
+def test_convert_writes_a_phi3_directory(tokenizer, tmp_path: Path) -> None:
+    """`tokenmill convert` on a phi3 GGUF (longrope factors as tensors, partial rotary): transformers loads
+    the directory and computes what the original checkpoint computes."""
+    from tokenmill.entrypoints.convert import convert_gguf_to_hf
+
+    _, model = make_hf(tmp_path / "hf", CASES["longrope-long"], tokenizer)
+    (tmp_path / "g").mkdir()
+    g = write_gguf(tmp_path / "g" / "tiny.gguf", model, tokenizer)
+    out = convert_gguf_to_hf(str(g), tmp_path / "converted", progress=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["Phi3ForCausalLM"] and cfg["rope_scaling"]["long_factor"] == LONG[:12]
+    converted = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    ids = prompts_for("longrope-long", tokenizer[0])[0]
+    with torch.inference_mode():
+        want, got = model(torch.tensor([ids])).logits, converted(torch.tensor([ids])).logits
+    assert float((got - want).abs().max()) < 1e-4
