@@ -186,6 +186,8 @@ def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_name
             raise ValueError(f"GGUF phi3 with rope scaling {scaling.get('rope_type')!r} and longrope factor "
                              "tensors is not supported")
         original = md.get(f"{arch}.rope.scaling.original_context_length", cfg.max_position_embeddings)
+        # absent: transformers' rule from the context lengths (rotary.attention_factor); llama.cpp would take
+        # 1.0, but its converter always writes the key beside the factor tensors
         factor = md.get(f"{arch}.rope.scaling.attn_factor")
         scaling = {"rope_type": "longrope", "original_max_position_embeddings": int(original),
                    "attention_factor": None if factor is None else float(factor)}
