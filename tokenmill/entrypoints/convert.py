@@ -2,7 +2,7 @@
 
 The directory holds what `transformers` and vLLM need to load the same weights tokenmill serves:
 
-    config.json              LlamaForCausalLM / Qwen2ForCausalLM architecture numbers, dtype float32
+    config.json              LlamaForCausalLM / Qwen2ForCausalLM / ... architecture numbers, dtype float32
     model.safetensors        dequantized fp32 tensors under HF parameter names (q/k rows un-permuted)
     tokenizer.json           the `tokenizers` vocabulary tokenmill builds from the GGUF metadata
     tokenizer_config.json    chat template, BOS/EOS/UNK/PAD texts, add_bos_token
@@ -37,6 +37,11 @@ def hf_rope_scaling(cfg: ModelConfig) -> dict[str, Any] | None:
     if kind == "yarn":
         return {"rope_type": "yarn", "factor": rs["factor"],
                 "original_max_position_embeddings": rs["original_max_position_embeddings"]}
+    if kind == "longrope":  # phi3: short_factor / long_factor come from the GGUF's tensors (convert_gguf_to_hf)
+        out = {"rope_type": "longrope", "original_max_position_embeddings": rs["original_max_position_embeddings"]}
+        if rs.get("attention_factor") is not None:
+            out["attention_factor"] = rs["attention_factor"]
+        return out
     raise NotImplementedError(f"converting a GGUF with rope scaling {rs} to HF format is not supported "
                               "(its per-frequency factors have no lossless HF config form)")
 
@@ -74,9 +79,36 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
     elif cfg.attention_bias and model_type != "qwen2":
         raise NotImplementedError(f"{model_type} with attention biases has no HF config form")
+    if model_type == "phi3":
+        out.update(_phi3_config(cfg))
     if cfg.name:
         out["_name_or_path"] = cfg.name
     return out
+
+
+def _phi3_config(cfg: ModelConfig) -> dict[str, Any]:
+    """Phi3ForCausalLM's own config.json entries: partial rotary, the window, the original context."""
+    out: dict[str, Any] = {"partial_rotary_factor": (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim,
+                           "sliding_window": cfg.sliding_window}
+    if cfg.rope_scaling:
+        out["original_max_position_embeddings"] = cfg.rope_scaling["original_max_position_embeddings"]
+    return out
+
+
+def _phi3_tensors(tensors: dict[str, Any], config: dict[str, Any]) -> None:
+    """In place: GGUF's longrope factor tensors into config.json's rope_scaling; separate q/k/v (which
+    llama.cpp's phi3 also accepts) fused into HF's qkv_proj."""
+    import torch
+
+    for key in ("short_factor", "long_factor"):
+        factors = tensors.pop(f"rope_factors_{key.split('_')[0]}", None)
+        if factors is not None:
+            config["rope_scaling"][key] = [float(f) for f in factors.flatten()]
+    if config["rope_scaling"] and {"short_factor", "long_factor"} - set(config["rope_scaling"]):
+        raise ValueError("GGUF phi3 longrope needs both rope_factors_short and rope_factors_long")
+    for name in [n for n in tensors if n.endswith("self_attn.q_proj.weight")]:
+        parts = [tensors.pop(name.replace("q_proj", p)) for p in ("q_proj", "k_proj", "v_proj")]
+        tensors[name.replace("q_proj", "qkv_proj")] = torch.cat(parts, dim=0)
 
 
 def hf_tokenizer_files(tok: Tokenizer, md: dict[str, Any], max_len: int) -> tuple[str, dict[str, Any]]:
@@ -140,6 +172,8 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
             tensors[name] = w.to(torch.float32).contiguous()
     finally:
         gf.close()
+    if cfg.architecture == "phi3":
+        _phi3_tensors(tensors, config)
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(out / "model.safetensors"),

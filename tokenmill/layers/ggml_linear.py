@@ -120,9 +120,12 @@ class GGUFLinearMethod(LinearMethod):
         layer.blocks[shard] = self.to_blocks(tensor)
 
     def finish_loading(self, layer: Linear) -> None:
-        order = list(layer.shards) if layer.shards else [None]
+        # shard by shard (q, k, v), or the whole fused tensor at once (None) as a checkpoint that stores it so
+        order = [None] if None in layer.blocks or not layer.shards else list(layer.shards)
         if set(order) != set(layer.blocks):
-            raise ValueError(f"linear layer lacks shards {set(order) - set(layer.blocks)}")
+            raise ValueError(f"linear layer lacks shards {set(order) - set(layer.blocks)}"
+                             if set(layer.blocks) <= set(order) else
+                             f"linear layer got its whole tensor and shards {set(layer.blocks) - {None}}")
         groups: list[tuple[int, list[GGUFQuantized]]] = []  # (first output column, adjacent parts of one type)
         for shard in order:
             part, (a, _) = layer.blocks[shard], layer.shard_rows(shard)

@@ -27,6 +27,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("llama", _LLAMA, ("llama", "smollm"), ("LlamaForCausalLM",), "llama"),
     Architecture("mistral", _LLAMA, ("mistral",), ("MistralForCausalLM",), "mistral"),
     Architecture("qwen2", _LLAMA, ("qwen2",), ("Qwen2ForCausalLM",), "qwen2"),
+    Architecture("phi3", "tokenmill.models.phi3:Phi3ForCausalLM", ("phi3",), ("Phi3ForCausalLM",), "phi3"),
 ]}
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,9 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     name: str = ""
     quantization: str = "none"  # how the weights are stored on disk, e.g. "GGUF Q4_1"
+    # phi3 (models/phi3.py) sets these; each means the same for any family that reads it
+    rotary_dim: int | None = None  # leading dims of each head that rotate (partial rotary); None: head_dim
+    sliding_window: int | None = None  # a query sees this many keys, itself included; None: all before it
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
@@ -76,7 +79,7 @@ class ModelConfig:
                                 int(metadata.get(f"{arch}.rope.scaling.original_context_length", 0))}
         if "rope_freqs.weight" in tensor_names:
             rope_scaling = {"rope_type": "gguf_rope_freqs"}  # per-frequency factors stored as a tensor
-        return cls(
+        cfg = cls(
             architecture=ours.name,
             vocab_size=int(vocab),
             hidden_size=hidden,
@@ -94,6 +97,9 @@ class ModelConfig:
             name=str(metadata.get("general.name", "")),
             quantization=quantization,
         )
+        if ours.name == "phi3":
+            cfg = _phi3_from_gguf(cfg, metadata, arch, tensor_names)
+        return cfg
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> ModelConfig:
@@ -105,7 +111,7 @@ class ModelConfig:
             raise ValueError(f"{path}/config.json: {e}") from None
         n_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
-        return cls(
+        out = cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -124,3 +130,66 @@ class ModelConfig:
             name=str(cfg.get("_name_or_path", Path(path).name)),
             quantization=str(cfg.get("torch_dtype", cfg.get("dtype", "safetensors"))),
         )
+        if arch == "phi3":
+            out = _phi3_from_hf(out, cfg, Path(path))
+        return out
+
+
+# -- phi3 ------------------------------------------------------------------------------------------------
+# Phi-3 / Phi-3.5 / Phi-4-mini: LongRoPE (short and long per-frequency factors, an attention factor on cos and
+# sin), partial rotary (Phi-4-mini rotates 0.75 of each head) and a sliding window in the config. The rope
+# scaling is normalised to {"rope_type": "longrope", "short_factor", "long_factor",
+# "original_max_position_embeddings", "attention_factor"?} (layers/rotary.py reads it); from a GGUF the
+# two factor lists are tensors, which the model folds in (models/phi3.py).
+
+def _phi3_from_hf(cfg: ModelConfig, raw: dict[str, Any], path: Path) -> ModelConfig:
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{path}/config.json: phi3 with hidden_act {act!r} is not supported (supported: silu)")
+    rs = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
+    kind = rs.get("rope_type") or rs.get("type") or "default"
+    partial = float(rs.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    rotary_dim = int(cfg.head_dim * partial)  # as transformers rounds it
+    scaling: dict[str, Any] | None = None
+    if kind == "su":  # the type's first name; transformers reads it as longrope
+        kind = "longrope"
+    if kind == "longrope":
+        unknown = set(rs) - {"rope_type", "type", "short_factor", "long_factor", "original_max_position_embeddings",
+                             "attention_factor", "factor", "rope_theta", "partial_rotary_factor"}
+        if unknown:  # e.g. short_mscale / long_mscale, which transformers ignores and vLLM applies
+            raise ValueError(f"{path}/config.json: longrope with {sorted(unknown)} is not supported")
+        original = rs.get("original_max_position_embeddings") or raw.get("original_max_position_embeddings")
+        if not original or "short_factor" not in rs or "long_factor" not in rs:
+            raise ValueError(f"{path}/config.json: longrope needs short_factor, long_factor and "
+                             "original_max_position_embeddings")
+        scaling = {"rope_type": "longrope", "short_factor": [float(f) for f in rs["short_factor"]],
+                   "long_factor": [float(f) for f in rs["long_factor"]],
+                   "original_max_position_embeddings": int(original),
+                   "attention_factor": rs.get("attention_factor"), "factor": rs.get("factor")}
+    elif kind != "default":  # the model's rotary would refuse it too; say so with the file's name
+        raise ValueError(f"{path}/config.json: phi3 with rope scaling {kind!r} is not supported "
+                         "(supported: default, longrope)")
+    window = raw.get("sliding_window")
+    return replace(cfg, rope_scaling=scaling, rotary_dim=rotary_dim if rotary_dim != cfg.head_dim else None,
+                   sliding_window=int(window) if window else None)
+
+
+def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_names: set[str]) -> ModelConfig:
+    """llama.cpp's convert_hf_to_gguf.py (Phi3MiniModel) writes rope.dimension_count (partial rotary),
+    attention.sliding_window (0: none), and for longrope the factor tensors rope_factors_long / _short with
+    rope.scaling.original_context_length and rope.scaling.attn_factor."""
+    rotary_dim = int(md.get(f"{arch}.rope.dimension_count", cfg.head_dim))
+    window = int(md.get(f"{arch}.attention.sliding_window", 0))
+    scaling = cfg.rope_scaling
+    if {"rope_factors_long.weight", "rope_factors_short.weight"} & tensor_names:
+        if scaling is not None:  # e.g. rope.scaling.type yarn beside the factor tensors
+            raise ValueError(f"GGUF phi3 with rope scaling {scaling.get('rope_type')!r} and longrope factor "
+                             "tensors is not supported")
+        original = md.get(f"{arch}.rope.scaling.original_context_length", cfg.max_position_embeddings)
+        # absent: transformers' rule from the context lengths (rotary.attention_factor); llama.cpp would take
+        # 1.0, but its converter always writes the key beside the factor tensors
+        factor = md.get(f"{arch}.rope.scaling.attn_factor")
+        scaling = {"rope_type": "longrope", "original_max_position_embeddings": int(original),
+                   "attention_factor": None if factor is None else float(factor)}
+    return replace(cfg, rope_scaling=scaling, rotary_dim=rotary_dim if rotary_dim != cfg.head_dim else None,
+                   sliding_window=window or None)

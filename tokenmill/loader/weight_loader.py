@@ -5,6 +5,8 @@ For each `(name, tensor)` from a reader:
   2. a checkpoint module named in the model's `packed_modules_mapping` is renamed to the fused module it
      lives in, with its shard: `...self_attn.k_proj.weight` -> `...self_attn.qkv_proj.weight`, shard "k";
   3. the parameter's own `weight_loader(param, tensor, shard)` copies it in (a plain copy if it has none).
+A checkpoint that stores a fused module itself (phi3's `qkv_proj`, `gate_up_proj`) names our parameter
+directly: it arrives with shard None, all rows at once, and counts for every shard.
 Afterwards every required parameter (and every shard of a fused one) must have been loaded.
 """
 
@@ -45,6 +47,8 @@ def load_weights(model: Any, weights: Iterable[tuple[str, Any]]) -> None:
         loader = getattr(param, "weight_loader", default_weight_loader)
         loader(param, tensor, shard)
         loaded.add((target, shard))
+        if shard is None:  # the whole fused tensor: every shard's rows
+            loaded.update((target, s) for s in getattr(param, "shard_ids", None) or [])
     reverse = {(fused, shard): src for src, (fused, shard) in mapping.items()}
     missing: list[str] = []
     for pname, param in params.items():

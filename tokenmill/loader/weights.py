@@ -49,6 +49,16 @@ _GGUF_TO_HF = {
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+# where an architecture's tensor holds something else under the same name
+_GGUF_TO_HF_BY_ARCH = {
+    # q|k|v rows in one tensor (not permuted: llama.cpp's phi3 rotary is NeoX-style, like HF), and gate|up
+    # rows in ffn_up (llama.cpp's swiglu takes the first half as the gate), as HF's qkv_proj / gate_up_proj
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+# GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
+# rope_factors_*: phi3's longrope factors)
+_GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",
+                "rope_factors_short.weight": "rope_factors_short"}
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -95,18 +105,19 @@ def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
         return "model.norm.weight", 0
     if name == "output.weight":
         return "lm_head.weight", 0
-    if name == "rope_freqs.weight":
-        return "rope_freqs", 0
+    if name in _GGUF_EXTRAS:
+        return _GGUF_EXTRAS[name], 0
     if m := re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name):
         layer, part, kind = m.groups()
-        if part not in _GGUF_TO_HF:
+        table = _GGUF_TO_HF | _GGUF_TO_HF_BY_ARCH.get(cfg.architecture, {})
+        if part not in table:
             raise ValueError(f"unexpected GGUF tensor {name}")
         n_head = 0
         if permuted and part == "attn_q":
             n_head = cfg.num_heads
         elif permuted and part == "attn_k":
             n_head = cfg.num_kv_heads
-        return f"model.layers.{layer}.{_GGUF_TO_HF[part]}.{kind}", n_head
+        return f"model.layers.{layer}.{table[part]}.{kind}", n_head
     raise ValueError(f"unexpected GGUF tensor {name}")
 
 

@@ -8,6 +8,8 @@ Shapes: T = tokens in the step (all requests, flattened), D = hidden, nh/nkv = h
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -16,7 +18,7 @@ from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.norm import RMSNorm
-from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, inv_frequencies, rotate_
+from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, attention_factor, inv_frequencies, rotate_
 from tokenmill.loader.model_config import ModelConfig
 
 
@@ -127,8 +129,21 @@ class LlamaForCausalLM(nn.Module):
         for m in self.modules():
             if isinstance(m, Linear):
                 m.finish_loading()
-        inv = inv_frequencies(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling, self._rope_freqs)
-        self.rope = RotaryEmbedding(self.cfg.head_dim, self.max_positions, inv, device, dtype)
+        self.rope = self.make_rotary(device, dtype)
+
+    def rope_scaling(self) -> dict[str, Any] | None:
+        """The rope scaling the tables are built with: the config's (a family may complete it from
+        checkpoint tensors)."""
+        return self.cfg.rope_scaling
+
+    def make_rotary(self, device: torch.device, dtype: torch.dtype) -> RotaryEmbedding:
+        """cos/sin tables over the config's rotating dims (all of head_dim unless partial), its scaling,
+        for positions [0, max_positions)."""
+        cfg, scaling = self.cfg, self.rope_scaling()
+        dim = cfg.rotary_dim or cfg.head_dim
+        inv = inv_frequencies(dim, cfg.rope_theta, scaling, self._rope_freqs, self.max_positions)
+        return RotaryEmbedding(dim, self.max_positions, inv, device, dtype,
+                               attention_factor(scaling, cfg.max_position_embeddings))
 
     # -- compute ---------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
