@@ -23,7 +23,7 @@ class FakeTokenizer:
         return ([1] if add_special_tokens else []) + [ord(c) % VOCAB for c in text]
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            tools: Any = None) -> str:
+                            tools: Any = None, continue_final_message: bool = False) -> str:
         if self.template_error is not None:
             raise self.template_error
         return "|".join(m["content"] for m in messages) + ("|" if add_generation_prompt else "")

@@ -64,24 +64,27 @@ class InputProcessor:
         return list(prompt)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None, field: str = "messages") -> str:
-        """The chat template applied to `messages`.
+                    tools: list[dict[str, Any]] | None = None, field: str = "messages", *,
+                    continue_final_message: bool = False) -> str:
+        """The chat template applied to `messages`; `continue_final_message` leaves the final message open.
 
         A template that rejects the conversation (its `raise_exception`, a missing template) is a ParamError
         on `field`; ChatTemplateSecurityError (the sandbox refused the template: the model's fault, not the
         request's) passes through as it is."""
         try:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                      tools=tools)
+                                                      tools=tools, continue_final_message=continue_final_message)
         except ChatTemplateSecurityError:
             raise
         except ChatTemplateError as e:
             raise ParamError(field, str(e)) from None
 
     def render_chat_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                        tools: list[dict[str, Any]] | None = None, field: str = "messages") -> list[int]:
+                        tools: list[dict[str, Any]] | None = None, field: str = "messages", *,
+                        continue_final_message: bool = False) -> list[int]:
         """`render_chat`, then tokenize."""
-        return self.tokenize(self.render_chat(messages, add_generation_prompt, tools, field))
+        return self.tokenize(self.render_chat(messages, add_generation_prompt, tools, field,
+                                              continue_final_message=continue_final_message))
 
     @staticmethod
     def truncate(prompt_ids: list[int], params: SamplingParams) -> list[int]:
