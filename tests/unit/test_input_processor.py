@@ -50,6 +50,14 @@ def test_truncation_keeps_the_last_tokens_before_the_checks() -> None:
     assert p.prompt_token_ids == [35, 36, 37, 38, 39] and p.max_tokens == 4
 
 
+def test_truncation_side_right_keeps_the_first_tokens() -> None:
+    params = SamplingParams(max_tokens=4, truncate_prompt_tokens=5, truncation_side="right")
+    assert processor().process(list(range(40)), params).prompt_token_ids == [0, 1, 2, 3, 4]
+    with pytest.raises(ParamError, match="truncation_side must be 'left' or 'right'") as e:
+        SamplingParams(truncate_prompt_tokens=5, truncation_side="middle")
+    assert e.value.field == "truncation_side"
+
+
 @pytest.mark.parametrize(("prompt", "params", "field", "message"), [
     ([], SamplingParams(), "prompt", "the prompt is empty"),
     ([1, VOCAB], SamplingParams(), "prompt", f"prompt token id {VOCAB} is out of range [0, {VOCAB})"),

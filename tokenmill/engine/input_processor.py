@@ -6,8 +6,8 @@ checked is not checked again on the engine thread.
 
     text ----------------> tokenize --+
     token ids ------------------------+--> truncate_prompt_tokens --> validate --> ProcessedPrompt
-    chat messages --> render template +       (keep the last N)        (empty, ids in range,
-                      --> tokenize                                      SamplingParams, context)
+    chat messages --> render template +       (keep the last N, or     (empty, ids in range,
+                      --> tokenize            the first N: right)       SamplingParams, context)
 
 Every rejection is a ParamError carrying the request field it blames (`prompt` by default; a caller may
 name another, e.g. `messages` for chat), so front ends never parse error text. Torch-free.
@@ -88,10 +88,12 @@ class InputProcessor:
 
     @staticmethod
     def truncate(prompt_ids: list[int], params: SamplingParams) -> list[int]:
-        """Keep only the last `truncate_prompt_tokens` tokens, when set."""
-        if params.truncate_prompt_tokens is not None:
-            return prompt_ids[-params.truncate_prompt_tokens:]
-        return prompt_ids
+        """Keep only `truncate_prompt_tokens` tokens, when set: the last ones (truncation_side "left", the
+        default) or the first ones ("right")."""
+        num_kept = params.truncate_prompt_tokens
+        if num_kept is None:
+            return prompt_ids
+        return prompt_ids[-num_kept:] if params.truncation_side == "left" else prompt_ids[:num_kept]
 
     def validate(self, prompt_ids: list[int], params: SamplingParams, field: str = "prompt") -> int:
         """Check the prompt fits; returns the resolved max_tokens. Raises ParamError / ContextLengthError."""
