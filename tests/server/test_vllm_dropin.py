@@ -100,3 +100,29 @@ def test_tokenize_returns_token_strings_when_asked(app) -> None:
     body = r.json()
     assert body["tokens"] == plain["tokens"] and len(body["token_strs"]) == body["count"]
     assert "".join(body["token_strs"]).replace("\u0120", " ") == "Hello world"  # byte-level BPE's space mark
+
+
+# -- vLLM's extras (issue 11): continuous usage, token ids, truncation side, chat echo and continuation,
+# beam search refused by name ---------------------------------------------------------------------------
+CHAT = [{"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is"}]
+
+
+def assert_400(r: httpx.Response, param: str, *words: str) -> None:
+    assert r.status_code == 400, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert err["param"] == param and all(w in err["message"] for w in words), err
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": CHAT[:1], "max_tokens": 2}),
+])
+def test_beam_search_is_refused_by_name(app, path: str, body: dict[str, Any]) -> None:
+    """Not implemented this round: a deliberate 400 that says so, never "unknown field"."""
+    r = call(app, "POST", path, {**body, "use_beam_search": True, "n": 2, "length_penalty": 0.8})
+    assert_400(r, "use_beam_search", "use_beam_search is not supported", "no beam search", "use n")
+    for neutral in ({"use_beam_search": False}, {"length_penalty": 1.0}, {"early_stopping": False}):
+        assert call(app, "POST", path, {**body, **neutral}).status_code == 200, neutral
+    assert_400(call(app, "POST", path, {**body, "length_penalty": 0.5}), "length_penalty", "beam search")
+    assert_400(call(app, "POST", path, {**body, "early_stopping": True}), "early_stopping", "beam search")

@@ -2,8 +2,9 @@
 
 Field names follow OpenAI's API, plus the sampling fields vLLM accepts beyond it (`top_k`, `min_p`, ...).
 Requests forbid unknown fields (a typo or an unsupported feature is a 400 naming it, never silence).
-Fields that OpenAI defines but this server cannot honour are declared here so the schema shows them, and
-`serving_engine.reject_unsupported` answers 400 when they carry anything but their neutral value.
+Fields that OpenAI or vLLM define but this server cannot honour (tools, suffix, beam search) are declared here
+so the schema shows them, and the serving classes answer 400 (naming the field, and why) when they carry
+anything but their neutral value.
 The error body (ErrorResponse) is the whole server's, defined in server/errors.py and named here too.
 Most fields are `X | None`: clients often send explicit nulls, which mean "the default".
 
@@ -67,6 +68,11 @@ class SamplingFields(_Request):
     include_stop_str_in_output: bool | None = False
     skip_special_tokens: bool | None = True
     truncate_prompt_tokens: int | None = None  # keep only the last N prompt tokens
+    # vLLM's beam search fields: declared so a client hears why they are refused (no beam search yet),
+    # not "unknown field"; use_beam_search false and the neutral values are accepted
+    use_beam_search: bool | None = False
+    length_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    early_stopping: bool | Literal["never"] | None = None
 
 
 class CompletionRequest(SamplingFields):

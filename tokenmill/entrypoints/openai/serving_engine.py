@@ -35,6 +35,7 @@ T = TypeVar("T")
 SSE_DONE = b"data: [DONE]\n\n"
 _MIN_LOGPROB = -9999.0  # JSON has no -inf: a token with probability 0 reports this
 _MAX_LOGGED_PROMPT_CHARS = 4096  # --log-prompts: longer prompts are cut, with their length noted
+_NO_BEAM_SEARCH = "tokenmill has no beam search yet; use n with a temperature for several samples"
 
 
 class OpenAIServing:
@@ -77,6 +78,7 @@ class OpenAIServing:
         """SamplingParams from the request fields; a bad value is a 400 naming its field."""
         if req.stream_options is not None and not req.stream:  # vLLM's wording; OpenAI also answers 400
             raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+        self.reject_beam_search(req)
         bias: dict[int, float] | None = None
         if req.logit_bias:
             bad = [key for key in req.logit_bias if not key.lstrip("-").isdigit()]
@@ -108,6 +110,18 @@ class OpenAIServing:
             )
         except ParamError as e:
             raise bad_request(e.message, e.field) from None
+
+    @staticmethod
+    def reject_beam_search(req: SamplingFields) -> None:
+        """A deliberate 400 naming the field for vLLM's beam search fields; false and neutral values pass."""
+        if req.use_beam_search:
+            raise bad_request(f"use_beam_search is not supported: {_NO_BEAM_SEARCH}", "use_beam_search")
+        if req.length_penalty not in (None, 1.0):
+            raise bad_request(f"length_penalty only applies to beam search, which is not supported: {_NO_BEAM_SEARCH}",
+                              "length_penalty")
+        if req.early_stopping not in (None, False):
+            raise bad_request(f"early_stopping only applies to beam search, which is not supported: {_NO_BEAM_SEARCH}",
+                              "early_stopping")
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Tokenize on a worker thread so long prompts do not stall the event loop."""
