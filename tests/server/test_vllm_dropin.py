@@ -5,6 +5,7 @@ and the unprefixed routes that llama-server and Ollama answer."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,11 +108,77 @@ def test_tokenize_returns_token_strings_when_asked(app) -> None:
 CHAT = [{"role": "user", "content": "What is the capital of France?"},
         {"role": "assistant", "content": "The capital of France is"}]
 
+def frames(r: httpx.Response) -> list[dict[str, Any]]:
+    """The JSON events of an SSE answer, [DONE] checked and dropped."""
+    data = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert r.status_code == 200 and data[-1] == "[DONE]", r.text
+    return [json.loads(d) for d in data[:-1]]
+
 
 def assert_400(r: httpx.Response, param: str, *words: str) -> None:
     assert r.status_code == 400, (r.status_code, r.text)
     err = r.json()["error"]
     assert err["param"] == param and all(w in err["message"] for w in words), err
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "Once upon a time"}),
+    ("/v1/chat/completions", {"messages": CHAT[:1]}),
+])
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(app, path: str, body: dict[str, Any]) -> None:
+    body = {**body, "max_tokens": 5, "ignore_eos": True, "temperature": 0, "stream": True}
+    events = frames(call(app, "POST", path, {**body, "stream_options": {"include_usage": True,
+                                                                       "continuous_usage_stats": True}}))
+    *chunks, last = events
+    assert chunks and last["choices"] == [] and last["usage"]["completion_tokens"] == 5
+    num_prompt = last["usage"]["prompt_tokens"]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert all(c["usage"]["prompt_tokens"] == num_prompt for c in chunks)
+    assert all(c["usage"]["total_tokens"] == num_prompt + c["usage"]["completion_tokens"] for c in chunks)
+    assert counts == sorted(counts) and counts[-1] == 5  # running counts, ending at the whole
+    # vLLM's rule: per-chunk usage only together with include_usage; without the flag only the last chunk
+    for options in ({"continuous_usage_stats": True}, {"include_usage": True}):
+        events = frames(call(app, "POST", path, {**body, "stream_options": options}))
+        assert all(e.get("usage") is None for e in events if e["choices"]), options
+
+
+def test_return_token_ids_on_completions(app) -> None:
+    body = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
+    prompt_ids = call(app, "POST", "/tokenize", {"prompt": body["prompt"]}).json()["tokens"]
+    plain = call(app, "POST", "/v1/completions", body).json()["choices"][0]
+    assert plain["prompt_token_ids"] is None and plain["token_ids"] is None  # only when asked
+    choice = call(app, "POST", "/v1/completions", {**body, "return_token_ids": True}).json()["choices"][0]
+    assert choice["prompt_token_ids"] == prompt_ids and len(choice["token_ids"]) == 6
+    assert call(app, "POST", "/detokenize", {"tokens": choice["token_ids"]}).json()["prompt"] == choice["text"]
+    chunks = [e["choices"][0] for e in frames(call(app, "POST", "/v1/completions",
+                                                   {**body, "return_token_ids": True, "stream": True}))]
+    assert chunks[0]["prompt_token_ids"] == prompt_ids  # in the first chunk only, as vLLM
+    assert all(c["prompt_token_ids"] is None for c in chunks[1:])
+    assert [t for c in chunks for t in c["token_ids"]] == choice["token_ids"]  # deltas add up
+
+
+def test_return_token_ids_on_chat(app) -> None:
+    body = {"messages": CHAT[:1], "max_tokens": 6, "temperature": 0}
+    prompt_ids = call(app, "POST", "/tokenize", {"messages": CHAT[:1]}).json()["tokens"]
+    r = call(app, "POST", "/v1/chat/completions", {**body, "return_token_ids": True}).json()
+    assert r["prompt_token_ids"] == prompt_ids and len(r["choices"][0]["token_ids"]) == r["usage"]["completion_tokens"]
+    text = call(app, "POST", "/detokenize", {"tokens": r["choices"][0]["token_ids"]}).json()["prompt"]
+    assert text == r["choices"][0]["message"]["content"]
+    events = frames(call(app, "POST", "/v1/chat/completions", {**body, "return_token_ids": True, "stream": True}))
+    assert events[0]["prompt_token_ids"] == prompt_ids and all(e["prompt_token_ids"] is None for e in events[1:])
+    assert [t for e in events for t in e["choices"][0]["token_ids"]] == r["choices"][0]["token_ids"]
+
+
+def test_truncation_side_picks_which_prompt_tokens_stay(app) -> None:
+    prompt = list(range(1000, 1010))
+    body = {"prompt": prompt, "max_tokens": 1, "truncate_prompt_tokens": 3, "return_token_ids": True}
+    for side, kept in ((None, prompt[-3:]), ("left", prompt[-3:]), ("right", prompt[:3])):
+        r = call(app, "POST", "/v1/completions", {**body, **({"truncation_side": side} if side else {})})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["prompt_token_ids"] == kept and r.json()["usage"]["prompt_tokens"] == 3
+    assert_400(call(app, "POST", "/v1/completions", {**body, "truncation_side": "middle"}), "truncation_side")
+    assert_400(call(app, "POST", "/v1/chat/completions", {"messages": CHAT[:1], "truncation_side": "up"}),
+               "truncation_side")
 
 
 @pytest.mark.parametrize(("path", "body"), [

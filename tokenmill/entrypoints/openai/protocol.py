@@ -40,6 +40,8 @@ class _Response(BaseModel):
 # -- shared request parts ----------------------------------------------------------------------------------
 class StreamOptions(_Request):
     include_usage: bool | None = False
+    # vLLM's: with include_usage, every chunk also carries the usage of its choice so far
+    continuous_usage_stats: bool | None = False
 
 
 class SamplingFields(_Request):
@@ -67,7 +69,9 @@ class SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = False
     skip_special_tokens: bool | None = True
-    truncate_prompt_tokens: int | None = None  # keep only the last N prompt tokens
+    truncate_prompt_tokens: int | None = None  # keep only N prompt tokens: the last N, or see truncation_side
+    truncation_side: Literal["left", "right"] | None = None  # None: left (cut the start, keep the last N)
+    return_token_ids: bool | None = False  # prompt_token_ids and each choice's token_ids in the answer
     # vLLM's beam search fields: declared so a client hears why they are refused (no beam search yet),
     # not "unknown field"; use_beam_search false and the neutral values are accepted
     use_beam_search: bool | None = False
@@ -169,6 +173,10 @@ class CompletionChoice(_Response):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # vLLM's extra: the stop string or token id that ended it
+    # vLLM's, with return_token_ids: the prompt's ids (streamed: in a choice's first chunk only) and the
+    # choice's generated ids (streamed: the ids new in this chunk)
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(_Response):
@@ -205,6 +213,7 @@ class ChatChoice(_Response):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
 
 
 class ChatCompletionResponse(_Response):
@@ -214,6 +223,7 @@ class ChatCompletionResponse(_Response):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids (vLLM puts chat's here, not on the choice)
 
 
 class ChatDelta(_Response):
@@ -227,6 +237,7 @@ class ChatChunkChoice(_Response):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids: the ids new in this chunk
 
 
 class ChatCompletionChunk(_Response):
@@ -236,6 +247,7 @@ class ChatCompletionChunk(_Response):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids: in each choice's first chunk only
 
 
 class CompletionChunk(_Response):

@@ -1,7 +1,8 @@
 """OpenAIServingChat: POST /v1/chat/completions, streaming and not.
 
 Messages are rendered with the model's chat template and tokenized on a worker thread. Streaming sends,
-per choice, a first chunk with `role: assistant` (sent once the first token exists), then content deltas, then a chunk with its finish_reason.
+per choice, a first chunk with `role: assistant` (sent once the first token exists), then content deltas,
+then a chunk with its finish_reason.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, 
                                                    ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
                                                    ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,
                                                    ChatTopLogprob)
-from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, sse, sse_error
+from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, AnswerOptions, OpenAIServing, sse, sse_error
 from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.outputs import RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -69,11 +70,11 @@ class OpenAIServingChat(OpenAIServing):
         self.check_admission()
         request_id = self.new_id("chatcmpl")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages])
+        options = AnswerOptions.of(req)
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._stream(request_id, prompt, params, include_usage),
+            return StreamingResponse(self._stream(request_id, prompt, params, options),
                                      media_type="text/event-stream")
-        result = await self.until_disconnect(self._collect(request_id, prompt, params), raw_request)
+        result = await self.until_disconnect(self._collect(request_id, prompt, params, options), raw_request)
         return result if result is not None else Response(status_code=499)
 
     async def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
@@ -114,8 +115,8 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request(f"response_format: only type 'text' is supported, got {req.response_format.type!r}",
                               "response_format")
 
-    async def _collect(self, request_id: str, prompt: ProcessedPrompt,
-                       params: SamplingParams) -> ChatCompletionResponse:
+    async def _collect(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
+                       options: AnswerOptions) -> ChatCompletionResponse:
         final: RequestOutput | None = None
         async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
             async for out in outputs:
@@ -123,24 +124,31 @@ class OpenAIServingChat(OpenAIServing):
                     self.check_finished(out)
                     final = out
         assert final is not None  # generate ends only after the finished output
+        ids = options.return_token_ids
         choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
                               logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None else None,
                               finish_reason=c.finish_reason.value if c.finish_reason else None,
-                              stop_reason=c.stop_reason)
+                              stop_reason=c.stop_reason, token_ids=c.token_ids if ids else None)
                    for c in final.outputs]
         num_completion = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
-                                      usage=self.usage(len(prompt.prompt_token_ids), num_completion))
+                                      usage=self.usage(len(prompt.prompt_token_ids), num_completion),
+                                      prompt_token_ids=prompt.prompt_token_ids if ids else None)
 
     async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
-                      include_usage: bool) -> AsyncIterator[bytes]:
+                      options: AnswerOptions) -> AsyncIterator[bytes]:
         created = int(time.time())
+        num_prompt = len(prompt.prompt_token_ids)
+        num_sent_tokens = [0] * params.n  # choice -> generated tokens already reported (logprob slices, usage)
 
-        def chunk(choice: ChatChunkChoice) -> bytes:
+        def chunk(choice: ChatChunkChoice, is_first: bool = False) -> bytes:
+            """`is_first`: the choice's role chunk, which carries the prompt's ids when asked for."""
+            usage = self.usage(num_prompt, num_sent_tokens[choice.index]) if options.continuous_usage else None
+            prompt_ids = prompt.prompt_token_ids if is_first and options.return_token_ids else None
             return sse(ChatCompletionChunk(id=request_id, created=created, model=self.served_model_name,
-                                           choices=[choice]))
+                                           choices=[choice], usage=usage, prompt_token_ids=prompt_ids))
 
-        num_sent_tokens = [0] * params.n
+        ids = options.return_token_ids
         finished: set[int] = set()
         num_completion = 0
         try:
@@ -150,7 +158,8 @@ class OpenAIServingChat(OpenAIServing):
                     if not role_sent:  # with the first output, as vLLM does: a client's TTFT includes prefill
                         role_sent = True
                         for i in range(params.n):
-                            yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
+                            yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""),
+                                                        token_ids=[] if ids else None), is_first=True)
                     if out.finished:
                         self.check_finished(out)
                     for c in out.outputs:
@@ -163,18 +172,18 @@ class OpenAIServingChat(OpenAIServing):
                         if c.logprobs is not None and new_ids:
                             lps = self._logprobs(new_ids, c.logprobs[start:start + len(new_ids)])
                         finish = c.finish_reason.value if c.finish_reason else None
-                        if not c.delta_text and lps is None and finish is None:
-                            continue
-                        yield chunk(ChatChunkChoice(
-                            index=c.index, delta=ChatDelta(content=c.delta_text) if c.delta_text else ChatDelta(),
-                            logprobs=lps, finish_reason=finish, stop_reason=c.stop_reason if finish else None))
+                        # a chunk for news only; new ids alone are news when the client asked for them
+                        if c.delta_text or lps is not None or finish is not None or (ids and new_ids):
+                            yield chunk(ChatChunkChoice(
+                                index=c.index, delta=ChatDelta(content=c.delta_text) if c.delta_text else ChatDelta(),
+                                logprobs=lps, finish_reason=finish, stop_reason=c.stop_reason if finish else None,
+                                token_ids=new_ids if ids else None))
                         if finish is not None:
                             finished.add(c.index)
                             num_completion += len(c.token_ids)
-            if include_usage:
+            if options.include_usage:
                 yield sse(ChatCompletionChunk(id=request_id, created=created, model=self.served_model_name,
-                                              choices=[],
-                                              usage=self.usage(len(prompt.prompt_token_ids), num_completion)))
+                                              choices=[], usage=self.usage(num_prompt, num_completion)))
         except APIError as e:  # headers are sent: the error goes in the stream
             yield sse_error(e)
         yield SSE_DONE

@@ -18,9 +18,10 @@ from fastapi.responses import Response, StreamingResponse
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
                                                    CompletionRequest, CompletionResponse)
-from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, merge_streams, sse, sse_error
+from tokenmill.entrypoints.openai.serving_engine import (SSE_DONE, AnswerOptions, OpenAIServing, merge_streams, sse,
+                                                         sse_error)
 from tokenmill.entrypoints.server.errors import APIError, bad_request
-from tokenmill.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from tokenmill.outputs import RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import SamplingParams
 
 # Prompts one request may carry (each runs as its own engine request, times n).
@@ -48,11 +49,11 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id = self.new_id("cmpl")
         self.maybe_log_prompt(request_id, req.prompt)
         echo = [self.tokenizer.decode(p.prompt_token_ids) for p in prompts] if req.echo else None
+        options = AnswerOptions.of(req)
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._stream(request_id, prompts, params, echo, include_usage),
+            return StreamingResponse(self._stream(request_id, prompts, params, echo, options),
                                      media_type="text/event-stream")
-        result = await self.until_disconnect(self._collect(request_id, prompts, params, echo), raw_request)
+        result = await self.until_disconnect(self._collect(request_id, prompts, params, echo, options), raw_request)
         return result if result is not None else Response(status_code=499)
 
     async def _prompt_ids(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
@@ -79,7 +80,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return merge_streams([self.generate(rid, p, params) for rid, p in zip(ids, prompts)])
 
     async def _collect(self, request_id: str, prompts: list[ProcessedPrompt], params: SamplingParams,
-                       echo: list[str] | None) -> CompletionResponse:
+                       echo: list[str] | None, options: AnswerOptions) -> CompletionResponse:
         final: dict[int, RequestOutput] = {}
         async with contextlib.aclosing(self._engine_streams(request_id, prompts, params)) as outputs:
             async for p, out in outputs:
@@ -94,30 +95,40 @@ class OpenAIServingCompletion(OpenAIServing):
                 lps = self._logprobs(c.token_ids, c.logprobs, 0) if c.logprobs is not None else None
                 choices.append(CompletionChoice(
                     index=p * params.n + c.index, text=(echo[p] if echo else "") + c.text, logprobs=lps,
-                    finish_reason=c.finish_reason.value if c.finish_reason else None, stop_reason=c.stop_reason))
+                    finish_reason=c.finish_reason.value if c.finish_reason else None, stop_reason=c.stop_reason,
+                    prompt_token_ids=prompts[p].prompt_token_ids if options.return_token_ids else None,
+                    token_ids=c.token_ids if options.return_token_ids else None))
         return CompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
                                   usage=self.usage(sum(len(p.prompt_token_ids) for p in prompts), num_completion))
 
     async def _stream(self, request_id: str, prompts: list[ProcessedPrompt], params: SamplingParams,
-                      echo: list[str] | None, include_usage: bool) -> AsyncIterator[bytes]:
+                      echo: list[str] | None, options: AnswerOptions) -> AsyncIterator[bytes]:
         created = int(time.time())
         n = params.n
-
-        def chunk(index: int, text: str, logprobs: CompletionLogprobs | None = None, finish: str | None = None,
-                  stop_reason: int | str | None = None) -> bytes:
-            return sse(CompletionChunk(id=request_id, created=created, model=self.served_model_name, choices=[
-                CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish,
-                                 stop_reason=stop_reason)]))
-
-        num_sent_tokens: dict[int, int] = {}  # choice -> tokens already reported (for logprob slices)
+        num_sent_tokens: dict[int, int] = {}  # choice -> generated tokens already reported (logprob slices, usage)
         text_offset: dict[int, int] = {}  # choice -> characters already sent
+        prompt_ids_sent: set[int] = set()  # choices whose first chunk (with prompt_token_ids) has gone out
+
+        def chunk(index: int, text: str, token_ids: list[int], logprobs: CompletionLogprobs | None = None,
+                  finish: str | None = None, stop_reason: int | str | None = None) -> bytes:
+            prompt_ids = prompts[index // n].prompt_token_ids
+            first = index not in prompt_ids_sent
+            prompt_ids_sent.add(index)
+            ids = options.return_token_ids
+            choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish,
+                                      stop_reason=stop_reason, prompt_token_ids=prompt_ids if ids and first else None,
+                                      token_ids=token_ids if ids else None)
+            usage = self.usage(len(prompt_ids), num_sent_tokens.get(index, 0)) if options.continuous_usage else None
+            return sse(CompletionChunk(id=request_id, created=created, model=self.served_model_name, choices=[choice],
+                                       usage=usage))
+
         finished: set[int] = set()
         num_completion = 0
         try:
             if echo:
                 for p, text in enumerate(echo):
                     for i in range(n):
-                        yield chunk(p * n + i, text)
+                        yield chunk(p * n + i, text, [])
             async with contextlib.aclosing(self._engine_streams(request_id, prompts, params)) as outputs:
                 async for p, out in outputs:
                     if out.finished:
@@ -126,33 +137,28 @@ class OpenAIServingCompletion(OpenAIServing):
                         index = p * n + c.index
                         if index in finished:
                             continue
-                        frame = self._delta(index, c, num_sent_tokens, text_offset, chunk)
-                        if frame is not None:
-                            yield frame
-                        if c.finish_reason is not None:
+                        start = num_sent_tokens.get(index, 0)
+                        new_ids = c.delta_token_ids
+                        num_sent_tokens[index] = start + len(new_ids)
+                        lps = None
+                        if c.logprobs is not None and new_ids:
+                            lps = self._logprobs(new_ids, c.logprobs[start:start + len(new_ids)],
+                                                 text_offset.get(index, 0))
+                        finish = c.finish_reason.value if c.finish_reason else None
+                        # a chunk for news only; new ids alone are news when the client asked for them
+                        if c.delta_text or lps is not None or finish is not None or (options.return_token_ids
+                                                                                      and new_ids):
+                            text_offset[index] = text_offset.get(index, 0) + len(c.delta_text)
+                            yield chunk(index, c.delta_text, new_ids, lps, finish, c.stop_reason if finish else None)
+                        if finish is not None:
                             finished.add(index)
                             num_completion += len(c.token_ids)
-            if include_usage:
+            if options.include_usage:
                 yield sse(CompletionChunk(id=request_id, created=created, model=self.served_model_name, choices=[],
                                           usage=self.usage(sum(len(p.prompt_token_ids) for p in prompts), num_completion)))
         except APIError as e:  # headers are sent: the error goes in the stream
             yield sse_error(e)
         yield SSE_DONE
-
-    def _delta(self, index: int, c: CompletionOutput, num_sent_tokens: dict[int, int], text_offset: dict[int, int],
-               chunk: object) -> bytes | None:
-        """The frame for choice `index`'s news in this output, or None when it has none."""
-        start = num_sent_tokens.get(index, 0)
-        new_ids = c.delta_token_ids
-        lps = None
-        if c.logprobs is not None and new_ids:
-            lps = self._logprobs(new_ids, c.logprobs[start:start + len(new_ids)], text_offset.get(index, 0))
-        num_sent_tokens[index] = start + len(new_ids)
-        finish = c.finish_reason.value if c.finish_reason else None
-        if not c.delta_text and lps is None and finish is None:
-            return None
-        text_offset[index] = text_offset.get(index, 0) + len(c.delta_text)
-        return chunk(index, c.delta_text, lps, finish, c.stop_reason if finish else None)  # type: ignore[operator]
 
     def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
         """The completions logprobs shape for these tokens; offsets count characters from `offset`."""

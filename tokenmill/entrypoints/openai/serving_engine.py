@@ -17,6 +17,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -36,6 +37,22 @@ SSE_DONE = b"data: [DONE]\n\n"
 _MIN_LOGPROB = -9999.0  # JSON has no -inf: a token with probability 0 reports this
 _MAX_LOGGED_PROMPT_CHARS = 4096  # --log-prompts: longer prompts are cut, with their length noted
 _NO_BEAM_SEARCH = "tokenmill has no beam search yet; use n with a temperature for several samples"
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    """What a request asked its answer to carry besides the text (the same for both endpoints)."""
+
+    include_usage: bool = False  # streamed: a last chunk with the whole request's usage
+    continuous_usage: bool = False  # streamed: every choice chunk carries its choice's usage so far
+    return_token_ids: bool = False  # prompt_token_ids, and each choice's token_ids
+
+    @classmethod
+    def of(cls, req: SamplingFields) -> AnswerOptions:
+        """vLLM's rule: continuous_usage_stats counts only together with include_usage."""
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        return cls(include_usage, continuous, bool(req.return_token_ids))
 
 
 class OpenAIServing:
@@ -107,6 +124,7 @@ class OpenAIServing:
                 skip_special_tokens=req.skip_special_tokens is not False,
                 logprobs=logprobs,
                 truncate_prompt_tokens=req.truncate_prompt_tokens,
+                truncation_side=req.truncation_side or "left",
             )
         except ParamError as e:
             raise bad_request(e.message, e.field) from None
@@ -216,6 +234,7 @@ class OpenAIServing:
 
     @staticmethod
     def usage(num_prompt: int, num_completion: int) -> Usage:
+        """Token counts; also each chunk's counts so far, with stream_options.continuous_usage_stats."""
         return Usage(prompt_tokens=num_prompt, completion_tokens=num_completion,
                      total_tokens=num_prompt + num_completion)
 
