@@ -108,6 +108,7 @@ def test_tokenize_returns_token_strings_when_asked(app) -> None:
 CHAT = [{"role": "user", "content": "What is the capital of France?"},
         {"role": "assistant", "content": "The capital of France is"}]
 
+
 def frames(r: httpx.Response) -> list[dict[str, Any]]:
     """The JSON events of an SSE answer, [DONE] checked and dropped."""
     data = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
@@ -179,6 +180,48 @@ def test_truncation_side_picks_which_prompt_tokens_stay(app) -> None:
     assert_400(call(app, "POST", "/v1/completions", {**body, "truncation_side": "middle"}), "truncation_side")
     assert_400(call(app, "POST", "/v1/chat/completions", {"messages": CHAT[:1], "truncation_side": "up"}),
                "truncation_side")
+
+
+def test_continue_final_message_continues_the_assistant_turn(app) -> None:
+    opened = call(app, "POST", "/tokenize", {"messages": CHAT, "continue_final_message": True,
+                                             "add_generation_prompt": False}).json()["tokens"]
+    closed = call(app, "POST", "/tokenize", {"messages": CHAT, "add_generation_prompt": False}).json()["tokens"]
+    text = call(app, "POST", "/detokenize", {"tokens": opened}).json()["prompt"]
+    assert len(opened) < len(closed) and closed[:len(opened)] == opened  # the end of turn is cut off
+    assert text.endswith(CHAT[-1]["content"])
+    # add_generation_prompt left out means false when continuing (true is refused below)
+    assert call(app, "POST", "/tokenize", {"messages": CHAT, "continue_final_message": True}).json()["tokens"] == opened
+    body = {"messages": CHAT, "continue_final_message": True, "max_tokens": 5, "temperature": 0}
+    chat = call(app, "POST", "/v1/chat/completions", body).json()
+    same = call(app, "POST", "/v1/completions", {"prompt": opened, "max_tokens": 5, "temperature": 0}).json()
+    assert chat["usage"]["prompt_tokens"] == len(opened)
+    assert chat["choices"][0]["message"]["content"] == same["choices"][0]["text"]  # the same continuation
+
+
+def test_continue_final_message_refusals(app) -> None:
+    both = {"messages": CHAT, "continue_final_message": True, "add_generation_prompt": True}
+    for path in ("/v1/chat/completions", "/tokenize"):
+        assert_400(call(app, "POST", path, both), "continue_final_message",
+                   "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    r = call(app, "POST", "/v1/chat/completions", {"messages": CHAT[:1], "continue_final_message": True})
+    assert_400(r, "continue_final_message", "assistant", "'user'")
+
+
+def test_chat_echo_starts_the_answer_with_the_final_assistant_message(app) -> None:
+    body = {"messages": CHAT, "continue_final_message": True, "max_tokens": 5, "temperature": 0}
+    answer = call(app, "POST", "/v1/chat/completions", body).json()
+    plain = answer["choices"][0]["message"]["content"]
+    echoed = call(app, "POST", "/v1/chat/completions", {**body, "echo": True}).json()
+    assert echoed["choices"][0]["message"]["content"] == CHAT[-1]["content"] + plain
+    assert echoed["usage"] == answer["usage"]  # the echo is neither generated nor counted
+    events = frames(call(app, "POST", "/v1/chat/completions", {**body, "echo": True, "stream": True}))
+    first = events[0]["choices"][0]["delta"]
+    assert first == {"role": "assistant", "content": CHAT[-1]["content"]}
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == CHAT[-1]["content"] + plain
+    # the final message is the user's: the role being generated differs, nothing is echoed
+    user_last = {"messages": CHAT[:1], "max_tokens": 5, "temperature": 0}
+    assert (call(app, "POST", "/v1/chat/completions", {**user_last, "echo": True}).json()["choices"][0]["message"]
+            == call(app, "POST", "/v1/chat/completions", user_last).json()["choices"][0]["message"])
 
 
 @pytest.mark.parametrize(("path", "body"), [

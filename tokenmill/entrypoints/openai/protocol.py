@@ -127,7 +127,10 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None  # wins over max_tokens when both are given
     logprobs: bool | None = False
     top_logprobs: int | None = None  # needs logprobs=true
-    add_generation_prompt: bool | None = True
+    # None: true, unless continue_final_message (the two cannot both be true)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = False  # vLLM's: the model continues the final (assistant) message
+    echo: bool | None = False  # vLLM's: the answer starts with the final message's content, if it is the assistant's
     # OpenAI fields we cannot honour: neutral values are accepted, anything else is a 400
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -142,7 +145,8 @@ class TokenizeRequest(_Request):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = True
-    add_generation_prompt: bool | None = True
+    add_generation_prompt: bool | None = None  # as in chat: None means true unless continue_final_message
+    continue_final_message: bool | None = False
     return_token_strs: bool | None = False  # vLLM's: also the vocabulary string of each token
 
 

@@ -3,6 +3,10 @@
 Messages are rendered with the model's chat template and tokenized on a worker thread. Streaming sends,
 per choice, a first chunk with `role: assistant` (sent once the first token exists), then content deltas,
 then a chunk with its finish_reason.
+
+vLLM's extras: `continue_final_message` renders the conversation with its final (assistant) message left
+open, so the model continues it; `echo` starts the answer (a stream: its first chunk) with the final
+message's content when that message is the assistant's, the role this server always generates.
 """
 
 from __future__ import annotations
@@ -65,28 +69,41 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(req, max_tokens, logprobs)
         if not req.messages:
             raise bad_request("messages must not be empty", "messages")
-        prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt is not False),
-                                     params, "messages")
+        prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt,
+                                                       req.continue_final_message), params, "messages")
         self.check_admission()
         request_id = self.new_id("chatcmpl")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages])
+        echo = self._echo(req)
         options = AnswerOptions.of(req)
         if req.stream:
-            return StreamingResponse(self._stream(request_id, prompt, params, options),
+            return StreamingResponse(self._stream(request_id, prompt, params, echo, options),
                                      media_type="text/event-stream")
-        result = await self.until_disconnect(self._collect(request_id, prompt, params, options), raw_request)
+        result = await self.until_disconnect(self._collect(request_id, prompt, params, echo, options), raw_request)
         return result if result is not None else Response(status_code=499)
 
-    async def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    async def render(self, messages: list[ChatMessage], add_generation_prompt: bool | None = None,
+                     continue_final_message: bool | None = False) -> list[int]:
         """Chat template + tokenize (the engine's InputProcessor), on a worker thread.
 
-        A template that rejects the conversation (e.g. its `raise_exception`) is a 400 on `messages`; one the
-        sandbox refused is the model's fault, not the request's: a 500 that says so.
+        `add_generation_prompt` None means true unless `continue_final_message`; both true is a 400 (vLLM's
+        wording), and so is continuing a final message that is not the assistant's. A template that rejects
+        the conversation (e.g. its `raise_exception`) is a 400 on `messages`; one the sandbox refused is the
+        model's fault, not the request's: a 500 that says so.
         """
+        is_continued = bool(continue_final_message)
+        if is_continued and add_generation_prompt:
+            raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                              "continue_final_message")
+        if is_continued and messages and messages[-1].role != "assistant":
+            raise bad_request(f"continue_final_message continues the final message, which must be the assistant's; "
+                              f"messages[{len(messages) - 1}] has role {messages[-1].role!r}", "continue_final_message")
+        add_generation_prompt = not is_continued if add_generation_prompt is None else add_generation_prompt
         plain = messages_for_template(messages)
 
         try:
-            return await asyncio.to_thread(self.input_processor.render_chat_ids, plain, add_generation_prompt)
+            return await asyncio.to_thread(self.input_processor.render_chat_ids, plain, add_generation_prompt,
+                                           continue_final_message=is_continued)
         except ChatTemplateSecurityError as e:
             raise APIError(500, f"the model's chat template was refused and nothing it attempted ran ({e}); "
                                 "chat cannot be served with this template, completions still work") from None
@@ -106,6 +123,13 @@ class OpenAIServingChat(OpenAIServing):
         return None
 
     @staticmethod
+    def _echo(req: ChatCompletionRequest) -> str:
+        """With `echo`: the final message's content when that message is the assistant's, else ""."""
+        if not req.echo or not req.messages or req.messages[-1].role != "assistant":
+            return ""
+        return str(messages_for_template(req.messages[-1:])[0]["content"])
+
+    @staticmethod
     def _reject_unsupported(req: ChatCompletionRequest) -> None:
         if req.tools:
             raise bad_request("tools: tool calling is not supported by this server", "tools")
@@ -115,7 +139,7 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request(f"response_format: only type 'text' is supported, got {req.response_format.type!r}",
                               "response_format")
 
-    async def _collect(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
+    async def _collect(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
                        options: AnswerOptions) -> ChatCompletionResponse:
         final: RequestOutput | None = None
         async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
@@ -125,7 +149,7 @@ class OpenAIServingChat(OpenAIServing):
                     final = out
         assert final is not None  # generate ends only after the finished output
         ids = options.return_token_ids
-        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=echo + c.text),
                               logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None else None,
                               finish_reason=c.finish_reason.value if c.finish_reason else None,
                               stop_reason=c.stop_reason, token_ids=c.token_ids if ids else None)
@@ -135,7 +159,7 @@ class OpenAIServingChat(OpenAIServing):
                                       usage=self.usage(len(prompt.prompt_token_ids), num_completion),
                                       prompt_token_ids=prompt.prompt_token_ids if ids else None)
 
-    async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
+    async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
                       options: AnswerOptions) -> AsyncIterator[bytes]:
         created = int(time.time())
         num_prompt = len(prompt.prompt_token_ids)
@@ -158,7 +182,7 @@ class OpenAIServingChat(OpenAIServing):
                     if not role_sent:  # with the first output, as vLLM does: a client's TTFT includes prefill
                         role_sent = True
                         for i in range(params.n):
-                            yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""),
+                            yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=echo),
                                                         token_ids=[] if ids else None), is_first=True)
                     if out.finished:
                         self.check_finished(out)
