@@ -1,6 +1,8 @@
-"""What vLLM's and llama-server's clients rely on (issue 11, the first items), in-process:
-/v1/completions defaults to 16 tokens, stream_options needs stream, logit_bias names every bad key,
-and the unprefixed routes that llama-server and Ollama answer."""
+"""What vLLM's and llama-server's clients rely on (issue 11), in-process: /v1/completions defaults to 16
+tokens, stream_options needs stream, logit_bias names every bad key, the unprefixed routes that
+llama-server and Ollama answer; vLLM's extras (continuous usage stats, return_token_ids, truncation_side,
+chat echo and continue_final_message) and beam search refused by name. Outputs are compared between
+requests (fp32, dequantized weights), never against fixed text."""
 
 from __future__ import annotations
 
