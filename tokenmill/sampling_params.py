@@ -56,6 +56,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
+    truncation_side: str = "left"  # with truncate_prompt_tokens: "left" keeps the last N tokens, "right" the first N
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -101,6 +102,8 @@ class SamplingParams:
             bad("prompt_logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             bad("truncate_prompt_tokens", f"must be at least 1, got {self.truncate_prompt_tokens}")
+        if self.truncation_side not in ("left", "right"):
+            bad("truncation_side", f"must be 'left' or 'right', got {self.truncation_side!r}")
         if len(self.stop_strings) > MAX_STOP_STRINGS:
             bad("stop", f"has {len(self.stop_strings)} strings; at most {MAX_STOP_STRINGS} are allowed")
         for s in self.stop_strings:

@@ -232,6 +232,30 @@ def test_parity_covers_success_and_errors(tok: Tokenizer) -> None:
     assert rendered >= 14
 
 
+@pytest.mark.parametrize("final", ["The answer is", "  Spaced out  ", "4"])
+@pytest.mark.parametrize("template_name", list(TEMPLATES))
+def test_continue_final_message_matches_transformers(tok: Tokenizer, hf_tok: Any, template_name: str,
+                                                     final: str) -> None:
+    """The final assistant message left open, as transformers' continue_final_message cuts it."""
+    template = TEMPLATES[template_name]
+    messages = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": final}]
+    expected = _hf_render(hf_tok, template, messages, False, None, continue_final_message=True)
+    ours = tok.apply_chat_template(messages, False, chat_template=template, continue_final_message=True)
+    assert ours == expected and ours.rstrip().endswith(final.strip())
+
+
+def test_continue_final_message_refusals(tok: Tokenizer) -> None:
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    with pytest.raises(ChatTemplateError, match="cannot both be set"):
+        tok.apply_chat_template(messages, True, continue_final_message=True)
+    with pytest.raises(ChatTemplateError, match="text to continue"):
+        tok.apply_chat_template([*messages[:1], {"role": "assistant", "content": " "}], False,
+                                continue_final_message=True)
+    with pytest.raises(ChatTemplateError, match="does not appear in the rendered chat"):
+        render_chat_template("{% for m in messages %}{{ m.content | upper }}{% endfor %}", messages,
+                             continue_final_message=True)
+
+
 def test_default_template_exact(tok: Tokenizer) -> None:
     out = tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert out == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"

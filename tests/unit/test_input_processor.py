@@ -23,7 +23,7 @@ class FakeTokenizer:
         return ([1] if add_special_tokens else []) + [ord(c) % VOCAB for c in text]
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            tools: Any = None) -> str:
+                            tools: Any = None, continue_final_message: bool = False) -> str:
         if self.template_error is not None:
             raise self.template_error
         return "|".join(m["content"] for m in messages) + ("|" if add_generation_prompt else "")
@@ -48,6 +48,14 @@ def test_a_processed_prompt_is_not_processed_again() -> None:
 def test_truncation_keeps_the_last_tokens_before_the_checks() -> None:
     p = processor().process(list(range(40)), SamplingParams(max_tokens=4, truncate_prompt_tokens=5))
     assert p.prompt_token_ids == [35, 36, 37, 38, 39] and p.max_tokens == 4
+
+
+def test_truncation_side_right_keeps_the_first_tokens() -> None:
+    params = SamplingParams(max_tokens=4, truncate_prompt_tokens=5, truncation_side="right")
+    assert processor().process(list(range(40)), params).prompt_token_ids == [0, 1, 2, 3, 4]
+    with pytest.raises(ParamError, match="truncation_side must be 'left' or 'right'") as e:
+        SamplingParams(truncate_prompt_tokens=5, truncation_side="middle")
+    assert e.value.field == "truncation_side"
 
 
 @pytest.mark.parametrize(("prompt", "params", "field", "message"), [

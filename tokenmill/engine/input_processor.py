@@ -6,8 +6,8 @@ checked is not checked again on the engine thread.
 
     text ----------------> tokenize --+
     token ids ------------------------+--> truncate_prompt_tokens --> validate --> ProcessedPrompt
-    chat messages --> render template +       (keep the last N)        (empty, ids in range,
-                      --> tokenize                                      SamplingParams, context)
+    chat messages --> render template +       (keep the last N, or     (empty, ids in range,
+                      --> tokenize            the first N: right)       SamplingParams, context)
 
 Every rejection is a ParamError carrying the request field it blames (`prompt` by default; a caller may
 name another, e.g. `messages` for chat), so front ends never parse error text. Torch-free.
@@ -64,31 +64,36 @@ class InputProcessor:
         return list(prompt)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None, field: str = "messages") -> str:
-        """The chat template applied to `messages`.
+                    tools: list[dict[str, Any]] | None = None, field: str = "messages", *,
+                    continue_final_message: bool = False) -> str:
+        """The chat template applied to `messages`; `continue_final_message` leaves the final message open.
 
         A template that rejects the conversation (its `raise_exception`, a missing template) is a ParamError
         on `field`; ChatTemplateSecurityError (the sandbox refused the template: the model's fault, not the
         request's) passes through as it is."""
         try:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                      tools=tools)
+                                                      tools=tools, continue_final_message=continue_final_message)
         except ChatTemplateSecurityError:
             raise
         except ChatTemplateError as e:
             raise ParamError(field, str(e)) from None
 
     def render_chat_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                        tools: list[dict[str, Any]] | None = None, field: str = "messages") -> list[int]:
+                        tools: list[dict[str, Any]] | None = None, field: str = "messages", *,
+                        continue_final_message: bool = False) -> list[int]:
         """`render_chat`, then tokenize."""
-        return self.tokenize(self.render_chat(messages, add_generation_prompt, tools, field))
+        return self.tokenize(self.render_chat(messages, add_generation_prompt, tools, field,
+                                              continue_final_message=continue_final_message))
 
     @staticmethod
     def truncate(prompt_ids: list[int], params: SamplingParams) -> list[int]:
-        """Keep only the last `truncate_prompt_tokens` tokens, when set."""
-        if params.truncate_prompt_tokens is not None:
-            return prompt_ids[-params.truncate_prompt_tokens:]
-        return prompt_ids
+        """Keep only `truncate_prompt_tokens` tokens, when set: the last ones (truncation_side "left", the
+        default) or the first ones ("right")."""
+        num_kept = params.truncate_prompt_tokens
+        if num_kept is None:
+            return prompt_ids
+        return prompt_ids[-num_kept:] if params.truncation_side == "left" else prompt_ids[:num_kept]
 
     def validate(self, prompt_ids: list[int], params: SamplingParams, field: str = "prompt") -> int:
         """Check the prompt fits; returns the resolved max_tokens. Raises ParamError / ContextLengthError."""

@@ -224,6 +224,7 @@ def render_chat_template(
     messages: list[dict],
     *,
     add_generation_prompt: bool = False,
+    continue_final_message: bool = False,
     tools: list[dict] | None = None,
     documents: list[dict] | None = None,
     bos_token: str | None = None,
@@ -237,6 +238,9 @@ def render_chat_template(
         messages: the conversation, a list of ``{"role": ..., "content": ...}`` dicts (other keys such as
             ``tool_calls`` are passed through).
         add_generation_prompt: ask the template to append the header that starts an assistant turn.
+        continue_final_message: cut the text right after the final message's content, leaving that message
+            open (no end-of-turn) for the model to continue; as transformers does. Not with
+            ``add_generation_prompt``.
         tools: JSON schemas of the tools available to the model, or ``None``.
         documents: retrieval documents, or ``None``.
         bos_token / eos_token: special token strings exposed to the template (omitted when ``None``).
@@ -260,8 +264,10 @@ def render_chat_template(
     variables["tools"] = _plain(tools)
     variables["documents"] = _plain(documents)
     variables["add_generation_prompt"] = bool(add_generation_prompt)
+    if continue_final_message and add_generation_prompt:
+        raise ChatTemplateError("continue_final_message and add_generation_prompt cannot both be set")
     try:
-        return compiled.render(**variables)
+        rendered = compiled.render(**variables)
     except _TemplateRaised as exc:
         raise ChatTemplateError(f"chat template raised an error: {exc.message}") from None
     except SecurityError as exc:
@@ -271,3 +277,22 @@ def render_chat_template(
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError,
             RecursionError, MemoryError) as exc:
         raise ChatTemplateError(f"chat template failed to render: {type(exc).__name__}: {exc}") from None
+    return _open_final_message(rendered, variables["messages"]) if continue_final_message else rendered
+
+
+def _open_final_message(rendered: str, messages: list[dict]) -> str:
+    """``rendered`` cut right after the final message's content (transformers' rule): at the last occurrence
+    of the stripped content, keeping the content's trailing whitespace where the template kept it."""
+    content = messages[-1].get("content") if messages else None
+    if isinstance(content, list):  # content parts: the last text part is the one to continue
+        texts = [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        content = texts[-1] if texts else None
+    if not isinstance(content, str) or not content.strip():
+        raise ChatTemplateError("continue_final_message needs a final message with text to continue")
+    start = rendered.rfind(content.strip())
+    if start < 0:
+        raise ChatTemplateError("continue_final_message: the final message does not appear in the rendered chat "
+                                "(the chat template changes it), so it cannot be continued")
+    kept = content.lstrip()
+    end = start + (len(kept) if rendered.startswith(kept, start) else len(content.strip()))
+    return rendered[:end]

@@ -152,9 +152,11 @@ class Tokenizer:
         messages: list[dict],
         add_generation_prompt: bool = True,
         tools: list | None = None,
+        continue_final_message: bool = False,
         **extra: Any,
     ) -> str:
-        """Render ``messages`` with the model's chat template (``chat_template=`` overrides it).
+        """Render ``messages`` with the model's chat template (``chat_template=`` overrides it);
+        ``continue_final_message`` leaves the final message open for the model to continue.
 
         Raises:
             ChatTemplateError: no template is available, or rendering failed.
@@ -164,7 +166,7 @@ class Tokenizer:
             raise ChatTemplateError("this tokenizer has no chat template")
         variables = {**self._template_tokens, **extra}
         return render_chat_template(template, messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                    **variables)
+                                    continue_final_message=continue_final_message, **variables)
 
     def __repr__(self) -> str:
         return (f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r}, "

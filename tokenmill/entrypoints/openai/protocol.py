@@ -2,8 +2,9 @@
 
 Field names follow OpenAI's API, plus the sampling fields vLLM accepts beyond it (`top_k`, `min_p`, ...).
 Requests forbid unknown fields (a typo or an unsupported feature is a 400 naming it, never silence).
-Fields that OpenAI defines but this server cannot honour are declared here so the schema shows them, and
-`serving_engine.reject_unsupported` answers 400 when they carry anything but their neutral value.
+Fields that OpenAI or vLLM define but this server cannot honour (tools, suffix, beam search) are declared here
+so the schema shows them, and the serving classes answer 400 (naming the field, and why) when they carry
+anything but their neutral value.
 The error body (ErrorResponse) is the whole server's, defined in server/errors.py and named here too.
 Most fields are `X | None`: clients often send explicit nulls, which mean "the default".
 
@@ -39,6 +40,8 @@ class _Response(BaseModel):
 # -- shared request parts ----------------------------------------------------------------------------------
 class StreamOptions(_Request):
     include_usage: bool | None = False
+    # vLLM's: with include_usage, every chunk also carries the usage of its choice so far
+    continuous_usage_stats: bool | None = False
 
 
 class SamplingFields(_Request):
@@ -66,8 +69,15 @@ class SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = False
     skip_special_tokens: bool | None = True
-    truncate_prompt_tokens: int | None = None  # keep only the last N prompt tokens
+    truncate_prompt_tokens: int | None = None  # keep only N prompt tokens: the last N, or see truncation_side
+    truncation_side: Literal["left", "right"] | None = None  # None: left (cut the start, keep the last N)
     prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, top N each (not with stream)
+    return_token_ids: bool | None = False  # prompt_token_ids and each choice's token_ids in the answer
+    # vLLM's beam search fields: declared so a client hears why they are refused (no beam search yet),
+    # not "unknown field"; use_beam_search false and the neutral values are accepted
+    use_beam_search: bool | None = False
+    length_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    early_stopping: bool | Literal["never"] | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -118,7 +128,10 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None  # wins over max_tokens when both are given
     logprobs: bool | None = False
     top_logprobs: int | None = None  # needs logprobs=true
-    add_generation_prompt: bool | None = True
+    # None: true, unless continue_final_message (the two cannot both be true)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = False  # vLLM's: the model continues the final (assistant) message
+    echo: bool | None = False  # vLLM's: the answer starts with the final message's content, if it is the assistant's
     # OpenAI fields we cannot honour: neutral values are accepted, anything else is a 400
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -133,7 +146,8 @@ class TokenizeRequest(_Request):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = True
-    add_generation_prompt: bool | None = True
+    add_generation_prompt: bool | None = None  # as in chat: None means true unless continue_final_message
+    continue_final_message: bool | None = False
     return_token_strs: bool | None = False  # vLLM's: also the vocabulary string of each token
 
 
@@ -178,6 +192,10 @@ class CompletionChoice(_Response):
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # vLLM's extra: the stop string or token id that ended it
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's extra, when asked for
+    # vLLM's, with return_token_ids: the prompt's ids (streamed: in a choice's first chunk only) and the
+    # choice's generated ids (streamed: the ids new in this chunk)
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(_Response):
@@ -214,6 +232,7 @@ class ChatChoice(_Response):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
 
 
 class ChatCompletionResponse(_Response):
@@ -224,6 +243,7 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatChoice]
     usage: Usage | None = None
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's extra, when asked for
+    prompt_token_ids: list[int] | None = None  # with return_token_ids (vLLM puts chat's here, not on the choice)
 
 
 class ChatDelta(_Response):
@@ -237,6 +257,7 @@ class ChatChunkChoice(_Response):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids: the ids new in this chunk
 
 
 class ChatCompletionChunk(_Response):
@@ -246,6 +267,7 @@ class ChatCompletionChunk(_Response):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids: in each choice's first chunk only
 
 
 class CompletionChunk(_Response):

@@ -51,7 +51,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt and messages", "prompt")
         if req.messages is not None:
-            ids = await chat.render(req.messages, req.add_generation_prompt is not False)
+            ids = await chat.render(req.messages, req.add_generation_prompt, req.continue_final_message)
         else:
             ids = await completions.encode(req.prompt or "", req.add_special_tokens is not False)
         strs = [engine.tokenizer.id_to_token(t) for t in ids] if req.return_token_strs else None

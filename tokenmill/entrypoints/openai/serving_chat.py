@@ -1,7 +1,12 @@
 """OpenAIServingChat: POST /v1/chat/completions, streaming and not.
 
 Messages are rendered with the model's chat template and tokenized on a worker thread. Streaming sends,
-per choice, a first chunk with `role: assistant` (sent once the first token exists), then content deltas, then a chunk with its finish_reason.
+per choice, a first chunk with `role: assistant` (sent once the first token exists), then content deltas,
+then a chunk with its finish_reason.
+
+vLLM's extras: `continue_final_message` renders the conversation with its final (assistant) message left
+open, so the model continues it; `echo` starts the answer (a stream: its first chunk) with the final
+message's content when that message is the assistant's, the role this server always generates.
 """
 
 from __future__ import annotations
@@ -9,18 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from tokenmill.engine.beam_search import BeamSearchParams
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                                    ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
                                                    ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,
                                                    ChatTopLogprob)
-from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, sse, sse_error
+from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, AnswerOptions, OpenAIServing, sse, sse_error
 from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.outputs import RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -62,30 +68,50 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
+        beams = self.beam_search_params(req, params)
         if not req.messages:
             raise bad_request("messages must not be empty", "messages")
-        prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt is not False),
-                                     params, "messages")
+        prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt,
+                                                       req.continue_final_message), params, "messages")
         self.check_admission()
         request_id = self.new_id("chatcmpl")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages])
+        echo = self._echo(req)
+        options = AnswerOptions.of(req)
+        if beams is not None:
+            collect = self._collect_beams(request_id, prompt, beams, echo, options)
+            if req.stream:
+                return StreamingResponse(self._stream_whole(collect, options), media_type="text/event-stream")
+            result = await self.until_disconnect(collect, raw_request)
+            return result if result is not None else Response(status_code=499)
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._stream(request_id, prompt, params, include_usage),
+            return StreamingResponse(self._stream(request_id, prompt, params, echo, options),
                                      media_type="text/event-stream")
-        result = await self.until_disconnect(self._collect(request_id, prompt, params), raw_request)
+        result = await self.until_disconnect(self._collect(request_id, prompt, params, echo, options), raw_request)
         return result if result is not None else Response(status_code=499)
 
-    async def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    async def render(self, messages: list[ChatMessage], add_generation_prompt: bool | None = None,
+                     continue_final_message: bool | None = False) -> list[int]:
         """Chat template + tokenize (the engine's InputProcessor), on a worker thread.
 
-        A template that rejects the conversation (e.g. its `raise_exception`) is a 400 on `messages`; one the
-        sandbox refused is the model's fault, not the request's: a 500 that says so.
+        `add_generation_prompt` None means true unless `continue_final_message`; both true is a 400 (vLLM's
+        wording), and so is continuing a final message that is not the assistant's. A template that rejects
+        the conversation (e.g. its `raise_exception`) is a 400 on `messages`; one the sandbox refused is the
+        model's fault, not the request's: a 500 that says so.
         """
+        is_continued = bool(continue_final_message)
+        if is_continued and add_generation_prompt:
+            raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                              "continue_final_message")
+        if is_continued and messages and messages[-1].role != "assistant":
+            raise bad_request(f"continue_final_message continues the final message, which must be the assistant's; "
+                              f"messages[{len(messages) - 1}] has role {messages[-1].role!r}", "continue_final_message")
+        add_generation_prompt = not is_continued if add_generation_prompt is None else add_generation_prompt
         plain = messages_for_template(messages)
 
         try:
-            return await asyncio.to_thread(self.input_processor.render_chat_ids, plain, add_generation_prompt)
+            return await asyncio.to_thread(self.input_processor.render_chat_ids, plain, add_generation_prompt,
+                                           continue_final_message=is_continued)
         except ChatTemplateSecurityError as e:
             raise APIError(500, f"the model's chat template was refused and nothing it attempted ran ({e}); "
                                 "chat cannot be served with this template, completions still work") from None
@@ -105,6 +131,13 @@ class OpenAIServingChat(OpenAIServing):
         return None
 
     @staticmethod
+    def _echo(req: ChatCompletionRequest) -> str:
+        """With `echo`: the final message's content when that message is the assistant's, else ""."""
+        if not req.echo or not req.messages or req.messages[-1].role != "assistant":
+            return ""
+        return str(messages_for_template(req.messages[-1:])[0]["content"])
+
+    @staticmethod
     def _reject_unsupported(req: ChatCompletionRequest) -> None:
         if req.tools:
             raise bad_request("tools: tool calling is not supported by this server", "tools")
@@ -114,8 +147,39 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request(f"response_format: only type 'text' is supported, got {req.response_format.type!r}",
                               "response_format")
 
-    async def _collect(self, request_id: str, prompt: ProcessedPrompt,
-                       params: SamplingParams) -> ChatCompletionResponse:
+    async def _collect_beams(self, request_id: str, prompt: ProcessedPrompt, bp: BeamSearchParams, echo: str,
+                             options: AnswerOptions) -> ChatCompletionResponse:
+        """use_beam_search: the `n` best hypotheses are the choices, best first."""
+        hyps = await self.beam_search(request_id, prompt, bp)
+        ids = options.return_token_ids
+        choices = [ChatChoice(index=i, message=ChatResponseMessage(content=echo + h.text),
+                              finish_reason="stop" if h.finished_by_eos else "length",
+                              token_ids=h.token_ids if ids else None) for i, h in enumerate(hyps)]
+        return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
+                                      usage=self.usage(len(prompt.prompt_token_ids), sum(len(h.token_ids) for h in hyps)),
+                                      prompt_token_ids=prompt.prompt_token_ids if ids else None)
+
+    async def _stream_whole(self, collect: Awaitable[ChatCompletionResponse],
+                            options: AnswerOptions) -> AsyncIterator[bytes]:
+        """A stream of an answer made whole first (beam search knows its choices only at the end): per
+        choice a role chunk with all its content, then a finish chunk; then the usage if asked for."""
+        try:
+            whole = await collect
+            for c in whole.choices:
+                for delta, finish in ((ChatDelta(role="assistant", content=c.message.content), None),
+                                      (ChatDelta(), c.finish_reason)):
+                    yield sse(ChatCompletionChunk(id=whole.id, created=whole.created, model=whole.model, choices=[
+                        ChatChunkChoice(index=c.index, delta=delta, finish_reason=finish,
+                                        token_ids=c.token_ids if finish is None else None)]))
+            if options.include_usage:
+                yield sse(ChatCompletionChunk(id=whole.id, created=whole.created, model=whole.model, choices=[],
+                                              usage=whole.usage))
+        except APIError as e:  # headers are sent: the error goes in the stream
+            yield sse_error(e)
+        yield SSE_DONE
+
+    async def _collect(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
+                       options: AnswerOptions) -> ChatCompletionResponse:
         final: RequestOutput | None = None
         async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
             async for out in outputs:
@@ -123,26 +187,33 @@ class OpenAIServingChat(OpenAIServing):
                     self.check_finished(out)
                     final = out
         assert final is not None  # generate ends only after the finished output
-        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+        ids = options.return_token_ids
+        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=echo + c.text),
                               logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None else None,
                               finish_reason=c.finish_reason.value if c.finish_reason else None,
-                              stop_reason=c.stop_reason)
+                              stop_reason=c.stop_reason, token_ids=c.token_ids if ids else None)
                    for c in final.outputs]
         num_completion = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
                                       usage=self.usage(len(prompt.prompt_token_ids), num_completion),
                                       prompt_logprobs=self.prompt_logprobs(final.prompt_logprobs,
-                                                                           params.prompt_logprobs))
+                                                                           params.prompt_logprobs),
+                                      prompt_token_ids=prompt.prompt_token_ids if ids else None)
 
-    async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
-                      include_usage: bool) -> AsyncIterator[bytes]:
+    async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
+                      options: AnswerOptions) -> AsyncIterator[bytes]:
         created = int(time.time())
+        num_prompt = len(prompt.prompt_token_ids)
+        num_sent_tokens = [0] * params.n  # choice -> generated tokens already reported (logprob slices, usage)
 
-        def chunk(choice: ChatChunkChoice) -> bytes:
+        def chunk(choice: ChatChunkChoice, is_first: bool = False) -> bytes:
+            """`is_first`: the choice's role chunk, which carries the prompt's ids when asked for."""
+            usage = self.usage(num_prompt, num_sent_tokens[choice.index]) if options.continuous_usage else None
+            prompt_ids = prompt.prompt_token_ids if is_first and options.return_token_ids else None
             return sse(ChatCompletionChunk(id=request_id, created=created, model=self.served_model_name,
-                                           choices=[choice]))
+                                           choices=[choice], usage=usage, prompt_token_ids=prompt_ids))
 
-        num_sent_tokens = [0] * params.n
+        ids = options.return_token_ids
         finished: set[int] = set()
         num_completion = 0
         try:
@@ -152,7 +223,8 @@ class OpenAIServingChat(OpenAIServing):
                     if not role_sent:  # with the first output, as vLLM does: a client's TTFT includes prefill
                         role_sent = True
                         for i in range(params.n):
-                            yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
+                            yield chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=echo),
+                                                        token_ids=[] if ids else None), is_first=True)
                     if out.finished:
                         self.check_finished(out)
                     for c in out.outputs:
@@ -165,18 +237,18 @@ class OpenAIServingChat(OpenAIServing):
                         if c.logprobs is not None and new_ids:
                             lps = self._logprobs(new_ids, c.logprobs[start:start + len(new_ids)])
                         finish = c.finish_reason.value if c.finish_reason else None
-                        if not c.delta_text and lps is None and finish is None:
-                            continue
-                        yield chunk(ChatChunkChoice(
-                            index=c.index, delta=ChatDelta(content=c.delta_text) if c.delta_text else ChatDelta(),
-                            logprobs=lps, finish_reason=finish, stop_reason=c.stop_reason if finish else None))
+                        # a chunk for news only; new ids alone are news when the client asked for them
+                        if c.delta_text or lps is not None or finish is not None or (ids and new_ids):
+                            yield chunk(ChatChunkChoice(
+                                index=c.index, delta=ChatDelta(content=c.delta_text) if c.delta_text else ChatDelta(),
+                                logprobs=lps, finish_reason=finish, stop_reason=c.stop_reason if finish else None,
+                                token_ids=new_ids if ids else None))
                         if finish is not None:
                             finished.add(c.index)
                             num_completion += len(c.token_ids)
-            if include_usage:
+            if options.include_usage:
                 yield sse(ChatCompletionChunk(id=request_id, created=created, model=self.served_model_name,
-                                              choices=[],
-                                              usage=self.usage(len(prompt.prompt_token_ids), num_completion)))
+                                              choices=[], usage=self.usage(num_prompt, num_completion)))
         except APIError as e:  # headers are sent: the error goes in the stream
             yield sse_error(e)
         yield SSE_DONE

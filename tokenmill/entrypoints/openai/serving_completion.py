@@ -6,19 +6,21 @@ A request with P prompts and n choices runs as P engine requests (each with its 
 
 from __future__ import annotations
 
-import dataclasses
-
+import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from tokenmill.engine.beam_search import BeamSearchParams
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
                                                    CompletionRequest, CompletionResponse)
-from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, OpenAIServing, merge_streams, sse, sse_error
+from tokenmill.entrypoints.openai.serving_engine import (SSE_DONE, AnswerOptions, OpenAIServing, merge_streams, sse,
+                                                         sse_error)
 from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import SamplingParams
@@ -46,6 +48,7 @@ class OpenAIServingCompletion(OpenAIServing):
         echo_logprobs = bool(req.echo) and req.logprobs is not None
         params = self.sampling_params(req, 1 if req.max_tokens == 0 else req.max_tokens, req.logprobs,
                                       req.logprobs if echo_logprobs else None)
+        beams = self.beam_search_params(req, params)
         prompts = [self.process_prompt(p, params) for p in await self._prompt_ids(req.prompt)]
         if req.max_tokens is None:
             prompts = [dataclasses.replace(p, max_tokens=min(DEFAULT_MAX_TOKENS, p.max_tokens)) for p in prompts]
@@ -53,10 +56,17 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id = self.new_id("cmpl")
         self.maybe_log_prompt(request_id, req.prompt)
         echo = [self.tokenizer.decode(p.prompt_token_ids) for p in prompts] if req.echo else None
-        if req.stream:
+        if beams is not None:
+            collect = self._collect_beams(request_id, prompts, beams, echo, AnswerOptions.of(req))
+            if req.stream:
+                return StreamingResponse(self._stream_whole(collect, AnswerOptions.of(req)),
+                                         media_type="text/event-stream")
+            result = await self.until_disconnect(collect, raw_request)
+        elif req.stream:
             return StreamingResponse(self._stream(request_id, prompts, params, echo, req),
                                      media_type="text/event-stream")
-        result = await self.until_disconnect(self._collect(request_id, prompts, params, echo, req), raw_request)
+        else:
+            result = await self.until_disconnect(self._collect(request_id, prompts, params, echo, req), raw_request)
         return result if result is not None else Response(status_code=499)
 
     async def _prompt_ids(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
@@ -84,6 +94,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def _collect(self, request_id: str, prompts: list[ProcessedPrompt], params: SamplingParams,
                        echo: list[str] | None, req: CompletionRequest) -> CompletionResponse:
+        options = AnswerOptions.of(req)
         final: dict[int, RequestOutput] = {}
         async with contextlib.aclosing(self._engine_streams(request_id, prompts, params)) as outputs:
             async for p, out in outputs:
@@ -106,28 +117,69 @@ class OpenAIServingCompletion(OpenAIServing):
                 choices.append(CompletionChoice(
                     index=p * params.n + c.index, text=(echo[p] if echo else "") + (c.text if generate else ""),
                     logprobs=lps, finish_reason=c.finish_reason.value if c.finish_reason else None,
-                    stop_reason=c.stop_reason, prompt_logprobs=self.prompt_logprobs(out.prompt_logprobs,
-                                                                                    req.prompt_logprobs)))
+                    stop_reason=c.stop_reason,
+                    prompt_logprobs=self.prompt_logprobs(out.prompt_logprobs, req.prompt_logprobs),
+                    prompt_token_ids=prompts[p].prompt_token_ids if options.return_token_ids else None,
+                    token_ids=ids if options.return_token_ids else None))
         return CompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
                                   usage=self.usage(sum(len(p.prompt_token_ids) for p in prompts), num_completion))
+
+    async def _collect_beams(self, request_id: str, prompts: list[ProcessedPrompt], bp: BeamSearchParams,
+                             echo: list[str] | None, options: AnswerOptions) -> CompletionResponse:
+        """use_beam_search: each prompt's `n` best hypotheses are its choices, best first."""
+        results = await asyncio.gather(*(self.beam_search(f"{request_id}-{p}", prompt, bp)
+                                         for p, prompt in enumerate(prompts)))
+        choices: list[CompletionChoice] = []
+        for p, hyps in enumerate(results):
+            for i, h in enumerate(hyps):
+                choices.append(CompletionChoice(
+                    index=p * bp.beam_width + i, text=(echo[p] if echo else "") + h.text,
+                    finish_reason="stop" if h.finished_by_eos else "length",
+                    prompt_token_ids=prompts[p].prompt_token_ids if options.return_token_ids else None,
+                    token_ids=h.token_ids if options.return_token_ids else None))
+        num_completion = sum(len(h.token_ids) for hyps in results for h in hyps)
+        return CompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
+                                  usage=self.usage(sum(len(p.prompt_token_ids) for p in prompts), num_completion))
+
+    async def _stream_whole(self, collect: Awaitable[CompletionResponse], options: AnswerOptions) -> AsyncIterator[bytes]:
+        """A stream of an answer made whole first (beam search knows its choices only at the end): one chunk
+        per choice, then the usage if asked for."""
+        try:
+            whole = await collect
+            for c in whole.choices:
+                yield sse(CompletionChunk(id=whole.id, created=whole.created, model=whole.model, choices=[c]))
+            if options.include_usage:
+                yield sse(CompletionChunk(id=whole.id, created=whole.created, model=whole.model, choices=[],
+                                          usage=whole.usage))
+        except APIError as e:  # headers are sent: the error goes in the stream
+            yield sse_error(e)
+        yield SSE_DONE
 
     async def _stream(self, request_id: str, prompts: list[ProcessedPrompt], params: SamplingParams,
                       echo: list[str] | None, req: CompletionRequest) -> AsyncIterator[bytes]:
         created = int(time.time())
         n = params.n
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        options = AnswerOptions.of(req)
         generate = req.max_tokens != 0
         # echo with logprobs waits for the prompt's logprobs (they come with its first output)
         echo_waits = echo is not None and req.logprobs is not None
-
-        def chunk(index: int, text: str, logprobs: CompletionLogprobs | None = None, finish: str | None = None,
-                  stop_reason: int | str | None = None) -> bytes:
-            return sse(CompletionChunk(id=request_id, created=created, model=self.served_model_name, choices=[
-                CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish,
-                                 stop_reason=stop_reason)]))
-
-        num_sent_tokens: dict[int, int] = {}  # choice -> tokens already reported (for logprob slices)
+        num_sent_tokens: dict[int, int] = {}  # choice -> generated tokens already reported (logprob slices, usage)
         text_offset: dict[int, int] = {}  # choice -> characters already sent
+        prompt_ids_sent: set[int] = set()  # choices whose first chunk (with prompt_token_ids) has gone out
+
+        def chunk(index: int, text: str, token_ids: list[int], logprobs: CompletionLogprobs | None = None,
+                  finish: str | None = None, stop_reason: int | str | None = None) -> bytes:
+            prompt_ids = prompts[index // n].prompt_token_ids
+            first = index not in prompt_ids_sent
+            prompt_ids_sent.add(index)
+            ids = options.return_token_ids
+            choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish,
+                                      stop_reason=stop_reason, prompt_token_ids=prompt_ids if ids and first else None,
+                                      token_ids=token_ids if ids else None)
+            usage = self.usage(len(prompt_ids), num_sent_tokens.get(index, 0)) if options.continuous_usage else None
+            return sse(CompletionChunk(id=request_id, created=created, model=self.served_model_name, choices=[choice],
+                                       usage=usage))
+
         finished: set[int] = set()
         echoed: set[int] = set()  # prompts whose echo went out
         num_completion = 0
@@ -137,7 +189,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     echoed.add(p)
                     for i in range(n):
                         text_offset[p * n + i] = len(text)
-                        yield chunk(p * n + i, text)
+                        yield chunk(p * n + i, text, [])
             async with contextlib.aclosing(self._engine_streams(request_id, prompts, params)) as outputs:
                 async for p, out in outputs:
                     if out.finished:
@@ -147,21 +199,18 @@ class OpenAIServingCompletion(OpenAIServing):
                         for i in range(n):
                             lps = CompletionLogprobs()
                             text_offset[p * n + i] = self._prompt_part(lps, out, req.logprobs)
-                            yield chunk(p * n + i, echo[p], lps)
+                            yield chunk(p * n + i, echo[p], [], lps)
                     for c in out.outputs:
                         index = p * n + c.index
                         if index in finished:
                             continue
-                        if not generate:  # echo only: the one token that ran is not shown
-                            frame = chunk(index, "", None, c.finish_reason.value) if c.finish_reason else None
-                        else:
-                            frame = self._delta(index, c, num_sent_tokens, text_offset, chunk)
+                        frame = self._delta(index, c, num_sent_tokens, text_offset, chunk, options, generate)
                         if frame is not None:
                             yield frame
                         if c.finish_reason is not None:
                             finished.add(index)
                             num_completion += len(c.token_ids) if generate else 0
-            if include_usage:
+            if options.include_usage:
                 yield sse(CompletionChunk(id=request_id, created=created, model=self.served_model_name, choices=[],
                                           usage=self.usage(sum(len(p.prompt_token_ids) for p in prompts), num_completion)))
         except APIError as e:  # headers are sent: the error goes in the stream
@@ -169,20 +218,24 @@ class OpenAIServingCompletion(OpenAIServing):
         yield SSE_DONE
 
     def _delta(self, index: int, c: CompletionOutput, num_sent_tokens: dict[int, int], text_offset: dict[int, int],
-               chunk: object) -> bytes | None:
-        """The frame for choice `index`'s news in this output, or None when it has none."""
+               chunk: Callable[..., bytes], options: AnswerOptions, generate: bool) -> bytes | None:
+        """The frame for choice `index`'s news in this output, or None when it has none (echo with
+        max_tokens 0: only the finish; the one token that ran is not shown)."""
+        finish = c.finish_reason.value if c.finish_reason else None
+        if not generate:
+            return chunk(index, "", [], None, finish) if finish else None
         start = num_sent_tokens.get(index, 0)
         new_ids = c.delta_token_ids
+        num_sent_tokens[index] = start + len(new_ids)
         lps = None
         if c.logprobs is not None and new_ids:
             lps = CompletionLogprobs()
             self._append(lps, new_ids, c.logprobs[start:start + len(new_ids)], text_offset.get(index, 0))
-        num_sent_tokens[index] = start + len(new_ids)
-        finish = c.finish_reason.value if c.finish_reason else None
-        if not c.delta_text and lps is None and finish is None:
+        # a chunk for news only; new ids alone are news when the client asked for them
+        if not (c.delta_text or lps is not None or finish is not None or (options.return_token_ids and new_ids)):
             return None
         text_offset[index] = text_offset.get(index, 0) + len(c.delta_text)
-        return chunk(index, c.delta_text, lps, finish, c.stop_reason if finish else None)  # type: ignore[operator]
+        return chunk(index, c.delta_text, new_ids, lps, finish, c.stop_reason if finish else None)
 
     def _append(self, out: CompletionLogprobs, token_ids: list[int], logprobs: list[TokenLogprobs], offset: int) -> int:
         """Add these generated tokens in the completions logprobs shape; offsets count characters from

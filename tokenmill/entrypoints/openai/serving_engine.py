@@ -18,6 +18,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -37,6 +38,22 @@ T = TypeVar("T")
 SSE_DONE = b"data: [DONE]\n\n"
 _MIN_LOGPROB = -9999.0  # JSON has no -inf: a token with probability 0 reports this
 _MAX_LOGGED_PROMPT_CHARS = 4096  # --log-prompts: longer prompts are cut, with their length noted
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    """What a request asked its answer to carry besides the text (the same for both endpoints)."""
+
+    include_usage: bool = False  # streamed: a last chunk with the whole request's usage
+    continuous_usage: bool = False  # streamed: every choice chunk carries its choice's usage so far
+    return_token_ids: bool = False  # prompt_token_ids, and each choice's token_ids
+
+    @classmethod
+    def of(cls, req: SamplingFields) -> AnswerOptions:
+        """vLLM's rule: continuous_usage_stats counts only together with include_usage."""
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        return cls(include_usage, continuous, bool(req.return_token_ids))
 
 
 class OpenAIServing:
@@ -114,7 +131,38 @@ class OpenAIServing:
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 truncate_prompt_tokens=req.truncate_prompt_tokens,
+                truncation_side=req.truncation_side or "left",
             )
+        except ParamError as e:
+            raise bad_request(e.message, e.field) from None
+
+    @staticmethod
+    def beam_search_params(req: SamplingFields, params: SamplingParams) -> BeamSearchParams | None:
+        """vLLM's use_beam_search: the beam search to run (n beams, max_tokens, length_penalty,
+        early_stopping, ignore_eos), or None. Sampling fields that beam search would not honour are a 400
+        naming them, as are length_penalty and early_stopping without it."""
+        if not req.use_beam_search:
+            for name, neutral in (("length_penalty", 1.0), ("early_stopping", False)):
+                if getattr(req, name) not in (None, neutral):
+                    raise bad_request(f"{name} only applies with use_beam_search", name)
+            return None
+        unsupported = {
+            "temperature": req.temperature not in (None, 0.0), "top_p": params.top_p < 1.0,
+            "top_k": params.top_k > 0, "min_p": params.min_p > 0.0,
+            "presence_penalty": params.presence_penalty != 0.0, "frequency_penalty": params.frequency_penalty != 0.0,
+            "repetition_penalty": params.repetition_penalty != 1.0, "logit_bias": bool(params.logit_bias),
+            "stop": bool(params.stop_strings), "stop_token_ids": bool(params.stop_token_ids),
+            "min_tokens": params.min_tokens > 0, "logprobs": params.logprobs is not None,
+            "prompt_logprobs": params.prompt_logprobs is not None,
+        }
+        for name, bad in unsupported.items():
+            if bad:
+                raise bad_request(f"{name} is not supported with use_beam_search (beam search is deterministic: it "
+                                  "keeps the n most likely continuations)", name)
+        try:
+            return BeamSearchParams(params.n, params.max_tokens or 1 << 30, 1.0 if req.length_penalty is None
+                                    else req.length_penalty, bool(req.early_stopping) if req.early_stopping != "never"
+                                    else "never", params.ignore_eos)
         except ParamError as e:
             raise bad_request(e.message, e.field) from None
 
@@ -256,6 +304,7 @@ class OpenAIServing:
 
     @staticmethod
     def usage(num_prompt: int, num_completion: int) -> Usage:
+        """Token counts; also each chunk's counts so far, with stream_options.continuous_usage_stats."""
         return Usage(prompt_tokens=num_prompt, completion_tokens=num_completion,
                      total_tokens=num_prompt + num_completion)
 
