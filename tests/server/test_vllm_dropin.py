@@ -83,6 +83,12 @@ def test_unprefixed_routes_answer_like_v1(app) -> None:
     assert a.json()["choices"][0]["message"] == b.json()["choices"][0]["message"]
 
 
+def test_embeddings_say_the_model_does_not_support_them(app) -> None:
+    for path in ("/v1/embeddings", "/embeddings"):
+        r = call(app, "POST", path, {"input": "hello", "model": "x"})
+        assert r.status_code == 400 and "does not support Embeddings API" in r.json()["error"]["message"], r.text
+
+
 def test_cors_preflight_without_cors_origins_says_how_to_enable_it(app) -> None:
     async def main() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:

@@ -74,10 +74,16 @@ def build_router(ctx: ServerContext) -> APIRouter:
     async def create_chat_completion(req: ChatCompletionRequest, raw_request: Request) -> Any:
         return await chat.create_chat_completion(req, raw_request)
 
+    @router.post("/v1/embeddings", include_in_schema=False)
+    async def embeddings() -> Any:
+        # vLLM's answer for a generative model: clients that try (RAG front ends) hear why, not a bare 404
+        raise bad_request(f"The model `{name}` does not support Embeddings API: tokenmill serves generative "
+                          "models (completions and chat) only", "model")
+
     # llama-server and Ollama also answer without the /v1 prefix: an openai client pointed at
     # http://host:port (a common slip) then works instead of getting 404s
     for alias, endpoint in (("/models", models), ("/completions", create_completion),
-                            ("/chat/completions", create_chat_completion)):
+                            ("/chat/completions", create_chat_completion), ("/embeddings", embeddings)):
         methods = ["GET"] if alias == "/models" else ["POST"]
         router.add_api_route(alias, endpoint, methods=methods, include_in_schema=False)
     return router
