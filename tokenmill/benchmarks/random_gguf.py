@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,12 +60,34 @@ def tensor_type(name: str, layer: int, n_layers: int, mix: str) -> str:
     return mix
 
 
+def add_default_tokenizer(w: Any, vocab: int) -> None:
+    """Write the default model's tokenizer into the gguf.GGUFWriter `w`, padded with unused tokens to
+    `vocab` entries."""
+    from tokenmill.loader.gguf import GGUFFile
+    from tokenmill.loader.model_source import default_model_path
+
+    src = GGUFFile(default_model_path()).metadata
+    tokens = list(src["tokenizer.ggml.tokens"])
+    types = [int(t) for t in src["tokenizer.ggml.token_type"]]
+    if vocab < len(tokens):
+        raise ValueError(f"vocab {vocab} is smaller than the default tokenizer's {len(tokens)}")
+    tokens += [f"<unused_{i}>" for i in range(vocab - len(tokens))]
+    types += [5] * (vocab - len(types))  # 5: unused
+    w.add_tokenizer_model(str(src["tokenizer.ggml.model"]))
+    w.add_tokenizer_pre(str(src["tokenizer.ggml.pre"]))
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(list(src["tokenizer.ggml.merges"]))
+    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
+    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
+    w.add_add_bos_token(False)
+    w.add_chat_template(str(src["tokenizer.chat_template"]))
+
+
 def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.05, seed: int = 0,
                       name: str = "random") -> Path:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
-    from tokenmill.loader.gguf import GGUFFile
-    from tokenmill.loader.model_source import default_model_path
     from tokenmill.native import ggml
 
     path = Path(path)
@@ -107,22 +130,7 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32(f"{a}.vocab_size", s.vocab)
     w.add_uint32(f"{a}.rope.dimension_count", hd)
-    src = GGUFFile(default_model_path()).metadata
-    tokens = list(src["tokenizer.ggml.tokens"])
-    types = [int(t) for t in src["tokenizer.ggml.token_type"]]
-    if s.vocab < len(tokens):
-        raise ValueError(f"vocab {s.vocab} is smaller than the default tokenizer's {len(tokens)}")
-    tokens += [f"<unused_{i}>" for i in range(s.vocab - len(tokens))]
-    types += [5] * (s.vocab - len(types))  # 5: unused
-    w.add_tokenizer_model(str(src["tokenizer.ggml.model"]))
-    w.add_tokenizer_pre(str(src["tokenizer.ggml.pre"]))
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(list(src["tokenizer.ggml.merges"]))
-    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
-    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
-    w.add_add_bos_token(False)
-    w.add_chat_template(str(src["tokenizer.chat_template"]))
+    add_default_tokenizer(w, s.vocab)
     for tname, tshape, t in tensors:
         qtype = GGMLQuantizationType[type_of(tname, t).upper()]
         block, size = GGML_QUANT_SIZES[qtype]
