@@ -284,6 +284,12 @@ def test_q8_0_gguf_through_the_gguf_method(family: dict[str, Any]) -> None:
     mlp = llm.engine.executor.worker.model.model.layers[0].mlp
     first = mlp.experts[0].gate_up_proj if hasattr(mlp, "experts") else mlp.gate_up_proj
     assert first.matmul is not None and first.weight.numel() == 0, "kept as blocks, not dequantized"
+    from tokenmill.loader.gguf import GGUFFile
+
+    gf = GGUFFile(path)
+    assert llm.engine.plan.weight_bytes == sum(t.num_bytes for t in gf.tensors.values()), \
+        "the memory plan counts every expert's blocks"
+    gf.close()
     agree = total = 0
     for ids in family["ids"]:
         want, got = ref_logits(family["model"], ids), prompt_logits(llm, ids)
@@ -292,3 +298,42 @@ def test_q8_0_gguf_through_the_gguf_method(family: dict[str, Any]) -> None:
         agree += int((want.argmax(-1) == got.argmax(-1)).sum())
         total += len(ids)
     assert agree / total >= 0.85, f"top-1 agreement {agree / total:.2f}"
+
+
+def test_convert_writes_an_hf_copy_transformers_loads(family: dict[str, Any]) -> None:
+    """`tokenmill convert` of the GGUF: transformers loads the directory as the family's class, and its
+    logits are the original model's."""
+    from tokenmill.entrypoints.convert import convert_gguf_to_hf
+
+    out = convert_gguf_to_hf(str(family["gguf"]), family["tmp"] / "converted", progress=False)
+    copy = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    assert type(copy).__name__ == FAMILIES[family["name"]]["cls"]
+    ids = family["ids"][1]
+    assert (ref_logits(copy, ids) - ref_logits(family["model"], ids)).abs().max() < 1e-4
+
+
+def test_unsupported_features_fail_by_name(tmp_path: Path) -> None:
+    from tokenmill.loader.model_config import ModelConfig
+
+    base = {"architectures": ["Qwen3MoeForCausalLM"], "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 10,
+            "intermediate_size": 8, "num_hidden_layers": 2, "num_experts": 4, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 8}
+    for extra, feature in [({"mlp_only_layers": [1]}, "mlp_only_layers"), ({"hidden_act": "gelu"}, "hidden_act"),
+                           ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
+                           ({"use_sliding_window": True}, "sliding_window")]:
+        (tmp_path / "config.json").write_text(json.dumps(base | extra))
+        with pytest.raises(ValueError, match=feature):
+            ModelConfig.from_hf_dir(tmp_path)
+    from tokenmill.loader import architectures
+
+    assert architectures.from_gguf_name("llama", has_experts=True).name == "mixtral"
+    assert architectures.from_gguf_name("llama").name == "llama"
+    md = {"general.architecture": "qwen2", "qwen2.attention.head_count": 4, "qwen2.embedding_length": 64}
+    with pytest.raises(ValueError, match="'qwen2' with expert tensors is not supported"):
+        ModelConfig.from_gguf(md, {"blk.0.ffn_gate_exps.weight"}, "F32")
+    md = {"general.architecture": "qwen3moe", "qwen3moe.expert_gating_func": 2}
+    for k in ("attention.head_count", "embedding_length", "feed_forward_length", "block_count", "expert_count",
+              "expert_used_count"):
+        md[f"qwen3moe.{k}"] = 4
+    with pytest.raises(ValueError, match="expert_gating_func"):
+        ModelConfig.from_gguf(md, {"blk.0.ffn_gate_exps.weight"}, "F32")
