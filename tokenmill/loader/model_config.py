@@ -113,7 +113,7 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             name=str(metadata.get("general.name", "")),
             quantization=quantization,
-            qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+            qk_norm=ours.name in _QK_NORM,  # a file without the norms then fails at load, naming them
             **(_gguf_moe_fields(metadata, arch, ours.name, tensor_names) if ours.is_moe else {}),
         )
 
@@ -130,7 +130,7 @@ class ModelConfig:
         family: dict[str, Any] = {}
         if arch in ("qwen3", "qwen3moe", "qwen2moe", "mixtral"):
             _check_hf_features(cfg, arch, path)
-            family["qk_norm"] = arch in ("qwen3", "qwen3moe")
+            family["qk_norm"] = arch in _QK_NORM
         if architectures.get(arch).is_moe:
             family.update(_hf_moe_fields(cfg, arch))
         return cls(
@@ -157,6 +157,7 @@ class ModelConfig:
 
 
 # -- per-family readers --------------------------------------------------------------------------------
+_QK_NORM = ("qwen3", "qwen3moe")  # the families with per-head q/k RMSNorm
 # llama.cpp's MoE graphs: Mixtral (arch "llama") and Qwen3-MoE renormalize the chosen experts' weights,
 # Qwen2-MoE does not; a file may say otherwise with {arch}.expert_weights_norm.
 _GGUF_MOE_RENORMALIZE = {"mixtral": True, "qwen3moe": True, "qwen2moe": False}

@@ -1,7 +1,8 @@
 """Weight readers: yield (HF parameter name, tensor) pairs; the model's parameters decide what to do with them.
 
-The GGUF reader renames llama.cpp's tensors to the HF names (and undoes its q/k row permutation for the
-llama architecture); with `keep_quantized` it hands the chosen tensors through as their raw GGUF blocks
+The GGUF reader renames llama.cpp's tensors to the HF names of the model's family (and undoes its q/k row
+permutation for the llama architecture, Mixtral included; one 3-D expert tensor becomes one matrix per
+expert); with `keep_quantized` it hands the chosen tensors through as their raw GGUF blocks
 (`GGUFQuantized`), untouched by dequantisation, for a linear method that computes on them.
 """
 
@@ -134,6 +135,9 @@ def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
         return "lm_head.weight", 0
     if name == "rope_freqs.weight":
         return "rope_freqs", 0
+    if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", name):
+        raise ValueError(f"GGUF tensor {name}: one tensor per expert is llama.cpp's old Mixtral layout, not "
+                         "supported; a file converted by a current llama.cpp stacks them (ffn_gate_exps)")
     if m := re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name):
         layer, part, kind = m.groups()
         moe = _GGUF_TO_HF_MOE.get(cfg.architecture, {})
