@@ -338,3 +338,23 @@ def test_unsupported_features_fail_by_name(tmp_path: Path) -> None:
         md[f"qwen3moe.{k}"] = 4
     with pytest.raises(ValueError, match="expert_gating_func"):
         ModelConfig.from_gguf(md, {"blk.0.ffn_gate_exps.weight"}, "F32")
+
+
+@pytest.mark.parametrize("kw", [dict(quantization="int8"), dict(dtype="bfloat16"), dict(quantization="q8_0")],
+                         ids=["int8", "bf16", "requant-q8_0"])
+def test_other_linear_methods_run_the_experts(family: dict[str, Any], kw: dict[str, str]) -> None:
+    """Every linear method takes the experts (and the router, the shared expert and its 1-row gate): on
+    Qwen2-MoE, which has all of them, each stays close to transformers' fp32 logits."""
+    if family["name"] != "qwen2moe":
+        pytest.skip("one MoE family with every part is enough")
+    if kw.get("quantization") == "q8_0":
+        from tokenmill.native import ggml
+
+        if not ggml.available():
+            pytest.skip(f"ggml not built here: {ggml.unavailable_reason()}")
+    llm = LLM(str(family["tmp"] / "hf"), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, **kw)
+    ids = family["ids"][1]
+    want, got = ref_logits(family["model"], ids), prompt_logits(llm, ids)
+    rel = (want - got).norm(dim=-1) / want.norm(dim=-1)
+    assert float(rel.median()) < 5e-2
+    assert float((want.argmax(-1) == got.argmax(-1)).float().mean()) >= 0.85
