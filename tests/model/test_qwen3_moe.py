@@ -340,6 +340,19 @@ def test_unsupported_features_fail_by_name(tmp_path: Path) -> None:
         ModelConfig.from_gguf(md, {"blk.0.ffn_gate_exps.weight"}, "F32")
 
 
+def test_f32_gguf_through_the_gguf_method(family: dict[str, Any]) -> None:
+    """F32 matrices (embedding, router, experts) kept as ggml blocks: ggml multiplies F32 without
+    quantizing activations, so the logits stay at fp32 accuracy (F32 rows are gathered, not dequantized)."""
+    from tokenmill.native import ggml
+
+    if not ggml.available():
+        pytest.skip(f"ggml not built here: {ggml.unavailable_reason()}")
+    llm = LLM(str(family["gguf"]), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
+    assert llm.engine.platform.compute.linear_method == "gguf"
+    ids = family["ids"][1]
+    assert (ref_logits(family["model"], ids) - prompt_logits(llm, ids)).abs().max() < 1e-3
+
+
 @pytest.fixture(scope="module")
 def qwen2moe_hf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     d = tmp_path_factory.mktemp("qwen2moe-methods")
