@@ -6,6 +6,7 @@ size asked for), the weights are N(0, std) and quantized row by row as they are 
 7B-class file never needs its fp32 copy in memory.
 
     python -m tokenmill.benchmarks.random_gguf out.gguf --preset qwen2.5-7b --mix q4_k_m
+    python -m tokenmill.benchmarks.random_gguf moe.gguf --preset qwen3-30b-a3b-4l --mix q4_k_m
 
 Mixes follow llama.cpp's recipes in spirit: `q4_k_m` / `q5_k_m` keep attn_v and ffn_down of about half
 the layers (the first and last eighth, and every third in between) and the output layer in Q6_K; a plain
@@ -17,17 +18,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 _POOL_VALUES = 1 << 24  # matrices above this many values reuse a pool of 16M quantized values per (type, row)
-
-PRESETS = {
-    # name: (arch, hidden, intermediate, layers, heads, kv_heads, vocab, tied)
-    "qwen2.5-7b": ("qwen2", 3584, 18944, 28, 28, 4, 152064, False),
-    "tiny-256": ("llama", 256, 512, 2, 4, 2, 49152, False),
-}
-
 
 @dataclass(frozen=True)
 class Shape:
@@ -41,6 +36,22 @@ class Shape:
     tied: bool = False
     context: int = 4096
     attention_bias: bool = False
+    head_dim: int = 0  # 0: hidden // heads
+    qk_norm: bool = False  # Qwen3's attn_q_norm / attn_k_norm
+    # a mixture of experts (arch qwen3moe, or llama for Mixtral): `experts` of `expert_intermediate` each
+    # layer, `experts_used` per token, instead of the dense MLP
+    experts: int = 0
+    experts_used: int = 0
+    expert_intermediate: int = 0
+
+
+PRESETS = {
+    "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 152064, attention_bias=True),
+    "tiny-256": Shape("llama", 256, 512, 2, 4, 2, 49152),
+    # Qwen3-30B-A3B's layer shape (128 experts of 768, 8 used, head_dim 128), 4 of its 48 layers
+    "qwen3-30b-a3b-4l": Shape("qwen3moe", 2048, 6144, 4, 32, 4, 151936, head_dim=128, qk_norm=True, experts=128,
+                              experts_used=8, expert_intermediate=768),
+}
 
 
 def _more_bits(layer: int, n: int) -> bool:
@@ -53,23 +64,45 @@ def tensor_type(name: str, layer: int, n_layers: int, mix: str) -> str:
         base = mix[:4]
         if name == "output.weight":
             return "q6_k"
-        if name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(layer, n_layers):
+        if name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and _more_bits(layer, n_layers):
             return "q6_k"
         return base
     return mix
+
+
+def add_default_tokenizer(w: Any, vocab: int) -> None:
+    """Write the default model's tokenizer into the gguf.GGUFWriter `w`, padded with unused tokens to
+    `vocab` entries."""
+    from tokenmill.loader.gguf import GGUFFile
+    from tokenmill.loader.model_source import default_model_path
+
+    src = GGUFFile(default_model_path()).metadata
+    tokens = list(src["tokenizer.ggml.tokens"])
+    types = [int(t) for t in src["tokenizer.ggml.token_type"]]
+    if vocab < len(tokens):
+        raise ValueError(f"vocab {vocab} is smaller than the default tokenizer's {len(tokens)}")
+    tokens += [f"<unused_{i}>" for i in range(vocab - len(tokens))]
+    types += [5] * (vocab - len(types))  # 5: unused
+    w.add_tokenizer_model(str(src["tokenizer.ggml.model"]))
+    w.add_tokenizer_pre(str(src["tokenizer.ggml.pre"]))
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(list(src["tokenizer.ggml.merges"]))
+    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
+    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
+    w.add_add_bos_token(False)
+    w.add_chat_template(str(src["tokenizer.chat_template"]))
 
 
 def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.05, seed: int = 0,
                       name: str = "random") -> Path:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
-    from tokenmill.loader.gguf import GGUFFile
-    from tokenmill.loader.model_source import default_model_path
     from tokenmill.native import ggml
 
     path = Path(path)
     s = shape
-    hd = s.hidden // s.heads
+    hd = s.head_dim or s.hidden // s.heads
     rng = np.random.default_rng(seed)
     tensors: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (s.vocab, s.hidden), "")]
     for i in range(s.layers):
@@ -81,11 +114,20 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
         if s.attention_bias:
             tensors += [(p + "attn_q.bias", (s.heads * hd,), "f32"), (p + "attn_k.bias", (s.kv_heads * hd,), "f32"),
                         (p + "attn_v.bias", (s.kv_heads * hd,), "f32")]
+        if s.qk_norm:
+            tensors += [(p + "attn_q_norm.weight", (hd,), "f32"), (p + "attn_k_norm.weight", (hd,), "f32")]
         tensors += [(p + "attn_output.weight", (s.hidden, s.heads * hd), ""),
-                    (p + "ffn_norm.weight", (s.hidden,), "f32"),
-                    (p + "ffn_gate.weight", (s.intermediate, s.hidden), ""),
-                    (p + "ffn_up.weight", (s.intermediate, s.hidden), ""),
-                    (p + "ffn_down.weight", (s.hidden, s.intermediate), "")]
+                    (p + "ffn_norm.weight", (s.hidden,), "f32")]
+        if s.experts:  # the router stays F32, as llama.cpp's quantizer leaves it; experts stacked in 3-D
+            e, f = s.experts, s.expert_intermediate
+            tensors += [(p + "ffn_gate_inp.weight", (e, s.hidden), "f32"),
+                        (p + "ffn_gate_exps.weight", (e, f, s.hidden), ""),
+                        (p + "ffn_up_exps.weight", (e, f, s.hidden), ""),
+                        (p + "ffn_down_exps.weight", (e, s.hidden, f), "")]
+        else:
+            tensors += [(p + "ffn_gate.weight", (s.intermediate, s.hidden), ""),
+                        (p + "ffn_up.weight", (s.intermediate, s.hidden), ""),
+                        (p + "ffn_down.weight", (s.hidden, s.intermediate), "")]
     tensors.append(("output_norm.weight", (s.hidden,), "f32"))
     if not s.tied:
         tensors.append(("output.weight", (s.vocab, s.hidden), ""))
@@ -107,30 +149,22 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32(f"{a}.vocab_size", s.vocab)
     w.add_uint32(f"{a}.rope.dimension_count", hd)
-    src = GGUFFile(default_model_path()).metadata
-    tokens = list(src["tokenizer.ggml.tokens"])
-    types = [int(t) for t in src["tokenizer.ggml.token_type"]]
-    if s.vocab < len(tokens):
-        raise ValueError(f"vocab {s.vocab} is smaller than the default tokenizer's {len(tokens)}")
-    tokens += [f"<unused_{i}>" for i in range(s.vocab - len(tokens))]
-    types += [5] * (s.vocab - len(types))  # 5: unused
-    w.add_tokenizer_model(str(src["tokenizer.ggml.model"]))
-    w.add_tokenizer_pre(str(src["tokenizer.ggml.pre"]))
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(list(src["tokenizer.ggml.merges"]))
-    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
-    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
-    w.add_add_bos_token(False)
-    w.add_chat_template(str(src["tokenizer.chat_template"]))
+    w.add_uint32(f"{a}.attention.key_length", hd)
+    w.add_uint32(f"{a}.attention.value_length", hd)
+    if s.experts:
+        w.add_uint32(f"{a}.expert_count", s.experts)
+        w.add_uint32(f"{a}.expert_used_count", s.experts_used)
+        w.add_uint32(f"{a}.expert_feed_forward_length", s.expert_intermediate)
+    add_default_tokenizer(w, s.vocab)
     for tname, tshape, t in tensors:
         qtype = GGMLQuantizationType[type_of(tname, t).upper()]
         block, size = GGML_QUANT_SIZES[qtype]
         if len(tshape) == 1:
             w.add_tensor_info(tname, tshape, np.dtype(np.float32), tshape[0] * 4)
-        else:
-            rows, k = tshape
-            w.add_tensor_info(tname, (rows, k // block * size), np.dtype(np.uint8), rows * (k // block * size),
+        else:  # (rows, k) or (experts, rows, k): the rows of every expert, one after another
+            *lead, k = tshape
+            rows = int(np.prod(lead))
+            w.add_tensor_info(tname, (*lead, k // block * size), np.dtype(np.uint8), rows * (k // block * size),
                               raw_dtype=qtype)
     pools: dict[tuple[object, int], np.ndarray] = {}
     w.write_header_to_file()
@@ -143,11 +177,14 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
             w.write_tensor_data(arr)
             continue
         qtype = GGMLQuantizationType[type_of(tname, t).upper()]
-        rows, k = tshape
+        *lead, k = tshape
+        rows = int(np.prod(lead))
         block, size = GGML_QUANT_SIZES[qtype]
         out = np.empty((rows, k // block * size), dtype=np.uint8)
         pool_rows = max(1, _POOL_VALUES // k)
-        if rows <= pool_rows:
+        if qtype == GGMLQuantizationType.F32:  # e.g. a router: the values themselves
+            out[:] = (std * rng.standard_normal((rows, k), dtype=np.float32)).view(np.uint8)
+        elif rows <= pool_rows:
             x = std * rng.standard_normal((rows, k), dtype=np.float32)
             ggml.quantize(int(qtype), x.ctypes.data, out.ctypes.data, rows, k)
         else:  # a big matrix: rows drawn from a pool of quantized random rows (ggml's K-quant search is slow)
@@ -158,7 +195,7 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
                 ggml.quantize(int(qtype), x.ctypes.data, pool.ctypes.data, pool_rows, k)
                 pools[(qtype, k)] = pool
             out[:] = pool[rng.integers(0, pool_rows, rows)]
-        w.write_tensor_data(out)
+        w.write_tensor_data(out.reshape(*lead, -1))
     w.close()
     return path
 
@@ -171,9 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mix", default="q4_k_m", help="q4_k_m, q5_k_m, or one ggml type (q4_0, q8_0, q6_k, ...)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    arch, hidden, inter, layers, heads, kv, vocab, tied = PRESETS[args.preset]
-    shape = Shape(arch, hidden, inter, layers, heads, kv, vocab, tied, attention_bias=arch == "qwen2")
-    out = write_random_gguf(args.out, shape, args.mix, seed=args.seed, name=f"random {args.preset} {args.mix}")
+    out = write_random_gguf(args.out, PRESETS[args.preset], args.mix, seed=args.seed,
+                            name=f"random {args.preset} {args.mix}")
     print(f"wrote {out} ({out.stat().st_size / 2**30:.2f} GiB)")
     return 0
 

@@ -90,9 +90,11 @@ class LLMEngine:
         self.requests: dict[str, list[Request]] = {}  # request id -> its sequences (n of them)
         self.group_of: dict[str, str] = {}  # sequence id -> request id, for n > 1
         self.load_time = time.monotonic() - t0
-        log.info("loaded %s: %s, %d layers, %.1fM parameters, %s on disk, computing in %s (%s matmuls) on %s, "
+        experts = (f" ({cfg.num_parameters(active=True) / 1e6:.1f}M active per token: {cfg.num_experts_per_tok} of "
+                   f"{cfg.num_experts} experts)") if cfg.num_experts else ""
+        log.info("loaded %s: %s, %d layers, %.1fM parameters%s, %s on disk, computing in %s (%s matmuls) on %s, "
                  "context %d (model max %d), in %.1fs", self.source.name, cfg.architecture, cfg.num_layers,
-                 cfg.num_parameters() / 1e6, cfg.quantization, compute.dtype, compute.linear_method,
+                 cfg.num_parameters() / 1e6, experts, cfg.quantization, compute.dtype, compute.linear_method,
                  self.platform.device, self.max_model_len, cfg.max_position_embeddings, self.load_time)
 
     # -- requests --------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The directory holds what `transformers` and vLLM need to load the same weights tokenmill serves:
 
-    config.json              LlamaForCausalLM / Qwen2ForCausalLM / ... architecture numbers, dtype float32
+    config.json              the architecture's HF class (loader/architectures.py) and numbers, dtype float32
     model.safetensors        dequantized fp32 tensors under HF parameter names (q/k rows un-permuted)
     tokenizer.json           the `tokenizers` vocabulary tokenmill builds from the GGUF metadata
     tokenizer_config.json    chat template, BOS/EOS/UNK/PAD texts, add_bos_token
@@ -77,10 +77,13 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
     if model_type == "llama":
         # Llama's attention_bias also adds an o_proj bias, which no GGUF llama we load has
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
+    elif model_type == "qwen2_moe":
+        out["qkv_bias"] = cfg.attention_bias
     elif cfg.attention_bias and model_type != "qwen2":
         raise NotImplementedError(f"{model_type} with attention biases has no HF config form")
     if model_type == "phi3":
         out.update(_phi3_config(cfg))
+    out.update(_hf_moe_config(cfg, model_type))
     if cfg.name:
         out["_name_or_path"] = cfg.name
     return out
@@ -109,6 +112,25 @@ def _phi3_tensors(tensors: dict[str, Any], config: dict[str, Any]) -> None:
     for name in [n for n in tensors if n.endswith("self_attn.q_proj.weight")]:
         parts = [tensors.pop(name.replace("q_proj", p)) for p in ("q_proj", "k_proj", "v_proj")]
         tensors[name.replace("q_proj", "qkv_proj")] = torch.cat(parts, dim=0)
+
+
+def _hf_moe_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
+    """The experts' entries of config.json (none for a dense model)."""
+    if not cfg.num_experts:
+        return {}
+    if model_type == "mixtral":
+        if not cfg.moe_renormalize:
+            raise NotImplementedError("Mixtral without renormalized expert weights has no HF config form")
+        return {"num_local_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+                "intermediate_size": cfg.moe_intermediate_size}
+    out: dict[str, Any] = {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+                           "moe_intermediate_size": cfg.moe_intermediate_size, "norm_topk_prob": cfg.moe_renormalize,
+                           "decoder_sparse_step": 1, "mlp_only_layers": []}
+    if model_type == "qwen2_moe":
+        if not cfg.shared_expert_intermediate_size:
+            raise NotImplementedError("Qwen2-MoE without a shared expert has no HF config form")
+        out["shared_expert_intermediate_size"] = cfg.shared_expert_intermediate_size
+    return out
 
 
 def hf_tokenizer_files(tok: Tokenizer, md: dict[str, Any], max_len: int) -> tuple[str, dict[str, Any]]:

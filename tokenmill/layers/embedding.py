@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,6 +44,8 @@ class VocabEmbedding(nn.Module):
         ids = input_ids.to(torch.int64).contiguous()
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.shape[0]):
             raise IndexError(f"token id out of range [0, {self.shape[0]})")
+        if self.blocks.type_name == "f32":  # F32 rows are the values (ggml has nothing to dequantize)
+            return torch.from_numpy(self.blocks.data.view(np.float32)[ids.numpy()]).to(self.weight.dtype)
         out = torch.empty(ids.shape[0], self.embedding_dim)
         ggml.get_rows(int(self.blocks.ggml_type), self.blocks.data.ctypes.data, self.embedding_dim, ids.data_ptr(),
                       ids.shape[0], out.data_ptr())

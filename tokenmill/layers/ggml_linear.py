@@ -14,7 +14,8 @@ Per call, by the number of rows M:
 - above: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
   compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
   compute-bound. Repacked matrices have no plain blocks left, so they always take ggml's path (its
-  repacked kernels are the fast ones at large M).
+  repacked kernels are the fast ones at large M); so do F32 ones (a MoE router), which ggml cannot
+  "dequantize".
 `calibrate` measures the crossover once at start on this machine and logs it (TOKENMILL_GGML_MAX_ROWS
 overrides). Within one path each output row depends only on its own input row (checked by the tests);
 across the crossover results differ at the kernel-error level.
@@ -146,7 +147,7 @@ class GGUFLinearMethod(LinearMethod):
             w = ggml.GgmlWeight(int(parts[0].ggml_type), layer.in_features, n, data.ctypes.data, self.repack, data)
             if w.repacked:
                 release()
-            else:
+            elif parts[0].ggml_type != GGMLQuantizationType.F32:  # ggml has no f32 to_float: ggml's path only
                 layer.dense.append((w, offset))
             weights.append(w)
             offsets.append(offset)

@@ -19,14 +19,21 @@ class Architecture:
     gguf_names: tuple[str, ...]  # GGUF general.architecture values that load as this one
     hf_classes: tuple[str, ...]  # HF config.json `architectures` entries; the first is what convert writes
     hf_model_type: str  # HF config.json `model_type` convert writes
+    is_moe: bool = False  # mixture of experts: a GGUF of one of gguf_names with expert tensors loads as this
 
 
 _LLAMA = "tokenmill.models.llama:LlamaForCausalLM"
+_MOE = "tokenmill.models.moe:MoEForCausalLM"
 
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("llama", _LLAMA, ("llama", "smollm"), ("LlamaForCausalLM",), "llama"),
     Architecture("mistral", _LLAMA, ("mistral",), ("MistralForCausalLM",), "mistral"),
     Architecture("qwen2", _LLAMA, ("qwen2",), ("Qwen2ForCausalLM",), "qwen2"),
+    Architecture("qwen3", _LLAMA, ("qwen3",), ("Qwen3ForCausalLM",), "qwen3"),
+    Architecture("qwen3moe", _MOE, ("qwen3moe",), ("Qwen3MoeForCausalLM",), "qwen3_moe", is_moe=True),
+    Architecture("qwen2moe", _MOE, ("qwen2moe",), ("Qwen2MoeForCausalLM",), "qwen2_moe", is_moe=True),
+    # llama.cpp writes Mixtral as general.architecture "llama", with expert tensors (blk.N.ffn_gate_exps)
+    Architecture("mixtral", _MOE, ("llama",), ("MixtralForCausalLM",), "mixtral", is_moe=True),
     Architecture("phi3", "tokenmill.models.phi3:Phi3ForCausalLM", ("phi3",), ("Phi3ForCausalLM",), "phi3"),
 ]}
 
@@ -36,12 +43,18 @@ def supported() -> str:
     return ", ".join(sorted(ARCHITECTURES))
 
 
-def from_gguf_name(gguf_arch: str) -> Architecture:
-    """The architecture a GGUF file's general.architecture names; a ValueError listing ours otherwise."""
-    for a in ARCHITECTURES.values():
-        if gguf_arch in a.gguf_names:
+def from_gguf_name(gguf_arch: str, has_experts: bool = False) -> Architecture:
+    """The architecture a GGUF file's general.architecture names, the mixture-of-experts one where the
+    file has expert tensors; a ValueError listing ours otherwise."""
+    named = [a for a in ARCHITECTURES.values() if gguf_arch in a.gguf_names]
+    if not named:
+        raise ValueError(f"GGUF architecture {gguf_arch!r} is not supported; supported: {supported()}")
+    for a in named:
+        if a.is_moe == has_experts:
             return a
-    raise ValueError(f"GGUF architecture {gguf_arch!r} is not supported; supported: {supported()}")
+    kind = "with" if has_experts else "without"
+    raise ValueError(f"GGUF architecture {gguf_arch!r} {kind} expert tensors is not supported; supported: "
+                     f"{supported()}")
 
 
 def from_hf_config(hf_archs: list[str], model_type: str | None) -> Architecture:

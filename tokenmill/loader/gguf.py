@@ -139,9 +139,10 @@ class GGUFFile:
         return data.reshape(info.shape)
 
     def matrices(self) -> list[tuple[int, int, str]]:
-        """(rows, row length, type name, e.g. "q4_k") of every 2-D tensor: what the gguf method keeps."""
-        return [(t.shape[0], t.shape[1], t.ggml_type.name.lower()) for t in self.tensors.values()
-                if len(t.shape) == 2]
+        """(rows, row length, type name, e.g. "q4_k") of every 2-D tensor, and of every 3-D one (experts'
+        stacked matrices) as its rows together: what the gguf method keeps."""
+        return [(int(np.prod(t.shape[:-1])), t.shape[-1], t.ggml_type.name.lower()) for t in self.tensors.values()
+                if len(t.shape) in (2, 3)]
 
     def release(self, offset: int, num_bytes: int) -> None:
         """Drop the file's pages in [offset, offset + num_bytes) from this process (they were copied, e.g.

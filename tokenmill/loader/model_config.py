@@ -31,32 +31,52 @@ class ModelConfig:
     # phi3 (models/phi3.py) sets these; each means the same for any family that reads it
     rotary_dim: int | None = None  # leading dims of each head that rotate (partial rotary); None: head_dim
     sliding_window: int | None = None  # a query sees this many keys, itself included; None: all before it
+    # Qwen3, Qwen3-MoE: RMSNorm over head_dim on each q and k head, before rotary
+    qk_norm: bool = False
+    # mixture of experts (Qwen3-MoE, Qwen2-MoE, Mixtral): every layer's MLP is num_experts experts of
+    # moe_intermediate_size, num_experts_per_tok of them chosen per token. 0 experts: a dense MLP.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    moe_renormalize: bool = False  # the chosen experts' softmax weights are rescaled to sum to 1
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert behind a sigmoid gate; 0: none
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
-    def num_parameters(self) -> int:
-        d, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+    def num_parameters(self, active: bool = False) -> int:
+        """Every weight; with `active`, only those one token reads (num_experts_per_tok of the experts)."""
+        d, v = self.hidden_size, self.vocab_size
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
-        per_layer = d * (q + 2 * kv) + q * d + 3 * d * i + 2 * d
+        matmuls = sum(n * k for n, k in self._layer_shapes(active))
+        per_layer = matmuls + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
         return self.num_layers * per_layer + bias + v * d * (1 if self.tie_word_embeddings else 2) + d
 
     def linear_shapes(self) -> list[tuple[int, int]]:
-        """(out_features, in_features) of every matmul weight: per layer qkv, o, gate_up, down, and the
-        output layer when it is not tied to the embedding."""
+        """(out_features, in_features) of every matmul weight: per layer qkv, o, the MLP's (gate_up, down;
+        with experts: the router, each expert's gate_up and down, and a shared expert with its gate), and
+        the output layer when it is not tied to the embedding."""
+        head = [] if self.tie_word_embeddings else [(self.vocab_size, self.hidden_size)]
+        return self._layer_shapes() * self.num_layers + head
+
+    def _layer_shapes(self, active: bool = False) -> list[tuple[int, int]]:
         d, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = [(q + 2 * kv, d), (d, q), (2 * i, d), (d, i)]
-        head = [] if self.tie_word_embeddings else [(self.vocab_size, d)]
-        return per_layer * self.num_layers + head
+        attn = [(q + 2 * kv, d), (d, q)]
+        if not self.num_experts:
+            return attn + [(2 * i, d), (d, i)]
+        e, s = self.moe_intermediate_size, self.shared_expert_intermediate_size
+        experts = [(2 * e, d), (d, e)] * (self.num_experts_per_tok if active else self.num_experts)
+        shared = [(2 * s, d), (d, s), (1, d)] if s else []
+        return attn + [(self.num_experts, d)] + experts + shared
 
     # -- readers ---------------------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, metadata: dict[str, Any], tensor_names: set[str], quantization: str) -> ModelConfig:
         arch = str(metadata.get("general.architecture", ""))  # the prefix of its metadata keys
-        ours = architectures.from_gguf_name(arch)
+        ours = architectures.from_gguf_name(arch, "blk.0.ffn_gate_exps.weight" in tensor_names)
 
         def get(key: str, default: Any = None) -> Any:
             v = metadata.get(f"{arch}.{key}", default)
@@ -96,6 +116,8 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             name=str(metadata.get("general.name", "")),
             quantization=quantization,
+            qk_norm=ours.name in _QK_NORM,  # a file without the norms then fails at load, naming them
+            **(_gguf_moe_fields(metadata, arch, ours.name, tensor_names) if ours.is_moe else {}),
         )
         if ours.name == "phi3":
             cfg = _phi3_from_gguf(cfg, metadata, arch, tensor_names)
@@ -111,6 +133,12 @@ class ModelConfig:
             raise ValueError(f"{path}/config.json: {e}") from None
         n_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
+        family: dict[str, Any] = {}
+        if arch in ("qwen3", "qwen3moe", "qwen2moe", "mixtral"):
+            _check_hf_features(cfg, arch, path)
+            family["qk_norm"] = arch in _QK_NORM
+        if architectures.get(arch).is_moe:
+            family.update(_hf_moe_fields(cfg, arch))
         out = cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -124,11 +152,13 @@ class ModelConfig:
             rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            attention_bias=bool(cfg.get("qkv_bias", True) if arch == "qwen2moe"  # Qwen2-MoE's name for it
+                                else cfg.get("attention_bias", arch == "qwen2")),
             # transformers < 5 writes rope_scaling; 5.x folds it (and rope_theta) into rope_parameters
             rope_scaling=cfg.get("rope_scaling") or cfg.get("rope_parameters"),
             name=str(cfg.get("_name_or_path", Path(path).name)),
             quantization=str(cfg.get("torch_dtype", cfg.get("dtype", "safetensors"))),
+            **family,
         )
         if arch == "phi3":
             out = _phi3_from_hf(out, cfg, Path(path))
@@ -193,3 +223,60 @@ def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_name
                    "attention_factor": None if factor is None else float(factor)}
     return replace(cfg, rope_scaling=scaling, rotary_dim=rotary_dim if rotary_dim != cfg.head_dim else None,
                    sliding_window=window or None)
+
+
+# -- per-family readers --------------------------------------------------------------------------------
+_QK_NORM = ("qwen3", "qwen3moe")  # the families with per-head q/k RMSNorm
+# llama.cpp's MoE graphs: Mixtral (arch "llama") and Qwen3-MoE renormalize the chosen experts' weights,
+# Qwen2-MoE does not; a file may say otherwise with {arch}.expert_weights_norm.
+_GGUF_MOE_RENORMALIZE = {"mixtral": True, "qwen3moe": True, "qwen2moe": False}
+
+
+def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_names: set[str]) -> dict[str, Any]:
+    def get(key: str) -> Any:
+        if f"{arch}.{key}" not in metadata:
+            raise ValueError(f"GGUF metadata lacks {arch}.{key}")
+        return metadata[f"{arch}.{key}"]
+
+    gating = int(metadata.get(f"{arch}.expert_gating_func", 1))  # llama.cpp: 1 softmax, 2 sigmoid
+    if gating != 1:
+        raise ValueError(f"GGUF {arch}.expert_gating_func {gating} is not supported (only 1, softmax)")
+    if float(metadata.get(f"{arch}.expert_weights_scale", 1.0)) != 1.0:
+        raise ValueError(f"GGUF {arch}.expert_weights_scale is not supported")
+    ff = int(get("feed_forward_length"))
+    return dict(
+        num_experts=int(get("expert_count")),
+        num_experts_per_tok=int(get("expert_used_count")),
+        moe_intermediate_size=int(metadata.get(f"{arch}.expert_feed_forward_length", ff)),  # Mixtral: ff
+        moe_renormalize=bool(metadata.get(f"{arch}.expert_weights_norm", _GGUF_MOE_RENORMALIZE[ours])),
+        shared_expert_intermediate_size=int(metadata.get(f"{arch}.expert_shared_feed_forward_length", 0))
+        if "blk.0.ffn_gate_shexp.weight" in tensor_names else 0,
+    )
+
+
+def _check_hf_features(cfg: dict[str, Any], arch: str, path: str | Path) -> None:
+    """Config features of the Qwen3 / MoE families that tokenmill does not implement: refuse, naming them."""
+    unsupported = []
+    if cfg.get("hidden_act", "silu") != "silu":
+        unsupported.append(f"hidden_act {cfg['hidden_act']!r}")
+    if cfg.get("use_sliding_window") or (arch == "mixtral" and cfg.get("sliding_window") is not None):
+        unsupported.append("sliding_window")
+    if cfg.get("mlp_only_layers"):
+        unsupported.append("mlp_only_layers (dense layers among the MoE ones)")
+    if int(cfg.get("decoder_sparse_step", 1)) != 1:
+        unsupported.append("decoder_sparse_step != 1 (dense layers among the MoE ones)")
+    if unsupported:
+        raise ValueError(f"{path}/config.json: {arch} with {', '.join(unsupported)} is not supported")
+
+
+def _hf_moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    # Qwen's configs say num_experts; transformers 5 writes Qwen3-MoE's as num_local_experts, as Mixtral's
+    num_experts = int(cfg.get("num_local_experts") or cfg["num_experts"])
+    if arch == "mixtral":  # softmax over all, top-k, renormalized (= softmax over the top-k logits)
+        return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["intermediate_size"]), moe_renormalize=True)
+    return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                moe_renormalize=bool(cfg.get("norm_topk_prob", False)),
+                shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
+                if arch == "qwen2moe" else 0)

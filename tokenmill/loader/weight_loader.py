@@ -4,6 +4,8 @@ For each `(name, tensor)` from a reader:
   1. the model may take it as an extra (e.g. stored rotary factors): `load_extra_weight`;
   2. a checkpoint module named in the model's `packed_modules_mapping` is renamed to the fused module it
      lives in, with its shard: `...self_attn.k_proj.weight` -> `...self_attn.qkv_proj.weight`, shard "k";
+     an entry with shard None only renames (Mixtral's `block_sparse_moe` -> `mlp`); every named part of
+     the name is mapped;
   3. the parameter's own `weight_loader(param, tensor, shard)` copies it in (a plain copy if it has none).
 A checkpoint that stores a fused module itself (phi3's `qkv_proj`, `gate_up_proj`) names our parameter
 directly: it arrives with shard None, all rows at once, and counts for every shard.
@@ -29,18 +31,17 @@ def load_weights(model: Any, weights: Iterable[tuple[str, Any]]) -> None:
     """`model`: an nn.Module with `packed_modules_mapping` and `load_extra_weight` (models/interface.py);
     `weights`: (name, tensor) pairs, a tensor being dense or a method's blocks (loader/weights.py)."""
     params: dict[str, nn.Parameter] = dict(model.named_parameters())
-    mapping: dict[str, tuple[str, str]] = model.packed_modules_mapping
+    mapping: dict[str, tuple[str, str | None]] = model.packed_modules_mapping
     loaded: set[tuple[str, str | None]] = set()
     for name, tensor in weights:
         if model.load_extra_weight(name, tensor):
             continue
-        target, shard = name, None
-        parts = name.split(".")
+        parts, shard = name.split("."), None
         for i, part in enumerate(parts):
             if part in mapping:
-                fused, shard = mapping[part]
-                target = ".".join(parts[:i] + [fused] + parts[i + 1 :])
-                break
+                parts[i], part_shard = mapping[part]
+                shard = part_shard if part_shard is not None else shard
+        target = ".".join(parts)
         param = params.get(target)
         if param is None:
             raise ValueError(f"unexpected weight {name}")
@@ -49,7 +50,7 @@ def load_weights(model: Any, weights: Iterable[tuple[str, Any]]) -> None:
         loaded.add((target, shard))
         if shard is None:  # the whole fused tensor: every shard's rows
             loaded.update((target, s) for s in getattr(param, "shard_ids", None) or [])
-    reverse = {(fused, shard): src for src, (fused, shard) in mapping.items()}
+    reverse = {(fused, shard): src for src, (fused, shard) in mapping.items() if shard is not None}
     missing: list[str] = []
     for pname, param in params.items():
         if not getattr(param, "is_required", True):

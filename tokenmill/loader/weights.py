@@ -1,7 +1,8 @@
 """Weight readers: yield (HF parameter name, tensor) pairs; the model's parameters decide what to do with them.
 
-The GGUF reader renames llama.cpp's tensors to the HF names (and undoes its q/k row permutation for the
-llama architecture); with `keep_quantized` it hands the chosen tensors through as their raw GGUF blocks
+The GGUF reader renames llama.cpp's tensors to the HF names of the model's family (and undoes its q/k row
+permutation for the llama architecture, Mixtral included; one 3-D expert tensor becomes one matrix per
+expert); with `keep_quantized` it hands the chosen tensors through as their raw GGUF blocks
 (`GGUFQuantized`), untouched by dequantisation, for a linear method that computes on them.
 """
 
@@ -48,6 +49,20 @@ _GGUF_TO_HF = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+}
+# Mixture-of-experts tensors, by family: a 3-D `*_exps` tensor is num_experts stacked (out, in) matrices,
+# yielded one per expert under the HF name with {e} filled in.
+_GGUF_TO_HF_QWEN_MOE = {
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{e}.up_proj", "ffn_down_exps": "mlp.experts.{e}.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+}
+_GGUF_TO_HF_MOE = {
+    "qwen3moe": _GGUF_TO_HF_QWEN_MOE, "qwen2moe": _GGUF_TO_HF_QWEN_MOE,
+    "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
+                "ffn_up_exps": "block_sparse_moe.experts.{e}.w3", "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"},
 }
 # where an architecture's tensor holds something else under the same name
 _GGUF_TO_HF_BY_ARCH = {
@@ -78,6 +93,9 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
         hf_name, n_head = _hf_name(name, cfg, permuted)
         info = gf.tensors[name]
+        if "{e}" in hf_name:
+            yield from _expert_weights(gf, info, hf_name, keep_quantized)
+            continue
         if keep_quantized is not None and keep_quantized(hf_name, info):
             raw = gf.raw(name)  # (rows, bytes per row), a view: whole rows permute like dequantised ones
             release: Callable[[], None] = functools.partial(gf.release, info.offset, info.num_bytes)
@@ -90,7 +108,27 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
         w = gf.load(name)
         if n_head:
             w = _unpermute(w, n_head)
+        if hf_name.endswith("shared_expert_gate.weight") and w.ndim == 1:  # llama.cpp's (d,) for HF's (1, d)
+            w = w[None]
         yield hf_name, torch.from_numpy(np.ascontiguousarray(w))
+
+
+def _expert_weights(gf: GGUFFile, info: TensorInfo, template: str, keep_quantized: KeepQuantized | None,
+                    ) -> Iterator[tuple[str, torch.Tensor | GGUFQuantized]]:
+    """A (num_experts, out, in) tensor as one (out, in) matrix per expert: its raw rows sliced (no copy)
+    where kept quantized, else dequantized."""
+    num_experts, out = info.shape[0], info.shape[1]
+    if keep_quantized is not None and keep_quantized(template, info):
+        raw = gf.raw(info.name)  # (num_experts * out, bytes per row): expert e is rows [e out, (e + 1) out)
+        nbytes = out * raw.shape[1]
+        for e in range(num_experts):
+            release = functools.partial(gf.release, info.offset + e * nbytes, nbytes)
+            yield template.format(e=e), GGUFQuantized(raw[e * out : (e + 1) * out], info.ggml_type, info.shape[1:],
+                                                      release)
+        return
+    w = gf.load(info.name)
+    for e in range(num_experts):
+        yield template.format(e=e), torch.from_numpy(np.ascontiguousarray(w[e]))
 
 
 def nothing() -> None:
@@ -107,8 +145,14 @@ def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
         return "lm_head.weight", 0
     if name in _GGUF_EXTRAS:
         return _GGUF_EXTRAS[name], 0
+    if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", name):
+        raise ValueError(f"GGUF tensor {name}: one tensor per expert is llama.cpp's old Mixtral layout, not "
+                         "supported; a file converted by a current llama.cpp stacks them (ffn_gate_exps)")
     if m := re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name):
         layer, part, kind = m.groups()
+        moe = _GGUF_TO_HF_MOE.get(cfg.architecture, {})
+        if part in moe:
+            return f"model.layers.{layer}.{moe[part]}.{kind}", 0
         table = _GGUF_TO_HF | _GGUF_TO_HF_BY_ARCH.get(cfg.architecture, {})
         if part not in table:
             raise ValueError(f"unexpected GGUF tensor {name}")

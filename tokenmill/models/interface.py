@@ -10,8 +10,9 @@ from tokenmill.attention.backend import AttentionContext
 
 
 class CausalLM(Protocol):
-    # checkpoint module name -> (this model's fused module, its shard), e.g. "q_proj" -> ("qkv_proj", "q")
-    packed_modules_mapping: dict[str, tuple[str, str]]
+    # checkpoint module name -> (this model's fused module, its shard), e.g. "q_proj" -> ("qkv_proj", "q");
+    # shard None: a plain rename
+    packed_modules_mapping: dict[str, tuple[str, str | None]]
 
     def named_parameters(self) -> object: ...  # nn.Module's: the loader finds parameters by checkpoint name
 

@@ -1,4 +1,6 @@
-"""Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2), device-free, with fused QKV and gate/up.
+"""Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3), device-free, with fused QKV and gate/up.
+
+Qwen3 is Llama with `cfg.qk_norm`: each q and k head RMS-normalized (its own weight) before rotary.
 
 Parameter names follow the HF checkpoints, with q/k/v fused into `qkv_proj` and gate/up into
 `gate_up_proj` (`packed_modules_mapping` tells the loader which checkpoint tensor goes into which rows).
@@ -14,9 +16,10 @@ import torch
 from torch import nn
 
 from tokenmill.attention.backend import AttentionContext
-from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.embedding import VocabEmbedding
+from tokenmill.layers.head_norm import HeadRMSNorm
 from tokenmill.layers.linear import Linear, LinearMethod
+from tokenmill.layers.mlp import GatedMLP
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, attention_factor, inv_frequencies, rotate_
 from tokenmill.loader.model_config import ModelConfig
@@ -31,38 +34,36 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(d, q + 2 * kv, method, bias=cfg.attention_bias, shards={"q": q, "k": kv, "v": kv})
         self.o_proj = Linear(q, d, method)
         self.scale = self.hd ** -0.5
+        self.q_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
         """h: (T, D) normed hidden -> (T, D)."""
         T = h.shape[0]
         qkv = self.qkv_proj(h)  # (T, (nh + 2 nkv) hd)
         qk, v = qkv.split([(self.nh + self.nkv) * self.hd, self.nkv * self.hd], dim=-1)
-        qk = rotate_(qk.view(T, self.nh + self.nkv, self.hd), rope)  # q and k heads are adjacent: one pass
+        qk = qk.view(T, self.nh + self.nkv, self.hd)
+        if self.q_norm is not None and self.k_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, : self.nh]), self.k_norm(qk[:, self.nh :])], dim=1)
+        qk = rotate_(qk, rope)  # q and k heads are adjacent: one pass
         q, k = qk[:, : self.nh], qk[:, self.nh :]
         v = v.view(T, self.nkv, self.hd)
         o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale)
         return self.o_proj(o.reshape(T, -1))
 
 
-class LlamaMLP(nn.Module):
+class LlamaMLP(GatedMLP):
     def __init__(self, cfg: ModelConfig, method: LinearMethod) -> None:
-        super().__init__()
-        d, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_up_proj = Linear(d, 2 * i, method, shards={"gate": i, "up": i})
-        self.act = SiluAndMul()
-        self.down_proj = Linear(i, d, method)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(h)))
+        super().__init__(cfg.hidden_size, cfg.intermediate_size, method)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod, mlp: nn.Module) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg, layer_idx, method)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg, method)
+        self.mlp = mlp  # (T, D) -> (T, D): LlamaMLP, or a mixture of experts (models/moe.py)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTables,
                 attn: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,10 +79,10 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, method: LinearMethod) -> None:
+    def __init__(self, cfg: ModelConfig, method: LinearMethod, mlps: list[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method, mlps[i]) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -89,7 +90,7 @@ class LlamaForCausalLM(nn.Module):
     """The `CausalLM` of the llama family (models/interface.py)."""
 
     # checkpoint module name -> (our fused module, its shard)
-    packed_modules_mapping = {
+    packed_modules_mapping: dict[str, tuple[str, str | None]] = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
         "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
     }
@@ -98,7 +99,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.max_positions = max_positions
-        self.model = LlamaModel(cfg, method)
+        self.model = LlamaModel(cfg, method, [self.make_mlp(cfg, method) for _ in range(cfg.num_layers)])
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, method)
         if cfg.tie_word_embeddings:  # filled from the embedding at finish_loading; nothing to allocate now
             self.lm_head.weight.data = torch.empty(0)
@@ -108,6 +109,10 @@ class LlamaForCausalLM(nn.Module):
                 m.weight.is_required = False  # type: ignore[attr-defined]
         self.rope: RotaryEmbedding | None = None
         self._rope_freqs: torch.Tensor | None = None
+
+    def make_mlp(self, cfg: ModelConfig, method: LinearMethod) -> nn.Module:
+        """One layer's feed-forward block; a subclass may return another (T, D) -> (T, D) module."""
+        return LlamaMLP(cfg, method)
 
     # -- weights ---------------------------------------------------------------------------------------
     def load_extra_weight(self, name: str, tensor: torch.Tensor) -> bool:

@@ -101,13 +101,23 @@ def type_name(ggml_type: int) -> str:
     return _lib().tm_type_name(ggml_type).decode()
 
 
+_F32 = 0  # GGML_TYPE_F32: ggml has no to_float for it (a null pointer), so it cannot be "dequantized"
+
+
+def _check_not_f32(ggml_type: int) -> None:
+    if ggml_type == _F32:
+        raise ValueError("ggml cannot dequantize F32 rows (they are the values already)")
+
+
 def get_rows(ggml_type: int, data_ptr: int, k: int, ids_ptr: int, n: int, out_ptr: int) -> None:
-    """Dequantize rows ids[0..n) (int64 at ids_ptr) of a (rows, k) matrix into out (n, k) fp32."""
+    """Dequantize rows ids[0..n) (int64 at ids_ptr) of a (rows, k) matrix into out (n, k) fp32 (not F32)."""
+    _check_not_f32(ggml_type)
     _lib().tm_get_rows(ggml_type, data_ptr, k, ids_ptr, n, out_ptr)
 
 
 def dequantize(ggml_type: int, data_ptr: int, rows: int, k: int, out_ptr: int, n_threads: int = 1) -> None:
-    """(rows, k) blocks at data_ptr -> (rows, k) fp32 at out_ptr."""
+    """(rows, k) blocks at data_ptr -> (rows, k) fp32 at out_ptr (not F32)."""
+    _check_not_f32(ggml_type)
     _lib().tm_dequantize(ggml_type, data_ptr, rows, k, out_ptr, n_threads)
 
 

@@ -20,14 +20,15 @@ from tokenmill.worker.worker_config import WorkerConfig
 
 
 def keep_blocks(method: LinearMethod) -> KeepQuantized | None:
-    """Which GGUF tensors the method takes as their blocks: under gguf every matrix (2-D tensor), except
-    unquantized ones when it requantizes (those come dense and are quantized at load)."""
+    """Which GGUF tensors the method takes as their blocks: under gguf every matrix (2-D tensor, or a 3-D
+    stack of experts' matrices), except unquantized ones when it requantizes (those come dense and are
+    quantized at load)."""
     if not method.keeps_blocks:
         return None
     requant = getattr(method, "requant_type", None)
 
     def keep(name: str, info: TensorInfo) -> bool:
-        return len(info.shape) == 2 and (requant is None or info.ggml_type.name.lower() not in UNQUANTIZED_TYPES)
+        return len(info.shape) in (2, 3) and (requant is None or info.ggml_type.name.lower() not in UNQUANTIZED_TYPES)
     return keep
 
 

@@ -1,0 +1,24 @@
+"""The gated MLP: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tokenmill.layers.activation import SiluAndMul
+from tokenmill.layers.linear import Linear, LinearMethod
+
+
+class GatedMLP(nn.Module):
+    """(T, hidden) -> (T, hidden) through `intermediate` SwiGLU units. Parameters gate_up_proj (the
+    checkpoint's gate_proj | up_proj rows) and down_proj."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, method: LinearMethod) -> None:
+        super().__init__()
+        d, i = hidden_size, intermediate_size
+        self.gate_up_proj = Linear(d, 2 * i, method, shards={"gate": i, "up": i})
+        self.act = SiluAndMul()
+        self.down_proj = Linear(i, d, method)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(h)))

@@ -1,0 +1,75 @@
+"""A sparse mixture-of-experts MLP: a router picks top_k of num_experts gated MLPs per token.
+
+    logits = gate(x)                       (T, E)   the router, a Linear like any other
+    probs  = softmax(logits)               (T, E)   in float32
+    w, ids = topk(probs, k)                (T, k)   renormalized to sum to 1 where the family does
+    y[t]   = sum_j w[t, j] * expert[ids[t, j]](x[t])
+           (+ sigmoid(shared_gate(x[t])) * shared_expert(x[t]), Qwen2-MoE)
+
+Mixtral's rule (softmax over the top-k logits) is softmax, top-k, renormalize; Qwen3-MoE renormalizes
+when norm_topk_prob, Qwen2-MoE does not.
+
+Grouped by expert: the T*k (token, choice) slots are sorted by expert id (stably: token order within an
+expert), each expert that has slots multiplies its rows in one batch, and the results are put back in
+slot order and summed over the k choices:
+
+    ids (T, k) -> flat (T k,) -> order = argsort(flat)         slots grouped: [e0 e0 e0 | e1 | e3 e3 ...]
+    x[order // k] -> expert e on its contiguous run of rows -> y[order] = out -> (T, k, D) -> weighted sum
+
+A token's result depends only on its own row (its routing and its experts' rows), not on which other
+tokens share the step. Each expert is a GatedMLP of Linear layers, so its weights stay in whatever form
+the linear method keeps (GGUF blocks included).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tokenmill.layers.linear import Linear, LinearMethod
+from tokenmill.layers.mlp import GatedMLP
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, renormalize: bool,
+                 method: LinearMethod, shared_intermediate_size: int = 0) -> None:
+        super().__init__()
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"{top_k} experts per token out of {num_experts}")
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.gate = Linear(hidden_size, num_experts, method)  # the router
+        self.experts = nn.ModuleList(GatedMLP(hidden_size, intermediate_size, method) for _ in range(num_experts))
+        self.shared_expert: GatedMLP | None = None
+        self.shared_expert_gate: Linear | None = None
+        if shared_intermediate_size:
+            self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, method)
+            self.shared_expert_gate = Linear(hidden_size, 1, method)
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h (T, D) -> the chosen experts' weights (T, k) float32 and ids (T, k) int64."""
+        probs = torch.softmax(self.gate(h).float(), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h (T, D) -> (T, D)."""
+        T, D = h.shape
+        weights, ids = self.route(h)
+        flat = ids.flatten()  # (T k,): slot s is token s // k, choice s % k
+        order = torch.argsort(flat, stable=True)  # slots grouped by expert
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        x = h.index_select(0, order // self.top_k)  # (T k, D), expert by expert
+        out = torch.empty_like(x)
+        start = 0
+        for e, n in enumerate(counts):  # one batched call per expert that has tokens
+            if n:
+                out[start : start + n] = self.experts[e](x[start : start + n])
+                start += n
+        y = torch.empty_like(out)
+        y[order] = out  # back to slot order
+        mixed = (y.view(T, self.top_k, D) * weights.unsqueeze(-1).to(y.dtype)).sum(dim=1)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            mixed = mixed + torch.sigmoid(self.shared_expert_gate(h)) * self.shared_expert(h)
+        return mixed
