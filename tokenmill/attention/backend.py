@@ -7,6 +7,11 @@ mirror wants them in its row order); it says how in `AttentionMetadata.decode_or
 lays out the step's tokens in that order.
 
 KV cache per layer: (k_cache, v_cache), each (num_blocks, block_size, num_kv_heads, head_dim).
+
+Sliding window: a layer may attend over a window of W keys (Mistral's, Gemma's local layers): the query
+at position p sees keys in (p - W, p] (HF's and llama.cpp's rule), W == 0 meaning all of [0, p]. The
+window is a per-layer argument of `forward`; what a backend derives from it per step (masks, first key
+positions) it keeps in `AttentionMetadata.window_cache`, built by the first layer that asks.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None = None  # (D,) int64: keys each decode attends to (start + 1)
     decode_order: list[int] = field(default_factory=list)  # i-th decode token = step.decodes[order[i]]
     extra: object | None = None  # backend-specific per-step state (the decode mirror's rows)
+    window_cache: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (what, W) -> tensor
 
 
 @dataclass
@@ -75,9 +81,10 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float,
+                sliding_window: int = 0) -> torch.Tensor:
         """q (T, nh, hd), k and v (T, nkv, hd) of this step's tokens: write k, v to their cache slots, then
-        attend. Returns (T, nh, hd)."""
+        attend (over the last `sliding_window` keys of each query when > 0). Returns (T, nh, hd)."""
 
     def release(self, req_ids: set[str]) -> None:
         """These requests are finished: drop any state kept for them."""

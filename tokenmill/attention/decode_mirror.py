@@ -170,17 +170,24 @@ class MirrorAttentionBackend(PagedAttentionBackend):
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float) -> None:
+                         scale: float, window: int = 0) -> None:
         m = meta.extra
         if not isinstance(m, MirrorStep):
-            super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale)
+            super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window)
             return
         d = meta.num_decodes
         kb, vb = m.k[layer_idx], m.v[layer_idx]  # (S, nkv, cap, hd)
         kb[m.slots, :, m.positions] = k[:d]  # append this step's token to each row
         vb[m.slots, :, m.positions] = v[:d]
         qd = q[:d].unsqueeze(2)  # (D, nh, 1, hd)
-        o = F.scaled_dot_product_attention(qd, kb[:d, :, : m.max_len], vb[:d, :, : m.max_len], attn_mask=m.mask,
+        mask = m.mask
+        if window > 0:  # row position p is key p; the decode at `positions` sees (positions - W, positions]
+            mask = meta.window_cache.get(("mirror_mask", window))  # type: ignore[assignment]
+            if mask is None:
+                keys = torch.arange(m.max_len, device=m.positions.device)[None, :]
+                mask = m.mask & (keys > m.positions[:, None] - window)[:, None, None, :]
+                meta.window_cache[("mirror_mask", window)] = mask
+        o = F.scaled_dot_product_attention(qd, kb[:d, :, : m.max_len], vb[:d, :, : m.max_len], attn_mask=mask,
                                            scale=scale, enable_gqa=True)
         out[:d] = o.squeeze(2)
 

@@ -57,27 +57,60 @@ def prefill_chunks(prefills: list[ScheduledSeq], q_offset: int, device: torch.de
 
 
 def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, chunks: list[PrefillChunk], scale: float) -> None:
-    """Each chunk attends over its cached prefix plus itself (causal); results go into `out` (T, nh, hd)."""
+                      v_cache: torch.Tensor, chunks: list[PrefillChunk], scale: float, window: int = 0) -> None:
+    """Each chunk attends over its cached prefix plus itself (causal; with window W > 0 over the last W
+    keys of each query only); results go into `out` (T, nh, hd)."""
     nkv, hd = k.shape[1], k.shape[2]
     bs = k_cache.shape[1]
     for c in chunks:
         # 4-D (1, heads, len, hd): with 3-D inputs SDPA falls back to its math kernel on CPU, measured
         # 2x (fp32) to 13x (bf16) slower than the flash kernel it picks for 4-D ones
         qs = q[c.q_start : c.q_start + c.q_len].transpose(0, 1)[None]  # (1, nh, q_len, hd)
+        qpos = torch.arange(c.start, c.start + c.q_len, device=q.device)
         if c.start == 0:  # no cached prefix: the chunk's own K/V, causal
             ks = k[c.q_start : c.q_start + c.q_len].transpose(0, 1)[None]
             vs = v[c.q_start : c.q_start + c.q_len].transpose(0, 1)[None]
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
-        else:  # cached prefix + chunk: gather the blocks, causal with an offset
+            if window <= 0 or c.q_len <= window:  # the window covers the whole chunk
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+            else:
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=_causal_mask(qpos, qpos, window),
+                                                   scale=scale, enable_gqa=True)
+        else:  # cached prefix + chunk: gather the blocks from the first one the window reaches
             ctx = c.start + c.q_len
-            nb = -(-ctx // bs)  # ks, vs: (1, nkv, ctx, hd)
-            ks = gather_blocks(k_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)[None]
-            vs = gather_blocks(v_cache, c.block_table[:nb]).view(-1, nkv, hd)[:ctx].transpose(0, 1)[None]
-            qpos = torch.arange(c.start, ctx, device=q.device)
-            mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]  # (q_len, ctx)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+            first = max(0, c.start - window + 1) // bs if window > 0 else 0  # blocks before it are unseen
+            nb = -(-ctx // bs)
+            k0 = first * bs  # ks, vs: (1, nkv, ctx - k0, hd), keys at positions [k0, ctx)
+            ks = gather_blocks(k_cache, c.block_table[first:nb]).view(-1, nkv, hd)[: ctx - k0].transpose(0, 1)[None]
+            vs = gather_blocks(v_cache, c.block_table[first:nb]).view(-1, nkv, hd)[: ctx - k0].transpose(0, 1)[None]
+            kpos = torch.arange(k0, ctx, device=q.device)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=_causal_mask(qpos, kpos, window), scale=scale,
+                                               enable_gqa=True)
         out[c.q_start : c.q_start + c.q_len] = o[0].transpose(0, 1)
+
+
+def _causal_mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int) -> torch.Tensor:
+    """(q_len, k_len) bool, True where query position qpos[i] sees key position kpos[j]: j's position is
+    not after i's, and (window W > 0) within the last W: qpos - W < kpos <= qpos."""
+    mask = kpos[None, :] <= qpos[:, None]
+    if window > 0:
+        mask &= kpos[None, :] > qpos[:, None] - window
+    return mask
+
+
+def window_decode_mask(meta: AttentionMetadata, num_keys: int, window: int) -> torch.Tensor:
+    """(D, 1, 1, num_keys) bool for the decodes, key index == position: True where 0 <= position <
+    context_len and, with window W > 0, position >= context_len - W. Built once per step and window."""
+    key = ("decode_mask", window)
+    mask = meta.window_cache.get(key)
+    if mask is None or mask.shape[-1] != num_keys:
+        lens = meta.decode_context_lens
+        assert lens is not None
+        keys = torch.arange(num_keys, device=lens.device)[None, :]
+        m = keys < lens[:, None]
+        if window > 0:
+            m &= keys >= lens[:, None] - window
+        mask = meta.window_cache[key] = m[:, None, None, :]
+    return mask
 
 
 class PagedAttentionBackend(AttentionBackend):
@@ -98,9 +131,12 @@ class PagedAttentionBackend(AttentionBackend):
             max_blocks = max(len(s.block_table) for s in decodes)
             tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in decodes]
             decode_tables = torch.tensor(tables, dtype=torch.long, device=dev)
-            ctx = torch.tensor([s.start + 1 for s in decodes], device=dev)
+            ctx = torch.tensor([s.start + 1 for s in decodes], dtype=torch.long, device=dev)
             decode_mask = (torch.arange(max_blocks * bs, device=dev)[None, :] < ctx[:, None])[:, None, None, :]
-        return self._metadata(step, list(range(len(decodes))), decode_tables, decode_mask)
+        meta = self._metadata(step, list(range(len(decodes))), decode_tables, decode_mask)
+        if decodes:
+            meta.decode_context_lens = ctx
+        return meta
 
     def _metadata(self, step: AttentionStep, order: list[int], decode_tables: torch.Tensor | None,
                   decode_mask: torch.Tensor | None, extra: object | None = None) -> AttentionMetadata:
@@ -112,25 +148,29 @@ class PagedAttentionBackend(AttentionBackend):
             prefills=prefill_chunks(step.prefills, len(decodes), self.device), decode_order=order, extra=extra)
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float,
+                sliding_window: int = 0) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)
         d = meta.num_decodes
         if d:
-            self.decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale)
-        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, scale)
+            self.decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, sliding_window)
+        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, scale, sliding_window)
         return out
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float) -> None:
-        """The first num_decodes tokens: one query each over its gathered blocks -> out[:D]."""
+                         scale: float, window: int = 0) -> None:
+        """The first num_decodes tokens: one query each over its gathered blocks -> out[:D]. Keys outside
+        a window are masked (a block that left it may since hold another request's K/V: masked, it
+        weighs 0, and the cache is zero-initialised, so no stale NaN can reach the sum)."""
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         d, nkv, hd = meta.num_decodes, k.shape[1], k.shape[2]
         tables = meta.decode_block_tables
         kd = gather_blocks(kv_cache[0], tables).view(d, -1, nkv, hd).transpose(1, 2)  # (D, nkv, L, hd)
         vd = gather_blocks(kv_cache[1], tables).view(d, -1, nkv, hd).transpose(1, 2)
         qd = q[:d].unsqueeze(2)  # (D, nh, 1, hd)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
+        mask = meta.decode_mask if window <= 0 else window_decode_mask(meta, kd.shape[2], window)
+        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=True)
         out[:d] = o.squeeze(2)

@@ -74,6 +74,12 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
         "use_cache": True,
         "torch_dtype": "float32",
     }
+    if cfg.architecture == "gemma3":
+        for key in ("hidden_act", "rope_theta", "rope_scaling"):  # its own forms of these follow
+            del out[key]
+        out.update(_gemma3_config(cfg))
+    elif cfg.sliding_window:  # Mistral's window: every layer
+        out["sliding_window"] = cfg.sliding_window
     if model_type == "llama":
         # Llama's attention_bias also adds an o_proj bias, which no GGUF llama we load has
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
@@ -131,6 +137,24 @@ def _hf_moe_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
             raise NotImplementedError("Qwen2-MoE without a shared expert has no HF config form")
         out["shared_expert_intermediate_size"] = cfg.shared_expert_intermediate_size
     return out
+
+
+def _gemma3_config(cfg: ModelConfig) -> dict[str, Any]:
+    """Gemma3TextConfig's own fields (transformers 5 form: per-layer-type rope parameters)."""
+    full: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if (scaling := hf_rope_scaling(cfg)) is not None:
+        full.update(scaling)
+    return {
+        "hidden_activation": cfg.hidden_act,
+        "query_pre_attn_scalar": cfg.query_pre_attn_scalar,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": list(cfg.layer_types),
+        "rope_parameters": {"full_attention": full,
+                            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_theta}},
+        "final_logit_softcapping": cfg.final_logit_softcapping or None,
+        "attn_logit_softcapping": None,
+        "attention_bias": cfg.attention_bias,
+    }
 
 
 def hf_tokenizer_files(tok: Tokenizer, md: dict[str, Any], max_len: int) -> tuple[str, dict[str, Any]]:

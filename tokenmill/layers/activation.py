@@ -1,4 +1,4 @@
-"""Gated activation of the MLP: silu(gate) * up from the fused gate|up projection."""
+"""Gated activations of the MLP, from the fused gate|up projection: silu(gate) * up, gelu_tanh(gate) * up."""
 
 from __future__ import annotations
 
@@ -24,3 +24,12 @@ class SiluAndMul(nn.Module):
                 return out
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class GeluTanhAndMul(nn.Module):
+    """(T, 2I) = gate | up -> gelu(gate, tanh approximation) * up, (T, I): Gemma's MLP (HF's
+    "gelu_pytorch_tanh")."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up

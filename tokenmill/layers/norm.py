@@ -3,6 +3,10 @@
 The decoder's residual stream (as in vLLM): each norm gets the sublayer output x and the running residual,
 adds x into the residual and normalizes the sum, in one pass when the native kernel takes the tensors
 (CPU, fp32 or bf16; tokenmill/native/kernels.py), otherwise with torch.
+
+`unit_offset` (Gemma's form): the checkpoint stores w and the scale is (1 + w). The parameter always holds
+the scale itself (its loader adds the 1), so the kernels and the fused add see one form. The same norm
+serves per-head q/k norms: a (T, heads, head_dim) input is normalized over head_dim.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from tokenmill.native import kernels
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)  # the scale: ones == checkpoint 0s
         self.eps = eps
         self.use_native = kernels.is_enabled()  # decided once (TOKENMILL_NATIVE_KERNELS=0: torch)
+        if unit_offset:
+            self.weight.weight_loader = _load_unit_offset  # type: ignore[attr-defined]
 
     @overload
     def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
@@ -33,7 +39,10 @@ class RMSNorm(nn.Module):
                 residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (T, dim) -> rmsnorm(x) * weight. With a residual (T, dim): residual + x, normalized; returns
         (normed, new residual). The native path adds into `residual` in place and returns it, the torch
-        path returns a new tensor: use the returned residual, never the one passed in."""
+        path returns a new tensor: use the returned residual, never the one passed in. Without a residual
+        x may have more dims, (..., dim), e.g. (T, heads, head_dim) for a per-head norm."""
+        if residual is None and x.dim() != 2:
+            return self.forward(x.reshape(-1, x.shape[-1])).view(x.shape)
         if self.use_native:
             out = kernels.add_rms_norm(x, residual, self.weight, self.eps)
             if out is not None:
@@ -42,3 +51,10 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         residual = residual + x
         return F.rms_norm(residual, (x.shape[-1],), self.weight, self.eps), residual
+
+
+def _load_unit_offset(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
+    """A checkpoint's w of a (1 + w) norm -> the scale 1 + w, computed in fp32 as HF does."""
+    if param.data.shape != tensor.shape:
+        raise ValueError(f"norm weight has shape {tuple(tensor.shape)}, expected {tuple(param.data.shape)}")
+    param.data.copy_(tensor.to(torch.float32) + 1.0)

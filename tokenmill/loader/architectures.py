@@ -35,6 +35,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     # llama.cpp writes Mixtral as general.architecture "llama", with expert tensors (blk.N.ffn_gate_exps)
     Architecture("mixtral", _MOE, ("llama",), ("MixtralForCausalLM",), "mixtral", is_moe=True),
     Architecture("phi3", "tokenmill.models.phi3:Phi3ForCausalLM", ("phi3",), ("Phi3ForCausalLM",), "phi3"),
+    Architecture("gemma3", "tokenmill.models.gemma3:Gemma3ForCausalLM", ("gemma3",), ("Gemma3ForCausalLM",),
+                 "gemma3_text"),
 ]}
 
 

@@ -28,9 +28,12 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     name: str = ""
     quantization: str = "none"  # how the weights are stored on disk, e.g. "GGUF Q4_1"
-    # phi3 (models/phi3.py) sets these; each means the same for any family that reads it
+    hidden_act: str = "silu"  # the MLP's gate activation (HF hidden_act / hidden_activation)
+    # phi3 (models/phi3.py) sets rotary_dim; each means the same for any family that reads it
     rotary_dim: int | None = None  # leading dims of each head that rotate (partial rotary); None: head_dim
-    sliding_window: int | None = None  # a query sees this many keys, itself included; None: all before it
+    # sliding-window attention (Mistral, Phi-3: every layer; Gemma 3: its local layers)
+    sliding_window: int | None = None  # W: a windowed layer's query at p sees W keys, (p - W, p]; None: all
+    layer_types: tuple[str, ...] = ()  # per layer "sliding_attention" | "full_attention"; () and W: all windowed
     # Qwen3, Qwen3-MoE: RMSNorm over head_dim on each q and k head, before rotary
     qk_norm: bool = False
     # mixture of experts (Qwen3-MoE, Qwen2-MoE, Mixtral): every layer's MLP is num_experts experts of
@@ -40,6 +43,24 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     moe_renormalize: bool = False  # the chosen experts' softmax weights are rescaled to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert behind a sigmoid gate; 0: none
+    # Gemma 3
+    rope_local_theta: float = 0.0  # rotary base of the local (windowed) layers; rope_theta is the global one
+    query_pre_attn_scalar: float = 0.0  # attention scale = query_pre_attn_scalar ** -0.5; 0: head_dim ** -0.5
+    final_logit_softcapping: float = 0.0  # logits = cap * tanh(logits / cap); 0: none
+
+    def layer_windows(self) -> list[int]:
+        """Each layer's sliding window (0: the layer attends to every earlier key)."""
+        if not self.sliding_window:  # None (or a GGUF's 0): no window
+            return [0] * self.num_layers
+        if not self.layer_types:
+            return [self.sliding_window] * self.num_layers
+        return [self.sliding_window if t == "sliding_attention" else 0 for t in self.layer_types]
+
+    @property
+    def uniform_window(self) -> int:
+        """W when every layer is windowed by W (then KV older than the window is never read again), else 0."""
+        windows = set(self.layer_windows())
+        return windows.pop() if len(windows) == 1 else 0
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
@@ -52,6 +73,8 @@ class ModelConfig:
         matmuls = sum(n * k for n, k in self._layer_shapes(active))
         per_layer = matmuls + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
+        if self.architecture == "gemma3":  # pre- and post-norms around both sublayers, per-head q/k norms
+            per_layer += 2 * d + 2 * self.head_dim
         return self.num_layers * per_layer + bias + v * d * (1 if self.tie_word_embeddings else 2) + d
 
     def linear_shapes(self) -> list[tuple[int, int]]:
@@ -99,6 +122,11 @@ class ModelConfig:
                                 int(metadata.get(f"{arch}.rope.scaling.original_context_length", 0))}
         if "rope_freqs.weight" in tensor_names:
             rope_scaling = {"rope_type": "gguf_rope_freqs"}  # per-frequency factors stored as a tensor
+        family: dict[str, Any] = {}
+        if ours.name == "gemma3":
+            family = _gemma3_gguf(metadata, arch)
+        elif ours.name == "mistral" and f"{arch}.attention.sliding_window" in metadata:  # a GGUF that kept it
+            family = {"sliding_window": int(metadata[f"{arch}.attention.sliding_window"])}
         cfg = cls(
             architecture=ours.name,
             vocab_size=int(vocab),
@@ -118,6 +146,7 @@ class ModelConfig:
             quantization=quantization,
             qk_norm=ours.name in _QK_NORM,  # a file without the norms then fails at load, naming them
             **(_gguf_moe_fields(metadata, arch, ours.name, tensor_names) if ours.is_moe else {}),
+            **family,
         )
         if ours.name == "phi3":
             cfg = _phi3_from_gguf(cfg, metadata, arch, tensor_names)
@@ -139,6 +168,20 @@ class ModelConfig:
             family["qk_norm"] = arch in _QK_NORM
         if architectures.get(arch).is_moe:
             family.update(_hf_moe_fields(cfg, arch))
+        common: dict[str, Any] = dict(
+            rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+            # transformers < 5 writes rope_scaling; 5.x folds it (and rope_theta) into rope_parameters
+            rope_scaling=cfg.get("rope_scaling") or cfg.get("rope_parameters"),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            hidden_act=str(cfg.get("hidden_act", "silu")),
+        )
+        try:
+            if arch == "gemma3":
+                common.update(_gemma3_hf(cfg))
+            else:
+                common.update(_sliding_window_hf(cfg, arch))
+        except ValueError as e:
+            raise ValueError(f"{path}/config.json: {e}") from None
         out = cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -149,16 +192,13 @@ class ModelConfig:
             num_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
             head_dim=int(cfg.get("head_dim") or hidden // n_heads),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("qkv_bias", True) if arch == "qwen2moe"  # Qwen2-MoE's name for it
                                 else cfg.get("attention_bias", arch == "qwen2")),
-            # transformers < 5 writes rope_scaling; 5.x folds it (and rope_theta) into rope_parameters
-            rope_scaling=cfg.get("rope_scaling") or cfg.get("rope_parameters"),
             name=str(cfg.get("_name_or_path", Path(path).name)),
             quantization=str(cfg.get("torch_dtype", cfg.get("dtype", "safetensors"))),
             **family,
+            **common,
         )
         if arch == "phi3":
             out = _phi3_from_hf(out, cfg, Path(path))
@@ -225,7 +265,7 @@ def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_name
                    sliding_window=window or None)
 
 
-# -- per-family readers --------------------------------------------------------------------------------
+# -- per-family readers: each returns the ModelConfig fields its family sets ---------------------------
 _QK_NORM = ("qwen3", "qwen3moe")  # the families with per-head q/k RMSNorm
 # llama.cpp's MoE graphs: Mixtral (arch "llama") and Qwen3-MoE renormalize the chosen experts' weights,
 # Qwen2-MoE does not; a file may say otherwise with {arch}.expert_weights_norm.
@@ -280,3 +320,73 @@ def _hf_moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
                 moe_renormalize=bool(cfg.get("norm_topk_prob", False)),
                 shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
                 if arch == "qwen2moe" else 0)
+
+
+def _sliding_window_hf(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """Mistral's `sliding_window` windows every layer (HF masks with it whenever it is set)."""
+    if arch == "mistral" and cfg.get("sliding_window"):
+        return {"sliding_window": int(cfg["sliding_window"])}
+    if arch == "qwen2" and cfg.get("use_sliding_window"):
+        raise ValueError("Qwen2's use_sliding_window (windows from max_window_layers on) is not supported")
+    return {}
+
+
+def _gemma3_pattern(num_layers: int, pattern: int) -> tuple[str, ...]:
+    """HF's and llama.cpp's rule: every `pattern`-th layer (the last of each group) is global."""
+    return tuple("sliding_attention" if pattern and (i + 1) % pattern else "full_attention"
+                 for i in range(num_layers))
+
+
+def _gemma3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma3TextConfig: layer types (or sliding_window_pattern), per-type rope parameters, attention scalar."""
+    for key in ("attn_logit_softcapping",):
+        if cfg.get(key) is not None:
+            raise ValueError(f"gemma3 {key} is not supported")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("gemma3 use_bidirectional_attention is not supported")
+    n = int(cfg["num_hidden_layers"])
+    types = tuple(cfg.get("layer_types") or _gemma3_pattern(n, int(cfg.get("sliding_window_pattern", 6))))
+    if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
+        raise ValueError(f"gemma3 layer_types {types} are not {n} of sliding_attention / full_attention")
+    params = cfg.get("rope_parameters") or {}
+    full = dict(params.get("full_attention") or {})
+    local = dict(params.get("sliding_attention") or {})
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"gemma3 rope scaling {local['rope_type']!r} on the local layers is not supported")
+    theta = float(full.pop("rope_theta", cfg.get("rope_theta", 1_000_000.0)))
+    scaling = full if full.get("rope_type", "default") != "default" else cfg.get("rope_scaling")
+    return {
+        "sliding_window": int(cfg.get("sliding_window") or 0) or None,
+        "layer_types": types,
+        "rope_theta": theta,
+        "rope_local_theta": float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))),
+        "rope_scaling": scaling,
+        "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
+        "final_logit_softcapping": float(cfg.get("final_logit_softcapping") or 0.0),
+        "hidden_act": str(cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+    }
+
+
+def _gemma3_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
+    """llama.cpp's gemma3 hparams: the GGUF stores the window; the layer pattern (6), the local rotary
+    base (10000) and the attention scale are llama.cpp's constants (src/llama-model.cpp)."""
+    if md.get(f"{arch}.attn_logit_softcapping") is not None:
+        raise ValueError("gemma3 attn_logit_softcapping is not supported")
+    n = int(md[f"{arch}.block_count"])
+    hidden, heads = int(md[f"{arch}.embedding_length"]), int(md[f"{arch}.attention.head_count"])
+    head_dim = int(md.get(f"{arch}.attention.key_length", hidden // heads))
+    pattern = md.get(f"{arch}.attention.sliding_window_pattern")
+    if pattern is not None and hasattr(pattern, "__len__"):  # per-layer flags: True = windowed
+        types = tuple("sliding_attention" if bool(x) else "full_attention" for x in pattern)
+    else:
+        types = _gemma3_pattern(n, 6 if pattern is None else int(pattern))
+    return {
+        "sliding_window": int(md[f"{arch}.attention.sliding_window"]) or None,
+        "layer_types": types,
+        "rope_local_theta": 10_000.0,
+        # gemma_pytorch's rule, as llama.cpp applies it: the 27B (62 layers) scales by hidden / heads
+        "query_pre_attn_scalar": float(hidden // heads if n == 62 else head_dim),
+        "final_logit_softcapping": float(md.get(f"{arch}.final_logit_softcapping") or 0.0),
+        "hidden_act": "gelu_pytorch_tanh",
+    }

@@ -69,11 +69,22 @@ _GGUF_TO_HF_BY_ARCH = {
     # q|k|v rows in one tensor (not permuted: llama.cpp's phi3 rotary is NeoX-style, like HF), and gate|up
     # rows in ffn_up (llama.cpp's swiglu takes the first half as the gate), as HF's qkv_proj / gate_up_proj
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    # Gemma 3: four norms per layer (llama.cpp's ffn_norm is the one before the MLP), per-head q/k norms
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm", "attn_q_norm": "self_attn.q_norm",
+               "attn_k_norm": "self_attn.k_norm"},
 }
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)
 _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",
                 "rope_factors_short.weight": "rope_factors_short"}
+
+
+def _norm_shift(gguf_arch: str, name: str) -> float:
+    """What llama.cpp's converter added to a norm weight: 1 for Gemma 3, whose (1 + w) norms it stores as
+    the scale itself (convert_hf_to_gguf.py, Gemma3Model: norm_shift). The reader takes it off again, so
+    every reader yields the HF checkpoint's w."""
+    return 1.0 if gguf_arch == "gemma3" and name.endswith("norm.weight") else 0.0
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -110,6 +121,8 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
             w = _unpermute(w, n_head)
         if hf_name.endswith("shared_expert_gate.weight") and w.ndim == 1:  # llama.cpp's (d,) for HF's (1, d)
             w = w[None]
+        if shift := _norm_shift(gf.architecture, name):
+            w = w.astype(np.float32) - np.float32(shift)
         yield hf_name, torch.from_numpy(np.ascontiguousarray(w))
 
 

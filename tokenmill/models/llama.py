@@ -29,6 +29,7 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.sliding_window = cfg.layer_windows()[layer_idx]  # Mistral's window (0: none)
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q, kv, d = self.nh * self.hd, self.nkv * self.hd, cfg.hidden_size
         self.qkv_proj = Linear(d, q + 2 * kv, method, bias=cfg.attention_bias, shards={"q": q, "k": kv, "v": kv})
@@ -48,7 +49,8 @@ class LlamaAttention(nn.Module):
         qk = rotate_(qk, rope)  # q and k heads are adjacent: one pass
         q, k = qk[:, : self.nh], qk[:, self.nh :]
         v = v.view(T, self.nkv, self.hd)
-        o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale)
+        o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale,
+                                 sliding_window=self.sliding_window)
         return self.o_proj(o.reshape(T, -1))
 
 
@@ -97,6 +99,8 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig, method: LinearMethod, max_positions: int) -> None:
         super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"{cfg.architecture} with hidden_act {cfg.hidden_act!r} is not supported (supported: silu)")
         self.cfg = cfg
         self.max_positions = max_positions
         self.model = LlamaModel(cfg, method, [self.make_mlp(cfg, method) for _ in range(cfg.num_layers)])

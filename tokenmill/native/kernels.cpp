@@ -508,15 +508,21 @@ void attend_range(const AttnArgs& a, int64_t nc_rt, const float* q, int64_t G, c
 
 template <typename T, int NCT>
 void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, const T* kc, const T* vc,
-                  const int64_t* tables, int64_t table_stride, const int64_t* lens, int64_t num_seqs,
-                  const AttnArgs& a, int64_t part, int nthreads) {
+                  const int64_t* tables, int64_t table_stride, const int64_t* lens, const int64_t* starts,
+                  int64_t num_seqs, const AttnArgs& a, int64_t part, int nthreads) {
     const int64_t G = a.nh / a.nkv, hd = a.hd, nc = hd / 8;
-    // partitions: each sequence's positions cut every `part` (the result depends on this cut only)
+    // the keys of sequence b: positions [S(b), lens[b]), S(b) = starts[b] (a sliding window's first) or 0
+    auto key_start = [&](int64_t b) -> int64_t {
+        const int64_t s = starts ? starts[b] : 0;
+        return s > 0 ? s : 0;
+    };
+    // partitions: each sequence's keys cut every `part` from S(b) (the result depends on this cut only)
     std::vector<int64_t> first(num_seqs + 1);  // first partition index of each sequence
     int64_t total_keys = 0;
     first[0] = 0;
     for (int64_t b = 0; b < num_seqs; ++b) {
-        const int64_t L = lens[b] > 0 ? lens[b] : 0;
+        const int64_t S = key_start(b);
+        const int64_t L = lens[b] > S ? lens[b] - S : 0;
         first[b + 1] = first[b] + (L + part - 1) / part;
         total_keys += L;
     }
@@ -546,7 +552,7 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
         const int64_t p = it / groups, h0 = (it % groups) * heads_per_group, b = seq_of[p];
         const int64_t h1 = std::min(a.nkv, h0 + heads_per_group);
         const int64_t L = lens[b], np = first[b + 1] - first[b], pi = p - first[b];
-        const int64_t p0 = pi * part, p1 = p0 + part < L ? p0 + part : L;
+        const int64_t p0 = key_start(b) + pi * part, p1 = p0 + part < L ? p0 + part : L;
         const int64_t qh0 = h0 * G, nq = (h1 - h0) * G;  // the query heads of this item
         const T* qrow = q + b * q_stride + qh0 * hd;
         for (int64_t i = 0; i < nq * hd; i += 8) vstore(qs + i, vload(qrow + i) * vset1(a.scale));
@@ -615,11 +621,11 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
 template <typename T>
 int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t q_stride, const void* kc,
                           const void* vc, const int64_t* tables, int64_t table_stride, const int64_t* lens,
-                          int64_t num_seqs, const AttnArgs& a, int64_t part, int nthreads) {
+                          const int64_t* starts, int64_t num_seqs, const AttnArgs& a, int64_t part, int nthreads) {
     auto run = [&](auto nct) {
         paged_decode<T, decltype(nct)::value>(static_cast<T*>(out), out_stride, static_cast<const T*>(q), q_stride,
                                               static_cast<const T*>(kc), static_cast<const T*>(vc), tables,
-                                              table_stride, lens, num_seqs, a, part, nthreads);
+                                              table_stride, lens, starts, num_seqs, a, part, nthreads);
     };
     switch (a.hd) {
         case 64: run(std::integral_constant<int, 8>{}); break;
@@ -634,7 +640,7 @@ int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t 
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-int tm_abi_version() { return 1; }
+int tm_abi_version() { return 2; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -681,14 +687,16 @@ int tm_rotary(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, c
 }
 
 // One query token per sequence b: q (num_seqs, nh, hd) rows q_stride apart -> out (num_seqs, nh, hd)
-// rows out_stride apart, over positions [0, lens[b]) of the paged caches k_cache, v_cache
+// rows out_stride apart, over positions [starts[b], lens[b]) (starts NULL: from 0; a sliding window's
+// first key otherwise) of the paged caches k_cache, v_cache
 // (num_blocks, block_size, nkv, hd; contiguous): position p is in block tables[b * table_stride + p / bs]
 // at offset p % bs. Query head h reads KV head h / (nh / nkv). The context is cut into partitions of
 // `partition` positions (a multiple of 16), attended independently and merged.
 // Returns 0; -1 unknown dtype; -2 shapes it does not handle (hd % 8 != 0, nh % nkv != 0).
 int tm_paged_decode_attention(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
                               const void* k_cache, const void* v_cache, const int64_t* tables,
-                              int64_t table_stride, const int64_t* lens, int64_t num_seqs, int64_t nh,
+                              int64_t table_stride, const int64_t* lens, const int64_t* starts,
+                              int64_t num_seqs, int64_t nh,
                               int64_t nkv, int64_t hd, int64_t block_size, float scale, int64_t partition,
                               int nthreads) {
     if (hd <= 0 || hd % 8 || nkv <= 0 || nh % nkv || block_size <= 0 || partition <= 0 || partition % kTile)
@@ -696,10 +704,10 @@ int tm_paged_decode_attention(int dtype, void* out, int64_t out_stride, const vo
     const AttnArgs a{nh, nkv, hd, block_size, nkv * hd, scale};
     if (dtype == 0)
         return paged_decode_dispatch<float>(out, out_stride, q, q_stride, k_cache, v_cache, tables, table_stride,
-                                            lens, num_seqs, a, partition, nthreads);
+                                            lens, starts, num_seqs, a, partition, nthreads);
     if (dtype == 1)
         return paged_decode_dispatch<bf16>(out, out_stride, q, q_stride, k_cache, v_cache, tables, table_stride,
-                                           lens, num_seqs, a, partition, nthreads);
+                                           lens, starts, num_seqs, a, partition, nthreads);
     return -1;
 }
 

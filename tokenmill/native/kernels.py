@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 1
+ABI_VERSION = 2
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
 # merged (flash-decoding): a fixed size, so a sequence's result never depends on its batch or the threads
@@ -40,7 +40,7 @@ _SIGNATURES = {
     "tm_add_rms_norm": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _I64, _F32, _I32],
     "tm_silu_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
     "tm_rotary": [_I32, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
-    "tm_paged_decode_attention": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64,
+    "tm_paged_decode_attention": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
                                   _F32, _I64, _I32],
 }
 
@@ -136,9 +136,9 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> boo
 
 def paged_decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           partition: int = DEFAULT_PARTITION) -> bool:
+                           partition: int = DEFAULT_PARTITION, starts: torch.Tensor | None = None) -> bool:
     """One query token per sequence: q (B, nh, hd) (heads adjacent, any row stride) attends over positions
-    [0, context_lens[b]) of the paged caches k_cache, v_cache (num_blocks, block_size, nkv, hd; contiguous),
+    [starts[b], context_lens[b]) (starts None: from 0; a sliding window's first key) of the paged caches k_cache, v_cache (num_blocks, block_size, nkv, hd; contiguous),
     found through block_tables (B, >= blocks needed) int64; the result goes into out (B, nh, hd), heads
     adjacent. GQA: query head h reads KV head h // (nh // nkv). False: not for the kernel (nothing written).
     Each sequence's result depends on its own inputs only (not on the batch or the thread count)."""
@@ -157,8 +157,10 @@ def paged_decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Te
             or block_tables.stride(1) != 1 or block_tables.shape[0] != B or not context_lens.is_contiguous()
             or context_lens.shape != (B,)):
         return False
+    if starts is not None and (starts.dtype != torch.int64 or starts.shape != (B,) or not starts.is_contiguous()):
+        return False
     rc = lib.tm_paged_decode_attention(code, out.data_ptr(), os_[0], q.data_ptr(), qs[0], k_cache.data_ptr(),
                                        v_cache.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
-                                       context_lens.data_ptr(), B, nh, nkv, hd, bs, scale, partition,
+                                       context_lens.data_ptr(), None if starts is None else starts.data_ptr(), B, nh, nkv, hd, bs, scale, partition,
                                        torch.get_num_threads())
     return rc == 0

@@ -1,0 +1,177 @@
+"""Gemma 3 text decoder (HF Gemma3ForCausalLM, model_type gemma3_text; GGUF architecture "gemma3").
+
+What differs from llama (models/llama.py, whose fused qkv_proj / gate_up_proj and residual stream it
+follows):
+  - local layers attend over a sliding window (ModelConfig.layer_windows: 5 local, then 1 global, unless
+    the config says otherwise); local layers rotate with their own base (rope_local_theta, 10000), global
+    ones with rope_theta and the config's rope scaling;
+  - every norm is Gemma's RMSNorm with the (1 + w) weight (RMSNorm(unit_offset=True));
+  - per-head q and k RMSNorms before rotary; attention scale query_pre_attn_scalar ** -0.5;
+  - norms before *and after* each sublayer:
+        h = x + post_attention_layernorm(attn(input_layernorm(x)))
+        out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)));
+  - a GELU-tanh gated MLP; embeddings scaled by sqrt(hidden) (the scale rounded to the model's dtype, as
+    HF does); the output layer tied to the embedding; logits soft-capped when final_logit_softcapping is set.
+
+Shapes: T = tokens in the step, D = hidden, nh/nkv = heads, hd = head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tokenmill.attention.backend import AttentionContext
+from tokenmill.layers.activation import GeluTanhAndMul
+from tokenmill.layers.embedding import VocabEmbedding
+from tokenmill.layers.linear import Linear, LinearMethod
+from tokenmill.layers.norm import RMSNorm
+from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, inv_frequencies, rotate_
+from tokenmill.loader.model_config import ModelConfig
+
+_GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.sliding_window = cfg.layer_windows()[layer_idx]  # 0: a global layer
+        self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q, kv, d = self.nh * self.hd, self.nkv * self.hd, cfg.hidden_size
+        self.qkv_proj = Linear(d, q + 2 * kv, method, bias=cfg.attention_bias, shards={"q": q, "k": kv, "v": kv})
+        self.o_proj = Linear(q, d, method)
+        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps, unit_offset=True)
+        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, unit_offset=True)
+        self.scale = (cfg.query_pre_attn_scalar or self.hd) ** -0.5
+
+    def forward(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
+        """h: (T, D) normed hidden -> (T, D). `rope`: this layer's kind's (local or global) tables."""
+        T = h.shape[0]
+        q, k, v = self.qkv_proj(h).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
+        q = self.q_norm(q.reshape(T, self.nh, self.hd))  # per head, over hd
+        k = self.k_norm(k.reshape(T, self.nkv, self.hd))
+        qk = rotate_(torch.cat([q, k], dim=1), rope)  # (T, nh + nkv, hd): q and k heads adjacent, one pass
+        q, k = qk[:, : self.nh], qk[:, self.nh :]
+        v = v.reshape(T, self.nkv, self.hd)
+        o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale,
+                                 sliding_window=self.sliding_window)
+        return self.o_proj(o.reshape(T, -1))
+
+
+class Gemma3MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, method: LinearMethod) -> None:
+        super().__init__()
+        d, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_up_proj = Linear(d, 2 * i, method, shards={"gate": i, "up": i})
+        self.act = GeluTanhAndMul()
+        self.down_proj = Linear(i, d, method)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(h)))
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
+        super().__init__()
+        d, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.is_local = cfg.layer_windows()[layer_idx] > 0
+        self.input_layernorm = RMSNorm(d, eps, unit_offset=True)
+        self.self_attn = Gemma3Attention(cfg, layer_idx, method)
+        self.post_attention_layernorm = RMSNorm(d, eps, unit_offset=True)
+        self.pre_feedforward_layernorm = RMSNorm(d, eps, unit_offset=True)
+        self.mlp = Gemma3MLP(cfg, method)
+        self.post_feedforward_layernorm = RMSNorm(d, eps, unit_offset=True)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope_local: RotaryTables,
+                rope_global: RotaryTables, attn: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream as (x, residual), as in llama: the stream is x + residual (the first layer:
+        x the embeddings, residual None). -> (this layer's normed MLP output, residual), (T, D) each."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        a = self.post_attention_layernorm(self.self_attn(h, rope_local if self.is_local else rope_global, attn))
+        h, residual = self.pre_feedforward_layernorm(a, residual)
+        return self.post_feedforward_layernorm(self.mlp(h)), residual
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, cfg: ModelConfig, method: LinearMethod) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, i, method) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)
+
+
+class Gemma3ForCausalLM(nn.Module):
+    """The `CausalLM` of Gemma 3's text model (models/interface.py)."""
+
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
+    }
+
+    def __init__(self, cfg: ModelConfig, method: LinearMethod, max_positions: int) -> None:
+        super().__init__()
+        if cfg.hidden_act not in _GELU_TANH:
+            raise ValueError(f"gemma3 with hidden activation {cfg.hidden_act!r} is not supported "
+                             f"(supported: {', '.join(_GELU_TANH)})")
+        if not cfg.tie_word_embeddings:
+            raise ValueError("gemma3 with an untied output layer is not supported")
+        self.cfg = cfg
+        self.max_positions = max_positions
+        self.model = Gemma3Model(cfg, method)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, method)
+        self.lm_head.weight.data = torch.empty(0)  # tied: filled from the embedding at finish_loading
+        self.lm_head.weight.is_required = False  # type: ignore[attr-defined]
+        # HF's embed_scale buffer is not saved; norms must be in the checkpoint (a missing (1 + w) norm would
+        # silently be a scale of 1, not HF's default)
+        self.rope_local: RotaryEmbedding | None = None
+        self.rope_global: RotaryEmbedding | None = None
+        self.embed_scale = cfg.hidden_size ** 0.5
+
+    # -- weights ---------------------------------------------------------------------------------------
+    def load_extra_weight(self, name: str, tensor: torch.Tensor) -> bool:
+        """HF's stored rotary inv_freq (recomputed) and a tied lm_head (the embedding is used). True if taken."""
+        return "rotary_emb" in name or name == "lm_head.weight"
+
+    def finish_loading(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.to(device=device, dtype=dtype)
+        embed = self.model.embed_tokens
+        if embed.blocks is not None:  # the head multiplies by the embedding's blocks
+            self.lm_head.weight.weight_loader(self.lm_head.weight, embed.blocks, None)  # type: ignore[attr-defined]
+        else:
+            self.lm_head.weight.data = embed.weight.data
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.finish_loading()
+        hd = self.cfg.head_dim
+        self.rope_global = RotaryEmbedding(hd, self.max_positions,
+                                           inv_frequencies(hd, self.cfg.rope_theta, self.cfg.rope_scaling),
+                                           device, dtype)
+        self.rope_local = RotaryEmbedding(hd, self.max_positions,
+                                          inv_frequencies(hd, self.cfg.rope_local_theta or 10_000.0, None),
+                                          device, dtype)
+
+    # -- compute ---------------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+        """input_ids, positions: (T,) -> final hidden states (T, D)."""
+        assert self.rope_local is not None and self.rope_global is not None, "call finish_loading() first"
+        x = self.model.embed_tokens(input_ids)
+        x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # HF: the scale in the weights' dtype
+        rope_local, rope_global = self.rope_local.tables(positions), self.rope_global.tables(positions)
+        residual: torch.Tensor | None = None
+        for layer in self.model.layers:
+            x, residual = layer(x, residual, rope_local, rope_global, attn)
+        if residual is None:
+            return self.model.norm(x)
+        return self.model.norm(x, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(S, D) -> (S, V) float32 logits, soft-capped (cap * tanh(logits / cap)) when the config says so."""
+        logits = self.lm_head(hidden).float()
+        cap = self.cfg.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
