@@ -146,7 +146,8 @@ def _gemma3_config(cfg: ModelConfig) -> dict[str, Any]:
         full.update(scaling)
     return {
         "hidden_activation": cfg.hidden_act,
-        "query_pre_attn_scalar": cfg.query_pre_attn_scalar,
+        "query_pre_attn_scalar": int(cfg.query_pre_attn_scalar) if cfg.query_pre_attn_scalar.is_integer()
+        else cfg.query_pre_attn_scalar,  # Gemma3TextConfig wants an int
         "sliding_window": cfg.sliding_window,
         "layer_types": list(cfg.layer_types),
         "rope_parameters": {"full_attention": full,
