@@ -30,6 +30,16 @@ class MemoryPlan:
     max_model_len: int
     extra_weight_bytes: int = 0  # e.g. a prepacked copy of a tied output layer
     linear_method: str = "unquantized"
+    sliding_window: int = 0  # W > 0: every layer windowed by W, so blocks older than the window are freed
+
+    @property
+    def max_blocks_per_decoding_seq(self) -> int:
+        """Blocks a decoding sequence holds at most: the whole context, or with a window on every layer the
+        blocks its last W keys span, ceil((W - 1) / bs) + 1, wherever the window's edge falls."""
+        whole = -(-self.max_model_len // self.block_size)
+        if not self.sliding_window:
+            return whole
+        return min(whole, -(-(self.sliding_window - 1) // self.block_size) + 1)
 
     @property
     def total_bytes(self) -> int:
@@ -62,6 +72,10 @@ class MemoryPlan:
             f"KV cache: {format_size(self.num_blocks * self.kv_bytes_per_block)} -> {self.num_blocks} blocks = "
             f"{self.num_cache_tokens} tokens",
             f"max_model_len {self.max_model_len}: {self.max_full_length_seqs:.1f} sequences of full length fit at once",
+            *([f"sliding window {self.sliding_window} on every layer: a decoding sequence holds at most "
+               f"{self.max_blocks_per_decoding_seq} blocks ({self.max_blocks_per_decoding_seq * self.block_size} "
+               f"tokens) of KV however long it grows (older blocks are freed; a prefill chunk adds its own)"]
+              if self.sliding_window else []),
             f"process total: {format_size(self.total_bytes)} (weights + KV cache + {format_size(RUNTIME_BYTES)} for "
             "Python, torch and the tokenizer)",
         ]
@@ -117,7 +131,8 @@ def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cach
         rest = (cfg.num_parameters() - sum(n * k for n, k, _ in mats)) * nbytes  # norms, biases
         return MemoryPlan(cfg.num_parameters(), stored + max(rest, 0), nbytes, per_token, block_size,
                           kv_cache_bytes, kv_cache_bytes // (per_token * block_size), max_model_len,
-                          linear_method=method if compute.requant_type is None else f"gguf {compute.requant_type}")
+                          linear_method=method if compute.requant_type is None else f"gguf {compute.requant_type}",
+                          sliding_window=cfg.uniform_window)
     shapes = cfg.linear_shapes()
     linear = sum(linear_weight_bytes(method, n, k, nbytes) for n, k in shapes)
     rest = (cfg.num_parameters() - sum(n * k for n, k in shapes)) * nbytes  # embedding, norms, biases
@@ -134,4 +149,5 @@ def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cach
         max_model_len=max_model_len,
         extra_weight_bytes=head,
         linear_method=method,
+        sliding_window=cfg.uniform_window,
     )

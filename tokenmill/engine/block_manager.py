@@ -12,6 +12,14 @@ A hit is confirmed against the stored tokens and parent hash, so a hash collisio
 wrong KV.
 
     free queue (LRU):  head -> [b7][b2][b9] <- tail      popping the head evicts b7's hash, if any
+
+Sliding window on every layer (W): a query at position p reads keys (p - W, p] only, so once a request
+has computed n tokens, a block whose tokens all lie before n - W + 1 is never read again.
+`free_outside_window` lets go of it and leaves LEFT_WINDOW in its place in the block table (positions
+keep their logical block index; the workers, told only of appended blocks, keep the old id, whose
+contents their attention masks out). Such a block stays in the prefix cache like any freed block.
+
+    W = 32, bs = 16, n = 70:  keys >= 39 are still read  ->  table [LEFT_WINDOW, b4, b9, b2, b6]
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from dataclasses import dataclass
 from tokenmill.engine.request import Request
 
 _ROOT_HASH = 0x5EED
+LEFT_WINDOW = -1  # a block table entry whose block left the sliding window and was freed
 
 
 @dataclass
@@ -115,6 +124,8 @@ class BlockManager:
         self.compute_block_hashes(req)
         bs = self.block_size
         for i in range(n_full):
+            if req.block_ids[i] == LEFT_WINDOW:
+                continue  # it was cached (or not) before it was freed
             blk = self.blocks[req.block_ids[i]]
             if blk.block_hash is not None:
                 continue
@@ -167,12 +178,38 @@ class BlockManager:
         """Drop req's references; blocks reaching 0 join the free queue's tail (freed last block first,
         so a request's prefix outlives its tail in the LRU)."""
         for bid in reversed(req.block_ids):
+            if bid == LEFT_WINDOW:
+                continue
             blk = self.blocks[bid]
             blk.ref_count -= 1
             assert blk.ref_count >= 0, f"block {bid} freed twice"
             if blk.ref_count == 0:
                 self.free_queue[bid] = None
         req.block_ids = []
+
+    def free_outside_window(self, req: Request, window: int) -> int:
+        """Every layer windowed by `window`: free req's blocks that hold only positions before
+        num_computed_tokens - window + 1 (no later query reads them), first-to-last so the LRU evicts the
+        oldest first. Returns how many it freed."""
+        num_unread = (req.num_computed_tokens - window + 1) // self.block_size  # blocks wholly before the window
+        freed = 0
+        for i in range(min(num_unread, len(req.block_ids))):
+            bid = req.block_ids[i]
+            if bid == LEFT_WINDOW:
+                continue
+            blk = self.blocks[bid]
+            blk.ref_count -= 1
+            assert blk.ref_count >= 0, f"block {bid} freed twice"
+            if blk.ref_count == 0:
+                self.free_queue[bid] = None
+            req.block_ids[i] = LEFT_WINDOW
+            freed += 1
+        return freed
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks owned by live requests."""
+        return self.num_blocks - len(self.free_queue)
 
     def reset_prefix_cache(self) -> None:
         for blk in self.blocks:

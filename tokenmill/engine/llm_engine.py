@@ -81,7 +81,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                            watermark_blocks=max(1, num_blocks // 100)),
+                            watermark_blocks=max(1, num_blocks // 100), sliding_window=cfg.uniform_window),
             self.block_manager)
         # the one input path (render, tokenize, truncate, validate), shared with `LLM` and the server
         self.input_processor = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)

@@ -10,6 +10,10 @@ Per step, with `token_budget = max_num_batched_tokens`:
      left. A request that cannot get its blocks now waits; later ones wait behind it (FCFS).
 Requests that could never fit (longer than max_model_len or than the whole cache) are refused before
 they get here, so waiting never turns into waiting forever.
+
+With `sliding_window` W (a model whose every layer attends over the last W keys), `update` frees each
+request's blocks that left the window (BlockManager.free_outside_window): a sequence then holds at most
+ceil((W - 1) / bs) + 1 blocks plus the ones its next chunk needs, however long it grows.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from tokenmill.engine.block_manager import BlockManager
+from tokenmill.engine.block_manager import LEFT_WINDOW, BlockManager
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.scheduler_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 
@@ -29,6 +33,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     max_model_len: int
     watermark_blocks: int = 0  # admit new requests only while this many blocks stay free
+    sliding_window: int = 0  # W > 0: every layer windowed by W, blocks that leave the window are freed
 
 
 class Scheduler:
@@ -148,7 +153,8 @@ class Scheduler:
         leader = req.fork_of
         if leader is not None and not leader.is_finished and leader.status is RequestStatus.RUNNING:
             n_full = min(leader.num_computed_tokens, req.num_tokens - 1) // self.bm.block_size
-            if leader.token_ids[: n_full * self.bm.block_size] == req.token_ids[: n_full * self.bm.block_size]:
+            if (leader.token_ids[: n_full * self.bm.block_size] == req.token_ids[: n_full * self.bm.block_size]
+                    and LEFT_WINDOW not in leader.block_ids[:n_full]):
                 return leader.block_ids[:n_full], False
         if req.sampling_params.prompt_logprobs is not None:
             return [], False  # cached blocks hold KV, not the logits the prompt's logprobs come from
@@ -191,4 +197,6 @@ class Scheduler:
                     req.first_token_time = now
                 updated.append(req)
             self.bm.cache_full_blocks(req)
+            if self.config.sliding_window:
+                self.bm.free_outside_window(req, self.config.sliding_window)
         return updated
