@@ -2,7 +2,8 @@
 lengths, shared prefixes, n > 1 forks and aborts, with a cache small enough to force preemption.
 Invariants checked every step: no block owned twice by one request, reference counts equal the number
 of owners, free queue == blocks with no owner, token budget and sequence limit respected; at the end
-every block is free."""
+every block is free. With a sliding window on every layer, blocks that left it are freed as requests
+advance (BlockManager.free_outside_window): LEFT_WINDOW entries only before the window."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from tokenmill.engine.block_manager import BlockManager
+from tokenmill.engine.block_manager import LEFT_WINDOW, BlockManager
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.engine.scheduler import Scheduler, SchedulerConfig
 from tokenmill.engine.stop_checker import token_stop
@@ -37,9 +38,14 @@ def update(sched: Scheduler, out: SchedulerOutput, sampled: dict[str, int]) -> N
 
 def check_invariants(sched: Scheduler, bm: BlockManager, live: list[Request]) -> None:
     owners: Counter[int] = Counter()
+    window = sched.config.sliding_window
     for r in live:
-        assert len(set(r.block_ids)) == len(r.block_ids), "a request owns a block twice"
-        owners.update(r.block_ids)
+        held = [b for b in r.block_ids if b != LEFT_WINDOW]
+        assert len(set(held)) == len(held), "a request owns a block twice"
+        owners.update(held)
+        left = [i for i, b in enumerate(r.block_ids) if b == LEFT_WINDOW]
+        if left:  # freed blocks lie wholly before the window of the next query
+            assert window and (max(left) + 1) * bm.block_size <= r.num_computed_tokens - window + 1
         if r.status is RequestStatus.RUNNING:
             assert len(r.block_ids) * bm.block_size >= r.num_computed_tokens
         else:
@@ -53,14 +59,15 @@ def check_invariants(sched: Scheduler, bm: BlockManager, live: list[Request]) ->
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("prefix_caching", [True, False])
-def test_random_schedule(seed: int, prefix_caching: bool) -> None:
+@pytest.mark.parametrize("window", [0, 7])
+def test_random_schedule(seed: int, prefix_caching: bool, window: int) -> None:
     rng = random.Random(seed)
     bs = rng.choice([1, 2, 4, 16])
     num_blocks = rng.randint(24, 80) if bs > 1 else rng.randint(200, 400)
     max_len = num_blocks * bs // 2
     bm = BlockManager(num_blocks, bs, prefix_caching)
     cfg = SchedulerConfig(max_num_seqs=rng.randint(2, 16), max_num_batched_tokens=rng.randint(8, 128),
-                          max_model_len=max_len, watermark_blocks=rng.randint(0, 2))
+                          max_model_len=max_len, watermark_blocks=rng.randint(0, 2), sliding_window=window)
     sched = Scheduler(cfg, bm)
     live: list[Request] = []
     prefixes = [[rng.randrange(1, 50) for _ in range(rng.randint(1, 3 * bs))] for _ in range(4)]
