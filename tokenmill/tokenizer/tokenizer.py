@@ -5,16 +5,20 @@ or read from a HF directory (hf.py).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import tokenizers
 
+from tokenmill.tokenizer.builtin_templates import builtin_chat_template
 from tokenmill.tokenizer.chat_template import ChatTemplateError, render_chat_template
 from tokenmill.tokenizer.gguf_vocab import EOG_TOKEN_TEXTS, build_gguf_backend
 from tokenmill.tokenizer.hf import read_hf_dir
 from tokenmill.tokenizer.pretokenizers import PreTokenizerSpec, known_pre_types, pre_tokenizer_spec
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Tokenizer", "PreTokenizerSpec", "pre_tokenizer_spec", "known_pre_types", "EOG_TOKEN_TEXTS"]
 
@@ -70,13 +74,17 @@ class Tokenizer:
         """
         backend, vocab, default_add_bos = build_gguf_backend(metadata)
         add_bos = metadata.get("tokenizer.ggml.add_bos_token")
+        template = metadata.get("tokenizer.chat_template")
+        arch = str(metadata.get("general.architecture", ""))
+        if template is None and (template := builtin_chat_template(arch)) is not None:
+            log.info("the GGUF has no chat template: using the %s template its maker publishes", arch)
         return cls(
             backend,
             bos_token_id=vocab.bos_id,
             eos_token_id=vocab.eos_id,
             eog_token_ids=vocab.eog_ids,
             add_bos=default_add_bos if add_bos is None else bool(add_bos),
-            chat_template=metadata.get("tokenizer.chat_template"),
+            chat_template=template,
         )
 
     @classmethod
