@@ -130,16 +130,18 @@ def make_paged(B: int, nkv: int, hd: int, bs: int, lens: list[int], dtype: torch
     return k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.long)
 
 
-def reference(q, k_cache, v_cache, tables, lens, scale) -> torch.Tensor:
-    """The torch path, per sequence: gather its blocks, SDPA (GQA as enable_gqa has it), in fp32."""
+def reference(q, k_cache, v_cache, tables, lens, scale, starts=None) -> torch.Tensor:
+    """The torch path, per sequence: gather its blocks, SDPA (GQA as enable_gqa has it), in fp32, over
+    positions [starts[b], lens[b]) (a sliding window's) or all of [0, lens[b])."""
     B, nh, hd = q.shape
     bs, nkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty(B, nh, hd)
     for b in range(B):
         L = int(lens[b])
+        S = int(starts[b]) if starts is not None else 0
         ids = tables[b, : -(-L // bs)]
-        k = k_cache[ids].reshape(-1, nkv, hd)[:L].float().transpose(0, 1)[None]
-        v = v_cache[ids].reshape(-1, nkv, hd)[:L].float().transpose(0, 1)[None]
+        k = k_cache[ids].reshape(-1, nkv, hd)[S:L].float().transpose(0, 1)[None]
+        v = v_cache[ids].reshape(-1, nkv, hd)[S:L].float().transpose(0, 1)[None]
         o = F.scaled_dot_product_attention(q[b].float()[None, :, None], k, v, scale=scale, enable_gqa=True)
         out[b] = o[0, :, 0]
     return out
@@ -175,6 +177,19 @@ def test_paged_decode_attention_other_block_sizes(bs: int) -> None:
     out = torch.empty_like(q)
     assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 0.125)
     torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, 0.125), **FP32)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 100, 512])
+def test_paged_decode_attention_sliding_window(window: int) -> None:
+    """Each sequence's keys from its window's first position, lens - window (0 if the context is
+    shorter): partitions start there, inside a block or at its edge."""
+    lens = [1, 15, 16, 17, 33, 100, 257, 513, 1000]
+    k_cache, v_cache, tables, lens_t = make_paged(len(lens), 2, 64, 16, lens, torch.float32, seed=window)
+    starts = (lens_t - window).clamp(min=0)
+    q = torch.randn(len(lens), 8, 64)
+    out = torch.empty_like(q)
+    assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 0.125, starts=starts)
+    torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, 0.125, starts), **FP32)
 
 
 def test_paged_decode_attention_bf16() -> None:
