@@ -97,20 +97,29 @@ def _causal_mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int) -> torch.T
     return mask
 
 
-def window_decode_mask(meta: AttentionMetadata, num_keys: int, window: int) -> torch.Tensor:
-    """(D, 1, 1, num_keys) bool for the decodes, key index == position: True where 0 <= position <
-    context_len and, with window W > 0, position >= context_len - W. Built once per step and window."""
-    key = ("decode_mask", window)
-    mask = meta.window_cache.get(key)
-    if mask is None or mask.shape[-1] != num_keys:
-        lens = meta.decode_context_lens
-        assert lens is not None
-        keys = torch.arange(num_keys, device=lens.device)[None, :]
-        m = keys < lens[:, None]
-        if window > 0:
-            m &= keys >= lens[:, None] - window
-        mask = meta.window_cache[key] = m[:, None, None, :]
-    return mask
+def window_decode_blocks(meta: AttentionMetadata, block_size: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decodes' blocks that a window of W keys reaches, and their mask, once per step and window:
+
+        tables (D, nw) int64: decode b's blocks first_b .. first_b + nw - 1, first_b = (len_b - W)+ // bs
+                              (past its last block: the last block again, masked)
+        mask (D, 1, 1, nw * bs) bool: key j of row b is position first_b * bs + j; True where
+                              len_b - W <= position < len_b
+
+    So a long context gathers only its window's blocks, never the ones that left it (which, with every
+    layer windowed, the block manager has freed and another request may be writing)."""
+    key = ("decode_tables", window)
+    tables = meta.window_cache.get(key)
+    if tables is None:
+        lens, full = meta.decode_context_lens, meta.decode_block_tables
+        assert lens is not None and full is not None
+        first = (lens - window).clamp(min=0) // block_size  # (D,)
+        nw = int(((lens - 1) // block_size - first).max()) + 1
+        idx = first[:, None] + torch.arange(nw, device=lens.device)[None, :]  # (D, nw) logical block indices
+        tables = meta.window_cache[key] = full.gather(1, idx.clamp(max=full.shape[1] - 1))
+        pos = (first * block_size)[:, None] + torch.arange(nw * block_size, device=lens.device)[None, :]
+        mask = (pos < lens[:, None]) & (pos >= lens[:, None] - window)
+        meta.window_cache[("decode_mask", window)] = mask[:, None, None, :]
+    return tables, meta.window_cache[("decode_mask", window)]
 
 
 class PagedAttentionBackend(AttentionBackend):
@@ -162,15 +171,15 @@ class PagedAttentionBackend(AttentionBackend):
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                          scale: float, window: int = 0) -> None:
-        """The first num_decodes tokens: one query each over its gathered blocks -> out[:D]. Keys outside
-        a window are masked (a block that left it may since hold another request's K/V: masked, it
-        weighs 0, and the cache is zero-initialised, so no stale NaN can reach the sum)."""
+        """The first num_decodes tokens: one query each over its gathered blocks -> out[:D]; with a window,
+        over the blocks the window reaches (window_decode_blocks)."""
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         d, nkv, hd = meta.num_decodes, k.shape[1], k.shape[2]
-        tables = meta.decode_block_tables
+        tables, mask = meta.decode_block_tables, meta.decode_mask
+        if window > 0:
+            tables, mask = window_decode_blocks(meta, self.block_size, window)
         kd = gather_blocks(kv_cache[0], tables).view(d, -1, nkv, hd).transpose(1, 2)  # (D, nkv, L, hd)
         vd = gather_blocks(kv_cache[1], tables).view(d, -1, nkv, hd).transpose(1, 2)
         qd = q[:d].unsqueeze(2)  # (D, nh, 1, hd)
-        mask = meta.decode_mask if window <= 0 else window_decode_mask(meta, kd.shape[2], window)
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=True)
         out[:d] = o.squeeze(2)
