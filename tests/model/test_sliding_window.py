@@ -1,5 +1,6 @@
 """Sliding-window attention against transformers (fp32), in every attention backend: prompts longer than
-the window, Gemma-style (local layers mixed with global ones) and Mistral-style (every layer windowed);
+the window, Gemma-style (local layers mixed with global ones) and Mistral- and Phi-3-style (every layer
+windowed);
 and on the all-windowed model, blocks that left the window are freed, so the blocks in use stay bounded
 while a sequence generates far past the window."""
 
@@ -40,13 +41,29 @@ def mistral(tmp: Path, tok, vocab: int) -> tuple[object, Path]:
     return model, write_hf_dir(model, tok, tmp)
 
 
+def phi3(tmp: Path, tok, vocab: int) -> tuple[object, Path]:
+    """Phi-3's window, on every layer like Mistral's, through the phi3 family's fused checkpoint tensors."""
+    cfg = transformers.Phi3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                                  sliding_window=WINDOW, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                                  tie_word_embeddings=False)
+    torch.manual_seed(2)
+    model = transformers.Phi3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+    return model, write_hf_dir(model, tok, tmp)
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, tuple[object, Path]]:
     tok, md = default_tokenizer()
     vocab = len(md["tokenizer.ggml.tokens"])
     gemma = make_hf_model(transformers, vocab, sliding_window=WINDOW)
     return {"gemma3": (gemma, write_hf_dir(gemma, tok, tmp_path_factory.mktemp("g"))),
-            "mistral": mistral(tmp_path_factory.mktemp("m"), tok, vocab), "tok": tok}  # type: ignore[dict-item]
+            "mistral": mistral(tmp_path_factory.mktemp("m"), tok, vocab),
+            "phi3": phi3(tmp_path_factory.mktemp("p"), tok, vocab), "tok": tok}  # type: ignore[dict-item]
 
 
 def engine(path: Path, **kw) -> LLM:
@@ -65,7 +82,7 @@ def greedy_reference(model, ids: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("family", ["gemma3", "mistral"])
+@pytest.mark.parametrize("family", ["gemma3", "mistral", "phi3"])
 def test_longer_than_the_window_matches_transformers(family: str, backend: str, models, monkeypatch) -> None:
     model, path = models[family]
     monkeypatch.setenv("TOKENMILL_ATTENTION_BACKEND", backend)

@@ -29,7 +29,7 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.sliding_window = cfg.layer_windows()[layer_idx]  # Mistral's window (0: none)
+        self.sliding_window = cfg.layer_windows()[layer_idx]  # Mistral's and Phi-3's window (0: none)
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q, kv, d = self.nh * self.hd, self.nkv * self.hd, cfg.hidden_size
         self.qkv_proj = Linear(d, q + 2 * kv, method, bias=cfg.attention_bias, shards={"q": q, "k": kv, "v": kv})

@@ -10,8 +10,8 @@ is Phi-3's own:
   (layers/rotary.py: longrope_factors says which set and why it is picked once, from max_model_len);
   from a GGUF the two sets are the tensors rope_factors_short / rope_factors_long.
 - partial rotary (Phi-4-mini: 0.75 of each head): ModelConfig.rotary_dim, which llama's rotary honours.
-- a sliding window in the config (Phi-3-mini-4k: 2047): it changes nothing while max_model_len is at most
-  the window; beyond that we refuse to load, until the attention backends mask by window.
+- a sliding window in the config (Phi-3-mini-4k: 2047) on every layer: llama's attention passes it to
+  the backend (ModelConfig.layer_windows), as Mistral's.
 """
 
 from __future__ import annotations
@@ -35,12 +35,6 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         kind = scaling.get("rope_type") or scaling.get("type")
         if kind not in _ROPE_TYPES:
             raise ValueError(f"phi3 with rope scaling {kind!r} is not supported (supported: default, longrope)")
-        if cfg.sliding_window is not None and max_positions > cfg.sliding_window:
-            # a query sees `sliding_window` keys, itself included (transformers: kv > q - window), so a
-            # context of at most that many tokens is never cut
-            raise ValueError(f"phi3 with sliding_window {cfg.sliding_window} below the context ({max_positions}) "
-                             f"needs sliding-window attention, which is not supported yet; pass "
-                             f"max_model_len <= {cfg.sliding_window}")
         super().__init__(cfg, method, max_positions)
         self._longrope: dict[str, list[float]] = {}  # GGUF's factor tensors: short_factor / long_factor
 
