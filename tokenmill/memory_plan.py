@@ -31,6 +31,7 @@ class MemoryPlan:
     extra_weight_bytes: int = 0  # e.g. a prepacked copy of a tied output layer
     linear_method: str = "unquantized"
     sliding_window: int = 0  # W > 0: every layer windowed by W, so blocks older than the window are freed
+    max_chunk_tokens: int = 0  # the scheduler's token budget (a prefill chunk's most); 0: not known
 
     @property
     def max_blocks_per_decoding_seq(self) -> int:
@@ -40,6 +41,15 @@ class MemoryPlan:
         if not self.sliding_window:
             return whole
         return min(whole, -(-(self.sliding_window - 1) // self.block_size) + 1)
+
+    @property
+    def max_seq_tokens(self) -> int:
+        """KV tokens one sequence can need at once: max_model_len, or with a window on every layer (and a
+        known chunk size) the window's blocks plus one prefill chunk's, if that is less."""
+        if not self.sliding_window or not self.max_chunk_tokens:
+            return self.max_model_len
+        blocks = self.max_blocks_per_decoding_seq + -(-self.max_chunk_tokens // self.block_size)
+        return min(self.max_model_len, blocks * self.block_size)
 
     @property
     def total_bytes(self) -> int:
@@ -81,10 +91,13 @@ class MemoryPlan:
         ]
 
     def check(self) -> None:
-        if self.num_blocks < 1 or self.max_model_len > self.num_cache_tokens:
-            need = self.max_model_len * self.kv_bytes_per_token
+        if self.num_blocks < 1 or self.max_seq_tokens > self.num_cache_tokens:
+            need = self.max_seq_tokens * self.kv_bytes_per_token
+            what = f"max_model_len {self.max_model_len}" + (
+                f" (at most {self.max_seq_tokens} tokens held under the sliding window {self.sliding_window})"
+                if self.max_seq_tokens < self.max_model_len else "")
             raise CacheTooSmallError(
-                f"max_model_len {self.max_model_len} needs {format_size(need)} of KV cache for one sequence, "
+                f"{what} needs {format_size(need)} of KV cache for one sequence, "
                 f"but the cache holds {self.num_cache_tokens} tokens ({format_size(self.kv_cache_bytes)} at "
                 f"{format_size(self.kv_bytes_per_token)} per token). Raise --kv-cache-memory to at least "
                 f"{format_size(need + self.kv_bytes_per_block)}, or lower --max-model-len to at most "
@@ -113,7 +126,8 @@ def default_kv_cache_bytes(is_cuda: bool, free_bytes: int) -> int:
 
 
 def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cache_bytes: int,
-              max_model_len: int, matrices: list[tuple[int, int, str]] | None = None) -> MemoryPlan:
+              max_model_len: int, matrices: list[tuple[int, int, str]] | None = None,
+              max_chunk_tokens: int = 0) -> MemoryPlan:
     """Weight bytes come from the linear method (compute.linear_weight_bytes): every matmul weight is
     stored as the method stores it, everything else (embedding, norms, biases) at the compute dtype. A
     tied output layer shares the embedding, unless the method keeps its own converted copy.
@@ -132,7 +146,7 @@ def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cach
         return MemoryPlan(cfg.num_parameters(), stored + max(rest, 0), nbytes, per_token, block_size,
                           kv_cache_bytes, kv_cache_bytes // (per_token * block_size), max_model_len,
                           linear_method=method if compute.requant_type is None else f"gguf {compute.requant_type}",
-                          sliding_window=cfg.uniform_window)
+                          sliding_window=cfg.uniform_window, max_chunk_tokens=max_chunk_tokens)
     shapes = cfg.linear_shapes()
     linear = sum(linear_weight_bytes(method, n, k, nbytes) for n, k in shapes)
     rest = (cfg.num_parameters() - sum(n * k for n, k in shapes)) * nbytes  # embedding, norms, biases
@@ -150,4 +164,5 @@ def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cach
         extra_weight_bytes=head,
         linear_method=method,
         sliding_window=cfg.uniform_window,
+        max_chunk_tokens=max_chunk_tokens,
     )

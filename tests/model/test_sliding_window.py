@@ -155,3 +155,30 @@ def test_window_frees_with_shared_prefix_blocks(models) -> None:
     assert got == want
     assert small.engine.block_manager.num_hits > 0
     assert small.engine.block_manager.num_free_blocks == 14
+
+
+def test_a_prompt_longer_than_the_cache(models) -> None:
+    """Every layer windowed: the plan asks only for the window's blocks plus a chunk's, so a cache of 12
+    blocks (192 tokens) serves a 1024-token context; a prompt longer than the whole cache runs in chunks,
+    freeing as it goes, and gives transformers' tokens. A prompt run twice hits the prefix cache, the
+    request taking only the hits its window still reaches."""
+    model, path = models["mistral"]
+    tok = models["tok"]
+    bytes_per_block = engine(path).engine.plan.kv_bytes_per_block
+    small = engine(path, kv_cache_memory=12 * bytes_per_block, max_model_len=1024, max_num_batched_tokens=32)
+    plan = small.engine.plan
+    assert plan.num_cache_tokens == 192 < plan.max_model_len and plan.max_seq_tokens == (3 + 2) * 16
+    ids = tok.encode((PROMPT + " ") * 6)
+    assert len(ids) > plan.num_cache_tokens
+    p = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    first = small.generate([ids], p)[0].outputs[0].token_ids
+    assert first == greedy_reference(model, ids, 40)
+    # a prompt the cache holds whole: the second run hits its 7 full blocks but takes only the window's
+    medium = tok.encode((PROMPT + " ") * 3)[:120]
+    want = small.generate([medium], p)[0].outputs[0].token_ids
+    bm = small.engine.block_manager
+    hits = bm.num_hits
+    assert small.generate([medium], p)[0].outputs[0].token_ids == want == greedy_reference(model, medium, 40)
+    assert bm.num_hits - hits == 112 and bm.num_free_blocks == 12
+    with pytest.raises(ValueError, match="sliding window 20"):  # too small even for the window and a chunk
+        engine(path, kv_cache_memory=4 * bytes_per_block, max_model_len=1024, max_num_batched_tokens=32)

@@ -11,7 +11,9 @@ KV cache per layer: (k_cache, v_cache), each (num_blocks, block_size, num_kv_hea
 Sliding window: a layer may attend over a window of W keys (Mistral's, Gemma's local layers): the query
 at position p sees keys in (p - W, p] (HF's and llama.cpp's rule), W == 0 meaning all of [0, p]. The
 window is a per-layer argument of `forward`; what a backend derives from it per step (masks, first key
-positions) it keeps in `AttentionMetadata.window_cache`, built by the first layer that asks.
+positions) it keeps in `AttentionMetadata.window_cache`, built by the first layer that asks. Blocks wholly
+before a window are never read: with every layer windowed the block manager frees them, so a block table
+may hold -1 or another request's block there.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class ScheduledSeq:
     req_id: str
     start: int  # == tokens of the request already in the cache
     num_tokens: int
-    block_table: list[int]
+    block_table: list[int]  # with a window on every layer, -1 (LEFT_WINDOW) may stand before the window
 
 
 @dataclass

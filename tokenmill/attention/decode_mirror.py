@@ -138,7 +138,9 @@ class DecodeMirror:
         if num_tokens == 0:
             return
         nb = -(-num_tokens // self.block_size)
-        ids = torch.tensor(block_table[:nb], dtype=torch.long, device=self.kv.device)
+        # a block that left a sliding window (the block manager's LEFT_WINDOW, -1): any block will do, the
+        # window masks its keys
+        ids = torch.tensor([max(b, 0) for b in block_table[:nb]], dtype=torch.long, device=self.kv.device)
         blocks = torch.index_select(self.kv, 2, ids)  # (2, layers, nb, bs, nkv, hd)
         flat = blocks.reshape(2, self.num_layers, nb * self.block_size, self.nkv, self.hd)[:, :, :num_tokens]
         self.k[:, slot, :, :num_tokens] = flat[0].transpose(1, 2)  # (layers, nkv, n, hd)

@@ -158,15 +158,17 @@ class BlockManager:
         shared = shared or []
         have = len(req.block_ids) + len(shared)
         need = self.blocks_needed(req.num_computed_tokens + num_new_tokens) - have
-        # shared blocks sitting in the free queue stop being free once taken
-        num_free_shared = sum(1 for b in shared if self.blocks[b].ref_count == 0)
+        # shared blocks sitting in the free queue stop being free once taken (LEFT_WINDOW ones are not taken)
+        num_free_shared = sum(1 for b in shared if b != LEFT_WINDOW and self.blocks[b].ref_count == 0)
         return need + reserve <= self.num_free_blocks - num_free_shared
 
     def allocate(self, req: Request, num_new_tokens: int, shared: list[int] | None = None) -> None:
         """Give req blocks for `num_new_tokens` more tokens, first taking references on `shared`
-        (prefix-cache hits or a sibling's prompt blocks). Call can_allocate first."""
+        (prefix-cache hits or a sibling's prompt blocks; LEFT_WINDOW entries, hits already outside the
+        window, take nothing). Call can_allocate first."""
         for bid in shared or []:
-            self._take(bid)
+            if bid != LEFT_WINDOW:
+                self._take(bid)
             req.block_ids.append(bid)
         need = self.blocks_needed(req.num_computed_tokens + num_new_tokens) - len(req.block_ids)
         if need > self.num_free_blocks:

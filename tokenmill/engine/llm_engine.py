@@ -63,7 +63,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()
         self.plan: MemoryPlan = make_plan(cfg, self.platform.compute, config.block_size, kv_bytes, self.max_model_len,
-                                         matrices)
+                                         matrices, max_chunk_tokens=config.max_num_batched_tokens)
         for line in self.plan.lines():
             log.info("memory plan: %s", line)
         self.plan.check()  # refuse settings that cannot work, before loading anything big

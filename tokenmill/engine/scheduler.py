@@ -12,8 +12,9 @@ Requests that could never fit (longer than max_model_len or than the whole cache
 they get here, so waiting never turns into waiting forever.
 
 With `sliding_window` W (a model whose every layer attends over the last W keys), `update` frees each
-request's blocks that left the window (BlockManager.free_outside_window): a sequence then holds at most
-ceil((W - 1) / bs) + 1 blocks plus the ones its next chunk needs, however long it grows.
+request's blocks that left the window (BlockManager.free_outside_window), and an admitted request takes
+no prefix-cache hit the window no longer reaches: a sequence then holds at most ceil((W - 1) / bs) + 1
+blocks plus the ones its next chunk needs, however long it grows (so its prompt may exceed the cache).
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ class Scheduler:
                     continue
                 shared, from_cache = self._shared_prefix(req)
                 req.num_computed_tokens = len(shared) * self.bm.block_size
+                if self.config.sliding_window:  # hits the window no longer reaches are not taken at all
+                    unread = (req.num_computed_tokens - self.config.sliding_window + 1) // self.bm.block_size
+                    shared = [LEFT_WINDOW] * max(unread, 0) + shared[max(unread, 0):]
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
                 if not self.bm.can_allocate(req, num_new, shared, reserve=self.config.watermark_blocks):
                     req.num_computed_tokens = 0

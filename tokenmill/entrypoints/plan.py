@@ -38,6 +38,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB (default: what serve would pick here)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512,
+                   help="as for serve: a prefill chunk's most (what a sliding-window sequence adds to its window)")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES])
     p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None, help="as for serve")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
@@ -59,14 +61,14 @@ def run_plan(args: argparse.Namespace) -> int:
             return 2
         kv = default_kv_cache_bytes(False, available_ram())
     max_len = args.max_model_len or cfg.max_position_embeddings
-    plan = make_plan(cfg, compute, args.block_size, kv, max_len, matrices)
+    plan = make_plan(cfg, compute, args.block_size, kv, max_len, matrices, args.max_num_batched_tokens)
     seq_len = args.seq_len or max_len
     print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
           f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads of {cfg.head_dim}), context {cfg.max_position_embeddings}")
     print(f"on disk: {format_size(disk_bytes)} ({cfg.quantization})")
     for line in plan.lines():
         print(line)
-    per_seq_blocks = -(-seq_len // args.block_size)
+    per_seq_blocks = -(-min(seq_len, plan.max_seq_tokens) // args.block_size)  # a window frees the rest
     fit = plan.num_blocks // per_seq_blocks if per_seq_blocks else 0
     print(f"sequences of {seq_len} tokens that fit at once: {fit} (max_num_seqs {args.max_num_seqs})")
     if max_len > cfg.max_position_embeddings:
