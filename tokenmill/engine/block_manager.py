@@ -19,7 +19,7 @@ has computed n tokens, a block whose tokens all lie before n - W + 1 is never re
 keep their logical block index; the workers, told only of appended blocks, keep the old id, whose
 contents their attention masks out). Such a block stays in the prefix cache like any freed block.
 
-    W = 32, bs = 16, n = 70:  keys >= 39 are still read  ->  table [LEFT_WINDOW, b4, b9, b2, b6]
+    W = 32, bs = 16, n = 70:  keys >= 39 are still read  ->  table [LEFT_WINDOW, LEFT_WINDOW, b9, b2, b6]
 """
 
 from __future__ import annotations
