@@ -5,8 +5,8 @@ adds x into the residual and normalizes the sum, in one pass when the native ker
 (CPU, fp32 or bf16; tokenmill/native/kernels.py), otherwise with torch.
 
 `unit_offset` (Gemma's form): the checkpoint stores w and the scale is (1 + w). The parameter always holds
-the scale itself (its loader adds the 1), so the kernels and the fused add see one form. The same norm
-serves per-head q/k norms: a (T, heads, head_dim) input is normalized over head_dim.
+the scale itself (its loader adds the 1), so the kernels and the fused add see one form. (Per-head q/k
+norms: layers/head_norm.py.)
 """
 
 from __future__ import annotations
@@ -39,10 +39,7 @@ class RMSNorm(nn.Module):
                 residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (T, dim) -> rmsnorm(x) * weight. With a residual (T, dim): residual + x, normalized; returns
         (normed, new residual). The native path adds into `residual` in place and returns it, the torch
-        path returns a new tensor: use the returned residual, never the one passed in. Without a residual
-        x may have more dims, (..., dim), e.g. (T, heads, head_dim) for a per-head norm."""
-        if residual is None and x.dim() != 2:
-            return self.forward(x.reshape(-1, x.shape[-1])).view(x.shape)
+        path returns a new tensor: use the returned residual, never the one passed in."""
         if self.use_native:
             out = kernels.add_rms_norm(x, residual, self.weight, self.eps)
             if out is not None:

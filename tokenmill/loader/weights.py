@@ -69,10 +69,9 @@ _GGUF_TO_HF_BY_ARCH = {
     # q|k|v rows in one tensor (not permuted: llama.cpp's phi3 rotary is NeoX-style, like HF), and gate|up
     # rows in ffn_up (llama.cpp's swiglu takes the first half as the gate), as HF's qkv_proj / gate_up_proj
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-    # Gemma 3: four norms per layer (llama.cpp's ffn_norm is the one before the MLP), per-head q/k norms
+    # Gemma 3: four norms per layer (llama.cpp's ffn_norm is the one before the MLP)
     "gemma3": {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
-               "post_ffw_norm": "post_feedforward_layernorm", "attn_q_norm": "self_attn.q_norm",
-               "attn_k_norm": "self_attn.k_norm"},
+               "post_ffw_norm": "post_feedforward_layernorm"},
 }
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)

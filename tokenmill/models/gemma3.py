@@ -6,7 +6,8 @@ follows):
     the config says otherwise); local layers rotate with their own base (rope_local_theta, 10000), global
     ones with rope_theta and the config's rope scaling;
   - every norm is Gemma's RMSNorm with the (1 + w) weight (RMSNorm(unit_offset=True));
-  - per-head q and k RMSNorms before rotary; attention scale query_pre_attn_scalar ** -0.5;
+  - per-head q and k RMSNorms before rotary (HeadRMSNorm, Qwen3's, with weight_offset 1); attention scale
+    query_pre_attn_scalar ** -0.5;
   - norms before *and after* each sublayer:
         h = x + post_attention_layernorm(attn(input_layernorm(x)))
         out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)));
@@ -24,6 +25,7 @@ from torch import nn
 from tokenmill.attention.backend import AttentionContext
 from tokenmill.layers.activation import GeluTanhAndMul
 from tokenmill.layers.embedding import VocabEmbedding
+from tokenmill.layers.head_norm import HeadRMSNorm
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, inv_frequencies, rotate_
@@ -41,8 +43,8 @@ class Gemma3Attention(nn.Module):
         q, kv, d = self.nh * self.hd, self.nkv * self.hd, cfg.hidden_size
         self.qkv_proj = Linear(d, q + 2 * kv, method, bias=cfg.attention_bias, shards={"q": q, "k": kv, "v": kv})
         self.o_proj = Linear(q, d, method)
-        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps, unit_offset=True)
-        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, unit_offset=True)
+        self.q_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0)
+        self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0)
         self.scale = (cfg.query_pre_attn_scalar or self.hd) ** -0.5
 
     def forward(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
