@@ -193,7 +193,7 @@ class GGUFLinearMethod(LinearMethod):
 
     # -- the crossover -----------------------------------------------------------------------------------
     def calibrate(self, layers: list[Linear], dtype: torch.dtype) -> None:
-        """Measure, on the most common layer shape, from how many rows dequantize + F.linear beats ggml's
+        """Measure, on the layer shape with the most bytes in all, from how many rows dequantize + F.linear beats ggml's
         kernels; log the figures. Skipped when TOKENMILL_GGML_MAX_ROWS fixes it or no layer can go dense."""
         dense = [lyr for lyr in layers if getattr(lyr, "dense_ok", False)]
         if self._fixed_rows or not dense:
@@ -203,7 +203,10 @@ class GGUFLinearMethod(LinearMethod):
         shapes: dict[tuple[int, int], list[Linear]] = {}
         for lyr in dense:
             shapes.setdefault((lyr.out_features, lyr.in_features), []).append(lyr)
-        layer = max(shapes.items(), key=lambda kv: len(kv[1]) * kv[0][0] * kv[0][1])[1][0]  # most bytes
+        # the decoder's shapes (those that repeat), not a one-off output head: a 262144-row head (Gemma 3)
+        # took minutes to time and says little about the layers that do most of the work
+        repeated = {k: v for k, v in shapes.items() if len(v) > 1} or shapes
+        layer = max(repeated.items(), key=lambda kv: len(kv[1]) * kv[0][0] * kv[0][1])[1][0]  # most bytes
         figures, best = [], 0
         for m in _CALIBRATION_ROWS:
             x = torch.randn(m, layer.in_features, dtype=dtype)
