@@ -301,6 +301,34 @@ def test_q8_0_gguf_through_the_gguf_method(family: dict[str, Any]) -> None:
     assert agree / total >= 0.85, f"top-1 agreement {agree / total:.2f}"
 
 
+def test_grouped_experts_equal_one_call_per_expert(family: dict[str, Any], monkeypatch) -> None:
+    """Under the gguf method every expert of a layer runs in one grouped ggml call; it computes exactly
+    what one call per expert does (the same ggml matmul per expert, whatever the grouping)."""
+    from tokenmill.layers.moe import SparseMoE
+    from tokenmill.native import ggml
+
+    if not ggml.available():
+        pytest.skip(f"ggml not built here: {ggml.unavailable_reason()}")
+    path = write_gguf(family["tmp"] / "q8_0-grouped.gguf", family["model"], family["name"], "Q8_0")
+    llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
+    if not isinstance(llm.engine.executor.worker.model.model.layers[0].mlp, SparseMoE):
+        pytest.skip("a dense family")
+    calls: list[bool] = []
+    real = SparseMoE._experts_grouped
+
+    def spy(self, x, counts):
+        out = real(self, x, counts)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(SparseMoE, "_experts_grouped", spy)
+    grouped = [prompt_logits(llm, ids) for ids in family["ids"]]
+    assert any(calls), "the grouped path ran (not where an expert has more rows than the crossover)"
+    monkeypatch.setattr(SparseMoE, "_experts_grouped", lambda self, x, counts: None)
+    for ids, want in zip(family["ids"], grouped):
+        assert torch.equal(prompt_logits(llm, ids), want)
+
+
 def test_convert_writes_an_hf_copy_transformers_loads(family: dict[str, Any]) -> None:
     """`tokenmill convert` of the GGUF: transformers loads the directory as the family's class, and its
     logits are the original model's."""

@@ -191,6 +191,27 @@ class GGUFLinearMethod(LinearMethod):
                 y[:, offset + r0 : offset + r0 + r] = F.linear(x, tile if x.dtype == torch.float32 else tile.to(x.dtype))
         return y
 
+    def apply_grouped(self, layers: list[Linear], x: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
+        """Layer i on the next counts[i] rows of x (sum(counts), in), all in one ggml call (a mixture of
+        experts) -> (sum(counts), out) at x's dtype. None where some layer with rows would not take ggml's
+        path alone (more rows than the crossover on plain blocks, a bias, several weights): the caller then
+        runs them one by one. Each layer computes exactly what apply() would."""
+        weights: list[ggml.GgmlWeight] = []
+        for lyr, n in zip(layers, counts):
+            mm = lyr.matmul
+            if mm is None or len(mm.weights) != 1 or mm.weights[0].n != lyr.out_features or lyr.bias is not None:
+                return None
+            if n > self.max_ggml_rows and lyr.dense_ok:
+                return None
+            weights.append(mm.weights[0])
+        k, n_out = layers[0].in_features, layers[0].out_features
+        x32 = x.to(torch.float32).contiguous()
+        y = torch.empty(x.shape[0], n_out, dtype=torch.float32)
+        if x.shape[0]:
+            threads = torch.get_num_threads() if x.shape[0] * k * n_out >= _PARALLEL_MACS else 1
+            ggml.matmul_grouped(weights, counts, x32.data_ptr(), k, y.data_ptr(), n_out, threads)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
     # -- the crossover -----------------------------------------------------------------------------------
     def calibrate(self, layers: list[Linear], dtype: torch.dtype) -> None:
         """Measure, on the layer shape with the most bytes in all, from how many rows dequantize + F.linear beats ggml's

@@ -16,6 +16,9 @@ slot order and summed over the k choices:
     ids (T, k) -> flat (T k,) -> order = argsort(flat)         slots grouped: [e0 e0 e0 | e1 | e3 e3 ...]
     x[order // k] -> expert e on its contiguous run of rows -> y[order] = out -> (T, k, D) -> weighted sum
 
+Under the gguf method all experts' gate|up matmuls run as one ggml call, and all their downs as another
+(GGUFLinearMethod.apply_grouped), where each expert would take ggml's path alone anyway.
+
 A token's result depends only on its own row (its routing and its experts' rows), not on which other
 tokens share the step. Each expert is a GatedMLP of Linear layers, so its weights stay in whatever form
 the linear method keeps (GGUF blocks included).
@@ -26,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tokenmill.layers.ggml_linear import GGUFLinearMethod
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.mlp import GatedMLP
 
@@ -53,6 +57,23 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights, ids
 
+    def _experts_grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
+        """Every expert on its run of x's rows with one ggml call for all the gate|up matmuls and one for
+        all the downs (the gguf method, where each expert would take ggml's path alone), else None."""
+        method = self.gate.method
+        if not isinstance(method, GGUFLinearMethod):
+            return None
+        experts: list[GatedMLP] = [self.experts[e] for e, n in enumerate(counts) if n]  # type: ignore[misc]
+        rows = [n for n in counts if n]
+        gate_up = method.apply_grouped([m.gate_up_proj for m in experts], x, rows)
+        if gate_up is None:
+            return None
+        act = experts[0].act(gate_up)
+        down = method.apply_grouped([m.down_proj for m in experts], act, rows)
+        if down is None:  # the downs would not all take ggml's path: one by one
+            down = torch.cat([m.down_proj(a) for m, a in zip(experts, act.split(rows))])
+        return down
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h (T, D) -> (T, D)."""
         T, D = h.shape
@@ -61,12 +82,14 @@ class SparseMoE(nn.Module):
         order = torch.argsort(flat, stable=True)  # slots grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         x = h.index_select(0, order // self.top_k)  # (T k, D), expert by expert
-        out = torch.empty_like(x)
-        start = 0
-        for e, n in enumerate(counts):  # one batched call per expert that has tokens
-            if n:
-                out[start : start + n] = self.experts[e](x[start : start + n])
-                start += n
+        out = self._experts_grouped(x, counts)
+        if out is None:
+            out = torch.empty_like(x)
+            start = 0
+            for e, n in enumerate(counts):  # one batched call per expert that has tokens
+                if n:
+                    out[start : start + n] = self.experts[e](x[start : start + n])
+                    start += n
         y = torch.empty_like(out)
         y[order] = out  # back to slot order
         mixed = (y.view(T, self.top_k, D) * weights.unsqueeze(-1).to(y.dtype)).sum(dim=1)

@@ -34,6 +34,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_weight_repacked": (i32, [vp]),
         "tm_weight_free": (None, [vp]),
         "tm_matmul": (i32, [ctypes.POINTER(vp), _c_i64p, i32, vp, i64, i64, vp, i64, i32]),
+        "tm_matmul_grouped": (i32, [ctypes.POINTER(vp), i32, _c_i64p, _c_i64p, vp, i64, vp, i64, i32]),
         "tm_get_rows": (None, [i32, vp, i64, vp, i64, vp]),
         "tm_dequantize": (None, [i32, vp, i64, i64, vp, i32]),
         "tm_quantize": (sz, [i32, vp, vp, i64, i64]),
@@ -163,3 +164,18 @@ class GgmlMatmul:
         rc = self._fn(self._handles, self._offsets, self._n, x_ptr, m, self.k, y_ptr, self.out_features, n_threads)
         if rc:
             raise RuntimeError(f"ggml matmul failed (status {rc})")
+
+
+def matmul_grouped(weights: list[GgmlWeight], counts: list[int], x_ptr: int, k: int, y_ptr: int, n: int,
+                   n_threads: int) -> None:
+    """Weight g times the next counts[g] rows of x (sum(counts), k) fp32 -> the same rows of y (., n) fp32,
+    all in one call; every weight is (n, k)."""
+    g = len(weights)
+    starts = [0] * g
+    for i in range(1, g):
+        starts[i] = starts[i - 1] + counts[i - 1]
+    handles = (ctypes.c_void_p * g)(*(w.handle for w in weights))
+    rc = _lib().tm_matmul_grouped(handles, g, (ctypes.c_int64 * g)(*starts), (ctypes.c_int64 * g)(*counts), x_ptr,
+                                  k, y_ptr, n, n_threads)
+    if rc:
+        raise RuntimeError(f"ggml grouped matmul failed (status {rc})")

@@ -184,6 +184,45 @@ int tm_matmul(void** weights, const int64_t* offsets, int n_weights, const float
     return status;
 }
 
+// Grouped rows, one weight each (a mixture of experts): rows [starts[g], starts[g] + counts[g]) of x times
+// weight g give the same rows of y; every weight is (ldy x k), so it writes all of y's columns. One graph
+// for all groups: one foreign call and one thread team for every expert of a layer, not one per expert.
+// Each group is the same ggml mul_mat a single call would run, so results do not depend on the grouping.
+int tm_matmul_grouped(void** weights, int n_groups, const int64_t* starts, const int64_t* counts, const float* x,
+                      int64_t k, float* y, int64_t ldy, int n_threads) {
+    init_once();
+    thread_local std::vector<uint8_t> meta, work;
+    size_t meta_size = (2 * (size_t)n_groups + 2) * ggml_tensor_overhead() +
+                       ggml_graph_overhead_custom(2 * n_groups + 2, false) + 1024;
+    if (meta.size() < meta_size) meta.resize(meta_size);
+    ggml_context* ctx = small_ctx(0, meta.data(), meta.size());
+    ggml_cgraph* gf = ggml_new_graph_custom(ctx, 2 * n_groups + 2, false);
+    int n_nodes = 0;
+    for (int g = 0; g < n_groups; ++g) {
+        if (counts[g] == 0) continue;
+        ggml_tensor* w = ((Weight*)weights[g])->t;
+        if (w->ne[0] != k || w->ne[1] != ldy) {
+            ggml_free(ctx);
+            return 1;
+        }
+        ggml_tensor* xg = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, counts[g]);
+        xg->data = const_cast<float*>(x + starts[g] * k);
+        ggml_tensor* r = ggml_mul_mat(ctx, w, xg);  // ne = {ldy, counts[g]}: rows of y, contiguous
+        r->data = y + starts[g] * ldy;
+        ggml_build_forward_expand(gf, r);
+        ++n_nodes;
+    }
+    int status = 0;
+    if (n_nodes) {
+        ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
+        if (plan.work_size > work.size()) work.resize(plan.work_size);
+        plan.work_data = work.data();
+        status = ggml_graph_compute(gf, &plan) == GGML_STATUS_SUCCESS ? 0 : 2;
+    }
+    ggml_free(ctx);
+    return status;
+}
+
 // Dequantize rows ids[0..n) of an (rows x k) matrix of `type` at `data` into out (n, k) fp32.
 void tm_get_rows(int type, const void* data, int64_t k, const int64_t* ids, int64_t n, float* out) {
     const ggml_type_traits* tr = ggml_get_type_traits((ggml_type)type);
