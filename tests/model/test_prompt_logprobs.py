@@ -95,3 +95,21 @@ def test_bad_prompt_logprobs_are_refused() -> None:
         with pytest.raises(ParamError) as e:
             SamplingParams(prompt_logprobs=bad)
         assert e.value.field == "prompt_logprobs"
+
+
+def test_preempted_equals_ample(llm: LLM) -> None:
+    """Requests preempted (their blocks freed, the prompt recomputed) report the same prompt logprobs:
+    entries are stored by position, so the recomputed chunk overwrites them with the same numbers."""
+    prompts = [long_ids(llm, 40 + 7 * i) for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, prompt_logprobs=1)
+    ample = llm.generate(prompts, params)
+    small = LLM(progress=False, kv_cache_memory=10 * 16 * 46080, max_model_len=160, dtype="float32",
+                quantization="dequantize")
+    assert small.engine.plan.num_blocks == 10
+    tight = small.generate(prompts, params)
+    assert small.engine.scheduler.num_preemptions > 0
+    for a, b in zip(ample, tight):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        assert [e.logprob for e in b.prompt_logprobs[1:]] == pytest.approx([e.logprob for e in a.prompt_logprobs[1:]],
+                                                                            abs=1e-5)
+    assert small.engine.block_manager.num_free_blocks == 10
