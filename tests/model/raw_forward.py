@@ -4,6 +4,9 @@ the block manager's back, so it then drops the prefix cache: no later request ma
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from tokenmill import LLM
@@ -25,3 +28,20 @@ def prompt_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
             return runner.model.compute_logits(hidden)
     finally:
         eng.block_manager.reset_prefix_cache()
+
+
+def exact_engine(path: str | Path, max_model_len: int = 256, **kw: Any) -> LLM:
+    """An engine that is exact against an fp32 reference on the same weights: fp32, dequantized."""
+    args: dict[str, Any] = dict(progress=False, kv_cache_memory=16 * 2**20, max_model_len=max_model_len,
+                                dtype="float32", quantization="dequantize")
+    args.update(kw)
+    return LLM(str(path), **args)
+
+
+def greedy_reference(model: Any, ids: list[int], n: int) -> list[int]:
+    """n greedy tokens from a transformers model, a whole forward per token (no cache to trust)."""
+    seq = list(ids)
+    with torch.inference_mode():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]

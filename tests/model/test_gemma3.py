@@ -21,7 +21,7 @@ from tokenmill import LLM, SamplingParams
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
 from gemma3_tiny import WINDOW, default_tokenizer, make_hf_model, write_gguf, write_hf_dir  # noqa: E402
-from raw_forward import prompt_logits  # noqa: E402
+from raw_forward import exact_engine, greedy_reference, prompt_logits  # noqa: E402
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog, and then it keeps running far away.",
            "def f(x):\n    return x * 2\n" * 3,
@@ -29,20 +29,7 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog, and then it keeps runni
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
 
-def engine(path: Path | str, **kw) -> LLM:
-    args = dict(progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32",
-                quantization="dequantize")
-    args.update(kw)
-    return LLM(str(path), **args)
-
-
-def greedy_reference(model, ids: list[int], n: int) -> list[int]:
-    """n greedy tokens from transformers, a whole forward per token (no cache to trust)."""
-    seq = list(ids)
-    with torch.inference_mode():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
+engine = exact_engine
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ while a sequence generates far past the window."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tokenmill import LLM, SamplingParams
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
 from gemma3_tiny import default_tokenizer, make_hf_model, write_hf_dir  # noqa: E402
-from raw_forward import prompt_logits  # noqa: E402
+from raw_forward import exact_engine, greedy_reference, prompt_logits  # noqa: E402
 
 WINDOW = 20  # not a multiple of the block size (16): the window's edge falls inside a block
 BACKENDS = ["paged", "native", "decode_mirror"]
@@ -66,19 +67,7 @@ def models(tmp_path_factory) -> dict[str, tuple[object, Path]]:
             "phi3": phi3(tmp_path_factory.mktemp("p"), tok, vocab), "tok": tok}  # type: ignore[dict-item]
 
 
-def engine(path: Path, **kw) -> LLM:
-    args = dict(progress=False, kv_cache_memory=16 * 2**20, max_model_len=1024, dtype="float32",
-                quantization="dequantize")
-    args.update(kw)
-    return LLM(str(path), **args)
-
-
-def greedy_reference(model, ids: list[int], n: int) -> list[int]:
-    seq = list(ids)
-    with torch.inference_mode():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
+engine = functools.partial(exact_engine, max_model_len=1024)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -4,7 +4,6 @@ field on completions and chat; values held to transformers' fp32 log-softmax of 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -12,37 +11,24 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from asgi_app import call, in_process_app
 
 PROMPT = "The quick brown fox jumps over the lazy dog because"
 
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[Any]:
-    from tokenmill.config import EngineConfig
-    from tokenmill.engine.async_engine import AsyncEngine
-    from tokenmill.engine.llm_engine import LLMEngine
-    from tokenmill.entrypoints.openai.api_server import build_app
-
-    engine = LLMEngine(EngineConfig(max_model_len=256, kv_cache_memory=32 * 2**20, dtype="float32",
-                                    quantization="dequantize"), progress=False)
-    async_engine = AsyncEngine(engine)
-    yield build_app(async_engine, log_requests=False)
-    assert not async_engine.is_dead, async_engine.dead_reason
-    async_engine.shutdown()
+    yield from in_process_app(max_model_len=256, kv_cache_memory=32 * 2**20, dtype="float32",
+                              quantization="dequantize")
 
 
-def call(app: Any, path: str, body: dict[str, Any]) -> httpx.Response:
-    async def main() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
-                                     timeout=120) as client:
-            return await client.post(path, json=body)
-
-    return asyncio.run(main())
+def post(app: Any, path: str, body: dict[str, Any]) -> httpx.Response:
+    return call(app, "POST", path, body)
 
 
 @pytest.fixture(scope="module")
 def ids(app) -> list[int]:
-    r = call(app, "/tokenize", {"prompt": PROMPT})
+    r = post(app, "/tokenize", {"prompt": PROMPT})
     return r.json()["tokens"]
 
 
@@ -53,7 +39,7 @@ def ref_logprobs(reference, ids) -> torch.Tensor:
 
 
 def test_echo_logprobs_max_tokens_0_scores_the_prompt(app, ids, ref_logprobs) -> None:
-    r = call(app, "/v1/completions", {"prompt": PROMPT, "echo": True, "logprobs": 3, "max_tokens": 0,
+    r = post(app, "/v1/completions", {"prompt": PROMPT, "echo": True, "logprobs": 3, "max_tokens": 0,
                                       "temperature": 0})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -72,7 +58,7 @@ def test_echo_logprobs_max_tokens_0_scores_the_prompt(app, ids, ref_logprobs) ->
 def test_echo_logprobs_with_generation_puts_the_prompt_first(app, ids, ref_logprobs) -> None:
     """lm-evaluation-harness's loglikelihood call: echo, logprobs 1, max_tokens 1; it reads
     token_logprobs[ctxlen:-1]."""
-    r = call(app, "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
+    r = post(app, "/v1/completions", {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
                                       "temperature": 0})
     assert r.status_code == 200, r.text
     lp = r.json()["choices"][0]["logprobs"]
@@ -85,8 +71,8 @@ def test_echo_logprobs_with_generation_puts_the_prompt_first(app, ids, ref_logpr
 
 def test_echo_logprobs_streamed_equals_whole(app, ids) -> None:
     body = {"prompt": PROMPT, "echo": True, "logprobs": 2, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-    whole = call(app, "/v1/completions", body).json()["choices"][0]
-    r = call(app, "/v1/completions", dict(body, stream=True))
+    whole = post(app, "/v1/completions", body).json()["choices"][0]
+    r = post(app, "/v1/completions", dict(body, stream=True))
     frames = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
     text = "".join(f["choices"][0]["text"] for f in frames if f["choices"])
     tlps = [x for f in frames if f["choices"] and f["choices"][0]["logprobs"]
@@ -96,7 +82,7 @@ def test_echo_logprobs_streamed_equals_whole(app, ids) -> None:
 
 
 def test_vllm_prompt_logprobs_field(app, ids, ref_logprobs) -> None:
-    r = call(app, "/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 2, "max_tokens": 1, "temperature": 0})
+    r = post(app, "/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 2, "max_tokens": 1, "temperature": 0})
     assert r.status_code == 200, r.text
     plp = r.json()["choices"][0]["prompt_logprobs"]
     assert len(plp) == len(ids) and plp[0] is None
@@ -106,7 +92,7 @@ def test_vllm_prompt_logprobs_field(app, ids, ref_logprobs) -> None:
         assert entry["rank"] >= 1 and isinstance(entry["decoded_token"], str)
         ranks = sorted(e["rank"] for e in plp[p].values())
         assert ranks[:2] == [1, 2] or entry["rank"] in ranks
-    chat = call(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 0,
+    chat = post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 0,
                                               "max_tokens": 1})
     assert chat.status_code == 200, chat.text
     body = chat.json()
@@ -115,10 +101,10 @@ def test_vllm_prompt_logprobs_field(app, ids, ref_logprobs) -> None:
 
 
 def test_prompt_logprobs_refusals_name_the_field(app) -> None:
-    r = call(app, "/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 2, "stream": True})
+    r = post(app, "/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 2, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
     assert "stream=True" in r.json()["error"]["message"]
-    r = call(app, "/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 99})
+    r = post(app, "/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 99})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
-    r = call(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 0})
+    r = post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"

@@ -3,12 +3,12 @@ content is a 400 naming `messages[i].content` (it used to generate until the con
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from asgi_app import call, in_process_app
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -16,25 +16,11 @@ COMPLETIONS = "/v1/completions"
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[Any]:
-    from tokenmill.config import EngineConfig
-    from tokenmill.engine.async_engine import AsyncEngine
-    from tokenmill.engine.llm_engine import LLMEngine
-    from tokenmill.entrypoints.openai.api_server import build_app
-
-    engine = LLMEngine(EngineConfig(max_model_len=256, kv_cache_memory=32 * 2**20), progress=False)
-    async_engine = AsyncEngine(engine)
-    yield build_app(async_engine, log_requests=False)
-    assert not async_engine.is_dead, async_engine.dead_reason
-    async_engine.shutdown()
+    yield from in_process_app(max_model_len=256, kv_cache_memory=32 * 2**20)
 
 
 def post(app: Any, path: str, body: dict[str, Any]) -> httpx.Response:
-    async def main() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
-                                     timeout=60) as client:
-            return await client.post(path, json=body)
-
-    return asyncio.run(main())
+    return call(app, "POST", path, body, timeout=60)
 
 
 def assert_400(r: httpx.Response, param: str) -> None:

@@ -13,30 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
+from asgi_app import call, in_process_app
 
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[Any]:
-    from tokenmill.config import EngineConfig
-    from tokenmill.engine.async_engine import AsyncEngine
-    from tokenmill.engine.llm_engine import LLMEngine
-    from tokenmill.entrypoints.openai.api_server import build_app
-
-    engine = LLMEngine(EngineConfig(max_model_len=256, kv_cache_memory=32 * 2**20, dtype="float32",
-                                    quantization="dequantize"), progress=False)
-    async_engine = AsyncEngine(engine)
-    yield build_app(async_engine, log_requests=False)
-    assert not async_engine.is_dead, async_engine.dead_reason
-    async_engine.shutdown()
-
-
-def call(app: Any, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-    async def main() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
-                                     timeout=120) as client:
-            return await client.request(method, path, json=body)
-
-    return asyncio.run(main())
+    yield from in_process_app(max_model_len=256, kv_cache_memory=32 * 2**20, dtype="float32",
+                              quantization="dequantize")
 
 
 def test_completions_default_to_16_tokens(app) -> None:

@@ -180,14 +180,17 @@ class BlockManager:
         """Drop req's references; blocks reaching 0 join the free queue's tail (freed last block first,
         so a request's prefix outlives its tail in the LRU)."""
         for bid in reversed(req.block_ids):
-            if bid == LEFT_WINDOW:
-                continue
-            blk = self.blocks[bid]
-            blk.ref_count -= 1
-            assert blk.ref_count >= 0, f"block {bid} freed twice"
-            if blk.ref_count == 0:
-                self.free_queue[bid] = None
+            if bid != LEFT_WINDOW:
+                self._unref(bid)
         req.block_ids = []
+
+    def _unref(self, bid: int) -> None:
+        """Drop one reference to block bid; at 0 it joins the free queue's tail (its contents stay cached)."""
+        blk = self.blocks[bid]
+        blk.ref_count -= 1
+        assert blk.ref_count >= 0, f"block {bid} freed twice"
+        if blk.ref_count == 0:
+            self.free_queue[bid] = None
 
     def free_outside_window(self, req: Request, window: int) -> int:
         """Every layer windowed by `window`: free req's blocks that hold only positions before
@@ -199,11 +202,7 @@ class BlockManager:
             bid = req.block_ids[i]
             if bid == LEFT_WINDOW:
                 continue
-            blk = self.blocks[bid]
-            blk.ref_count -= 1
-            assert blk.ref_count >= 0, f"block {bid} freed twice"
-            if blk.ref_count == 0:
-                self.free_queue[bid] = None
+            self._unref(bid)
             req.block_ids[i] = LEFT_WINDOW
             freed += 1
         return freed
