@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json as _json
 from dataclasses import dataclass, field
+from typing import Any
 
 # Hard limits that keep one request from hurting the server (issue: request limits).
 MAX_N = 16
@@ -24,6 +26,52 @@ class ParamError(ValueError):
         super().__init__(message)
         self.field = field
         self.message = message
+
+
+@dataclass
+class StructuredOutputsParams:
+    """A constraint on the output's form (vLLM's `structured_outputs`): exactly one of
+
+        json         a JSON schema (a dict or its JSON text): the output is one JSON value it validates
+        json_object  True: any JSON object (OpenAI's `response_format: {"type": "json_object"}`)
+        regex        the whole output matches this regular expression (Rust `regex` syntax)
+        choice       the output is exactly one of these strings
+        grammar      a Lark grammar (llguidance's dialect) or a GBNF / EBNF one (llama.cpp's)
+
+    JSON is written with ", " and ": " between items and no other whitespace, unless `whitespace_pattern`
+    (a regex for the whitespace allowed between tokens) or `disable_any_whitespace` ("," and ":") says
+    otherwise. Compiled and checked by tokenmill/structured_output (llguidance); a constraint that does not
+    compile is a ParamError naming `structured_outputs` before anything runs. When the constraint is met
+    and nothing more may follow, the request finishes with finish_reason "stop".
+    """
+
+    json: str | dict[str, Any] | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = self.kinds()
+        if len(kinds) != 1:
+            raise ParamError("structured_outputs", "give exactly one of json, json_object, regex, choice and grammar"
+                             + (f" (got {', '.join(kinds)})" if kinds else ""))
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
+            raise ParamError("structured_outputs", "choice must be a non-empty list of strings")
+        if self.disable_any_whitespace and self.whitespace_pattern is not None:
+            raise ParamError("structured_outputs", "give at most one of disable_any_whitespace and whitespace_pattern")
+
+    def kinds(self) -> list[str]:
+        return [k for k in ("json", "json_object", "regex", "choice", "grammar") if getattr(self, k) not in (None, False)]
+
+    @property
+    def key(self) -> str:
+        """A text that identifies the constraint (compiled grammars are cached by it)."""
+        spec = {k: getattr(self, k) for k in ("json", "json_object", "regex", "choice", "grammar",
+                                               "disable_any_whitespace", "whitespace_pattern")}
+        return _json.dumps(spec, sort_keys=True)
 
 
 @dataclass
@@ -57,6 +105,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
     truncation_side: str = "left"  # with truncate_prompt_tokens: "left" keeps the last N tokens, "right" the first N
+    structured_outputs: StructuredOutputsParams | None = None  # a grammar the output must follow
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
