@@ -1,4 +1,4 @@
-"""50 varied JSON schemas for the structured-output tests: (a one-line request for the model, the schema).
+"""50 varied JSON schemas for the structured-output tests and `tokenmill bench structured`: (a one-line request for the model, the schema).
 
 Between them: nested objects, arrays with minItems / maxItems, enums and consts, string patterns,
 lengths and formats, numbers and integers with ranges (inclusive and exclusive), optional and required
