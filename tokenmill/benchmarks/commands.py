@@ -78,7 +78,7 @@ def _cmd_structured(args: argparse.Namespace) -> int:
 
     llm = _offline_llm(args)
     return _emit(args, llm, "structured", run_structured(llm, args.concurrency, args.rounds, args.temperature,
-                                                         args.output_len, args.seed))
+                                                         args.output_len, args.seed, args.save_workload))
 
 
 def _offline_args(p: argparse.ArgumentParser, output_len: int) -> None:
@@ -155,6 +155,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     st.add_argument("--concurrency", type=int, default=16, help="requests at once (set --max-num-seqs to match)")
     st.add_argument("--rounds", type=int, default=3)
     st.add_argument("--temperature", type=float, default=0.0)
+    st.add_argument("--save-workload", default=None, help="write the prompts and schemas here (JSON), for "
+                    "benchmarks/peers/vllm_structured.py")
     st.set_defaults(func=_cmd_structured)
 
     lat = bsub.add_parser("latency", help="one request: prefill tok/s and decode tok/s")

@@ -13,6 +13,7 @@ cost (filling bitmasks and advancing matchers) per constrained token.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from typing import Any
@@ -29,11 +30,18 @@ def _timed(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> 
 
 
 def run_structured(llm: LLM, concurrency: int, rounds: int, temperature: float, max_tokens: int,
-                   seed: int) -> dict[str, Any]:
+                   seed: int, save_workload: str | None = None) -> dict[str, Any]:
+    """save_workload: write the rounds' prompts (token ids) and schemas there (JSON), for a peer's run
+    of the same workload (benchmarks/peers/vllm_structured.py)."""
     proc = llm.engine.input_processor
     cases = [SCHEMAS[i % len(SCHEMAS)] for i in range(concurrency * rounds)]
     prompts = [proc.render_chat_ids([{"role": "user", "content": f"Reply in JSON with {what}."}], True)
                for what, _ in cases]
+    if save_workload:
+        with open(save_workload, "w") as f:
+            json.dump({"concurrency": concurrency, "rounds": rounds, "temperature": temperature,
+                       "max_tokens": max_tokens, "seed": seed,
+                       "requests": [{"prompt_token_ids": p, "schema": sc} for p, (_, sc) in zip(prompts, cases)]}, f)
     specs = [StructuredOutputsParams(json=schema) for _, schema in cases]
     for s in specs:
         llm.engine.structured.compile(s)  # compiled before timing: the cost per token is the mask, not compiling
