@@ -80,16 +80,25 @@ class StructuredOutputManager:
     def matcher_for(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
         return self.compile(spec).deep_copy()
 
-    def fill_bitmask(self, matchers: list[llguidance.LLMatcher]) -> np.ndarray:
-        """(G, W) int32: the next-token masks of these G matchers, in order."""
+    def fill_bitmask(self, matchers: list[llguidance.LLMatcher], drafts: list[list[int]] | None = None) -> np.ndarray:
+        """(G, W) int32: the next-token masks of these matchers, in order. With drafts (speculative
+        decoding), matcher i takes 1 + len(drafts[i]) rows: its mask now, then after each of its drafts
+        (the matcher is left as it was)."""
         t0 = time.perf_counter()
-        mask = np.full((len(matchers), bitmask_width(self.vocab_size)), -1, dtype=np.int32)
+        rows = len(matchers) + sum(len(d) for d in drafts or [])
+        mask = np.full((rows, bitmask_width(self.vocab_size)), -1, dtype=np.int32)
         row_bytes = mask.shape[1] * 4
-        if len(matchers) == 1:
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        if drafts and any(drafts):
+            entries, g = [], 0
+            for m, d in zip(matchers, drafts):
+                entries.append((m, g, list(d)))
+                g += 1 + len(d)
+            self._executor.unsafe_compute_mask_ptr_with_draft_token(entries, mask.ctypes.data, row_bytes, rows)
+        elif len(matchers) == 1:
             matchers[0].unsafe_compute_mask_ptr(mask.ctypes.data, row_bytes)
         else:
-            if self._executor is None:
-                self._executor = llguidance.LLExecutor()
             self._executor.unsafe_compute_mask_ptr([(m, g) for g, m in enumerate(matchers)], mask.ctypes.data,
                                                    row_bytes, len(matchers))
         self.mask_seconds += time.perf_counter() - t0
