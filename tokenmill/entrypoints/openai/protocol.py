@@ -2,7 +2,7 @@
 
 Field names follow OpenAI's API, plus the sampling fields vLLM accepts beyond it (`top_k`, `min_p`, ...).
 Requests forbid unknown fields (a typo or an unsupported feature is a 400 naming it, never silence).
-Fields that OpenAI or vLLM define but this server cannot honour (tools, suffix, beam search) are declared here
+Fields that OpenAI or vLLM define but this server cannot honour (suffix, best_of) are declared here
 so the schema shows them, and the serving classes answer 400 (naming the field, and why) when they carry
 anything but their neutral value.
 The error body (ErrorResponse) is the whole server's, defined in server/errors.py and named here too.
@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationInfo, field_validator,
+                      model_serializer)
 from pydantic_core import PydanticCustomError
 
 from tokenmill.entrypoints.server.errors import ErrorInfo, ErrorResponse  # the server's error shape: re-exported
@@ -98,12 +99,25 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str  # the arguments object as JSON text, as the server reported it
+
+
+class ChatMessageToolCall(_Request):
+    """A call an assistant turn in the history made (what a ToolCall in an answer was)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = Field(default=None, validate_default=True)  # None: assistant only
     name: str | None = None
-    tool_call_id: str | None = None  # tool messages
-    tool_calls: list[dict[str, Any]] | None = None  # assistant turns in the history
+    tool_call_id: str | None = None  # tool messages: the call this is the result of
+    tool_calls: list[ChatMessageToolCall] | None = None  # assistant turns in the history
 
     @field_validator("content")
     @classmethod
@@ -115,6 +129,29 @@ class ChatMessage(_Request):
             raise PydanticCustomError("missing", "a {role} message needs content (a string or a list of text parts)",
                                       {"role": role})
         return content
+
+
+class FunctionDefinition(_Request):
+    name: str  # letters, digits, '_' and '-', at most 64 (OpenAI's rule; checked by ToolCalling)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object; None: no arguments
+    strict: bool | None = None  # true: a call whose arguments break the schema is not reported as a call
+
+
+class ChatCompletionTool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    """tool_choice naming one function: the answer is a call of it."""
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ResponseFormat(_Request):
@@ -132,10 +169,11 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = False  # vLLM's: the model continues the final (assistant) message
     echo: bool | None = False  # vLLM's: the answer starts with the final message's content, if it is the assistant's
+    tools: list[ChatCompletionTool] | None = None
+    # None: "auto" with tools, "none" without; "required": at least one call; a NamedToolChoice: that call
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # None: true; false: at most one call
     # OpenAI fields we cannot honour: neutral values are accepted, anything else is a 400
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
 
 
@@ -221,9 +259,43 @@ class ChatLogprobs(_Response):
     content: list[ChatTokenLogprob] | None = None
 
 
+class ToolCallFunction(_Response):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(_Response):
+    id: str  # chatcmpl-tool-<hex> (Mistral's formats: 9 letters and digits)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
-    content: str | None = None
+    content: str | None = None  # None when the answer is only tool calls
+    tool_calls: list[ToolCall] | None = None  # the calls the answer makes (a request with tools), in order
+
+
+class _NoNulls(_Response):
+    """Serialized without its None fields: a stream's later pieces of a call carry only what they add."""
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaFunctionCall(_NoNulls):
+    name: str | None = None  # in a call's first piece
+    arguments: str | None = None  # arguments text to append
+
+
+class DeltaToolCall(_NoNulls):
+    """A piece of a streamed call: the first carries id, type and name; arguments pieces join to the whole."""
+
+    index: int  # the call's position in the answer's tool_calls
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class ChatChoice(_Response):
@@ -249,6 +321,7 @@ class ChatCompletionResponse(_Response):
 class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(_Response):

@@ -33,7 +33,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
     completions = OpenAIServingCompletion(ctx.async_engine, name, ctx.metrics, ctx.state,
                                           ctx.config.max_waiting_requests, **options)
     chat = OpenAIServingChat(ctx.async_engine, name, ctx.metrics, ctx.state, ctx.config.max_waiting_requests,
-                             **options)
+                             tool_call_parser=ctx.config.tool_call_parser, **options)
     template_problem = chat.check_template()
     if template_problem:
         log.error("%s", template_problem)
