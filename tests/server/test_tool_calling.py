@@ -210,3 +210,15 @@ def test_offline_chat_with_tools() -> None:
     out = llm.chat(ASK, params, tools=[WEATHER, EVENT], tool_choice=named)[0].outputs[0].text
     (call,) = llm.parse_tool_calls(out, [WEATHER, EVENT], tool_choice=named).tool_calls
     jsonschema.validate(json.loads(call.arguments), EVENT_PARAMS)
+
+
+def test_tokenize_renders_the_tools(server: AppServer) -> None:
+    """/tokenize with tools shows the prompt chat would run: here the fallback system prompt."""
+    import httpx
+
+    with_tools = httpx.post(f"{server.url}/tokenize", json={"messages": ASK, "tools": [WEATHER]}).json()["tokens"]
+    plain = httpx.post(f"{server.url}/tokenize", json={"messages": ASK}).json()["tokens"]
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": with_tools}).json()["prompt"]
+    assert len(with_tools) > len(plain) and '"name": "get_weather"' in text and "<tool_call>" in text
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": "hi", "tools": [WEATHER]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"

@@ -19,8 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationInfo, field_validator,
-                      model_serializer)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from tokenmill.entrypoints.server.errors import ErrorInfo, ErrorResponse  # the server's error shape: re-exported
@@ -36,6 +35,11 @@ class _Request(BaseModel):
 
 class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _omitted_when_none() -> Any:
+    """A response field left out of the JSON when None (OpenAI omits `tool_calls` when there are none)."""
+    return Field(default=None, exclude_if=lambda value: value is None)
 
 
 # -- shared request parts ----------------------------------------------------------------------------------
@@ -183,6 +187,7 @@ class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[ChatCompletionTool] | None = None  # with messages: rendered as chat renders them ("auto")
     add_special_tokens: bool | None = True
     add_generation_prompt: bool | None = None  # as in chat: None means true unless continue_final_message
     continue_final_message: bool | None = False
@@ -273,29 +278,22 @@ class ToolCall(_Response):
 class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None  # None when the answer is only tool calls
-    tool_calls: list[ToolCall] | None = None  # the calls the answer makes (a request with tools), in order
+    tool_calls: list[ToolCall] | None = _omitted_when_none()  # the calls the answer makes, in order
 
 
-class _NoNulls(_Response):
-    """Serialized without its None fields: a stream's later pieces of a call carry only what they add."""
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if v is not None}
+class DeltaFunctionCall(_Response):
+    name: str | None = _omitted_when_none()  # in a call's first piece
+    arguments: str | None = _omitted_when_none()  # arguments text to append
 
 
-class DeltaFunctionCall(_NoNulls):
-    name: str | None = None  # in a call's first piece
-    arguments: str | None = None  # arguments text to append
-
-
-class DeltaToolCall(_NoNulls):
-    """A piece of a streamed call: the first carries id, type and name; arguments pieces join to the whole."""
+class DeltaToolCall(_Response):
+    """A piece of a streamed call: the first carries id, type and name; arguments pieces join to the whole.
+    Absent fields are left out (not null): later pieces carry only what they add, as OpenAI's do."""
 
     index: int  # the call's position in the answer's tool_calls
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: DeltaFunctionCall | None = None
+    id: str | None = _omitted_when_none()
+    type: Literal["function"] | None = _omitted_when_none()
+    function: DeltaFunctionCall | None = _omitted_when_none()
 
 
 class ChatChoice(_Response):
@@ -321,7 +319,7 @@ class ChatCompletionResponse(_Response):
 class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
-    tool_calls: list[DeltaToolCall] | None = None
+    tool_calls: list[DeltaToolCall] | None = _omitted_when_none()
 
 
 class ChatChunkChoice(_Response):

@@ -29,10 +29,11 @@ from fastapi.responses import Response, StreamingResponse
 from tokenmill.engine.beam_search import BeamSearchParams
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-                                                   ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
+                                                   ChatCompletionRequest, ChatCompletionResponse,
+                                                   ChatCompletionTool, ChatDelta,
                                                    ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,
-                                                   ChatTopLogprob, DeltaFunctionCall, DeltaToolCall, ToolCall,
-                                                   ToolCallFunction)
+                                                   ChatTopLogprob, DeltaFunctionCall, DeltaToolCall,
+                                                   NamedToolChoice, ToolCall, ToolCallFunction)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, AnswerOptions, OpenAIServing, sse, sse_error
 from tokenmill.entrypoints.openai.tool_calling import ToolCalling
 from tokenmill.entrypoints.openai.tool_parsers import StreamDelta, ToolCallStream
@@ -160,13 +161,18 @@ class OpenAIServingChat(OpenAIServing):
             return ""
         return str(messages_for_template(req.messages[-1:])[0]["content"])
 
-    def _tool_calling(self, req: ChatCompletionRequest, params: SamplingParams) -> ToolCalling | None:
-        """The request's tool calling (None without tools); a forced tool_choice's constraint goes on
-        `params`, and "auto" keeps special tokens in the text when the format's markers are special."""
+    def tool_calling(self, tools: list[ChatCompletionTool] | None, tool_choice: str | NamedToolChoice | None = None,
+                     parallel_tool_calls: bool | None = None) -> ToolCalling | None:
+        """The request's tool calling (None without tools); a 400 naming the field at fault."""
         try:
-            calling = ToolCalling.of(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_prompt.format)
+            return ToolCalling.of(tools, tool_choice, parallel_tool_calls, self.tool_prompt.format)
         except ParamError as e:
             raise bad_request(e.message, e.field) from None
+
+    def _tool_calling(self, req: ChatCompletionRequest, params: SamplingParams) -> ToolCalling | None:
+        """`tool_calling` of the request; a forced tool_choice's constraint goes on `params`, and "auto"
+        keeps special tokens in the text when the format's markers are special."""
+        calling = self.tool_calling(req.tools, req.tool_choice, req.parallel_tool_calls)
         if calling is None:
             return None
         constraint = calling.constraint()

@@ -17,12 +17,14 @@ schema) is not a call: its text stays in the content. Nothing a model writes rai
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+_JSON_SYNTAX = re.compile(r'\\.|["{}\[\]]', re.DOTALL)  # what json_end looks at: escapes, quotes, brackets
 # (function name, decoded arguments) -> whether this is a call the request may get (ToolCalling's check)
 CallCheck = Callable[[str, Any], bool]
 
@@ -168,26 +170,22 @@ def held_back(text: str, marker: str) -> int:
 
 def json_end(text: str, start: int) -> int | None:
     """`text[start]` opens a JSON object or array: the index just past its closing bracket, or None if the
-    text ends first. Brackets inside strings do not count; nothing else is checked (json.loads does)."""
+    text ends first. Brackets inside strings do not count; nothing else is checked (json.loads does).
+    Streaming calls this on the text so far at every step, so it jumps from one bracket or quote to the next."""
     depth = 0
-    in_string = is_escaped = False
-    for i in range(start, len(text)):
-        ch = text[i]
+    in_string = False
+    for m in _JSON_SYNTAX.finditer(text, start):
+        token = m.group()
         if in_string:
-            if is_escaped:
-                is_escaped = False
-            elif ch == "\\":
-                is_escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
+            in_string = token != '"'  # an escape (backslash and its character) is one token
+        elif token == '"':
             in_string = True
-        elif ch in "{[":
+        elif token in "{[":
             depth += 1
-        elif ch in "}]":
+        elif token in "}]":
             depth -= 1
             if depth == 0:
-                return i + 1
+                return m.end()
     return None
 
 

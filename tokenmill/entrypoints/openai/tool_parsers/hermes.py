@@ -41,7 +41,8 @@ class HermesToolParser(ToolFormat):
             stop = len(text) if end < 0 else end + len(END)
             raw = text[start:stop]
             obj = loads(text[body_start:len(text) if end < 0 else end])
-            call = self.make_call(obj.get("name"), obj.get("arguments", {}), raw) if isinstance(obj, dict) else None
+            call = (self.make_call(obj.get("name"), obj.get("arguments", obj.get("parameters", {})), raw)
+                    if isinstance(obj, dict) else None)
             items.append(call or raw)
             if end < 0:
                 return items
