@@ -139,12 +139,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tokenmill.entrypoints.openai.router import DESCRIPTION, build_router
+    from tokenmill.entrypoints.openai import router as openai_router
     from tokenmill.entrypoints.server.config import ServerConfig
     from tokenmill.entrypoints.server.lifecycle import run_server
+    from tokenmill.entrypoints.web import router as web_router
 
     engine_config = engine_config_from_args(args)
-    return run_server(ServerConfig.from_args(args), engine_config, [build_router], DESCRIPTION)  # the OpenAI API
+    routers = [openai_router.build_router, web_router.build_router]  # the OpenAI API; the chat page at /
+    return run_server(ServerConfig.from_args(args), engine_config, routers, openai_router.DESCRIPTION)
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -154,8 +156,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
     g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (or set "
-                        "TOKENMILL_API_KEY); compared in constant time")
+                   help="require 'Authorization: Bearer KEY' on every route but /health, /metrics and the chat page's "
+                        "files (or set TOKENMILL_API_KEY); compared in constant time")
     g.add_argument("--metrics-require-key", action="store_true",
                    help="require the API key on /metrics too (by default /metrics is open, for scrapers)")
     g.add_argument("--max-waiting-requests", type=int, default=None,
@@ -234,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(c, max_tokens=512)
     c.set_defaults(func=cmd_chat)
 
-    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API (and a chat page at / for browsers)")
     add_engine_args(s)
     add_serve_args(s)
     s.set_defaults(func=cmd_serve)

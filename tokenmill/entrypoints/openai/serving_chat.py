@@ -77,7 +77,6 @@ class OpenAIServingChat(OpenAIServing):
                                      raw_request: Request) -> Response | ChatCompletionResponse:
         """Validate, render, then stream SSE or return the whole ChatCompletionResponse. Raises APIError."""
         self.check_model(req.model)
-        self._reject_unsupported(req)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
@@ -91,6 +90,7 @@ class OpenAIServingChat(OpenAIServing):
         if beams is not None and calling is not None and calling.mode != "none":
             raise bad_request("tools cannot be used with use_beam_search (set tool_choice to \"none\")",
                               "use_beam_search")
+        await self.compile_structured(params)
         if not req.messages:
             raise bad_request("messages must not be empty", "messages")
         prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt,
@@ -184,12 +184,6 @@ class OpenAIServingChat(OpenAIServing):
         if calling.mode == "auto" and not calling.format.skip_special_tokens:
             params.skip_special_tokens = False
         return calling
-
-    @staticmethod
-    def _reject_unsupported(req: ChatCompletionRequest) -> None:
-        if req.response_format is not None and req.response_format.type != "text":
-            raise bad_request(f"response_format: only type 'text' is supported, got {req.response_format.type!r}",
-                              "response_format")
 
     async def _collect_beams(self, request_id: str, prompt: ProcessedPrompt, bp: BeamSearchParams, echo: str,
                              options: AnswerOptions) -> ChatCompletionResponse:

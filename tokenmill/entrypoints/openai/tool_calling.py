@@ -40,6 +40,7 @@ Mode = Literal["none", "auto", "required", "named"]
 
 @dataclass(frozen=True)
 class Tool:
+    index: int  # in the request's tools
     name: str
     parameters: dict[str, Any]  # the arguments' JSON schema (no parameters: an empty object)
     is_strict: bool
@@ -93,12 +94,14 @@ class ToolCalling:
 
     # -- the output --------------------------------------------------------------------------------------
     def constraint(self) -> StructuredOutputsParams | None:
-        """The JSON schema a forced choice puts on the output; None for "none" and "auto"."""
+        """The JSON schema a forced choice puts on the output; None for "none" and "auto". One that does not
+        compile is blamed on the named tool's parameters, or on `tools` for "required"."""
         if self.mode == "named":
             assert self.named is not None
-            return StructuredOutputsParams(json=self.tools[self.named].parameters)
+            tool = self.tools[self.named]
+            return StructuredOutputsParams(json=tool.parameters, source=f"tools[{tool.index}].function.parameters")
         if self.mode == "required":
-            return StructuredOutputsParams(json=self.required_schema())
+            return StructuredOutputsParams(json=self.required_schema(), source="tools")
         return None
 
     def required_schema(self) -> dict[str, Any]:
@@ -169,7 +172,7 @@ def _check_tool(tool: ChatCompletionTool, i: int) -> Tool:
     if params.get("type", "object") != "object":
         raise ParamError(f"{field}.parameters", f"{field}.parameters must describe an object (the arguments), "
                                                 f"not type {params.get('type')!r}")
-    return Tool(fn.name, params, bool(fn.strict), tool.model_dump(exclude_none=True))
+    return Tool(i, fn.name, params, bool(fn.strict), tool.model_dump(exclude_none=True))
 
 
 def _depth(value: Any) -> int:
