@@ -109,7 +109,8 @@ def test_deep_schema_is_refused_not_a_crash() -> None:
 def test_choice_without_tools() -> None:
     with pytest.raises(ParamError) as e:
         ToolCalling.of(None, "required", None, HERMES)
-    assert e.value.field == "tool_choice"
+    assert e.value.field == "tool_choice" and "'required' needs tools" in e.value.message
+    assert ToolCalling.of(None, "auto", None, HERMES) is None  # nothing to call: an answer in text
     with pytest.raises(ParamError) as e:
         ToolCalling.of(None, None, False, HERMES)
     assert e.value.field == "parallel_tool_calls"
@@ -168,7 +169,7 @@ def test_template_that_renders_tools_gets_them() -> None:
 
 
 def test_fallback_for_a_template_without_tools(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="tokenmill.server"):
+    with caplog.at_level("INFO", logger="tokenmill.server"):
         prompt = ToolPrompt(FakeTokenizer(CHATML))  # type: ignore[arg-type]
     assert not prompt.renders_tools and prompt.format is HERMES
     assert "does not render tools" in caplog.text

@@ -65,8 +65,9 @@ class ToolCalling:
         if tools is not None and len(tools) > MAX_TOOLS:
             raise ParamError("tools", f"tools: at most {MAX_TOOLS} tools, got {len(tools)}")
         if not tools:
-            if tool_choice not in (None, "none"):
-                raise ParamError("tool_choice", "tool_choice needs tools: give the functions it may call in tools")
+            if tool_choice not in (None, "none", "auto"):  # with no tools, "auto" can only answer in text
+                what = repr(tool_choice) if isinstance(tool_choice, str) else "naming a function"
+                raise ParamError("tool_choice", f"tool_choice {what} needs tools: give the functions it may call")
             if parallel_tool_calls is not None:
                 raise ParamError("parallel_tool_calls", "parallel_tool_calls needs tools")
             return None

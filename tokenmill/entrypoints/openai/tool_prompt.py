@@ -58,9 +58,9 @@ class ToolPrompt:
         if self.renders_tools:
             log.info("tool calling: the chat template renders tools; calls are read in the %s format", parser_name)
         elif tokenizer.chat_template:
-            log.warning("tool calling: the chat template does not render tools, so requests with tools get a "
-                        "system prompt that lists them and teaches the %s call format (README: Tool calling)",
-                        parser_name)
+            log.info("tool calling: the chat template does not render tools, so requests with tools get a "
+                     "system prompt that lists them and teaches the %s call format (README: Tool calling)",
+                     parser_name)
 
     def prepare(self, messages: list[dict[str, Any]],
                 calling: ToolCalling | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
