@@ -73,6 +73,14 @@ def _cmd_latency(args: argparse.Namespace) -> int:
     return _emit(args, llm, "latency", run_latency(llm, args.input_len, args.output_len, args.seed))
 
 
+def _cmd_structured(args: argparse.Namespace) -> int:
+    from tokenmill.benchmarks.structured import run_structured
+
+    llm = _offline_llm(args)
+    return _emit(args, llm, "structured", run_structured(llm, args.concurrency, args.rounds, args.temperature,
+                                                         args.output_len, args.seed, args.save_workload))
+
+
 def _offline_args(p: argparse.ArgumentParser, output_len: int) -> None:
     p.add_argument("--model", default="default", help="a .gguf file, an HF-style directory, or 'default'")
     p.add_argument("--input-len", type=int, default=200, help="prompt tokens (random ids, unique first tokens)")
@@ -107,13 +115,13 @@ def add_soak_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Register `tokenmill bench {serve,soak,plot,compare,throughput,latency}`."""
+    """Register `tokenmill bench {serve,soak,plot,compare,throughput,structured,latency}`."""
     from tokenmill.benchmarks.compare import add_compare_args
     from tokenmill.benchmarks.plot import add_plot_args
     from tokenmill.benchmarks.serve import add_serve_bench_args
 
     b = sub.add_parser("bench", help="benchmarks: serve (load test a server), soak, plot, compare, throughput, "
-                                     "latency")
+                                     "structured, latency")
     bsub = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
 
     s = bsub.add_parser("serve", help="load-test an OpenAI-compatible server (TTFT, TPOT, ITL, throughput)")
@@ -141,6 +149,15 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     t.add_argument("--save-prompts", default=None, help="write the prompts' token ids here (JSON), e.g. for "
                    "benchmarks/peers/vllm_offline.py")
     t.set_defaults(func=_cmd_throughput)
+
+    st = bsub.add_parser("structured", help="throughput with every request under a JSON schema vs unconstrained")
+    _offline_args(st, output_len=400)
+    st.add_argument("--concurrency", type=int, default=16, help="requests at once (set --max-num-seqs to match)")
+    st.add_argument("--rounds", type=int, default=3)
+    st.add_argument("--temperature", type=float, default=0.0)
+    st.add_argument("--save-workload", default=None, help="write the prompts and schemas here (JSON), for "
+                    "benchmarks/peers/vllm_structured.py")
+    st.set_defaults(func=_cmd_structured)
 
     lat = bsub.add_parser("latency", help="one request: prefill tok/s and decode tok/s")
     _offline_args(lat, output_len=128)

@@ -16,6 +16,7 @@ checker finishes that request. Torch-free (numpy only), so it lives with the eng
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,8 @@ class StructuredOutputManager:
         self._lock = threading.Lock()
         self._executor: llguidance.LLExecutor | None = None
         self.num_compiled = 0  # grammars compiled (not served from the cache)
+        self.mask_seconds = 0.0  # spent filling bitmasks and advancing matchers (the bench reports it per token)
+        self.num_masks = 0  # bitmask rows filled
 
     @property
     def lltokenizer(self) -> llguidance.LLTokenizer:
@@ -79,6 +82,7 @@ class StructuredOutputManager:
 
     def fill_bitmask(self, matchers: list[llguidance.LLMatcher]) -> np.ndarray:
         """(G, W) int32: the next-token masks of these G matchers, in order."""
+        t0 = time.perf_counter()
         mask = np.full((len(matchers), bitmask_width(self.vocab_size)), -1, dtype=np.int32)
         row_bytes = mask.shape[1] * 4
         if len(matchers) == 1:
@@ -88,8 +92,12 @@ class StructuredOutputManager:
                 self._executor = llguidance.LLExecutor()
             self._executor.unsafe_compute_mask_ptr([(m, g) for g, m in enumerate(matchers)], mask.ctypes.data,
                                                    row_bytes, len(matchers))
+        self.mask_seconds += time.perf_counter() - t0
+        self.num_masks += len(matchers)
         return mask
 
-    @staticmethod
-    def accept(matcher: llguidance.LLMatcher, token_id: int) -> bool:
-        return bool(matcher.consume_token(token_id))
+    def accept(self, matcher: llguidance.LLMatcher, token_id: int) -> bool:
+        t0 = time.perf_counter()
+        ok = bool(matcher.consume_token(token_id))
+        self.mask_seconds += time.perf_counter() - t0
+        return ok
