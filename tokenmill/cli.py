@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenmill.config import EngineConfig, SpeculativeConfig, parse_size
+from tokenmill.entrypoints.openai.tool_parsers.registry import PARSER_CHOICES
 
 
 def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -> None:
@@ -180,6 +181,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-prompts", action="store_true",
                    help="log each request's prompt text (off by default: logs never contain prompts or outputs)")
     g.add_argument("--access-log", action="store_true", help="log every HTTP request (off by default)")
+    g.add_argument("--tool-call-parser", default="auto", choices=PARSER_CHOICES,
+                   help="the format chat reads tool calls in (tool_choice auto): hermes (Hermes, Qwen), llama3_json "
+                        "(Llama 3.1+), mistral; auto (default): detected from the chat template, hermes when the "
+                        "template renders no tools")
     g.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"])
 
 
