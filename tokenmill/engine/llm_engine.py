@@ -220,8 +220,8 @@ class LLMEngine:
     def _fill_grammar_bitmask(self, sched: SchedulerOutput) -> None:
         """Put the next-token bitmask of every constrained request that samples this step into sched."""
         reqs = self.scheduler.requests
-        owners = [rid for rid, n in sched.num_scheduled_tokens.items()
-                  if (r := reqs[rid]).grammar is not None and r.num_computed_tokens + n == r.num_tokens]
+        owners = [rid for rid, n in sched.num_scheduled_tokens.items() if (r := reqs[rid]).grammar is not None
+                  and r.num_computed_tokens + n - len(sched.spec_token_ids.get(rid, ())) == r.num_tokens]
         if owners:
             # a speculating request gets a row per draft position (the mask after its first j drafts)
             drafts = [sched.spec_token_ids.get(rid, []) for rid in owners]

@@ -88,19 +88,24 @@ class StructuredOutputManager:
         rows = len(matchers) + sum(len(d) for d in drafts or [])
         mask = np.full((rows, bitmask_width(self.vocab_size)), -1, dtype=np.int32)
         row_bytes = mask.shape[1] * 4
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor()
-        if drafts and any(drafts):
-            entries, g = [], 0
-            for m, d in zip(matchers, drafts):
-                entries.append((m, g, list(d)))
-                g += 1 + len(d)
-            self._executor.unsafe_compute_mask_ptr_with_draft_token(entries, mask.ctypes.data, row_bytes, rows)
-        elif len(matchers) == 1:
+        if len(matchers) == 1 and not (drafts and drafts[0]):
             matchers[0].unsafe_compute_mask_ptr(mask.ctypes.data, row_bytes)
         else:
-            self._executor.unsafe_compute_mask_ptr([(m, g) for g, m in enumerate(matchers)], mask.ctypes.data,
-                                                   row_bytes, len(matchers))
+            if self._executor is None:
+                self._executor = llguidance.LLExecutor()
+            plain: list[tuple[llguidance.LLMatcher, int]] = []
+            with_drafts: list[tuple[llguidance.LLMatcher, int, list[int]]] = []
+            g = 0
+            for m, d in zip(matchers, drafts or [[]] * len(matchers)):
+                if d:
+                    with_drafts.append((m, g, list(d)))
+                else:
+                    plain.append((m, g))
+                g += 1 + len(d)
+            if plain:
+                self._executor.unsafe_compute_mask_ptr(plain, mask.ctypes.data, row_bytes, rows)
+            if with_drafts:
+                self._executor.unsafe_compute_mask_ptr_with_draft_token(with_drafts, mask.ctypes.data, row_bytes, rows)
         self.mask_seconds += time.perf_counter() - t0
         self.num_masks += len(matchers)
         return mask

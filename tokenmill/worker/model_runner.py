@@ -20,6 +20,7 @@ from tokenmill.outputs import Logprob, TokenLogprobs
 from tokenmill.sample.grammar_bitmask import GrammarBitmaskProcessor
 from tokenmill.sample.logits_processor import LogitsProcessor, default_processors
 from tokenmill.sample.sampler import SamplerOutput, SamplingBatch, sample
+from tokenmill.sample.spec_verify import accepted_prefix
 from tokenmill.scheduler_output import ModelRunnerOutput, PromptLogprobsChunk, SchedulerOutput
 from tokenmill.worker.kv_cache import per_layer_views
 from tokenmill.worker.request_state import CachedRequestState
@@ -85,6 +86,7 @@ class ModelRunner:
         # several engines in one process must not reseed each other)
         self.shared_generator = torch.Generator(device=device)
         self.shared_generator.manual_seed(seed)
+        self.verify = accepted_prefix  # how many drafts a step keeps (a test swaps in a wrong one)
 
     # -- the contract ----------------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -194,13 +196,8 @@ class ModelRunner:
         while i < len(rows):
             r = rows[i]
             drafts = so.spec_token_ids.get(r.req_id, [])
-            # verification: row j's token was sampled from the target's distribution after draft j - 1;
-            # drafts are kept while they equal it, and the first that does not is replaced by it (for a
-            # deterministic draft this is exactly rejection sampling: the output is the target's)
-            n_keep = 0
-            while n_keep < len(drafts) and out.token_ids[i + n_keep] == drafts[n_keep]:
-                n_keep += 1
-            result.sampled_token_ids[r.req_id] = [out.token_ids[i + j] for j in range(n_keep + 1)]
+            n_keep = self.verify(out.token_ids[i : i + len(drafts) + 1], drafts) if drafts else 0  # spec_verify.py
+            result.sampled_token_ids[r.req_id] = drafts[:n_keep] + [out.token_ids[i + n_keep]]
             n = r.sampling_params.logprobs
             if n is not None:
                 result.logprobs[r.req_id] = [self._logprobs_row(out, i + j, n) for j in range(n_keep + 1)]
