@@ -205,3 +205,16 @@ def test_rejection_sampling_keeps_the_distribution(plain: LLM) -> None:
     llm.engine.executor.worker.runner.verify = biased  # type: ignore[attr-defined]
     bad = _chi2_pvalue(sample(), probs)
     assert bad < 1e-6, f"the test cannot tell a biased acceptance from a correct one (p = {bad:.2g})"
+
+
+def test_metrics_carry_vllms_spec_decode_names(spec: LLM) -> None:
+    from tokenmill.metrics import ServerMetrics
+
+    spec.generate(chat(spec, f"Repeat this code exactly:\n{CODE}"), SamplingParams(temperature=0, max_tokens=24))
+    text = ServerMetrics("m", spec.engine.stats, log_requests=False).render().decode()
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("tokenmill:spec_decode") and 'position="0"' in line or
+              line.startswith("tokenmill:spec_decode_num_")}
+    for name in ("drafts", "draft_tokens", "accepted_tokens", "accepted_tokens_per_pos"):
+        assert values[f"tokenmill:spec_decode_num_{name}_total"] > 0, name
+    assert values["tokenmill:spec_decode_num_draft_tokens_total"] >= values["tokenmill:spec_decode_num_accepted_tokens_total"]
