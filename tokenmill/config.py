@@ -53,8 +53,8 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
-    max_batch_size: int = 4
-    min_acceptance_rate: float = 0.2
+    max_batch_size: int = 2
+    min_acceptance_rate: float = 0.5
     backoff_steps: int = 16
 
     def __post_init__(self) -> None:
