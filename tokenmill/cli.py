@@ -138,12 +138,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tokenmill.entrypoints.openai.router import DESCRIPTION, build_router
+    from tokenmill.entrypoints.ollama import router as ollama
+    from tokenmill.entrypoints.openai import router as openai
     from tokenmill.entrypoints.server.config import ServerConfig
     from tokenmill.entrypoints.server.lifecycle import run_server
 
     engine_config = engine_config_from_args(args)
-    return run_server(ServerConfig.from_args(args), engine_config, [build_router], DESCRIPTION)  # the OpenAI API
+    return run_server(ServerConfig.from_args(args), engine_config, [openai.build_router, ollama.build_router],
+                      "An LLM inference server: OpenAI's API under /v1, Ollama's under /api.")
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -229,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(c, max_tokens=512)
     c.set_defaults(func=cmd_chat)
 
-    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API (and Ollama's, under /api)")
     add_engine_args(s)
     add_serve_args(s)
     s.set_defaults(func=cmd_serve)
