@@ -223,6 +223,14 @@ def test_errors(server: ServerProcess, client: Any) -> None:
         assert "tokenmill serve MODEL" in e.value.error
     r = httpx.post(f"{server.url}/api/generate", headers=HEADERS, content=b"{not json")
     assert r.status_code == 400 and set(r.json()) == {"error"}
+    # the server's guards and FastAPI's own answers are in Ollama's shape on /api/ paths too
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=server.url).list()  # no API key
+    assert e.value.status_code == 401 and e.value.error.startswith("missing or wrong API key")
+    for r, status in ((httpx.get(f"{server.url}/api/nothing", headers=HEADERS), 404),
+                      (httpx.get(f"{server.url}/api/generate", headers=HEADERS), 405),
+                      (httpx.post(f"{server.url}/api/generate", headers=HEADERS, content=b" " * (5 * 2**20)), 413)):
+        assert r.status_code == status and isinstance(r.json()["error"], str), r.text
     # Ollama's "load" answers: no prompt, nothing generated
     assert client.generate(model=MODEL, prompt="", keep_alive="5m").done_reason == "load"
     assert client.chat(model=MODEL, messages=[]).done_reason == "load"

@@ -2,10 +2,11 @@
 /api/version, and the registry routes (pull, push, create, copy, delete, blobs), which answer how tokenmill
 gets its models. Routes only parse and delegate to OllamaServing.
 
-Every error these routes raise is Ollama's shape, `{"error": "..."}`, with the status the server's other
-routes would give (400 bad request, 404 unknown model, 408 timeout, 503 draining or full, ...): the
-route class below formats what the OpenAI routes leave to the app's handlers. `GET /` and `HEAD /` are
-not here (the web page's router answers them).
+Every error on these paths is Ollama's shape, `{"error": "..."}`, with the status the server's other routes
+would give (400 bad request, 401 without the API key, 404 unknown model, 408 timeout, 413 body too large,
+503 draining or full, ...): the router registers the shape for `/api/` in the app's ErrorShapes, so the
+app's handlers and middleware answer in it. `GET /` and `HEAD /` are not here (the web page's router
+answers them).
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
+from fastapi.responses import Response
 
 from tokenmill.entrypoints.ollama.model_card import ModelCard
 from tokenmill.entrypoints.ollama.protocol import (ChatRequest, ChatResponse, ErrorResponse, GenerateRequest,
@@ -26,7 +25,7 @@ from tokenmill.entrypoints.ollama.protocol import (ChatRequest, ChatResponse, Er
 from tokenmill.entrypoints.ollama.options import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from tokenmill.entrypoints.ollama.serving import NDJSON, OllamaServing
 from tokenmill.entrypoints.server.app import ServerContext
-from tokenmill.entrypoints.server.errors import APIError, validation_message
+from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.version import __version__
 
 log = logging.getLogger("tokenmill.server")
@@ -41,26 +40,9 @@ _STREAM: dict[int | str, dict[str, Any]] = {200: {"content": {NDJSON: {"schema":
 _NEVER = "2318-01-01T00:00:00Z"  # /api/ps expires_at of a model that is never unloaded
 
 
-def ollama_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-class OllamaRoute(APIRoute):
-    """An APIRoute whose failures answer in Ollama's error shape (FastAPI's way to give one router its own
-    error format): validation errors are 400s naming the field, APIErrors keep their status."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestValidationError as e:
-                return ollama_error(400, validation_message(e)[0])
-            except APIError as e:
-                return ollama_error(e.status, e.message, e.headers)
-
-        return route
+def ollama_error_body(status: int, message: str, param: str | None) -> dict[str, Any]:
+    """Ollama's error body: the message alone (no type, param or code)."""
+    return {"error": message}
 
 
 def _registry_message(card: ModelCard, action: str) -> str:
@@ -87,7 +69,8 @@ def build_router(ctx: ServerContext) -> APIRouter:
     serving = OllamaServing(ctx)
     card = serving.card
     path = str(ctx.async_engine.engine.source.path)
-    router = APIRouter(route_class=OllamaRoute, responses=_ERRORS, tags=["ollama"])
+    ctx.error_shapes.add("/api/", ollama_error_body)
+    router = APIRouter(responses=_ERRORS, tags=["ollama"])
 
     @router.post("/api/generate", response_model=GenerateResponse, responses=_STREAM)
     async def generate(req: GenerateRequest, raw_request: Request) -> Response:
@@ -124,7 +107,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
 
     def refuse(action: str) -> Callable[[], Coroutine[Any, Any, Response]]:
         async def endpoint() -> Response:  # the body is never read
-            return ollama_error(501, _registry_message(card, action))
+            raise APIError(501, _registry_message(card, action))
         return endpoint
 
     for route, methods, action in (("/api/pull", ["POST"], "pull"), ("/api/push", ["POST"], "push"),
@@ -136,8 +119,8 @@ def build_router(ctx: ServerContext) -> APIRouter:
 
     async def embeddings() -> Response:
         # as the OpenAI router's /v1/embeddings: a RAG front end hears why, not a bare 404
-        return ollama_error(400, f"the model {card.name} does not support embeddings: tokenmill serves generative "
-                                 "models (generate and chat) only")
+        raise bad_request(f"the model {card.name} does not support embeddings: tokenmill serves generative models "
+                          "(generate and chat) only", "model")
 
     for route in ("/api/embed", "/api/embeddings"):
         router.add_api_route(route, embeddings, methods=["POST"], include_in_schema=False)
