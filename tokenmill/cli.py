@@ -138,14 +138,17 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tokenmill.entrypoints.ollama import router as ollama
-    from tokenmill.entrypoints.openai import router as openai
+    from tokenmill.entrypoints.ollama import router as ollama_router
+    from tokenmill.entrypoints.openai import router as openai_router
     from tokenmill.entrypoints.server.config import ServerConfig
     from tokenmill.entrypoints.server.lifecycle import run_server
+    from tokenmill.entrypoints.web import router as web_router
 
     engine_config = engine_config_from_args(args)
-    return run_server(ServerConfig.from_args(args), engine_config, [openai.build_router, ollama.build_router],
-                      "An LLM inference server: OpenAI's API under /v1, Ollama's under /api.")
+    # OpenAI's API under /v1, Ollama's under /api, the chat page at /
+    routers = [openai_router.build_router, ollama_router.build_router, web_router.build_router]
+    return run_server(ServerConfig.from_args(args), engine_config, routers,
+                      "An LLM inference server: OpenAI's API under /v1, Ollama's under /api, a chat page at /.")
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -155,8 +158,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
     g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (or set "
-                        "TOKENMILL_API_KEY); compared in constant time")
+                   help="require 'Authorization: Bearer KEY' on every route but /health, /metrics and the chat page's "
+                        "files (or set TOKENMILL_API_KEY); compared in constant time")
     g.add_argument("--metrics-require-key", action="store_true",
                    help="require the API key on /metrics too (by default /metrics is open, for scrapers)")
     g.add_argument("--max-waiting-requests", type=int, default=None,
@@ -231,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(c, max_tokens=512)
     c.set_defaults(func=cmd_chat)
 
-    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API (and Ollama's, under /api)")
+    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API, Ollama's under /api, and a chat page at / "
+                                     "for browsers")
     add_engine_args(s)
     add_serve_args(s)
     s.set_defaults(func=cmd_serve)

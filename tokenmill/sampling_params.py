@@ -52,16 +52,17 @@ class StructuredOutputsParams:
     grammar: str | None = None
     disable_any_whitespace: bool = False
     whitespace_pattern: str | None = None
+    source: str = "structured_outputs"  # the request field it came from: the one an error names
 
     def __post_init__(self) -> None:
         kinds = self.kinds()
         if len(kinds) != 1:
-            raise ParamError("structured_outputs", "give exactly one of json, json_object, regex, choice and grammar"
+            raise ParamError(self.source, "give exactly one of json, json_object, regex, choice and grammar"
                              + (f" (got {', '.join(kinds)})" if kinds else ""))
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
-            raise ParamError("structured_outputs", "choice must be a non-empty list of strings")
+            raise ParamError(self.source, "choice must be a non-empty list of strings")
         if self.disable_any_whitespace and self.whitespace_pattern is not None:
-            raise ParamError("structured_outputs", "give at most one of disable_any_whitespace and whitespace_pattern")
+            raise ParamError(self.source, "give at most one of disable_any_whitespace and whitespace_pattern")
 
     def kinds(self) -> list[str]:
         return [k for k in ("json", "json_object", "regex", "choice", "grammar") if getattr(self, k) not in (None, False)]

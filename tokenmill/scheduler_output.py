@@ -16,6 +16,7 @@ the tokens it has (a decode, or the last chunk of a prompt); the workers work th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenmill.outputs import TokenLogprobs
 from tokenmill.sampling_params import SamplingParams
@@ -58,6 +59,10 @@ class SchedulerOutput:
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # draft tokens (none yet)
     finished_req_ids: set[str] = field(default_factory=set)  # since the previous step
     preempted_req_ids: list[str] = field(default_factory=list)  # in this step
+    # structured output: the requests that sample under a grammar this step -> their row of grammar_bitmask,
+    # a (G, ceil(V / 32)) int32 numpy array whose row g allows token t iff bit t % 32 of word t // 32 is set
+    structured_output_request_ids: dict[str, int] = field(default_factory=dict)
+    grammar_bitmask: Any = None  # numpy.ndarray | None (numpy, not torch: the contract stays torch-free)
 
     @property
     def is_empty(self) -> bool:

@@ -7,21 +7,24 @@ from __future__ import annotations
 import dataclasses
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
 from tokenmill import LLM, SamplingParams
 from tokenmill.engine.request import Request
 from tokenmill.executor.executor import Executor
+from tokenmill.sampling_params import StructuredOutputsParams
 from tokenmill.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 PLAIN = (str, int, float, bool, type(None))
 
 
 def assert_plain(obj: object, where: str = "") -> None:
-    """Only builtins and dataclasses of builtins, all the way down."""
+    """Only builtins and dataclasses of builtins, all the way down (and numpy arrays of numbers: the
+    grammar bitmask)."""
     assert not isinstance(obj, (Request, torch.Tensor)), f"{where}: {type(obj).__name__} crosses the contract"
-    if isinstance(obj, PLAIN):
+    if isinstance(obj, PLAIN) or (isinstance(obj, np.ndarray) and obj.dtype.kind in "iuf"):
         return
     if isinstance(obj, (list, tuple, set, frozenset)):
         for i, x in enumerate(obj):
@@ -57,7 +60,7 @@ class PicklingExecutor(Executor):
         return pickle.loads(pickle.dumps(out))
 
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4, 5,"]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4, 5,", "Name a colour:"]
 
 
 def test_contract_is_picklable_plain_data_and_changes_nothing(llm: LLM) -> None:
@@ -65,7 +68,10 @@ def test_contract_is_picklable_plain_data_and_changes_nothing(llm: LLM) -> None:
     params = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=0.8, seed=3, max_tokens=10, n=2),
               SamplingParams(temperature=0, max_tokens=8, stop=["\n"], logprobs=2),
               SamplingParams(temperature=0.7, seed=11, max_tokens=9, presence_penalty=0.5, logit_bias={13: 2.0},
-                             min_tokens=4)]
+                             min_tokens=4),
+              SamplingParams(temperature=0.9, seed=5, max_tokens=30, n=2, structured_outputs=StructuredOutputsParams(
+                  json={"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}},
+                        "required": ["colour"]}))]
     direct = llm.generate(PROMPTS, params)
     real = eng.executor
     proxy = PicklingExecutor(real)

@@ -24,10 +24,11 @@ def in_process_app(**config: Any) -> Iterator[Any]:
     async_engine.shutdown()
 
 
-def call(app: Any, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120) -> httpx.Response:
+def call(app: Any, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120,
+         headers: dict[str, str] | None = None) -> httpx.Response:
     async def main() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
                                      timeout=timeout) as client:
-            return await client.request(method, path, json=body)
+            return await client.request(method, path, json=body, headers=headers)
 
     return asyncio.run(main())

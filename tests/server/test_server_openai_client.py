@@ -157,7 +157,7 @@ def test_completion_400s(server: ServerProcess, body: dict, field: str) -> None:
 
 @pytest.mark.parametrize("extra, field", [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),  # needs its json_schema
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"functions": []}, "functions"),
 ])

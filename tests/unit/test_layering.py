@@ -17,7 +17,7 @@ LEVELS = {
     "cli": 7,
     "entrypoints": 6, "benchmarks": 6, "metrics": 6,
     "engine": 5,
-    "executor": 4,
+    "executor": 4, "structured_output": 4,
     "worker": 3,
     "attention": 2, "models": 2, "layers": 2, "sample": 2,
     "loader": 1, "tokenizer": 1, "platforms": 1, "memory_plan": 1, "native": 1,

@@ -1,7 +1,8 @@
 """LLMEngine: load a model once, then add requests and step. Synchronous; the server wraps it.
 
-One step = schedule (a plain-data SchedulerOutput) -> the executor runs it on the workers -> the scheduler
-advances requests -> detokenize and decide stops (StopChecker) -> RequestOutputs.
+One step = schedule (a plain-data SchedulerOutput) -> the grammar bitmask of the constrained requests that
+sample -> the executor runs it on the workers -> the scheduler advances requests -> grammars consume the
+new tokens -> detokenize and decide stops (StopChecker) -> RequestOutputs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tokenmill.memory_plan import MemoryPlan, make_plan
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler_output import SchedulerOutput
+from tokenmill.structured_output import StructuredOutputManager
 
 log = logging.getLogger("tokenmill")
 
@@ -87,6 +89,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stop_checker = StopChecker(self.max_model_len)
+        self.structured = StructuredOutputManager(self.tokenizer, cfg.vocab_size)
         self.requests: dict[str, list[Request]] = {}  # request id -> its sequences (n of them)
         self.group_of: dict[str, str] = {}  # sequence id -> request id, for n > 1
         self.load_time = time.monotonic() - t0
@@ -110,12 +113,18 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         processed = self.input_processor.process(prompt, params)
         prompt_ids, max_tokens = processed.prompt_token_ids, processed.max_tokens
+        spec = params.structured_outputs
+        if spec is not None:
+            self.structured.compile(spec)  # a ParamError now, before anything is queued (cached: the server compiled it)
         now = arrival_time or time.monotonic()
         seqs: list[Request] = []
         for i in range(params.n):
             seed = params.seed if params.seed is None or i == 0 else hash((params.seed, i)) & 0x7FFF_FFFF_FFFF
             seqs.append(Request(f"{request_id}#{i}" if params.n > 1 else request_id, prompt_ids, params,
                                 max_tokens, self.tokenizer.eog_token_ids, seed, seqs[0] if i else None, now))
+        if spec is not None:
+            for r in seqs:
+                r.grammar = self.structured.matcher_for(spec)
         self.requests[request_id] = seqs
         if params.n > 1:
             self.group_of.update((r.request_id, request_id) for r in seqs)
@@ -153,6 +162,7 @@ class LLMEngine:
         if sched.is_empty:
             self._send_finished(sched.finished_req_ids)
             return []
+        self._fill_grammar_bitmask(sched)
         result = self.executor.execute_model(sched)
         for rid, chunk in result.prompt_logprobs.items():
             pst = self.output_processor.states.get(self.group_of.get(rid, rid))
@@ -168,8 +178,12 @@ class LLMEngine:
             lps = result.logprobs.get(req.request_id)
             if lps and seq.logprobs is not None:
                 seq.logprobs.extend(lps)
+            if req.grammar is not None:
+                self.structured.accept(req.grammar, req.token_ids[-1])
             status = self.stop_checker.check(req, seq)  # the one place that decides
             if status is not None:
+                if status is RequestStatus.FINISHED_ERROR and req.grammar is not None:
+                    st.error = f"structured output: the grammar refused the sampled token ({req.grammar.get_error()})"
                 self.scheduler.finish(req, status)
             touched[group_id] = None
         outputs: list[RequestOutput] = []
@@ -187,6 +201,15 @@ class LLMEngine:
         if not self.requests:
             self._send_finished(self.scheduler.take_finished_req_ids())
         return outputs
+
+    def _fill_grammar_bitmask(self, sched: SchedulerOutput) -> None:
+        """Put the next-token bitmask of every constrained request that samples this step into sched."""
+        reqs = self.scheduler.requests
+        owners = [rid for rid, n in sched.num_scheduled_tokens.items()
+                  if (r := reqs[rid]).grammar is not None and r.num_computed_tokens + n == r.num_tokens]
+        if owners:
+            sched.grammar_bitmask = self.structured.fill_bitmask([reqs[rid].grammar for rid in owners])
+            sched.structured_output_request_ids = {rid: g for g, rid in enumerate(owners)}
 
     # -- stats -----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenmill.outputs import FinishReason
 from tokenmill.sampling_params import SamplingParams
@@ -61,6 +62,9 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_preemptions: int = 0
     stop_reason: str | int | None = None
+    # structured output: this sequence's grammar matcher (llguidance.LLMatcher; structured_output/manager.py),
+    # advanced by each accepted token; None for an unconstrained request
+    grammar: Any = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     # what the workers know of it (the step contract sends deltas past these)

@@ -52,6 +52,10 @@ class LLM:
         processor = self.engine.input_processor
         # all of them checked before any runs: a bad prompt leaves nothing queued
         processed = [processor.process(prompt, p) for prompt, p in zip(prompts, plist)]  # type: ignore[arg-type]
+        for sp in plist:
+            spec = sp.structured_outputs  # type: ignore[union-attr]
+            if spec is not None:
+                self.engine.structured.compile(spec)  # a grammar that does not compile raises now
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         for rid, prompt, p in zip(ids, processed, plist):
             self.engine.add_request(rid, prompt, p)  # type: ignore[arg-type]

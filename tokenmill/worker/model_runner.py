@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from tokenmill.attention.backend import AttentionBackend, AttentionContext, AttentionStep, ScheduledSeq
 from tokenmill.models.interface import CausalLM
 from tokenmill.outputs import Logprob, TokenLogprobs
+from tokenmill.sample.grammar_bitmask import GrammarBitmaskProcessor
 from tokenmill.sample.logits_processor import LogitsProcessor, default_processors
 from tokenmill.sample.sampler import SamplerOutput, SamplingBatch, sample
 from tokenmill.scheduler_output import ModelRunnerOutput, PromptLogprobsChunk, SchedulerOutput
@@ -52,7 +53,8 @@ class ModelRunner:
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.requests: dict[str, CachedRequestState] = {}
-        self.processors: list[LogitsProcessor] = default_processors(vocab_size, eog_token_ids, device)
+        self.grammar = GrammarBitmaskProcessor(device)  # last: nothing may re-allow what a grammar forbids
+        self.processors: list[LogitsProcessor] = [*default_processors(vocab_size, eog_token_ids, device), self.grammar]
         # rows without a seed of their own draw from this engine's generator (never torch's global one:
         # several engines in one process must not reseed each other)
         self.shared_generator = torch.Generator(device=device)
@@ -153,6 +155,7 @@ class ModelRunner:
         if not rows:
             return result
         logits = self.model.compute_logits(hidden[sample_idx])
+        self._set_grammar(so, rows)
         active = [p for p in self.processors if p.prepare(rows)]
         out = sample(logits, self._prepare_sampling(rows), active)
         for i, r in enumerate(rows):
@@ -161,6 +164,16 @@ class ModelRunner:
             if n is not None:
                 result.logprobs[r.req_id] = [self._logprobs_row(out, i, n)]
         return result
+
+    def _set_grammar(self, so: SchedulerOutput, rows: list[CachedRequestState]) -> None:
+        """Give the grammar processor this step's constrained rows and their bitmask rows."""
+        owners = so.structured_output_request_ids
+        if not owners or so.grammar_bitmask is None:
+            self.grammar.set_step([], None)
+            return
+        picked = [(i, owners[r.req_id]) for i, r in enumerate(rows) if r.req_id in owners]
+        mask = torch.from_numpy(so.grammar_bitmask)[[g for _, g in picked]] if picked else None
+        self.grammar.set_step([i for i, _ in picked], mask)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, pr: _PromptRows) -> PromptLogprobsChunk:
         """Raw log-softmax of the prompt tokens pr scores, from hidden (T, D), in slices of rows."""

@@ -193,6 +193,7 @@ class OllamaServing(OpenAIServing):
 
     async def _answer(self, req: GenerateRequest | ChatRequest, prompt: ProcessedPrompt, ro: RequestOptions,
                       raw_request: Request, received: float, is_chat: bool) -> Response:
+        await self.compile_structured(ro.params)  # `format`: a schema that does not compile is a 400
         self.check_admission()
         request_id = self.new_id("ollama")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages or []]
@@ -295,8 +296,8 @@ def _structured(fmt: str | dict[str, Any] | None) -> StructuredOutputsParams | N
     if not fmt:
         return None
     if fmt == "json":
-        return StructuredOutputsParams(json_object=True)
-    return StructuredOutputsParams(json=fmt)
+        return StructuredOutputsParams(json_object=True, source="format")
+    return StructuredOutputsParams(json=fmt, source="format")
 
 
 def _plain_messages(messages: list[Message]) -> list[dict[str, Any]]:

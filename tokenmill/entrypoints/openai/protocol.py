@@ -44,6 +44,36 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool | None = False
 
 
+class JsonSchemaFormat(_Request):
+    """response_format's json_schema: the schema the answer must validate (always enforced, strict or not)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # None: any JSON object
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's response_format: plain text, any JSON object, or JSON that validates a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(_Request):
+    """vLLM's structured_outputs: exactly one of json (a schema), json_object, regex, choice, grammar."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    disable_any_whitespace: bool | None = None
+    whitespace_pattern: str | None = None
+
+
 class SamplingFields(_Request):
     """Fields both generation endpoints share (OpenAI's, then vLLM's extras)."""
 
@@ -78,6 +108,15 @@ class SamplingFields(_Request):
     use_beam_search: bool | None = False
     length_penalty: float | None = Field(default=None, allow_inf_nan=False)
     early_stopping: bool | Literal["never"] | None = None
+    # structured output: OpenAI's response_format, vLLM's structured_outputs, or vLLM's older guided_*
+    # fields (at most one of them); see README "Structured output"
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -117,8 +156,6 @@ class ChatMessage(_Request):
         return content
 
 
-class ResponseFormat(_Request):
-    type: str
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -136,7 +173,6 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
 
 
 class TokenizeRequest(_Request):

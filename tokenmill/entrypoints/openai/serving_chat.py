@@ -69,6 +69,7 @@ class OpenAIServingChat(OpenAIServing):
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
         beams = self.beam_search_params(req, params)
+        await self.compile_structured(params)
         if not req.messages:
             raise bad_request("messages must not be empty", "messages")
         prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt,
@@ -143,9 +144,6 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request("tools: tool calling is not supported by this server", "tools")
         if req.tool_choice not in (None, "none", "auto"):
             raise bad_request("tool_choice: tool calling is not supported by this server", "tool_choice")
-        if req.response_format is not None and req.response_format.type != "text":
-            raise bad_request(f"response_format: only type 'text' is supported, got {req.response_format.type!r}",
-                              "response_format")
 
     async def _collect_beams(self, request_id: str, prompt: ProcessedPrompt, bp: BeamSearchParams, echo: str,
                              options: AnswerOptions) -> ChatCompletionResponse:

@@ -49,6 +49,7 @@ class OpenAIServingCompletion(OpenAIServing):
         params = self.sampling_params(req, 1 if req.max_tokens == 0 else req.max_tokens, req.logprobs,
                                       req.logprobs if echo_logprobs else None)
         beams = self.beam_search_params(req, params)
+        await self.compile_structured(params)
         prompts = [self.process_prompt(p, params) for p in await self._prompt_ids(req.prompt)]
         if req.max_tokens is None:
             prompts = [dataclasses.replace(p, max_tokens=min(DEFAULT_MAX_TOKENS, p.max_tokens)) for p in prompts]

@@ -31,7 +31,7 @@ from tokenmill.entrypoints.server.admission import Admission, ServerState
 from tokenmill.entrypoints.server.errors import APIError, bad_request, error_body
 from tokenmill.metrics import ServerMetrics
 from tokenmill.outputs import FinishReason, RequestOutput, TokenLogprobs
-from tokenmill.sampling_params import ParamError, SamplingParams
+from tokenmill.sampling_params import ParamError, SamplingParams, StructuredOutputsParams
 
 log = logging.getLogger("tokenmill.server")
 T = TypeVar("T")
@@ -132,7 +132,58 @@ class OpenAIServing:
                 prompt_logprobs=prompt_logprobs,
                 truncate_prompt_tokens=req.truncate_prompt_tokens,
                 truncation_side=req.truncation_side or "left",
+                structured_outputs=self.structured_outputs(req),
             )
+        except ParamError as e:
+            raise bad_request(e.message, e.field) from None
+
+    @staticmethod
+    def structured_outputs(req: SamplingFields) -> StructuredOutputsParams | None:
+        """The output constraint a request asks for, from whichever one of its fields carries it:
+        response_format (OpenAI), structured_outputs (vLLM) or guided_* (vLLM's older names)."""
+        given: list[tuple[str, StructuredOutputsParams]] = []
+        rf = req.response_format
+        if rf is not None and rf.type != "text":
+            if rf.type == "json_schema":
+                if rf.json_schema is None:
+                    raise bad_request("response_format: type 'json_schema' needs a json_schema", "response_format")
+                schema = rf.json_schema.schema_
+                given.append(("response_format", StructuredOutputsParams(json=schema, source="response_format")
+                              if schema is not None else StructuredOutputsParams(json_object=True,
+                                                                                  source="response_format")))
+            else:
+                if rf.json_schema is not None:
+                    raise bad_request(f"response_format: json_schema only goes with type 'json_schema', got type "
+                                      f"{rf.type!r}", "response_format")
+                given.append(("response_format", StructuredOutputsParams(json_object=True, source="response_format")))
+        so = req.structured_outputs
+        if so is not None:
+            given.append(("structured_outputs", StructuredOutputsParams(
+                json=so.json_, json_object=so.json_object, regex=so.regex, choice=so.choice, grammar=so.grammar,
+                disable_any_whitespace=bool(so.disable_any_whitespace), whitespace_pattern=so.whitespace_pattern)))
+        guided: dict[str, Any] = {"json": req.guided_json, "regex": req.guided_regex, "choice": req.guided_choice,
+                                  "grammar": req.guided_grammar}
+        named = [k for k, v in guided.items() if v is not None]
+        if len(named) > 1:
+            raise bad_request(f"give at most one of {', '.join('guided_' + k for k in named)}", f"guided_{named[1]}")
+        if req.guided_whitespace_pattern is not None and named != ["json"]:
+            raise bad_request("guided_whitespace_pattern only applies with guided_json", "guided_whitespace_pattern")
+        if named:
+            kind = named[0]
+            given.append((f"guided_{kind}", StructuredOutputsParams(
+                **{kind: guided[kind]}, whitespace_pattern=req.guided_whitespace_pattern, source=f"guided_{kind}")))
+        if len(given) > 1:
+            raise bad_request(f"give one output constraint, got {' and '.join(name for name, _ in given)}", given[1][0])
+        return given[0][1] if given else None
+
+    async def compile_structured(self, params: SamplingParams) -> None:
+        """Compile the request's output constraint off the event loop (llguidance drops the GIL while it
+        compiles, so other requests keep running); one that does not compile is a 400 naming the field.
+        Compiled grammars are cached: the engine's add_request then finds it ready."""
+        if params.structured_outputs is None:
+            return
+        try:
+            await asyncio.to_thread(self.engine.structured.compile, params.structured_outputs)
         except ParamError as e:
             raise bad_request(e.message, e.field) from None
 
@@ -154,6 +205,7 @@ class OpenAIServing:
             "stop": bool(params.stop_strings), "stop_token_ids": bool(params.stop_token_ids),
             "min_tokens": params.min_tokens > 0, "logprobs": params.logprobs is not None,
             "prompt_logprobs": params.prompt_logprobs is not None,
+            "structured_outputs": params.structured_outputs is not None,
         }
         for name, bad in unsupported.items():
             if bad:

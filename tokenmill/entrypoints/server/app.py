@@ -5,7 +5,8 @@
         error handlers (the server's error shape, or the one a router registers for its paths in ErrorShapes)
         /health, /version, /metrics
         each router factory(ServerContext) -> APIRouter, mounted in order
-        middleware, outermost first: CORS, API key, body-size limit
+        middleware, outermost first: CORS, API key (all but /health, /metrics and the routers'
+        public_paths), body-size limit
 
 All state lives on the app it returns (no module globals), so a test can build several apps around
 engines of its own.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -59,6 +60,9 @@ class ServerContext:
     metrics: ServerMetrics
     admission: Admission
     error_shapes: ErrorShapes  # a router with an error shape of its own registers its path prefix here
+    # paths a router serves without the API key (a page and its assets, which a browser loads before it can
+    # send a key); routers add to it while they are built, and build_app exempts them from --api-key
+    public_paths: set[str] = field(default_factory=set)
 
 
 RouterFactory = Callable[[ServerContext], APIRouter]
@@ -110,7 +114,7 @@ def build_app(async_engine: AsyncEngine, config: ServerConfig | None = None, *, 
     if config.max_request_bytes is not None:
         app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes, shapes=shapes)
     if config.api_key:
-        exempt = {"/health"} | (set() if config.metrics_require_key else {"/metrics"})
+        exempt = {"/health"} | (set() if config.metrics_require_key else {"/metrics"}) | context.public_paths
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=frozenset(exempt), shapes=shapes)
     if config.cors_origins:  # added last: outermost, so preflights are answered before the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],

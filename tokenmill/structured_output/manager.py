@@ -1,0 +1,95 @@
+"""StructuredOutputManager: one compiled grammar per distinct constraint, one matcher per sequence.
+
+    compile(spec)       -> the constraint's template matcher, compiled once and cached by spec.key (LRU);
+                           ParamError with llguidance's message if it does not compile. Thread-safe and
+                           GIL-free while compiling, so the server runs it off the event loop and the engine
+                           thread keeps stepping (a slow grammar delays only its own request).
+    matcher_for(spec)   -> a fresh matcher for one sequence (a copy of the template: no recompile)
+    fill_bitmask(ms)    -> (G, W) int32 bitmask, row g = the tokens matcher g allows next, bit t % 32 of
+                           word t // 32 (W = ceil(V / 32)); a token id past the tokenizer's is never allowed
+    accept(m, token)    -> advance a matcher by a sampled token; False if the grammar refused it
+
+A matcher that has consumed a complete output with nothing allowed after it `is_stopped()`: the stop
+checker finishes that request. Torch-free (numpy only), so it lives with the engine core.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import llguidance
+import numpy as np
+
+from tokenmill.sampling_params import ParamError, StructuredOutputsParams
+from tokenmill.structured_output.grammar import WHAT, grammar_text
+
+if TYPE_CHECKING:
+    from tokenmill.tokenizer.tokenizer import Tokenizer
+
+CACHE_SIZE = 256  # compiled templates kept
+
+
+def bitmask_width(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+class StructuredOutputManager:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        """vocab_size: the model's logits width (may exceed the tokenizer's; the extra ids are never allowed)."""
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._lltok: llguidance.LLTokenizer | None = None
+        self._templates: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+        self._executor: llguidance.LLExecutor | None = None
+        self.num_compiled = 0  # grammars compiled (not served from the cache)
+
+    @property
+    def lltokenizer(self) -> llguidance.LLTokenizer:
+        """llguidance's view of our tokenizer (built on first use, ~0.3 s for a 49k vocabulary)."""
+        with self._lock:
+            if self._lltok is None:
+                t = self.tokenizer
+                self._lltok = llguidance.LLTokenizer(t.backend.to_str(), n_vocab=self.vocab_size,
+                                                     eos_token=sorted(t.eog_token_ids) or None)
+            return self._lltok
+
+    def compile(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
+        key = spec.key
+        with self._lock:
+            hit = self._templates.get(key)
+            if hit is not None:
+                self._templates.move_to_end(key)
+                return hit
+        grammar = grammar_text(spec)
+        matcher = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ParamError(spec.source, f"{WHAT[spec.kinds()[0]]} does not compile: {matcher.get_error().strip()}")
+        with self._lock:
+            self.num_compiled += 1
+            self._templates[key] = matcher
+            while len(self._templates) > CACHE_SIZE:
+                self._templates.popitem(last=False)
+        return matcher
+
+    def matcher_for(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
+        return self.compile(spec).deep_copy()
+
+    def fill_bitmask(self, matchers: list[llguidance.LLMatcher]) -> np.ndarray:
+        """(G, W) int32: the next-token masks of these G matchers, in order."""
+        mask = np.full((len(matchers), bitmask_width(self.vocab_size)), -1, dtype=np.int32)
+        row_bytes = mask.shape[1] * 4
+        if len(matchers) == 1:
+            matchers[0].unsafe_compute_mask_ptr(mask.ctypes.data, row_bytes)
+        else:
+            if self._executor is None:
+                self._executor = llguidance.LLExecutor()
+            self._executor.unsafe_compute_mask_ptr([(m, g) for g, m in enumerate(matchers)], mask.ctypes.data,
+                                                   row_bytes, len(matchers))
+        return mask
+
+    @staticmethod
+    def accept(matcher: llguidance.LLMatcher, token_id: int) -> bool:
+        return bool(matcher.consume_token(token_id))
