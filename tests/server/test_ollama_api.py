@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,16 +17,11 @@ import pytest
 from conftest import API_KEY
 from server_process import ServerProcess, wait_for
 
-import tokenmill
-
 ollama = pytest.importorskip("ollama")  # a test extra
 
 MODEL = "SmolLM2-135M-Instruct"
 GREEDY = {"temperature": 0}
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
-# structured output is enforced once the engine side (tokenmill/structured_output) is on this branch
-needs_structured_output = pytest.mark.skipif(not (Path(tokenmill.__file__).parent / "structured_output").is_dir(),
-                                             reason="the structured-output engine is not merged yet")
 
 
 @pytest.fixture(scope="module")
@@ -251,15 +245,27 @@ def test_disconnect_aborts(server: ServerProcess) -> None:
     assert wait_for(lambda: aborted() == before + 1, 30)
 
 
-@needs_structured_output
-def test_format_json_and_schema(client: Any) -> None:
+def test_format_json_and_schema(server: ServerProcess, client: Any) -> None:
     import jsonschema
 
-    r = client.generate(model=MODEL, prompt="Describe a cat as JSON.", format="json",
-                        options={**GREEDY, "num_predict": 64})
-    assert r.done_reason == "stop" and isinstance(json.loads(r.response), dict)
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    # "json" is OpenAI's json_object: the same greedy constrained tokens
+    messages = [{"role": "user", "content": "Describe a cat as JSON."}]
+    r = client.chat(model=MODEL, messages=messages, format="json", options={**GREEDY, "num_predict": 32})
+    ref = post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 32, "temperature": 0,
+                                                "response_format": {"type": "json_object"}})
+    assert r.message.content == ref["choices"][0]["message"]["content"] and r.message.content.startswith("{")
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
               "required": ["name", "age"], "additionalProperties": False}
-    chat = client.chat(model=MODEL, format=schema, options={**GREEDY, "num_predict": 64},
-                       messages=[{"role": "user", "content": "Invent a person: name and age."}])
-    jsonschema.validate(json.loads(chat.message.content), schema)
+    g = client.generate(model=MODEL, prompt="Invent a person: name and age.", format=schema,
+                        options={**GREEDY, "num_predict": 64})
+    assert g.done_reason == "stop"
+    jsonschema.validate(json.loads(g.response), schema)
+    parts = list(client.chat(model=MODEL, format=schema, stream=True, options={"temperature": 1.0, "seed": 3},
+                             messages=[{"role": "user", "content": "Invent a person."}]))
+    assert parts[-1].done_reason == "stop"
+    jsonschema.validate(json.loads("".join(p.message.content for p in parts)), schema)
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model=MODEL, messages=messages, format={"type": "nonsense"})
+    assert e.value.status_code == 400 and "does not compile" in e.value.error
