@@ -89,6 +89,22 @@ def test_generate_raw_equals_completions(server: ServerProcess, client: Any) -> 
     assert parts[-1].context == r.context and all(p.context is None for p in parts[:-1])
 
 
+def test_logprobs(server: ServerProcess, client: Any) -> None:
+    prompt = "The sky is"
+    r = client.generate(model=MODEL, prompt=prompt, raw=True, logprobs=True, top_logprobs=3,
+                        options={**GREEDY, "num_predict": 5})
+    ref = completion(server, prompt, 5, logprobs=3)["choices"][0]["logprobs"]
+    assert [lp.token for lp in r.logprobs] == ref["tokens"] and "".join(ref["tokens"]) == r.response
+    assert [lp.logprob for lp in r.logprobs] == pytest.approx(ref["token_logprobs"], abs=1e-5)
+    assert all(len(lp.top_logprobs) == 3 and lp.top_logprobs[0].token == lp.token for lp in r.logprobs)  # greedy
+    parts = list(client.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}], stream=True, logprobs=True,
+                             options={**GREEDY, "num_predict": 4}))
+    assert sum(len(p.logprobs or []) for p in parts) == parts[-1].eval_count == 4
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model=MODEL, prompt=prompt, top_logprobs=2)
+    assert e.value.status_code == 400 and "needs logprobs" in e.value.error
+
+
 def test_generate_ndjson_on_the_wire(server: ServerProcess) -> None:
     with httpx.stream("POST", f"{server.url}/api/generate", headers=HEADERS, timeout=60,
                       json={"model": MODEL, "prompt": "Hi", "raw": True, "options": {**GREEDY, "num_predict": 3}}) as r:
@@ -119,7 +135,8 @@ def test_generate_templates(server: ServerProcess, client: Any) -> None:
                                                             {"role": "user", "content": "Name a color."}])
     assert templated.response == chat.message.content and templated.prompt_eval_count == chat.prompt_eval_count
 
-    template = "{{ if .System }}[{{ .System }}] {{ end }}Before: {{ .Prompt }} After: {{ .Suffix }} Middle:{{ .Response }}!"
+    template = ("{{ if .System }}[{{ .System }}] {{ end }}Before: {{ .Prompt }} After: {{ .Suffix }} "
+                "Middle:{{ .Response }}!")
     own = client.generate(model=MODEL, prompt="def f(x):", suffix="return y", template=template, options=opts)
     raw = client.generate(model=MODEL, prompt="Before: def f(x): After: return y Middle:", raw=True, options=opts)
     assert own.response == raw.response and own.context == raw.context
@@ -156,7 +173,8 @@ def test_chat_equals_openai_chat(server: ServerProcess, client: Any) -> None:
 
 def test_options(server: ServerProcess, client: Any) -> None:
     prompt = "1, 2, 3, 4,"
-    stopped = client.generate(model=MODEL, prompt=prompt, raw=True, options={**GREEDY, "num_predict": 20, "stop": [" 7"]})
+    stopped = client.generate(model=MODEL, prompt=prompt, raw=True,
+                              options={**GREEDY, "num_predict": 20, "stop": [" 7"]})
     assert stopped.done_reason == "stop" and " 7" not in stopped.response and stopped.response.startswith(" 5")
 
     seeded = [client.generate(model=MODEL, prompt="Once upon a time", raw=True,
@@ -166,7 +184,8 @@ def test_options(server: ServerProcess, client: Any) -> None:
 
     # num_ctx bounds prompt + output: -1 runs until that context is full
     n = len(token_ids(server, prompt))
-    full = client.generate(model=MODEL, prompt=prompt, raw=True, options={**GREEDY, "num_predict": -1, "num_ctx": n + 5})
+    full = client.generate(model=MODEL, prompt=prompt, raw=True,
+                           options={**GREEDY, "num_predict": -1, "num_ctx": n + 5})
     assert full.done_reason == "length" and full.eval_count == 5
 
     # repeat_penalty over the whole context (-1) is vLLM's repetition_penalty
@@ -176,7 +195,8 @@ def test_options(server: ServerProcess, client: Any) -> None:
 
     # placement options are accepted and logged once as fixed at start
     for _ in range(2):
-        client.generate(model=MODEL, prompt="Hi", raw=True, options={"num_predict": 1, "num_thread": 3, "use_mmap": True})
+        client.generate(model=MODEL, prompt="Hi", raw=True,
+                        options={"num_predict": 1, "num_thread": 3, "use_mmap": True})
     assert wait_for(lambda: "option num_thread is fixed when the server starts" in server.output(), 10)
     assert server.output().count("option num_thread is fixed") == 1 and "option use_mmap is fixed" in server.output()
 

@@ -18,8 +18,9 @@ CHATML = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|
 
 
 def test_legacy_template_stops_at_the_response() -> None:
-    template = ("{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}{{ if .Prompt }}<|im_start|>user\n"
-                "{{ .Prompt }}<|im_end|>\n{{ end }}<|im_start|>assistant\n{{ .Response }}<|im_end|>\n")
+    template = ("{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
+                "{{ if .Prompt }}<|im_start|>user\n{{ .Prompt }}<|im_end|>\n{{ end }}"
+                "<|im_start|>assistant\n{{ .Response }}<|im_end|>\n")
     assert render(template, VALUES) == CHATML
     assert render(template, {**VALUES, "System": ""}) == CHATML.split("<|im_end|>\n", 1)[1]
 
@@ -104,4 +105,5 @@ def test_names_and_fim_tokens() -> None:
     keys = {"tokenizer.ggml.fim_pre_token_id": 1, "tokenizer.ggml.fim_suf_token_id": 2,
             "tokenizer.ggml.fim_mid_token_id": 3}
     assert _fim_tokens(keys, engine) == (1, 2, 3)  # type: ignore[arg-type]
-    assert _fim_tokens({}, SimpleNamespace(tokenizer=SimpleNamespace(token_to_id={}.get))) is None  # type: ignore[arg-type]
+    no_fim = SimpleNamespace(tokenizer=SimpleNamespace(token_to_id={}.get))
+    assert _fim_tokens({}, no_fim) is None  # type: ignore[arg-type]

@@ -28,7 +28,8 @@ log = logging.getLogger("tokenmill.server")
 
 _MAX_SHORT_ARRAY = 64  # model_info arrays longer than this are null unless verbose (Ollama's own habit)
 # fill-in-middle tokens (prefix, suffix, middle) by vocabulary spelling, for models whose GGUF does not name them
-_FIM_SPELLINGS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+_FIM_SPELLINGS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+                  ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
                   ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"), ("▁<PRE>", "▁<SUF>", "▁<MID>"))
 
 

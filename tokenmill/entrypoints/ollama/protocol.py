@@ -26,7 +26,7 @@ class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ErrorResponse(_Response):
+class OllamaErrorResponse(_Response):
     """Ollama's error body."""
 
     error: str
@@ -105,14 +105,14 @@ class GenerateRequest(GenerationFields):
     steps: int | None = None
 
 
-class ToolCallFunction(_Request):
+class OllamaToolCallFunction(_Request):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     index: int | None = None
 
 
-class ToolCall(_Request):
-    function: ToolCallFunction
+class OllamaToolCall(_Request):
+    function: OllamaToolCallFunction
     id: str | None = None
     type: Literal["function"] | None = None
 
@@ -121,7 +121,7 @@ class Message(_Request):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None  # None: ""
     images: list[str] | None = None
-    tool_calls: list[ToolCall] | None = None  # assistant turns in the history
+    tool_calls: list[OllamaToolCall] | None = None  # assistant turns in the history
     tool_name: str | None = None  # tool messages: which tool answered
     thinking: str | None = None
 
@@ -173,13 +173,13 @@ class GenerateResponse(_Final):
     context: list[int] | None = None  # prompt and answer token ids: send back as `context` to continue
 
 
-class ChatMessage(_Response):
+class AssistantMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str
 
 
 class ChatResponse(_Final):
-    message: ChatMessage
+    message: AssistantMessage
 
 
 class ModelDetails(_Response):
@@ -230,5 +230,5 @@ class ShowResponse(_Response):
     modified_at: str
 
 
-class VersionResponse(_Response):
+class OllamaVersionResponse(_Response):
     version: str

@@ -11,7 +11,6 @@ answers them).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -19,20 +18,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from tokenmill.entrypoints.ollama.model_card import ModelCard
-from tokenmill.entrypoints.ollama.protocol import (ChatRequest, ChatResponse, ErrorResponse, GenerateRequest,
-                                                   GenerateResponse, ListedModel, PsResponse, RunningModel,
-                                                   ShowRequest, ShowResponse, TagsResponse, VersionResponse)
+from tokenmill.entrypoints.ollama.protocol import (ChatRequest, ChatResponse, GenerateRequest, GenerateResponse,
+                                                   ListedModel, OllamaErrorResponse, OllamaVersionResponse,
+                                                   PsResponse, RunningModel, ShowRequest, ShowResponse, TagsResponse)
 from tokenmill.entrypoints.ollama.options import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from tokenmill.entrypoints.ollama.serving import NDJSON, OllamaServing
 from tokenmill.entrypoints.server.app import ServerContext
 from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.version import __version__
 
-log = logging.getLogger("tokenmill.server")
-
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": desc}
-    for code, desc in ((400, "Invalid request"), (404, "Unknown model"), (408, "Past --request-timeout: aborted"),
+    code: {"model": OllamaErrorResponse, "description": desc}
+    for code, desc in ((400, "Invalid request"), (401, "Missing or wrong API key"), (404, "Unknown model"),
+                       (408, "Past --request-timeout: aborted"), (413, "Body larger than --max-request-bytes"),
                        (500, "The request failed"), (501, "Needs a model registry"),
                        (503, "Draining, or too many waiting requests"))
 }
@@ -102,8 +100,8 @@ def build_router(ctx: ServerContext) -> APIRouter:
                             capabilities=card.capabilities, modified_at=card.modified_at)
 
     @router.get("/api/version")
-    async def version() -> VersionResponse:
-        return VersionResponse(version=__version__)
+    async def version() -> OllamaVersionResponse:
+        return OllamaVersionResponse(version=__version__)
 
     def refuse(action: str) -> Callable[[], Coroutine[Any, Any, Response]]:
         async def endpoint() -> Response:  # the body is never read
@@ -114,8 +112,9 @@ def build_router(ctx: ServerContext) -> APIRouter:
                                    ("/api/create", ["POST"], "create"), ("/api/copy", ["POST"], "copy"),
                                    ("/api/delete", ["DELETE"], "delete"),
                                    ("/api/blobs/{digest}", ["HEAD", "POST"], "store blobs of")):
-        router.add_api_route(route, refuse(action), methods=methods, summary=f"{action.split()[0].title()} (no registry)",
-                             responses={501: {"model": ErrorResponse}})
+        router.add_api_route(route, refuse(action), methods=methods,
+                             summary=f"{action.split()[0].title()} (no registry)",
+                             responses={501: {"model": OllamaErrorResponse}})
 
     async def embeddings() -> Response:
         # as the OpenAI router's /v1/embeddings: a RAG front end hears why, not a bare 404

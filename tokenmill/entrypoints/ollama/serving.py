@@ -36,7 +36,7 @@ from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.ollama import go_template
 from tokenmill.entrypoints.ollama.model_card import ModelCard, timestamp
 from tokenmill.entrypoints.ollama.options import OptionsMapper, RequestOptions
-from tokenmill.entrypoints.ollama.protocol import (ChatMessage, ChatRequest, ChatResponse, GenerateRequest,
+from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest, ChatResponse, GenerateRequest,
                                                    GenerateResponse, Message, TokenLogprob, TopLogprob,
                                                    GenerationFields)
 from tokenmill.entrypoints.openai.serving_engine import OpenAIServing
@@ -78,6 +78,8 @@ class OllamaServing(OpenAIServing):
             if getattr(req, name):
                 raise bad_request(f"{name}: this server never {what}; a prompt that does not fit in the context is an "
                                   "error (set it false)", name)
+        if req.top_logprobs and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
             raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.top_logprobs}",
                               "top_logprobs")
@@ -122,7 +124,8 @@ class OllamaServing(OpenAIServing):
         elif suffix:
             ids = await self._fill_in_middle(prompt, suffix, system, special)
         else:
-            messages = [*([{"role": "system", "content": system}] if system else []), {"role": "user", "content": prompt}]
+            messages = [*([{"role": "system", "content": system}] if system else []),
+                        {"role": "user", "content": prompt}]
             ids = await self.encode(await self._render(messages, "prompt"), special)
         return [*req.context, *ids] if req.context else ids
 
@@ -180,8 +183,8 @@ class OllamaServing(OpenAIServing):
         if req.tools:
             raise bad_request("tools: tool calling is not supported by this server yet", "tools")
         if not req.messages:
-            return self._loaded(ChatResponse(model=req.model, created_at=timestamp(), message=ChatMessage(content=""),
-                                             done=True, done_reason="load"))
+            return self._loaded(ChatResponse(model=req.model, created_at=timestamp(),
+                                             message=AssistantMessage(content=""), done=True, done_reason="load"))
         is_continued = req.messages[-1].role == "assistant"  # Ollama continues a final assistant message
         text = await self._render(_plain_messages(req.messages), "messages", is_continued)
         prompt = self._fit(await self.encode(text), ro, "messages")
@@ -260,7 +263,8 @@ class _Answer:
 
     def _object(self, text: str, **fields: Any) -> GenerateResponse | ChatResponse:
         if self.is_chat:
-            return ChatResponse(model=self.model, created_at=timestamp(), message=ChatMessage(content=text), **fields)
+            return ChatResponse(model=self.model, created_at=timestamp(), message=AssistantMessage(content=text),
+                                **fields)
         return GenerateResponse(model=self.model, created_at=timestamp(), response=text, **fields)
 
     def piece(self, text: str, logprobs: list[TokenLogprob] | None) -> bytes:

@@ -47,9 +47,9 @@ class CORSDisabledMiddleware:
             headers = dict(scope["headers"])
             if b"origin" in headers and b"access-control-request-method" in headers:
                 origin = headers[b"origin"].decode("latin-1")
-                await self.shapes.response(scope["path"], 403, f"cross-origin requests are not enabled on this server (origin {origin}): "
-                                          f"start it with --cors-origins {origin} (a comma-separated list, or '*')")(
-                    scope, receive, send)
+                message = (f"cross-origin requests are not enabled on this server (origin {origin}): start it "
+                           f"with --cors-origins {origin} (a comma-separated list, or '*')")
+                await self.shapes.response(scope["path"], 403, message)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
