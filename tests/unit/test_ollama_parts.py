@@ -67,6 +67,14 @@ def test_template_errors(template: str, words: str) -> None:
     assert words in str(e.value)
 
 
+def test_template_work_is_bounded() -> None:
+    nested = "{{ range $.Messages }}" * 40 + "x" + "{{ end }}" * 40  # 2**40 x's, were it run
+    with pytest.raises(TemplateError, match="steps"):
+        render(nested, VALUES)
+    with pytest.raises(TemplateError, match="characters"):
+        render("{{ range .Messages }}{{ $.Prompt }}{{ end }}", {**VALUES, "Prompt": "y" * 3_000_000})
+
+
 def test_uses_field() -> None:
     assert uses_field("<PRE>{{ .Prompt }}<SUF>{{ .Suffix }}<MID>", "Suffix")
     assert not uses_field("{{ .Prompt }}{{ .SuffixLike }}", "Suffix")

@@ -10,7 +10,9 @@ and Ollama's currentDate. Anything else (`define`, `template`, `block`, `printf`
 TemplateError naming it, which the route answers as a 400.
 
 Truth is Go's: false, 0, "", nil and empty lists and maps are false. As in Ollama, rendering stops at an
-empty `{{ .Response }}`: what came before it is the prompt, and the model writes the response.
+empty `{{ .Response }}`: what came before it is the prompt, and the model writes the response. A request's
+template is untrusted: a run may take at most MAX_STEPS nodes (nested ranges grow exponentially) and write
+at most MAX_OUTPUT_CHARS, else a TemplateError.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TemplateError", "render", "uses_field"]
+__all__ = ["MAX_OUTPUT_CHARS", "MAX_STEPS", "TemplateError", "render", "uses_field"]
+
+MAX_STEPS = 100_000  # nodes one render may visit
+MAX_OUTPUT_CHARS = 4 * 2**20  # about the largest prompt a request body can carry
 
 
 class TemplateError(ValueError):
@@ -309,17 +314,28 @@ class _Run:
         self.root = root
         self.scopes: list[dict[str, Any]] = [{"$": root}]
         self.out: list[str] = []
+        self.num_steps = 0
+        self.num_chars = 0
+
+    def write(self, text: str) -> None:
+        self.num_chars += len(text)
+        if self.num_chars > MAX_OUTPUT_CHARS:
+            raise TemplateError(f"the template writes more than {MAX_OUTPUT_CHARS} characters")
+        self.out.append(text)
 
     def nodes(self, nodes: list[Any], dot: Any) -> None:
         for node in nodes:
+            self.num_steps += 1
+            if self.num_steps > MAX_STEPS:
+                raise TemplateError(f"the template takes more than {MAX_STEPS} steps")
             if isinstance(node, str):
-                self.out.append(node)
+                self.write(node)
             elif isinstance(node, _Pipe):
                 value = self.pipe(node, dot)
                 if not node.decl:
                     if value == "" and self._is_response(node):
                         raise _StopAtResponse
-                    self.out.append(_text(value))
+                    self.write(_text(value))
             else:
                 self.block(node, dot)
 

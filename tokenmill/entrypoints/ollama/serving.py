@@ -117,7 +117,7 @@ class OllamaServing(OpenAIServing):
             values = {"System": system or "", "Prompt": prompt, "Suffix": suffix, "Response": "",
                       "Messages": messages, "Tools": None, "Think": False, "ThinkLevel": "", "IsThinkSet": False}
             try:
-                text = go_template.render(req.template, values)
+                text = await asyncio.to_thread(go_template.render, req.template, values)
             except go_template.TemplateError as e:
                 raise bad_request(f"template: {e}", "template") from None
             ids = await self.encode(text, special)
