@@ -143,14 +143,17 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from tokenmill.entrypoints.ollama import router as ollama_router
     from tokenmill.entrypoints.openai import router as openai_router
     from tokenmill.entrypoints.server.config import ServerConfig
     from tokenmill.entrypoints.server.lifecycle import run_server
     from tokenmill.entrypoints.web import router as web_router
 
     engine_config = engine_config_from_args(args)
-    routers = [openai_router.build_router, web_router.build_router]  # the OpenAI API; the chat page at /
-    return run_server(ServerConfig.from_args(args), engine_config, routers, openai_router.DESCRIPTION)
+    # OpenAI's API under /v1, Ollama's under /api, the chat page at /
+    routers = [openai_router.build_router, ollama_router.build_router, web_router.build_router]
+    return run_server(ServerConfig.from_args(args), engine_config, routers,
+                      "An LLM inference server: OpenAI's API under /v1, Ollama's under /api, a chat page at /.")
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -240,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(c, max_tokens=512)
     c.set_defaults(func=cmd_chat)
 
-    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API (and a chat page at / for browsers)")
+    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API, Ollama's under /api, and a chat page at / "
+                                     "for browsers")
     add_engine_args(s)
     add_serve_args(s)
     s.set_defaults(func=cmd_serve)

@@ -86,6 +86,11 @@ def test_api_key_required_on_every_route_but_health_and_metrics(server: ServerPr
                 r = client.request(method, path, json=body, headers=headers)
                 if path in ("/health", "/metrics"):
                     assert r.status_code == 200, (path, r.status_code)
+                elif method == "HEAD":  # no body
+                    assert r.status_code == 401, (path, r.status_code)
+                elif path.startswith("/api/"):  # Ollama's routes answer in its shape
+                    assert r.status_code == 401 and set(r.json()) == {"error"}, (path, r.text)
+                    assert r.json()["error"].startswith("missing or wrong API key"), r.text
                 else:
                     assert_openai_error(r, 401, "missing or wrong API key")
         assert client.get("/v1/models", headers=HEADERS).status_code == 200

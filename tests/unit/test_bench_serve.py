@@ -83,6 +83,30 @@ def test_completions_stream_without_usage_counts_chunks() -> None:
     assert res.success and res.output_len == 2 and body["prompt"] == "hello there"
 
 
+def test_ollama_chat_ndjson_stream() -> None:
+    import httpx
+
+    lines = [{"model": "m", "message": {"role": "assistant", "content": t}, "done": False} for t in ("a", "b")]
+    lines.append({"model": "m", "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "stop",
+                  "prompt_eval_count": 9, "eval_count": 2})
+    seen: dict = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.update(json.loads(request.content), path=request.url.path)
+        body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+        return httpx.Response(200, content=body, headers={"content-type": "application/x-ndjson"})
+
+    async def go() -> RequestResult:
+        sample = SampleRequest("hello there", 2, 3)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await send_request(client, "http://x/api/chat", build_payload(sample, "ollama-chat", "m"), sample)
+
+    res = asyncio.run(go())
+    assert res.success and res.generated_text == "ab" and (res.prompt_len, res.output_len, len(res.itl)) == (9, 2, 1)
+    assert seen["options"] == {"temperature": 0.0, "num_predict": 3} and seen["stream"] is True
+    assert seen["messages"] == [{"role": "user", "content": "hello there"}] and "ignore_eos" not in seen
+
+
 def test_http_error_is_a_failed_request() -> None:
     res, _ = _run([], status=400)
     assert not res.success and res.error.startswith("HTTP 400")

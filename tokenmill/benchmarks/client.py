@@ -1,4 +1,5 @@
-"""One streamed request to an OpenAI-compatible server, timed the way vLLM's `bench serve` times it.
+"""One streamed request to an OpenAI-compatible server (or Ollama's /api/chat), timed the way vLLM's
+`bench serve` times it.
 
     send -> first token chunk ............ TTFT
     gaps between token chunks ............ ITL (one entry per gap, pooled over requests later)
@@ -9,7 +10,9 @@ A "token chunk" is an SSE frame whose choice carries generated text. A chat stre
 carries only `role: assistant`; some servers send it before the prompt is even processed, so it does not
 count as the first token (vLLM's benchmark counts any frame with choices; on servers that send the role
 frame with the first token, the two agree). Output token counts come from the final usage frame
-(`stream_options.include_usage`); without one, token chunks are counted.
+(`stream_options.include_usage`); without one, token chunks are counted. Ollama's stream (NDJSON, told
+by its content type) has a token chunk per object with `message.content` or `response` text, and its
+counts in the `done` object (`prompt_eval_count`, `eval_count`).
 
 `SSEStream` and `chunk_text` are the SSE parsing that `bench serve` and `bench soak` share.
 """
@@ -49,9 +52,17 @@ class RequestResult:
         return (self.e2el - self.ttft) / (self.output_len - 1)
 
 
+# --endpoint -> the path it posts to
+ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "ollama-chat": "/api/chat"}
+
+
 def build_payload(sample: SampleRequest, endpoint: str, model: str, extra: dict[str, Any] | None = None,
                   temperature: float = 0.0) -> dict[str, Any]:
-    """The JSON body: greedy, streamed with usage, exactly `output_len` tokens (ignore_eos)."""
+    """The JSON body: greedy, streamed with usage, exactly `output_len` tokens (ignore_eos). Ollama's API
+    has no ignore_eos: `ollama-chat` asks for at most `output_len` tokens (num_predict)."""
+    if endpoint == "ollama-chat":
+        return {"model": model, "messages": [{"role": "user", "content": sample.prompt}], "stream": True,
+                "options": {"temperature": temperature, "num_predict": sample.output_len}, **(extra or {})}
     body: dict[str, Any] = {"model": model, "max_tokens": sample.output_len, "temperature": temperature,
                             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     if endpoint == "chat":
@@ -84,6 +95,38 @@ class SSEStream:
             yield json.loads(data)
 
 
+class NDJSONStream:
+    """The objects of an NDJSON response (Ollama's streams), one per line, up to the one with `done: true`
+    (then `is_done`)."""
+
+    def __init__(self, resp: httpx.Response) -> None:
+        self.resp = resp
+        self.is_done = False
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        async for line in self.resp.aiter_lines():
+            if not line.strip():
+                continue
+            msg = json.loads(line)
+            yield msg
+            if msg.get("done"):
+                self.is_done = True
+                return
+
+
+def frame_news(msg: dict[str, Any]) -> tuple[str, dict[str, Any] | None, str | None]:
+    """(generated text, usage, error) of one streamed frame, OpenAI's or Ollama's."""
+    if "error" in msg and not msg.get("choices"):
+        return "", None, json.dumps(msg["error"])[:300]
+    if "done" in msg and "choices" not in msg:  # Ollama: generate's `response` or chat's `message.content`
+        text = (msg.get("message") or {}).get("content") or msg.get("response") or ""
+        usage = ({"prompt_tokens": msg.get("prompt_eval_count"), "completion_tokens": msg.get("eval_count")}
+                 if msg.get("done") else None)
+        return text, usage, None
+    text = next((t for choice in msg.get("choices") or () if (t := chunk_text(choice))), "")  # one choice (n=1)
+    return text, msg.get("usage") or None, None
+
+
 def chunk_text(choice: dict[str, Any]) -> str:
     """Generated text in one streamed choice (completions `text`, chat `delta.content`/reasoning)."""
     if "text" in choice:
@@ -108,25 +151,23 @@ async def send_request(client: httpx.AsyncClient, url: str, body: dict[str, Any]
                 raw = await resp.aread()
                 res.error = f"HTTP {resp.status_code}: {raw[:300].decode(errors='replace')}"
                 return res
-            async for msg in SSEStream(resp):
+            is_ndjson = resp.headers.get("content-type", "").startswith("application/x-ndjson")
+            async for msg in NDJSONStream(resp) if is_ndjson else SSEStream(resp):
                 now = time.perf_counter()
-                if "error" in msg and not msg.get("choices"):
-                    res.error = f"stream error: {json.dumps(msg['error'])[:300]}"
+                text, frame_usage, error = frame_news(msg)
+                if error is not None:
+                    res.error = f"stream error: {error}"
                     return res
-                if msg.get("usage"):
-                    usage = msg["usage"]
-                for choice in msg.get("choices") or ():
-                    text = chunk_text(choice)
-                    if not text:
-                        continue
-                    if num_chunks == 0:
-                        res.ttft = now - t0
-                    else:
-                        res.itl.append(now - last)
-                    last = now
-                    num_chunks += 1
-                    parts.append(text)
-                    break  # one choice per request (n=1)
+                usage = frame_usage or usage
+                if not text:
+                    continue
+                if num_chunks == 0:
+                    res.ttft = now - t0
+                else:
+                    res.itl.append(now - last)
+                last = now
+                num_chunks += 1
+                parts.append(text)
         res.e2el = time.perf_counter() - t0
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"

@@ -7,6 +7,9 @@ Load: `--max-concurrency C` caps requests in flight (a semaphore); `--request-ra
 a Poisson process of R per second (`inf`: all at once); both may be combined. `--sweep 1,4,16` runs one
 level per concurrency, with fresh prompts each time (no prefix from an earlier level is reused).
 Every request streams with usage and `ignore_eos`, so each generates exactly its output length.
+`--endpoint ollama-chat` posts to Ollama's /api/chat (NDJSON) instead; Ollama's API has no ignore_eos, so
+its requests stop at EOS: compare it with `--endpoint chat --extra-body '{"ignore_eos": false}'`, which then
+generates the same greedy tokens.
 Metrics and their definitions: `client.py` (per request) and `serve_metrics.py` (aggregate).
 """
 
@@ -188,7 +191,7 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run every level; returns one record per level (also written as JSON when asked)."""
     import httpx
 
-    from tokenmill.benchmarks.client import build_payload
+    from tokenmill.benchmarks.client import ENDPOINT_PATHS, build_payload
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     slos = parse_goodput(args.goodput)
@@ -197,7 +200,7 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     if not isinstance(extra, dict):
         raise ValueError("--extra-body must be a JSON object")
     base_url = args.base_url.rstrip("/")
-    url = f"{base_url}/v1/{'chat/completions' if args.endpoint == 'chat' else 'completions'}"
+    url = f"{base_url}{ENDPOINT_PATHS[args.endpoint]}"
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     tok = load_tokenizer(args.tokenizer) if args.dataset != "jsonl" or args.tokenizer != "none" else None
@@ -270,7 +273,8 @@ def add_serve_bench_args(p: argparse.ArgumentParser) -> None:
     """The flags of `tokenmill bench serve`."""
     s = p.add_argument_group("server")
     s.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server's root URL (without /v1)")
-    s.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    s.add_argument("--endpoint", choices=["completions", "chat", "ollama-chat"], default="completions",
+                   help="/v1/completions, /v1/chat/completions, or Ollama's /api/chat")
     s.add_argument("--model", default=None, help="model name to send (default: the first of GET /v1/models)")
     s.add_argument("--label", default=None, help="server label in the results (default: owned_by of /v1/models)")
     s.add_argument("--api-key", default=None, help="Bearer token (default: $OPENAI_API_KEY)")

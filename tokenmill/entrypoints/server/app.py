@@ -2,7 +2,8 @@
 
     build_app(async_engine, config, routers=[openai.router.build_router, ...])
         state (ServerState), metrics (ServerMetrics, an engine step hook), admission (Admission)
-        error handlers (the server's error shape), /health, /version, /metrics
+        error handlers (the server's error shape, or the one a router registers for its paths in ErrorShapes)
+        /health, /version, /metrics
         each router factory(ServerContext) -> APIRouter, mounted in order
         middleware, outermost first: CORS, API key (all but /health, /metrics and the routers'
         public_paths), body-size limit
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.entrypoints.server.admission import Admission, ServerState
 from tokenmill.entrypoints.server.config import ServerConfig
-from tokenmill.entrypoints.server.errors import ErrorResponse, error_response, install_error_handlers
+from tokenmill.entrypoints.server.errors import ErrorResponse, ErrorShapes, error_response, install_error_handlers
 from tokenmill.entrypoints.server.middleware import APIKeyMiddleware, BodySizeLimitMiddleware, CORSDisabledMiddleware
 from tokenmill.metrics import ServerMetrics
 from tokenmill.version import __version__
@@ -58,6 +59,7 @@ class ServerContext:
     state: ServerState
     metrics: ServerMetrics
     admission: Admission
+    error_shapes: ErrorShapes  # a router with an error shape of its own registers its path prefix here
     # paths a router serves without the API key (a page and its assets, which a browser loads before it can
     # send a key); routers add to it while they are built, and build_app exempts them from --api-key
     public_paths: set[str] = field(default_factory=set)
@@ -78,13 +80,14 @@ def build_app(async_engine: AsyncEngine, config: ServerConfig | None = None, *, 
     state = state if state is not None else ServerState(is_ready=True)
     metrics = ServerMetrics(name, async_engine.stats, log_requests=config.log_requests)
     async_engine.step_hooks.append(metrics.on_step)
+    shapes = ErrorShapes()
     context = ServerContext(async_engine, config, name, state, metrics,
-                            Admission(async_engine, state, config.max_waiting_requests))
+                            Admission(async_engine, state, config.max_waiting_requests), shapes)
 
     app = FastAPI(title="tokenmill", version=__version__, responses=_ERRORS, description=description)
     app.state.server_state = state
     app.state.metrics = metrics
-    install_error_handlers(app)
+    install_error_handlers(app, shapes)
 
     @app.get("/health", response_class=Response, responses={200: {"description": "Ready (empty body)"},
                                                             503: {"model": ErrorResponse}})
@@ -109,13 +112,13 @@ def build_app(async_engine: AsyncEngine, config: ServerConfig | None = None, *, 
 
     # each add_middleware wraps the ones before it
     if config.max_request_bytes is not None:
-        app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes)
+        app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes, shapes=shapes)
     if config.api_key:
         exempt = {"/health"} | (set() if config.metrics_require_key else {"/metrics"}) | context.public_paths
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=frozenset(exempt))
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=frozenset(exempt), shapes=shapes)
     if config.cors_origins:  # added last: outermost, so preflights are answered before the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
                            allow_headers=["*"], allow_credentials=True)
     else:  # preflights get a 403 naming --cors-origins
-        app.add_middleware(CORSDisabledMiddleware)
+        app.add_middleware(CORSDisabledMiddleware, shapes=shapes)
     return app

@@ -3,12 +3,15 @@
 Every error body is `{"error": {"message", "type", "param", "code"}}` with `code` the HTTP status. Request
 validation failures are 400 (not FastAPI's 422) and name the offending field in `param` and the message;
 a ParamError from the input path is a 400 with its `field` as `param`. The middleware, the lifecycle and
-the OpenAI routes all answer in this shape; a front end with a shape of its own formats it in its routes.
+the OpenAI routes all answer in this shape. A front end with a shape of its own (Ollama's `{"error": "..."}`)
+registers it for its path prefix in the app's ErrorShapes: the handlers and the middleware then answer its
+paths in that shape, with the same statuses and messages.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -66,6 +69,26 @@ def error_response(status: int, message: str, param: str | None = None,
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
+# (status, message, param) -> an error body
+ErrorBody = Callable[[int, str, str | None], dict[str, Any]]
+
+
+class ErrorShapes:
+    """Which error body a request path gets: the longest registered prefix's, else OpenAI's (error_body)."""
+
+    def __init__(self) -> None:
+        self._by_prefix: list[tuple[str, ErrorBody]] = []
+
+    def add(self, prefix: str, body: ErrorBody) -> None:
+        self._by_prefix.append((prefix, body))
+        self._by_prefix.sort(key=lambda item: -len(item[0]))
+
+    def response(self, path: str, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> JSONResponse:
+        body = next((b for prefix, b in self._by_prefix if path.startswith(prefix)), error_body)
+        return JSONResponse(body(status, message, param), status_code=status, headers=headers)
+
+
 def _field_path(loc: tuple[Any, ...]) -> str:
     """('body', 'messages', 0, 'content') -> 'messages[0].content'; pydantic's union-branch names dropped."""
     out = ""
@@ -98,30 +121,31 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{field}: {msg}" if field else msg), (field or None)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Route every exception type to an OpenAI-shaped JSON error."""
+def install_error_handlers(app: FastAPI, shapes: ErrorShapes | None = None) -> None:
+    """Route every exception type to a JSON error: OpenAI's shape, or the one `shapes` gives its path."""
+    shapes = shapes or ErrorShapes()
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.headers)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return shapes.response(request.url.path, exc.status, exc.message, exc.param, exc.headers)
 
     @app.exception_handler(ParamError)
-    async def _param_error(_: Request, exc: ParamError) -> JSONResponse:  # a bad value no route turned into a 400
-        return error_response(400, exc.message, exc.field)
+    async def _param_error(request: Request, exc: ParamError) -> JSONResponse:  # a bad value no route made a 400
+        return shapes.response(request.url.path, 400, exc.message, exc.field)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, field = validation_message(exc)
-        return error_response(400, message, field)
+        return shapes.response(request.url.path, 400, message, field)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = str(exc.detail)
         if isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "There was an error parsing the body"
             message = f"the request body is not valid UTF-8 JSON: {exc.__cause__}"
-        return error_response(exc.status_code, message, None, getattr(exc, "headers", None))
+        return shapes.response(request.url.path, exc.status_code, message, None, getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error while serving a request")
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        return shapes.response(request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}")

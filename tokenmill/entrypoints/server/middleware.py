@@ -1,6 +1,7 @@
 """The server's ASGI guards, protocol-neutral. Outermost first (as build_app adds them): CORS; the API key
 (constant-time compare; every route but the exempt ones needs it); the body-size limit (413 past the
 limit, checked against Content-Length before anything is read, and counted as a chunked body arrives).
+Each answers in the error shape the app's ErrorShapes give the request's path.
 """
 
 from __future__ import annotations
@@ -10,22 +11,24 @@ import hmac
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tokenmill.entrypoints.server.errors import error_response
+from tokenmill.entrypoints.server.errors import ErrorShapes
 
 
 class APIKeyMiddleware:
     """401 unless `Authorization: Bearer <key>`; exempt paths (and CORS preflights) pass freely."""
 
-    def __init__(self, app: ASGIApp, api_key: str, exempt: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, exempt: frozenset[str], shapes: ErrorShapes | None = None) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
         self.exempt = exempt
+        self.shapes = shapes or ErrorShapes()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self.exempt and scope["method"] != "OPTIONS":
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                await error_response(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")(
+                await self.shapes.response(scope["path"], 401,
+                                           "missing or wrong API key: send 'Authorization: Bearer <key>'")(
                     scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -35,17 +38,18 @@ class CORSDisabledMiddleware:
     """Without --cors-origins, a browser's CORS preflight gets a 403 that says how to allow its origin
     (instead of a bare 404/405 that a browser reports only as a failed fetch)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, shapes: ErrorShapes | None = None) -> None:
         self.app = app
+        self.shapes = shapes or ErrorShapes()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "OPTIONS":
             headers = dict(scope["headers"])
             if b"origin" in headers and b"access-control-request-method" in headers:
                 origin = headers[b"origin"].decode("latin-1")
-                await error_response(403, f"cross-origin requests are not enabled on this server (origin {origin}): "
-                                          f"start it with --cors-origins {origin} (a comma-separated list, or '*')")(
-                    scope, receive, send)
+                message = (f"cross-origin requests are not enabled on this server (origin {origin}): start it "
+                           f"with --cors-origins {origin} (a comma-separated list, or '*')")
+                await self.shapes.response(scope["path"], 403, message)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -55,15 +59,16 @@ class _BodyTooLarge(StarletteHTTPException):
 
 
 class BodySizeLimitMiddleware:
-    """413 in OpenAI's error shape for a body over `max_bytes`, never reading more than the limit.
+    """413 in the server's error shape (for the path) for a body over `max_bytes`, never reading more than the limit.
 
     A Content-Length over the limit is refused before any of the body is read (uvicorn discards the rest as
     it arrives); a chunked body is counted as it is received and refused once it passes the limit.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, shapes: ErrorShapes | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.shapes = shapes or ErrorShapes()
 
     def message(self, num_bytes: int | None) -> str:
         size = f"{num_bytes} bytes" if num_bytes is not None else "over the limit"
@@ -76,7 +81,7 @@ class BodySizeLimitMiddleware:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await error_response(413, self.message(int(declared)))(scope, receive, send)
+            await self.shapes.response(scope["path"], 413, self.message(int(declared)))(scope, receive, send)
             return
         num_received = 0
         is_started = False
@@ -100,4 +105,4 @@ class BodySizeLimitMiddleware:
         except _BodyTooLarge as e:  # raised outside FastAPI's body parsing (no route read it): answer here
             if is_started:
                 raise
-            await error_response(413, str(e.detail))(scope, receive, send)
+            await self.shapes.response(scope["path"], 413, str(e.detail))(scope, receive, send)

@@ -1,0 +1,145 @@
+"""Ollama's `options` -> SamplingParams, and the request's own context window (`num_ctx`).
+
+    option              here                                   absent
+    temperature         temperature (0: greedy)                0.8 (Ollama's default)
+    top_k               top_k (0 or below: off)                40
+    top_p, min_p        top_p, min_p                           0.9, 0.0
+    seed                seed (negative: random)                random
+    stop                stop strings                           none
+    num_predict         max_tokens; -1 and -2: until the       -1
+                        context ends (no context shift here)
+    num_ctx             the request's context: prompt + output the server's (--max-model-len); more is a 400
+                        fit in it (a longer prompt is a 400)
+    repeat_penalty      repetition_penalty over the prompt     1.0 (off: Ollama's new engine applies
+                        and the output                         none either)
+    repeat_last_n       -1, 0 (all three penalties off) or a   -1
+                        window covering the context; a shorter
+                        window with a penalty set is a 400
+    presence_penalty,   OpenAI's rule: over the generated      0.0
+    frequency_penalty   tokens
+
+Options that place the model (num_thread, num_gpu, use_mmap, ...) were decided when the server started:
+they are accepted, and the first request that sets one logs that it is fixed at start. Options whose
+sampler this server does not have (typical_p, tfs_z, mirostat) are accepted at their neutral values and a
+400 otherwise; mirostat_tau and mirostat_eta only tune mirostat, which is then off. num_keep says which
+tokens survive a context shift, which never happens here (logged once too). penalize_newline true is what
+repeat_penalty does here; false is a 400.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from tokenmill.entrypoints.ollama.protocol import Options
+from tokenmill.entrypoints.server.errors import bad_request
+from tokenmill.sampling_params import ParamError, SamplingParams, StructuredOutputsParams
+
+log = logging.getLogger("tokenmill.server")
+
+# Ollama's defaults for the sampling options a request leaves out
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 40
+DEFAULT_TOP_P = 0.9
+
+PLACEMENT_OPTIONS = ("numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
+                     "use_mmap", "use_mlock", "embedding_only", "num_thread", "rope_frequency_base",
+                     "rope_frequency_scale")
+# option -> the value that turns its sampler off (any other value is a 400)
+_NEUTRAL = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0, "penalize_newline": True}
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What a request's options ask for."""
+
+    params: SamplingParams  # max_tokens None: resolved against `num_ctx` once the prompt is known
+    num_ctx: int  # prompt + output must fit in this many tokens
+    num_predict: int | None  # generated tokens at most; None: until the context ends
+
+
+class OptionsMapper:
+    """Maps one server's requests' options; remembers which fixed-at-start options it has logged."""
+
+    def __init__(self, max_model_len: int, vocab_size: int) -> None:
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self._logged: set[str] = set()
+
+    def map(self, options: Options | None, *, logprobs: int | None = None,
+            structured_outputs: StructuredOutputsParams | None = None) -> RequestOptions:
+        """SamplingParams (with the request's logprobs and `format` constraint) and the context for
+        `options`; a value this server cannot honour is a 400."""
+        o = options or Options()
+        self._note_fixed(o)
+        for name, neutral in _NEUTRAL.items():
+            value = getattr(o, name)
+            if value is not None and value != neutral:
+                raise bad_request(f"option {name} {value} is not supported by this server (only {neutral}: off)",
+                                  f"options.{name}")
+        num_ctx = self._num_ctx(o.num_ctx)
+        num_predict = self._num_predict(o.num_predict)
+        repetition, presence, frequency = self._penalties(o, num_ctx)
+        top_k = DEFAULT_TOP_K if o.top_k is None else max(o.top_k, 0)
+        try:
+            params = SamplingParams(
+                temperature=DEFAULT_TEMPERATURE if o.temperature is None else o.temperature,
+                top_k=min(top_k, self.vocab_size),
+                top_p=DEFAULT_TOP_P if o.top_p is None else o.top_p,
+                min_p=o.min_p or 0.0,
+                seed=o.seed if o.seed is not None and o.seed >= 0 else None,
+                stop=list(o.stop) if o.stop else None,
+                repetition_penalty=repetition, presence_penalty=presence, frequency_penalty=frequency,
+                max_tokens=None, logprobs=logprobs, structured_outputs=structured_outputs)
+        except ParamError as e:
+            raise bad_request(f"option {e.message}", f"options.{e.field}" if e.field else None) from None
+        return RequestOptions(params, num_ctx, num_predict)
+
+    def _num_ctx(self, num_ctx: int | None) -> int:
+        if num_ctx is None:
+            return self.max_model_len
+        if num_ctx < 1:
+            raise bad_request(f"option num_ctx must be at least 1, got {num_ctx}", "options.num_ctx")
+        if num_ctx > self.max_model_len:
+            raise bad_request(f"option num_ctx {num_ctx} is larger than this server's context of {self.max_model_len} "
+                              "tokens (set when it starts: tokenmill serve --max-model-len)", "options.num_ctx")
+        return num_ctx
+
+    @staticmethod
+    def _num_predict(num_predict: int | None) -> int | None:
+        if num_predict is None or num_predict in (-1, -2):
+            return None
+        if num_predict < 1:
+            raise bad_request(f"option num_predict must be at least 1, or -1 (until the context ends) or -2 (fill "
+                              f"the context), got {num_predict}", "options.num_predict")
+        return num_predict
+
+    @staticmethod
+    def _penalties(o: Options, num_ctx: int) -> tuple[float, float, float]:
+        """(repetition, presence, frequency) penalties; repeat_last_n 0 turns all three off, as in llama.cpp."""
+        repetition = 1.0 if o.repeat_penalty is None else o.repeat_penalty
+        presence, frequency = o.presence_penalty or 0.0, o.frequency_penalty or 0.0
+        window = -1 if o.repeat_last_n is None else o.repeat_last_n
+        if window == 0:
+            return 1.0, 0.0, 0.0
+        if window < -1:
+            raise bad_request(f"option repeat_last_n must be -1 (the whole context), 0 (off) or positive, got {window}",
+                              "options.repeat_last_n")
+        if repetition != 1.0 and window != -1 and window < num_ctx:
+            raise bad_request(f"option repeat_last_n {window}: this server's repeat_penalty looks back over the whole "
+                              f"context, so the window must be -1 or at least num_ctx ({num_ctx}), or 0 to turn the "
+                              "penalty off", "options.repeat_last_n")
+        return repetition, presence, frequency
+
+    def _note_fixed(self, o: Options) -> None:
+        """Log, once per option, that a placement option (or num_keep) is not this request's to change."""
+        for name in (*PLACEMENT_OPTIONS, "num_keep"):
+            if getattr(o, name) is None or name in self._logged:
+                continue
+            self._logged.add(name)
+            if name == "num_keep":
+                log.info("ollama option num_keep has no effect here: the context never shifts (a prompt that does "
+                         "not fit is a 400), so no tokens need keeping; logged once")
+            else:
+                log.info("ollama option %s is fixed when the server starts (tokenmill serve's flags); requests "
+                         "cannot change it and their value is not applied; logged once", name)

@@ -1,0 +1,323 @@
+"""OllamaServing: POST /api/generate and /api/chat, streamed as NDJSON or answered whole.
+
+It is an OpenAIServing (openai/serving_engine.py) for everything that is not the wire format: admission,
+the input path, running a request with abort on client disconnect and the request timeout, the engine's
+errors as APIErrors, logprob token text. Only the prompt building and the answer's shape are Ollama's.
+
+    generate prompt:  raw            the prompt as it is
+                      template       the request's Go template (go_template.py) over System, Prompt, Suffix
+                      suffix         the model's fill-in-middle tokens: PRE prompt SUF suffix MID
+                      otherwise      the model's chat template over [system], user prompt
+                      then `context` (a previous answer's token ids) goes in front, without a second BOS
+    chat prompt:      the model's chat template over the messages; a final assistant message is continued
+
+A stream is one JSON object per line (`application/x-ndjson`): `done: false` objects with the new text,
+then one `done: true` object with done_reason, the token counts and the durations in nanoseconds (and
+generate's `context`: the prompt's and the answer's token ids). A failure once the stream has started is a
+last line `{"error": "..."}`, which Ollama's clients raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from tokenmill.engine.input_processor import ProcessedPrompt
+from tokenmill.entrypoints.ollama import go_template
+from tokenmill.entrypoints.ollama.model_card import ModelCard, timestamp
+from tokenmill.entrypoints.ollama.options import OptionsMapper, RequestOptions
+from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest, ChatResponse, GenerateRequest,
+                                                   GenerateResponse, Message, TokenLogprob, TopLogprob,
+                                                   GenerationFields)
+from tokenmill.entrypoints.openai.serving_engine import OpenAIServing
+from tokenmill.entrypoints.server.app import ServerContext
+from tokenmill.entrypoints.server.errors import APIError, bad_request
+from tokenmill.outputs import RequestOutput, TokenLogprobs
+from tokenmill.sampling_params import MAX_LOGPROBS, ParamError, StructuredOutputsParams
+from tokenmill.tokenizer.chat_template import ChatTemplateSecurityError
+
+log = logging.getLogger("tokenmill.server")
+NDJSON = "application/x-ndjson"
+# Go durations ("5m", "1h30m", "300ms"), optionally signed; a bare number is seconds
+_DURATION = re.compile(r"-?(\d+(\.\d*)?(ns|us|µs|ms|s|m|h))+|-?\d+(\.\d*)?")
+
+
+class OllamaServing(OpenAIServing):
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx.async_engine, ctx.served_model_name, ctx.metrics, ctx.state,
+                         ctx.config.max_waiting_requests, request_timeout=ctx.config.request_timeout,
+                         log_prompts=ctx.config.log_prompts, admission=ctx.admission)
+        self.card = ModelCard.of(self.engine, ctx.served_model_name)
+        self.options = OptionsMapper(self.max_model_len, self.vocab_size)
+        self._is_keep_alive_logged = False
+
+    # -- checks ----------------------------------------------------------------------------------------
+    def check_ollama_model(self, name: str | None) -> None:
+        """Ollama's 400 without a model, its 404 for a model this server does not serve."""
+        if not name:
+            raise bad_request("model is required", "model")
+        if not self.card.accepts(name):
+            raise APIError(404, f"model '{name}' not found", "model")
+
+    def _request_options(self, req: GenerationFields) -> RequestOptions:
+        """The checks generate and chat share, then the options as SamplingParams."""
+        self.check_ollama_model(req.model)
+        if req.think not in (None, False):
+            raise bad_request(f'"{req.model}" does not support thinking', "think")
+        for name, what in (("truncate", "cuts a prompt"), ("shift", "shifts the context")):
+            if getattr(req, name):
+                raise bad_request(f"{name}: this server never {what}; a prompt that does not fit in the context is an "
+                                  "error (set it false)", name)
+        if req.top_logprobs and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+            raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.top_logprobs}",
+                              "top_logprobs")
+        self._check_keep_alive(req.keep_alive)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        return self.options.map(req.options, logprobs=logprobs, structured_outputs=_structured(req.format))
+
+    def _check_keep_alive(self, keep_alive: str | float | None) -> None:
+        if keep_alive is None:
+            return
+        if isinstance(keep_alive, str) and not _DURATION.fullmatch(keep_alive.strip()):
+            raise bad_request(f"keep_alive: {keep_alive!r} is not a duration (e.g. \"5m\", \"1h\", 300, -1)",
+                              "keep_alive")
+        if not self._is_keep_alive_logged:
+            self._is_keep_alive_logged = True
+            log.info("ollama keep_alive has no effect here: this server loads its one model at start and keeps it "
+                     "until it stops; logged once")
+
+    # -- prompts ---------------------------------------------------------------------------------------
+    async def _generate_ids(self, req: GenerateRequest) -> list[int]:
+        """The token ids of a generate request's prompt (see the module docstring)."""
+        prompt, suffix, system = req.prompt or "", req.suffix or "", req.system
+        special = not req.context  # a continued context already starts with the BOS it needs
+        if req.raw:
+            for name in ("template", "system", "suffix"):
+                if getattr(req, name):
+                    raise bad_request(f"{name} is not used with raw: true (the prompt goes to the model as it is)",
+                                      name)
+            ids = await self.encode(prompt, special)
+        elif req.template is not None:
+            if suffix and not go_template.uses_field(req.template, "Suffix"):
+                raise bad_request("suffix: the template does not use {{ .Suffix }}", "suffix")
+            messages = [*([{"Role": "system", "Content": system}] if system else []),
+                        {"Role": "user", "Content": prompt}]
+            values = {"System": system or "", "Prompt": prompt, "Suffix": suffix, "Response": "",
+                      "Messages": messages, "Tools": None, "Think": False, "ThinkLevel": "", "IsThinkSet": False}
+            try:
+                text = await asyncio.to_thread(go_template.render, req.template, values)
+            except go_template.TemplateError as e:
+                raise bad_request(f"template: {e}", "template") from None
+            ids = await self.encode(text, special)
+        elif suffix:
+            ids = await self._fill_in_middle(prompt, suffix, system, special)
+        else:
+            messages = [*([{"role": "system", "content": system}] if system else []),
+                        {"role": "user", "content": prompt}]
+            ids = await self.encode(await self._render(messages, "prompt"), special)
+        return [*req.context, *ids] if req.context else ids
+
+    async def _fill_in_middle(self, prompt: str, suffix: str, system: str | None, special: bool) -> list[int]:
+        if self.card.fim_token_ids is None:
+            raise bad_request(f"suffix: the model {self.card.name} cannot fill in the middle (its vocabulary has no "
+                              "fill-in-middle tokens); send the whole prompt, or a template that uses "
+                              "{{ .Suffix }}", "suffix")
+        if system:
+            raise bad_request("system is not used with suffix (a fill-in-middle prompt has no system part)", "system")
+        pre, suf, mid = self.card.fim_token_ids
+        bos = await self.encode("", special)
+        return [*bos, pre, *await self.encode(prompt, False), suf, *await self.encode(suffix, False), mid]
+
+    async def _render(self, messages: list[dict[str, Any]], field: str, is_continued: bool = False) -> str:
+        """The model's chat template over `messages`, on a worker thread. A template that rejects the
+        conversation is a 400; one the sandbox refused is the model's fault: a 500 that says so."""
+        try:
+            return await asyncio.to_thread(self.input_processor.render_chat, messages, not is_continued, None, field,
+                                           continue_final_message=is_continued)
+        except ChatTemplateSecurityError as e:
+            raise APIError(500, f"the model's chat template was refused and nothing it attempted ran ({e}); chat "
+                                "cannot be served with this template, raw generate still works") from None
+        except ParamError as e:
+            raise bad_request(e.message, e.field) from None
+
+    def _fit(self, ids: list[int], ro: RequestOptions, field: str) -> ProcessedPrompt:
+        """The input path's checks, then the output's room: num_predict, and what num_ctx leaves."""
+        prompt = self.process_prompt(ids, ro.params, field)
+        room = ro.num_ctx - len(prompt.prompt_token_ids)
+        if room < 1:
+            raise bad_request(f"the prompt is {len(prompt.prompt_token_ids)} tokens, which leaves no room for output "
+                              f"in num_ctx {ro.num_ctx}; shorten the prompt or raise num_ctx (at most "
+                              f"{self.max_model_len})", field)
+        return dataclasses.replace(prompt, max_tokens=min(prompt.max_tokens, room, ro.num_predict or room))
+
+    # -- the endpoints ---------------------------------------------------------------------------------
+    async def create_generate(self, req: GenerateRequest, raw_request: Request) -> Response:
+        received = time.monotonic()
+        ro = self._request_options(req)
+        if req.images:
+            raise bad_request(f"images: {self.card.name} takes text only", "images")
+        for name in ("width", "height", "steps"):
+            if getattr(req, name) is not None:
+                raise bad_request(f"{name}: this server does not generate images", name)
+        if not req.prompt and not req.suffix:  # Ollama's way to load a model: it is loaded already
+            return self._loaded(GenerateResponse(model=req.model, created_at=timestamp(), response="", done=True,
+                                                 done_reason="load"))
+        prompt = self._fit(await self._generate_ids(req), ro, "prompt")
+        return await self._answer(req, prompt, ro, raw_request, received, is_chat=False)
+
+    async def create_chat(self, req: ChatRequest, raw_request: Request) -> Response:
+        received = time.monotonic()
+        ro = self._request_options(req)
+        if req.tools:
+            raise bad_request("tools: tool calling is not supported by this server yet", "tools")
+        if not req.messages:
+            return self._loaded(ChatResponse(model=req.model, created_at=timestamp(),
+                                             message=AssistantMessage(content=""), done=True, done_reason="load"))
+        is_continued = req.messages[-1].role == "assistant"  # Ollama continues a final assistant message
+        text = await self._render(_plain_messages(req.messages), "messages", is_continued)
+        prompt = self._fit(await self.encode(text), ro, "messages")
+        return await self._answer(req, prompt, ro, raw_request, received, is_chat=True)
+
+    @staticmethod
+    def _loaded(answer: GenerateResponse | ChatResponse) -> Response:
+        return JSONResponse(answer.model_dump(exclude_none=True))
+
+    async def _answer(self, req: GenerateRequest | ChatRequest, prompt: ProcessedPrompt, ro: RequestOptions,
+                      raw_request: Request, received: float, is_chat: bool) -> Response:
+        await self.compile_structured(ro.params)  # `format`: a schema that does not compile is a 400
+        self.check_admission()
+        request_id = self.new_id("ollama")
+        self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages or []]
+                              if isinstance(req, ChatRequest) else req.prompt)
+        answer = _Answer(req.model, is_chat, prompt, received)
+        if req.stream is not False:
+            return StreamingResponse(self._stream(request_id, prompt, ro, answer), media_type=NDJSON)
+        whole = await self.until_disconnect(self._collect(request_id, prompt, ro, answer), raw_request)
+        return JSONResponse(whole) if whole is not None else Response(status_code=499)
+
+    async def _collect(self, request_id: str, prompt: ProcessedPrompt, ro: RequestOptions,
+                       answer: _Answer) -> dict[str, Any]:
+        final: RequestOutput | None = None
+        async with contextlib.aclosing(self.generate(request_id, prompt, ro.params)) as outputs:
+            async for out in outputs:
+                if out.finished:
+                    self.check_finished(out)
+                    final = out
+        assert final is not None  # generate ends only after the finished output
+        c = final.outputs[0]
+        lps = self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None else None
+        return answer.final(final, c.text, lps)
+
+    async def _stream(self, request_id: str, prompt: ProcessedPrompt, ro: RequestOptions,
+                      answer: _Answer) -> AsyncIterator[bytes]:
+        num_sent = 0  # generated tokens whose logprobs went out
+        try:
+            async with contextlib.aclosing(self.generate(request_id, prompt, ro.params)) as outputs:
+                async for out in outputs:
+                    if out.finished:
+                        self.check_finished(out)
+                    c = out.outputs[0]
+                    lps = None
+                    if c.logprobs is not None and c.delta_token_ids:
+                        lps = self._logprobs(c.delta_token_ids, c.logprobs[num_sent:num_sent + len(c.delta_token_ids)])
+                    num_sent += len(c.delta_token_ids)
+                    if c.delta_text or lps:
+                        yield answer.piece(c.delta_text, lps)
+                    if out.finished:
+                        yield _line(answer.final(out, "", None))
+        except APIError as e:  # headers are sent: the error goes in the stream, as Ollama's does
+            yield _line({"error": e.message})
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs]) -> list[TokenLogprob]:
+        """Ollama's logprobs: per token its text, logprob and bytes, with the top alternatives."""
+        out = []
+        for tok, lp in zip(token_ids, logprobs):
+            text = self.token_text(tok)
+            top = [TopLogprob(token=(t := self.token_text(a.token_id)), logprob=self.clamp_logprob(a.logprob),
+                              bytes=list(t.encode())) for a in lp.top]
+            out.append(TokenLogprob(token=text, logprob=self.clamp_logprob(lp.logprob), bytes=list(text.encode()),
+                                    top_logprobs=top))
+        return out
+
+
+class _Answer:
+    """One request's answer objects: generate's (`response`, `context`) or chat's (`message`)."""
+
+    def __init__(self, model: str, is_chat: bool, prompt: ProcessedPrompt, received: float) -> None:
+        self.model = model
+        self.is_chat = is_chat
+        self.prompt = prompt
+        self.received = received  # monotonic time the route got the request
+
+    def _object(self, text: str, **fields: Any) -> GenerateResponse | ChatResponse:
+        if self.is_chat:
+            return ChatResponse(model=self.model, created_at=timestamp(), message=AssistantMessage(content=text),
+                                **fields)
+        return GenerateResponse(model=self.model, created_at=timestamp(), response=text, **fields)
+
+    def piece(self, text: str, logprobs: list[TokenLogprob] | None) -> bytes:
+        return _line(self._object(text, done=False, logprobs=logprobs).model_dump(exclude_none=True))
+
+    def final(self, out: RequestOutput, text: str, logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
+        """The done object: why it ended, the counts, the durations (ns) and, for generate, the context."""
+        c, m = out.outputs[0], out.metrics
+        now = time.monotonic()
+        finished = m.finished_time if m and m.finished_time else now
+        scheduled = m.first_scheduled_time if m and m.first_scheduled_time else finished
+        first_token = m.first_token_time if m and m.first_token_time else finished
+        context = None if self.is_chat else [*self.prompt.prompt_token_ids, *c.token_ids]
+        obj = self._object(text, done=True, done_reason=c.finish_reason.value if c.finish_reason else "stop",
+                           total_duration=_ns(finished - self.received), load_duration=0,
+                           prompt_eval_count=len(self.prompt.prompt_token_ids),
+                           prompt_eval_duration=_ns(first_token - scheduled), eval_count=len(c.token_ids),
+                           eval_duration=_ns(finished - first_token), logprobs=logprobs,
+                           **({} if context is None else {"context": context}))
+        return obj.model_dump(exclude_none=True)
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def _structured(fmt: str | dict[str, Any] | None) -> StructuredOutputsParams | None:
+    """`format`: "json" is any JSON object, a dict is a JSON schema the output must follow."""
+    if not fmt:
+        return None
+    if fmt == "json":
+        return StructuredOutputsParams(json_object=True, source="format")
+    return StructuredOutputsParams(json=fmt, source="format")
+
+
+def _plain_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """Plain dicts for the chat template; tool calls in the history in the shape HF templates read."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if m.images:
+            raise bad_request(f"messages[{i}].images: this model takes text only", f"messages[{i}].images")
+        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.tool_calls:
+            msg["tool_calls"] = [{"type": "function", **({"id": t.id} if t.id else {}),
+                                  "function": {"name": t.function.name, "arguments": t.function.arguments}}
+                                 for t in m.tool_calls]
+        if m.tool_name:
+            msg["name"] = m.tool_name
+        if m.thinking:
+            msg["reasoning_content"] = m.thinking
+        out.append(msg)
+    return out
