@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tokenmill.config import EngineConfig, parse_size
+from tokenmill.config import EngineConfig, SpeculativeConfig, parse_size
+from tokenmill.entrypoints.openai.tool_parsers.registry import PARSER_CHOICES
 
 
 def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -> None:
@@ -39,6 +40,9 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                         "weights run at the compute dtype. dequantize: GGUF weights dequantized at load; "
                         "q8_0, q4_k, ...: requantize unquantized weights at load (ggml's quantizer); int8: "
                         "torch's weight-only int8")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 5}\' (README "Speculative decoding"; off by default)')
 
 
 def engine_config_from_args(args: argparse.Namespace, model: str | None = None) -> EngineConfig:
@@ -46,7 +50,8 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
         model=model or args.model, max_model_len=args.max_model_len, kv_cache_memory=parse_size(args.kv_cache_memory),
         block_size=args.block_size, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, device=args.device, dtype=args.dtype, seed=args.seed,
-        num_threads=args.num_threads, quantization=None if args.quantization == "auto" else args.quantization)
+        num_threads=args.num_threads, quantization=None if args.quantization == "auto" else args.quantization,
+        speculative_config=SpeculativeConfig.parse(args.speculative_config))
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -179,6 +184,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-prompts", action="store_true",
                    help="log each request's prompt text (off by default: logs never contain prompts or outputs)")
     g.add_argument("--access-log", action="store_true", help="log every HTTP request (off by default)")
+    g.add_argument("--tool-call-parser", default="auto", choices=PARSER_CHOICES,
+                   help="the format chat reads tool calls in (tool_choice auto): hermes (Hermes, Qwen), llama3_json "
+                        "(Llama 3.1+), mistral; auto (default): detected from the chat template, hermes when the "
+                        "template renders no tools")
     g.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"])
 
 

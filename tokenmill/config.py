@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 10**12, "tb": 10**12}
@@ -27,6 +29,62 @@ def format_size(num_bytes: float) -> str:
     raise AssertionError
 
 
+# -- speculative decoding -------------------------------------------------------------------------------
+METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """`--speculative-config` (JSON, vLLM's field names where they exist), validated once:
+
+        {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+
+    method "ngram": prompt lookup. The last n tokens (n from prompt_lookup_max down to prompt_lookup_min)
+    are looked up in the prompt and the output so far; the tokens that followed their latest earlier
+    occurrence are the draft. No second model.
+
+    Our additions, the rule that turns speculation off where it does not pay (engine/spec_decode.py):
+        max_batch_size        draft only while at most this many requests run (a big batch is
+                              compute-bound on a CPU: drafts then only add work)
+        min_acceptance_rate   a request whose recent drafts were accepted less often than this stops
+                              drafting for `backoff_steps` steps, then tries again
+    """
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    max_batch_size: int = 2
+    min_acceptance_rate: float = 0.5
+    backoff_steps: int = 16
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be between 1 and 16, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} and "
+                             f"{self.prompt_lookup_max}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if not 0.0 <= self.min_acceptance_rate <= 1.0:
+            raise ValueError(f"min_acceptance_rate must be in [0, 1], got {self.min_acceptance_rate}")
+
+    @classmethod
+    def parse(cls, value: str | dict[str, Any] | None) -> SpeculativeConfig | None:
+        """From the flag's JSON text (or a dict); None stays None. Unknown fields are an error naming them."""
+        if value is None:
+            return None
+        data = json.loads(value) if isinstance(value, str) else dict(value)
+        if not isinstance(data, dict):
+            raise ValueError("--speculative-config must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown speculative-config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs to start. Values found at run time (number of KV blocks) are not
@@ -46,6 +104,7 @@ class EngineConfig:
     # None: a GGUF file on CPU keeps its blocks (ggml), anything else is at the compute dtype; "dequantize":
     # GGUF dequantized at load; "int8": weight-only int8 (torch); "q8_0", "q4_k", ...: requantized by ggml
     quantization: str | None = None
+    speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and self.max_model_len < 1:

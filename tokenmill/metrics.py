@@ -62,6 +62,22 @@ class _EngineCollector(Collector):
             c = CounterMetricFamily(f"tokenmill:{name}", doc, labels=["model_name"])
             c.add_metric([self.model_name], float(s[key]))
             yield c
+        if "spec_decode_num_drafts" not in s:
+            return
+        # speculative decoding, vLLM's names (under this server's prefix)
+        for name, doc in (("spec_decode_num_drafts", "Verification runs: a request's drafts checked in a step."),
+                          ("spec_decode_num_draft_tokens", "Draft tokens proposed and verified."),
+                          ("spec_decode_num_accepted_tokens", "Draft tokens accepted.")):
+            c = CounterMetricFamily(f"tokenmill:{name}", doc, labels=["model_name"])
+            c.add_metric([self.model_name], float(s[name]))
+            yield c
+        c = CounterMetricFamily("tokenmill:spec_decode_num_accepted_tokens_per_pos",
+                                "Draft tokens accepted, by their position in the draft (0 = first).",
+                                labels=["model_name", "position"])
+        prefix = "spec_decode_num_accepted_tokens_per_pos_"
+        for key in sorted((k for k in s if k.startswith(prefix)), key=lambda k: int(k[len(prefix):])):
+            c.add_metric([self.model_name, key[len(prefix):]], float(s[key]))
+        yield c
 
 
 class ServerMetrics:

@@ -23,17 +23,44 @@ EOS = 0
 
 
 def sampling_ids(sched: Scheduler, out: SchedulerOutput) -> list[str]:
-    """The scheduled requests whose chunk reaches their last token: they sample this step."""
-    return [rid for rid, n in out.num_scheduled_tokens.items()
-            if (r := sched.requests.get(rid)) is not None and r.num_computed_tokens + n == r.num_tokens]
+    """The scheduled requests whose chunk reaches their last known token (drafts past it): they sample."""
+    return [rid for rid, n in out.num_scheduled_tokens.items() if (r := sched.requests.get(rid)) is not None
+            and r.num_computed_tokens + n - len(out.spec_token_ids.get(rid, ())) == r.num_tokens]
 
 
-def update(sched: Scheduler, out: SchedulerOutput, sampled: dict[str, int]) -> None:
-    """What the engine does after a step: advance, then apply the token stop rules (no text here)."""
-    for req in sched.update(out, ModelRunnerOutput({rid: [t] for rid, t in sampled.items()})):
-        status, _ = token_stop(req, sched.config.max_model_len)
-        if status is not None:
-            sched.finish(req, status)
+def update(sched: Scheduler, out: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
+    """What the engine does after a step: advance, then apply the token stop rules to each new token in
+    turn (no text here), dropping the tokens after a stop."""
+    for req in sched.update(out, ModelRunnerOutput(dict(sampled))):
+        new = sampled[req.request_id]
+        del req.token_ids[len(req.token_ids) - len(new) + 1 :]
+        for j, t in enumerate(new):
+            if j:
+                req.token_ids.append(t)
+            status, _ = token_stop(req, sched.config.max_model_len)
+            if status is not None:
+                sched.finish(req, status)
+                break
+
+
+def random_tokens(rng: random.Random, sched: Scheduler, out: SchedulerOutput) -> dict[str, list[int]]:
+    """Each sampling request's tokens: with k drafts, a random number of them accepted (the drafts
+    themselves), then one more token; without, one token (EOS now and then)."""
+    sampled = {}
+    for rid in sampling_ids(sched, out):
+        drafts = out.spec_token_ids.get(rid, [])
+        keep = rng.randint(0, len(drafts))
+        sampled[rid] = drafts[:keep] + [EOS if rng.random() < 0.02 else rng.randrange(1, 50)]
+    return sampled
+
+
+def propose_random(rng: random.Random, sched: Scheduler) -> None:
+    """Random drafts for the running requests that decode next, within max_tokens and the context (as
+    engine/spec_decode.py cuts them)."""
+    for r in sched.running:
+        if r.num_tokens - r.num_computed_tokens == 1 and rng.random() < 0.7:
+            k = min(rng.randint(0, 5), r.max_tokens - r.num_output_tokens - 1, sched.config.max_model_len - r.num_tokens - 1)
+            r.spec_token_ids = [rng.randrange(1, 50) for _ in range(max(k, 0))]
 
 
 def check_invariants(sched: Scheduler, bm: BlockManager, live: list[Request]) -> None:
@@ -46,6 +73,7 @@ def check_invariants(sched: Scheduler, bm: BlockManager, live: list[Request]) ->
         left = [i for i, b in enumerate(r.block_ids) if b == LEFT_WINDOW]
         if left:  # freed blocks lie wholly before the window of the next query
             assert window and (max(left) + 1) * bm.block_size <= r.num_computed_tokens - window + 1
+        assert r.num_computed_tokens <= r.num_tokens, "computed positions past the known tokens (a draft kept)"
         if r.status is RequestStatus.RUNNING:
             assert len(r.block_ids) * bm.block_size >= r.num_computed_tokens
         else:
@@ -61,6 +89,17 @@ def check_invariants(sched: Scheduler, bm: BlockManager, live: list[Request]) ->
 @pytest.mark.parametrize("prefix_caching", [True, False])
 @pytest.mark.parametrize("window", [0, 7])
 def test_random_schedule(seed: int, prefix_caching: bool, window: int) -> None:
+    run_random_schedule(seed, prefix_caching, window, drafts=False)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_random_schedule_with_random_drafts(seed: int, prefix_caching: bool) -> None:
+    """Speculative decoding's side of it: random draft lengths, a random number accepted each step."""
+    run_random_schedule(100 + seed, prefix_caching, 0, drafts=True)
+
+
+def run_random_schedule(seed: int, prefix_caching: bool, window: int, drafts: bool) -> None:
     rng = random.Random(seed)
     bs = rng.choice([1, 2, 4, 16])
     num_blocks = rng.randint(24, 80) if bs > 1 else rng.randint(200, 400)
@@ -71,7 +110,7 @@ def test_random_schedule(seed: int, prefix_caching: bool, window: int) -> None:
     sched = Scheduler(cfg, bm)
     live: list[Request] = []
     prefixes = [[rng.randrange(1, 50) for _ in range(rng.randint(1, 3 * bs))] for _ in range(4)]
-    n_made = n_done = 0
+    n_made = n_done = n_verified = 0
     for step in range(2000):
         if step < 1500 and rng.random() < 0.2:
             prompt = (rng.choice(prefixes) if rng.random() < 0.5 else []) + \
@@ -90,11 +129,15 @@ def test_random_schedule(seed: int, prefix_caching: bool, window: int) -> None:
         if live and rng.random() < 0.05:  # abort someone, wherever they are
             victim = rng.choice(live)
             sched.finish(victim, RequestStatus.FINISHED_ABORTED)
+        if drafts:
+            propose_random(rng, sched)
         out = sched.schedule()
         assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
         assert len(sched.running) <= cfg.max_num_seqs
         assert sum(out.num_scheduled_tokens.values()) == out.total_num_scheduled_tokens
-        sampled = {rid: (EOS if rng.random() < 0.02 else rng.randrange(1, 50)) for rid in sampling_ids(sched, out)}
+        assert all(out.num_scheduled_tokens[rid] == 1 + len(d) for rid, d in out.spec_token_ids.items())
+        n_verified += len(out.spec_token_ids)
+        sampled = random_tokens(rng, sched, out)
         if live and rng.random() < 0.05:  # abort mid-step, as a disconnect would
             sched.finish(rng.choice(live), RequestStatus.FINISHED_ABORTED)
         update(sched, out, sampled)
@@ -107,10 +150,13 @@ def test_random_schedule(seed: int, prefix_caching: bool, window: int) -> None:
     for _ in range(200_000):
         if not sched.num_unfinished:
             break
+        if drafts:
+            propose_random(rng, sched)
         out = sched.schedule()
-        update(sched, out, {rid: rng.randrange(1, 50) for rid in sampling_ids(sched, out)})
+        update(sched, out, random_tokens(rng, sched, out))
         live = [r for r in live if not r.is_finished]
         check_invariants(sched, bm, live)
+    assert not drafts or n_verified > 100, "drafts were hardly ever scheduled"
     assert sched.num_unfinished == 0, "requests left waiting forever"
     assert bm.num_free_blocks == num_blocks, "blocks leaked"
     assert all(b.ref_count == 0 for b in bm.blocks)
@@ -159,7 +205,7 @@ def test_preemption_requeues_at_front_and_recomputes() -> None:
     for _ in range(100):
         out = sched.schedule()
         preempted |= bool(out.preempted_req_ids)
-        update(sched, out, {rid: 5 for rid in sampling_ids(sched, out)})
+        update(sched, out, {rid: [5] for rid in sampling_ids(sched, out)})
         if not sched.num_unfinished:
             break
     assert preempted and sched.num_preemptions > 0
@@ -177,6 +223,6 @@ def test_prefix_hits_counted_once_per_admission() -> None:
         sched.add(r)
         while sched.num_unfinished:
             out = sched.schedule()
-            update(sched, out, {rid: 7 for rid in sampling_ids(sched, out)})
+            update(sched, out, {rid: [7] for rid in sampling_ids(sched, out)})
     assert bm.num_queries == 80  # 40 prompt tokens, twice
     assert bm.num_hits == 32  # b reused a's two full blocks

@@ -156,7 +156,8 @@ def test_completion_400s(server: ServerProcess, body: dict, field: str) -> None:
 
 
 @pytest.mark.parametrize("extra, field", [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools[0].function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),  # needs its json_schema
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"functions": []}, "functions"),

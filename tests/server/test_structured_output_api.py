@@ -20,8 +20,8 @@ import openai
 import pydantic
 import pytest
 from app_server import AppServer
-from json_schemas import SCHEMAS
 
+from tokenmill.benchmarks.json_schemas import SCHEMAS
 from tokenmill.config import EngineConfig
 
 MODEL = "SmolLM2-135M-Instruct"

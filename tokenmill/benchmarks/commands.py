@@ -9,6 +9,7 @@ import argparse
 import json
 import platform
 import time
+from typing import Any
 
 from tokenmill.compute import QUANTIZATION_CHOICES
 
@@ -37,12 +38,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return cmd_bench_compare(args)
 
 
-def _offline_llm(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _offline_llm(args: argparse.Namespace, **extra: Any):  # type: ignore[no-untyped-def]
     from tokenmill.entrypoints.llm import LLM
 
     return LLM(args.model, progress=False, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-               dtype=args.dtype, quantization=None if args.quantization == "auto" else args.quantization, num_threads=args.num_threads)
+               dtype=args.dtype, quantization=None if args.quantization == "auto" else args.quantization,
+               num_threads=args.num_threads, **extra)
 
 
 def _emit(args: argparse.Namespace, llm: object, kind: str, result: dict[str, object]) -> int:
@@ -71,6 +73,24 @@ def _cmd_latency(args: argparse.Namespace) -> int:
 
     llm = _offline_llm(args)
     return _emit(args, llm, "latency", run_latency(llm, args.input_len, args.output_len, args.seed))
+
+
+def _cmd_structured(args: argparse.Namespace) -> int:
+    from tokenmill.benchmarks.structured import run_structured
+
+    llm = _offline_llm(args)
+    return _emit(args, llm, "structured", run_structured(llm, args.concurrency, args.rounds, args.temperature,
+                                                         args.output_len, args.seed, args.save_workload))
+
+
+def _cmd_spec(args: argparse.Namespace) -> int:
+    from tokenmill.benchmarks.spec import run_spec
+    from tokenmill.config import SpeculativeConfig
+
+    config = SpeculativeConfig.parse(args.speculative_config) or SpeculativeConfig()
+    off, on = _offline_llm(args), _offline_llm(args, speculative_config=config)
+    return _emit(args, on, "spec", run_spec(off, on, args.workload, args.concurrency, args.output_len, args.repeats,
+                                            args.seed, args.prompts_file))
 
 
 def _offline_args(p: argparse.ArgumentParser, output_len: int) -> None:
@@ -107,13 +127,13 @@ def add_soak_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Register `tokenmill bench {serve,soak,plot,compare,throughput,latency}`."""
+    """Register `tokenmill bench {serve,soak,plot,compare,throughput,structured,latency}`."""
     from tokenmill.benchmarks.compare import add_compare_args
     from tokenmill.benchmarks.plot import add_plot_args
     from tokenmill.benchmarks.serve import add_serve_bench_args
 
     b = sub.add_parser("bench", help="benchmarks: serve (load test a server), soak, plot, compare, throughput, "
-                                     "latency")
+                                     "structured, latency")
     bsub = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
 
     s = bsub.add_parser("serve", help="load-test an OpenAI-compatible server (TTFT, TPOT, ITL, throughput)")
@@ -141,6 +161,25 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     t.add_argument("--save-prompts", default=None, help="write the prompts' token ids here (JSON), e.g. for "
                    "benchmarks/peers/vllm_offline.py")
     t.set_defaults(func=_cmd_throughput)
+
+    st = bsub.add_parser("structured", help="throughput with every request under a JSON schema vs unconstrained")
+    _offline_args(st, output_len=400)
+    st.add_argument("--concurrency", type=int, default=16, help="requests at once (set --max-num-seqs to match)")
+    st.add_argument("--rounds", type=int, default=3)
+    st.add_argument("--temperature", type=float, default=0.0)
+    st.add_argument("--save-workload", default=None, help="write the prompts and schemas here (JSON), for "
+                    "benchmarks/peers/vllm_structured.py")
+    st.set_defaults(func=_cmd_structured)
+
+    sp = bsub.add_parser("spec", help="speculative decoding on against off, same prompts, same run")
+    _offline_args(sp, output_len=256)
+    sp.add_argument("--workload", choices=["grounded", "random"], default="grounded")
+    sp.add_argument("--prompts-file", default=None, help="grounded: a JSON of name -> chat messages "
+                    "(default benchmarks/prompts/spec_grounded.json)")
+    sp.add_argument("--concurrency", type=int, default=1)
+    sp.add_argument("--repeats", type=int, default=2)
+    sp.add_argument("--speculative-config", default=None, help="JSON (default: ngram with its defaults)")
+    sp.set_defaults(func=_cmd_spec)
 
     lat = bsub.add_parser("latency", help="one request: prefill tok/s and decode tok/s")
     _offline_args(lat, output_len=128)

@@ -18,6 +18,7 @@ from tokenmill.engine.input_processor import InputProcessor, ProcessedPrompt
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.engine.scheduler import Scheduler, SchedulerConfig
+from tokenmill.engine.spec_decode import SpecDecoder
 from tokenmill.engine.stop_checker import StopChecker
 from tokenmill.loader.model_source import ModelSource, resolve_model
 from tokenmill.memory_plan import MemoryPlan, make_plan
@@ -90,6 +91,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stop_checker = StopChecker(self.max_model_len)
         self.structured = StructuredOutputManager(self.tokenizer, cfg.vocab_size)
+        self.spec = SpecDecoder(config.speculative_config, self.max_model_len) if config.speculative_config else None
         self.requests: dict[str, list[Request]] = {}  # request id -> its sequences (n of them)
         self.group_of: dict[str, str] = {}  # sequence id -> request id, for n > 1
         self.load_time = time.monotonic() - t0
@@ -176,15 +178,26 @@ class LLMEngine:
                 continue
             seq = next(q for q in st.seqs if q.request is req)
             lps = result.logprobs.get(req.request_id)
-            if lps and seq.logprobs is not None:
-                seq.logprobs.extend(lps)
-            if req.grammar is not None:
-                self.structured.accept(req.grammar, req.token_ids[-1])
-            status = self.stop_checker.check(req, seq)  # the one place that decides
-            if status is not None:
-                if status is RequestStatus.FINISHED_ERROR and req.grammar is not None:
-                    st.error = f"structured output: the grammar refused the sampled token ({req.grammar.get_error()})"
-                self.scheduler.finish(req, status)
+            new = result.sampled_token_ids[req.request_id]
+            num_drafts = len(sched.spec_token_ids.get(req.request_id, ()))
+            if num_drafts and self.spec is not None:
+                self.spec.record(req, num_drafts, len(new) - 1)
+            # the step's tokens (several after accepted drafts) go through the stop checker one at a time:
+            # a stop, max_tokens or the grammar's end drops the tokens after it
+            del req.token_ids[len(req.token_ids) - len(new) + 1 :]
+            for j, token in enumerate(new):
+                if j:
+                    req.token_ids.append(token)
+                if lps and seq.logprobs is not None:
+                    seq.logprobs.append(lps[j])
+                if req.grammar is not None:
+                    self.structured.accept(req.grammar, token)
+                status = self.stop_checker.check(req, seq)  # the one place that decides
+                if status is not None:
+                    if status is RequestStatus.FINISHED_ERROR and req.grammar is not None:
+                        st.error = f"structured output: the grammar refused the sampled token ({req.grammar.get_error()})"
+                    self.scheduler.finish(req, status)
+                    break
             touched[group_id] = None
         outputs: list[RequestOutput] = []
         for gid in touched:
@@ -200,16 +213,23 @@ class LLMEngine:
                 outputs.append(out)
         if not self.requests:
             self._send_finished(self.scheduler.take_finished_req_ids())
+        elif self.spec is not None:
+            self.spec.propose(self.scheduler.running)
         return outputs
 
     def _fill_grammar_bitmask(self, sched: SchedulerOutput) -> None:
         """Put the next-token bitmask of every constrained request that samples this step into sched."""
         reqs = self.scheduler.requests
-        owners = [rid for rid, n in sched.num_scheduled_tokens.items()
-                  if (r := reqs[rid]).grammar is not None and r.num_computed_tokens + n == r.num_tokens]
+        owners = [rid for rid, n in sched.num_scheduled_tokens.items() if (r := reqs[rid]).grammar is not None
+                  and r.num_computed_tokens + n - len(sched.spec_token_ids.get(rid, ())) == r.num_tokens]
         if owners:
-            sched.grammar_bitmask = self.structured.fill_bitmask([reqs[rid].grammar for rid in owners])
-            sched.structured_output_request_ids = {rid: g for g, rid in enumerate(owners)}
+            # a speculating request gets a row per draft position (the mask after its first j drafts)
+            drafts = [sched.spec_token_ids.get(rid, []) for rid in owners]
+            sched.grammar_bitmask = self.structured.fill_bitmask([reqs[rid].grammar for rid in owners], drafts)
+            firsts = [0]
+            for d in drafts[:-1]:
+                firsts.append(firsts[-1] + 1 + len(d))
+            sched.structured_output_request_ids = dict(zip(owners, firsts))
 
     # -- stats -----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
@@ -219,6 +239,7 @@ class LLMEngine:
             "kv_cache_usage": bm.usage, "num_free_blocks": bm.num_free_blocks, "num_blocks": bm.num_blocks,
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": bm.num_queries, "prefix_cache_hits": bm.num_hits,
+            **(self.spec.stats() if self.spec is not None else {}),
         }
 
     def describe(self) -> str:

@@ -65,6 +65,10 @@ class Request:
     # structured output: this sequence's grammar matcher (llguidance.LLMatcher; structured_output/manager.py),
     # advanced by each accepted token; None for an unconstrained request
     grammar: Any = None
+    # speculative decoding: draft tokens proposed for the next step (the scheduler sends and clears them),
+    # and the proposer's / policy's per-request state (engine/spec_decode.py)
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_state: Any = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     # what the workers know of it (the step contract sends deltas past these)

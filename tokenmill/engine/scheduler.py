@@ -5,6 +5,9 @@ Per step, with `token_budget = max_num_batched_tokens`:
      rest of a prompt chunk otherwise), capped by the budget. If the cache has no block for one, the
      newest running request is preempted (recompute: its blocks are freed, it goes back to the front of
      the waiting queue with num_computed_tokens = 0) until the block fits; a request may preempt itself.
+     A decode with draft tokens (speculative decoding) asks for 1 + k tokens, drafts cut to the budget
+     and dropped rather than preempt anyone for them; after the step, the rejected drafts' positions are
+     taken off num_computed_tokens again (their KV is overwritten when those positions are computed).
   2. If nothing was preempted, waiting requests are admitted in order while the budget, `max_num_seqs`
      and the free blocks allow: prefix-cache hits first (they cost no budget), then a chunk of what is
      left. A request that cannot get its blocks now waits; later ones wait behind it (FCFS).
@@ -84,6 +87,7 @@ class Scheduler:
         self.bm.free(victim)
         victim.num_computed_tokens = 0
         victim.num_sent_blocks = 0  # re-admitted: the workers get its whole new block table
+        victim.spec_token_ids = []
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
         self.num_preemptions += 1
@@ -103,6 +107,14 @@ class Scheduler:
             if num_new <= 0:  # nothing to compute (cannot happen for live requests); keep it honest
                 i += 1
                 continue
+            drafts, req.spec_token_ids = req.spec_token_ids, []
+            if req.num_tokens - req.num_computed_tokens == 1:  # a decode may verify drafts too
+                drafts = drafts[: budget - 1]
+                if drafts and not self.bm.can_allocate(req, 1 + len(drafts)):  # drafts never cost a preemption
+                    drafts = []
+                num_new += len(drafts)
+            else:
+                drafts = []
             while not self.bm.can_allocate(req, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -112,6 +124,8 @@ class Scheduler:
             if req.status is RequestStatus.PREEMPTED:
                 break  # it preempted itself: everything after it is already gone too
             self.bm.allocate(req, num_new)
+            if drafts:
+                out.spec_token_ids[req.request_id] = drafts
             self._emit(out, req, num_new)
             budget -= num_new
             i += 1
@@ -193,8 +207,11 @@ class Scheduler:
             req = self.requests.get(req_id)
             if req is None or req.is_finished:  # aborted while the step ran
                 continue
-            req.num_computed_tokens += num_new
             new_ids = result.sampled_token_ids.get(req_id)
+            num_drafts = len(out.spec_token_ids.get(req_id, ()))
+            if num_drafts and new_ids:  # rejected drafts' KV is not kept: their positions are computed again
+                num_new -= num_drafts - (len(new_ids) - 1)
+            req.num_computed_tokens += num_new
             if new_ids:
                 req.token_ids.extend(new_ids)
                 if req.first_token_time is None:

@@ -1,19 +1,30 @@
-"""The offline Python API: `LLM(model=...).generate(prompts, params)` and `.chat(conversations, params)`."""
+"""The offline Python API: `LLM(model=...).generate(prompts, params)` and `.chat(conversations, params)`.
+
+Tool calling offline is the chat endpoint's: `chat(..., tools=..., tool_choice=...)` renders the tools (or
+the fallback prompt) and constrains a forced choice; `parse_tool_calls(text, tools, tool_choice)` reads an
+answer as content and calls, as the server does.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import fields
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
+import pydantic
 from tqdm.auto import tqdm
 
 from tokenmill.config import EngineConfig, parse_size
 from tokenmill.engine.beam_search import BeamSearch, BeamSearchParams, Hypothesis
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.engine.llm_engine import LLMEngine
+from tokenmill.entrypoints.openai.protocol import ChatCompletionTool, NamedToolChoice
+from tokenmill.entrypoints.openai.tool_calling import ToolCalling
+from tokenmill.entrypoints.openai.tool_parsers import ParsedOutput
+from tokenmill.entrypoints.openai.tool_prompt import ToolPrompt
 from tokenmill.outputs import RequestOutput
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import ParamError, SamplingParams
 
 Prompt = str | list[int] | ProcessedPrompt  # a ProcessedPrompt: made by llm.engine.input_processor already
 
@@ -22,10 +33,12 @@ class LLM:
     """Load a model once and generate for many prompts at a time, batched continuously.
 
     `LLM()` serves the default model (SmolLM2-135M-Instruct); keyword arguments are EngineConfig fields,
-    e.g. `LLM("model.gguf", max_model_len=4096, kv_cache_memory="1GiB")`.
+    e.g. `LLM("model.gguf", max_model_len=4096, kv_cache_memory="1GiB")`. `tool_call_parser`: the format
+    tool calls are read in, as `serve --tool-call-parser` ("auto": detected from the chat template).
     """
 
-    def __init__(self, model: str = "default", progress: bool = True, **kwargs: Any) -> None:
+    def __init__(self, model: str = "default", progress: bool = True, tool_call_parser: str = "auto",
+                 **kwargs: Any) -> None:
         names = {f.name for f in fields(EngineConfig)}
         unknown = set(kwargs) - names
         if unknown:
@@ -35,6 +48,8 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs), progress=progress)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+        self._tool_call_parser = tool_call_parser
+        self._tool_prompt: ToolPrompt | None = None  # made on first use (it probes the template, logs once)
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool | None = None) -> list[RequestOutput]:
@@ -78,14 +93,69 @@ class LLM:
 
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
              params: SamplingParams | Sequence[SamplingParams] | None = None, add_generation_prompt: bool = True,
-             tools: list[dict[str, Any]] | None = None, use_tqdm: bool | None = None) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation, then generate."""
+             tools: list[dict[str, Any]] | None = None, use_tqdm: bool | None = None, *,
+             tool_choice: str | dict[str, Any] | None = None,
+             parallel_tool_calls: bool | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate.
+
+        `tools` (OpenAI tool objects), `tool_choice` ("none", "auto" (the default with tools), "required" or
+        {"type": "function", "function": {"name": ...}}) and `parallel_tool_calls` mean what they mean on
+        /v1/chat/completions: a forced choice puts its JSON schema on every SamplingParams. Read the answers
+        with `parse_tool_calls`. Messages are OpenAI's (assistant `tool_calls`, `tool` results)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
+        calling = self.tool_calling(tools, tool_choice, parallel_tool_calls)
+        if calling is not None:
+            params = params if params is not None else SamplingParams()
+            params = (self._with_tools(params, calling) if isinstance(params, SamplingParams)
+                      else [self._with_tools(p, calling) for p in params])
         processor = self.engine.input_processor
-        prompts: list[Prompt] = [processor.render_chat_ids(c, add_generation_prompt, tools)  # type: ignore[arg-type]
-                                 for c in conversations]
+        prompts: list[Prompt] = []
+        for c in conversations:
+            messages, offered = self._tools().prepare(list(c), calling)  # type: ignore[arg-type]
+            prompts.append(processor.render_chat_ids(messages, add_generation_prompt, offered))
         return self.generate(prompts, params, use_tqdm)
+
+    def tool_calling(self, tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None = None,
+                     parallel_tool_calls: bool | None = None) -> ToolCalling | None:
+        """The tools and choice checked as the chat endpoint checks them (None without tools); a bad one
+        raises ParamError naming it."""
+        checked = [_validated(ChatCompletionTool, t, f"tools[{i}]") for i, t in enumerate(tools)] if tools else None
+        choice: str | NamedToolChoice | None
+        if isinstance(tool_choice, dict):
+            choice = _validated(NamedToolChoice, tool_choice, "tool_choice")
+        elif tool_choice in (None, "none", "auto", "required"):
+            choice = tool_choice
+        else:
+            raise ParamError("tool_choice", f"tool_choice must be none, auto, required or a named function, got "
+                                            f"{tool_choice!r}")
+        return ToolCalling.of(checked, choice, parallel_tool_calls, self._tools().format)
+
+    def parse_tool_calls(self, text: str, tools: list[dict[str, Any]] | None,
+                         tool_choice: str | dict[str, Any] | None = None,
+                         parallel_tool_calls: bool | None = None) -> ParsedOutput:
+        """An answer of `chat(..., tools, tool_choice)` as content and calls (name, arguments JSON text)."""
+        calling = self.tool_calling(tools, tool_choice, parallel_tool_calls)
+        return calling.parse(text) if calling is not None else ParsedOutput(text)
+
+    def _tools(self) -> ToolPrompt:
+        if self._tool_prompt is None:
+            self._tool_prompt = ToolPrompt(self.tokenizer, self._tool_call_parser)
+        return self._tool_prompt
+
+    @staticmethod
+    def _with_tools(params: SamplingParams, calling: ToolCalling) -> SamplingParams:
+        """`params` with a forced choice's constraint; "auto" keeps special tokens where the format needs."""
+        changes: dict[str, Any] = {}
+        constraint = calling.constraint()
+        if constraint is not None:
+            if params.structured_outputs is not None:
+                raise ParamError("tool_choice", f"tool_choice {calling.mode!r} constrains the output to tool calls, "
+                                                "so it cannot be combined with structured_outputs")
+            changes["structured_outputs"] = constraint
+        if calling.mode == "auto" and not calling.format.skip_special_tokens:
+            changes["skip_special_tokens"] = False
+        return dataclasses.replace(params, **changes) if changes else params
 
     def beam_search(self, prompts: str | list[int] | Sequence[str | list[int]],
                     params: BeamSearchParams) -> list[list[Hypothesis]]:
@@ -118,3 +188,16 @@ class LLM:
             for h in hyps:
                 h.text = self.tokenizer.decode(h.token_ids)
         return results
+
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+def _validated(model: type[M], value: Any, field: str) -> M:
+    """`value` as the request model the chat endpoint would build; a ParamError on `field` otherwise."""
+    try:
+        return model.model_validate(value)
+    except pydantic.ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in (field, *err["loc"]))
+        raise ParamError(field, f"{where}: {err['msg']}") from None

@@ -16,6 +16,7 @@ checker finishes that request. Torch-free (numpy only), so it lives with the eng
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,8 @@ class StructuredOutputManager:
         self._lock = threading.Lock()
         self._executor: llguidance.LLExecutor | None = None
         self.num_compiled = 0  # grammars compiled (not served from the cache)
+        self.mask_seconds = 0.0  # spent filling bitmasks and advancing matchers (the bench reports it per token)
+        self.num_masks = 0  # bitmask rows filled
 
     @property
     def lltokenizer(self) -> llguidance.LLTokenizer:
@@ -77,19 +80,38 @@ class StructuredOutputManager:
     def matcher_for(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
         return self.compile(spec).deep_copy()
 
-    def fill_bitmask(self, matchers: list[llguidance.LLMatcher]) -> np.ndarray:
-        """(G, W) int32: the next-token masks of these G matchers, in order."""
-        mask = np.full((len(matchers), bitmask_width(self.vocab_size)), -1, dtype=np.int32)
+    def fill_bitmask(self, matchers: list[llguidance.LLMatcher], drafts: list[list[int]] | None = None) -> np.ndarray:
+        """(G, W) int32: the next-token masks of these matchers, in order. With drafts (speculative
+        decoding), matcher i takes 1 + len(drafts[i]) rows: its mask now, then after each of its drafts
+        (the matcher is left as it was)."""
+        t0 = time.perf_counter()
+        rows = len(matchers) + sum(len(d) for d in drafts or [])
+        mask = np.full((rows, bitmask_width(self.vocab_size)), -1, dtype=np.int32)
         row_bytes = mask.shape[1] * 4
-        if len(matchers) == 1:
+        if len(matchers) == 1 and not (drafts and drafts[0]):
             matchers[0].unsafe_compute_mask_ptr(mask.ctypes.data, row_bytes)
         else:
             if self._executor is None:
                 self._executor = llguidance.LLExecutor()
-            self._executor.unsafe_compute_mask_ptr([(m, g) for g, m in enumerate(matchers)], mask.ctypes.data,
-                                                   row_bytes, len(matchers))
+            plain: list[tuple[llguidance.LLMatcher, int]] = []
+            with_drafts: list[tuple[llguidance.LLMatcher, int, list[int]]] = []
+            g = 0
+            for m, d in zip(matchers, drafts or [[]] * len(matchers)):
+                if d:
+                    with_drafts.append((m, g, list(d)))
+                else:
+                    plain.append((m, g))
+                g += 1 + len(d)
+            if plain:
+                self._executor.unsafe_compute_mask_ptr(plain, mask.ctypes.data, row_bytes, rows)
+            if with_drafts:
+                self._executor.unsafe_compute_mask_ptr_with_draft_token(with_drafts, mask.ctypes.data, row_bytes, rows)
+        self.mask_seconds += time.perf_counter() - t0
+        self.num_masks += len(matchers)
         return mask
 
-    @staticmethod
-    def accept(matcher: llguidance.LLMatcher, token_id: int) -> bool:
-        return bool(matcher.consume_token(token_id))
+    def accept(self, matcher: llguidance.LLMatcher, token_id: int) -> bool:
+        t0 = time.perf_counter()
+        ok = bool(matcher.consume_token(token_id))
+        self.mask_seconds += time.perf_counter() - t0
+        return ok

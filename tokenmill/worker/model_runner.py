@@ -20,6 +20,7 @@ from tokenmill.outputs import Logprob, TokenLogprobs
 from tokenmill.sample.grammar_bitmask import GrammarBitmaskProcessor
 from tokenmill.sample.logits_processor import LogitsProcessor, default_processors
 from tokenmill.sample.sampler import SamplerOutput, SamplingBatch, sample
+from tokenmill.sample.spec_verify import accepted_prefix
 from tokenmill.scheduler_output import ModelRunnerOutput, PromptLogprobsChunk, SchedulerOutput
 from tokenmill.worker.kv_cache import per_layer_views
 from tokenmill.worker.request_state import CachedRequestState
@@ -27,6 +28,32 @@ from tokenmill.worker.request_state import CachedRequestState
 
 # prompt logprobs: logits rows computed at once, so a long prompt never holds (T, V) floats at a time
 _PROMPT_LOGITS_ELEMENTS = 1 << 24
+
+
+class _DraftRow:
+    """A sampling row at draft position j of a speculating request: the request's state seen with its
+    first j draft tokens appended (what penalties and min_tokens must see there). Its generator is the
+    request's own."""
+
+    def __init__(self, base: CachedRequestState, drafts: list[int]) -> None:
+        self.base = base
+        self.req_id = base.req_id
+        self.sampling_params = base.sampling_params
+        self.prompt_token_ids = base.prompt_token_ids
+        self.seed = base.seed
+        self.token_ids = base.token_ids + drafts
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        return self.base.generator
+
+    @generator.setter
+    def generator(self, g: torch.Generator | None) -> None:
+        self.base.generator = g
 
 
 @dataclass
@@ -59,6 +86,7 @@ class ModelRunner:
         # several engines in one process must not reseed each other)
         self.shared_generator = torch.Generator(device=device)
         self.shared_generator.manual_seed(seed)
+        self.verify = accepted_prefix  # how many drafts a step keeps (a test swaps in a wrong one)
 
     # -- the contract ----------------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -82,7 +110,8 @@ class ModelRunner:
 
     # -- inputs ----------------------------------------------------------------------------------------
     def _prepare_inputs(self, so: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionContext,
-                                                              list[int], list[CachedRequestState], list[_PromptRows]]:
+                                                              list[int], list[CachedRequestState | _DraftRow],
+                                                              list[_PromptRows]]:
         """-> input_ids (T,), positions (T,), attention context, the token index of each sampling row,
         the sampling rows' states (in the step's order), and the rows that score prompt tokens."""
         decodes: list[ScheduledSeq] = []
@@ -96,27 +125,32 @@ class ModelRunner:
         ids: list[int] = []
         pos: list[int] = []
         sample_idx: list[int] = []
-        rows: list[CachedRequestState] = []
+        rows: list[CachedRequestState | _DraftRow] = []
         prompt_rows: list[_PromptRows] = []
         for seq in ordered:
             st = self.requests[seq.req_id]
-            end = seq.start + seq.num_tokens
+            drafts = so.spec_token_ids.get(seq.req_id, [])
+            end = seq.start + seq.num_tokens - len(drafts)  # the known tokens this step computes end here
             n_top = st.sampling_params.prompt_logprobs
             last = min(end, len(st.prompt_token_ids) - 1)  # position p's logits score prompt token p + 1
             if n_top is not None and seq.start < last:
                 prompt_rows.append(_PromptRows(seq.req_id, len(ids), seq.start + 1,
                                                st.prompt_token_ids[seq.start + 1 : last + 1], n_top))
             ids.extend(st.token_ids[seq.start : end])
-            pos.extend(range(seq.start, end))
+            ids.extend(drafts)
+            pos.extend(range(seq.start, end + len(drafts)))
             if end == len(st.token_ids):  # reaches the last known token: a new one is sampled
-                sample_idx.append(len(ids) - 1)
+                # with k drafts: k + 1 rows, row j scoring the token after draft j - 1 (verification)
+                first = len(ids) - 1 - len(drafts)
+                sample_idx.extend(range(first, len(ids)))
                 rows.append(st)
+                rows.extend(_DraftRow(st, drafts[:j]) for j in range(1, len(drafts) + 1))
         dev = self.device
         attn = AttentionContext(self.attn_backend, meta, self.kv_caches)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 attn, sample_idx, rows, prompt_rows)
 
-    def _prepare_sampling(self, rows: list[CachedRequestState]) -> SamplingBatch:
+    def _prepare_sampling(self, rows: list[CachedRequestState | _DraftRow]) -> SamplingBatch:
         dev, V = self.device, self.vocab_size
         params = [r.sampling_params for r in rows]
         temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
@@ -158,20 +192,27 @@ class ModelRunner:
         self._set_grammar(so, rows)
         active = [p for p in self.processors if p.prepare(rows)]
         out = sample(logits, self._prepare_sampling(rows), active)
-        for i, r in enumerate(rows):
-            result.sampled_token_ids[r.req_id] = [out.token_ids[i]]
+        i = 0
+        while i < len(rows):
+            r = rows[i]
+            drafts = so.spec_token_ids.get(r.req_id, [])
+            n_keep = self.verify(out.token_ids[i : i + len(drafts) + 1], drafts) if drafts else 0  # spec_verify.py
+            result.sampled_token_ids[r.req_id] = drafts[:n_keep] + [out.token_ids[i + n_keep]]
             n = r.sampling_params.logprobs
             if n is not None:
-                result.logprobs[r.req_id] = [self._logprobs_row(out, i, n)]
+                result.logprobs[r.req_id] = [self._logprobs_row(out, i + j, n) for j in range(n_keep + 1)]
+            i += len(drafts) + 1
         return result
 
-    def _set_grammar(self, so: SchedulerOutput, rows: list[CachedRequestState]) -> None:
-        """Give the grammar processor this step's constrained rows and their bitmask rows."""
+    def _set_grammar(self, so: SchedulerOutput, rows: list[CachedRequestState | _DraftRow]) -> None:
+        """Give the grammar processor this step's constrained rows and their bitmask rows (a speculating
+        request owns consecutive bitmask rows, one per draft position, from its first)."""
         owners = so.structured_output_request_ids
         if not owners or so.grammar_bitmask is None:
             self.grammar.set_step([], None)
             return
-        picked = [(i, owners[r.req_id]) for i, r in enumerate(rows) if r.req_id in owners]
+        picked = [(i, owners[r.req_id] + (len(r.token_ids) - len(r.base.token_ids) if isinstance(r, _DraftRow) else 0))
+                  for i, r in enumerate(rows) if r.req_id in owners]
         mask = torch.from_numpy(so.grammar_bitmask)[[g for _, g in picked]] if picked else None
         self.grammar.set_step([i for i, _ in picked], mask)
 

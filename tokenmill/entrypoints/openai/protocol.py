@@ -2,7 +2,7 @@
 
 Field names follow OpenAI's API, plus the sampling fields vLLM accepts beyond it (`top_k`, `min_p`, ...).
 Requests forbid unknown fields (a typo or an unsupported feature is a 400 naming it, never silence).
-Fields that OpenAI or vLLM define but this server cannot honour (tools, suffix, beam search) are declared here
+Fields that OpenAI or vLLM define but this server cannot honour (suffix, best_of) are declared here
 so the schema shows them, and the serving classes answer 400 (naming the field, and why) when they carry
 anything but their neutral value.
 The error body (ErrorResponse) is the whole server's, defined in server/errors.py and named here too.
@@ -35,6 +35,11 @@ class _Request(BaseModel):
 
 class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _omitted_when_none() -> Any:
+    """A response field left out of the JSON when None (OpenAI omits `tool_calls` when there are none)."""
+    return Field(default=None, exclude_if=lambda value: value is None)
 
 
 # -- shared request parts ----------------------------------------------------------------------------------
@@ -137,12 +142,25 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str  # the arguments object as JSON text, as the server reported it
+
+
+class ChatMessageToolCall(_Request):
+    """A call an assistant turn in the history made (what a ToolCall in an answer was)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = Field(default=None, validate_default=True)  # None: assistant only
     name: str | None = None
-    tool_call_id: str | None = None  # tool messages
-    tool_calls: list[dict[str, Any]] | None = None  # assistant turns in the history
+    tool_call_id: str | None = None  # tool messages: the call this is the result of
+    tool_calls: list[ChatMessageToolCall] | None = None  # assistant turns in the history
 
     @field_validator("content")
     @classmethod
@@ -156,6 +174,27 @@ class ChatMessage(_Request):
         return content
 
 
+class FunctionDefinition(_Request):
+    name: str  # letters, digits, '_' and '-', at most 64 (OpenAI's rule; checked by ToolCalling)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object; None: no arguments
+    strict: bool | None = None  # true: a call whose arguments break the schema is not reported as a call
+
+
+class ChatCompletionTool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    """tool_choice naming one function: the answer is a call of it."""
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -169,10 +208,10 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = False  # vLLM's: the model continues the final (assistant) message
     echo: bool | None = False  # vLLM's: the answer starts with the final message's content, if it is the assistant's
-    # OpenAI fields we cannot honour: neutral values are accepted, anything else is a 400
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    tools: list[ChatCompletionTool] | None = None
+    # None: "auto" with tools, "none" without; "required": at least one call; a NamedToolChoice: that call
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # None: true; false: at most one call
 
 
 class TokenizeRequest(_Request):
@@ -181,6 +220,7 @@ class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[ChatCompletionTool] | None = None  # with messages: rendered as chat renders them ("auto")
     add_special_tokens: bool | None = True
     add_generation_prompt: bool | None = None  # as in chat: None means true unless continue_final_message
     continue_final_message: bool | None = False
@@ -257,9 +297,36 @@ class ChatLogprobs(_Response):
     content: list[ChatTokenLogprob] | None = None
 
 
+class ToolCallFunction(_Response):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(_Response):
+    id: str  # chatcmpl-tool-<hex> (Mistral's formats: 9 letters and digits)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
-    content: str | None = None
+    content: str | None = None  # None when the answer is only tool calls
+    tool_calls: list[ToolCall] | None = _omitted_when_none()  # the calls the answer makes, in order
+
+
+class DeltaFunctionCall(_Response):
+    name: str | None = _omitted_when_none()  # in a call's first piece
+    arguments: str | None = _omitted_when_none()  # arguments text to append
+
+
+class DeltaToolCall(_Response):
+    """A piece of a streamed call: the first carries id, type and name; arguments pieces join to the whole.
+    Absent fields are left out (not null): later pieces carry only what they add, as OpenAI's do."""
+
+    index: int  # the call's position in the answer's tool_calls
+    id: str | None = _omitted_when_none()
+    type: Literal["function"] | None = _omitted_when_none()
+    function: DeltaFunctionCall | None = _omitted_when_none()
 
 
 class ChatChoice(_Response):
@@ -285,6 +352,7 @@ class ChatCompletionResponse(_Response):
 class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = _omitted_when_none()
 
 
 class ChatChunkChoice(_Response):

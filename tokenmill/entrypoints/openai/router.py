@@ -33,7 +33,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
     completions = OpenAIServingCompletion(ctx.async_engine, name, ctx.metrics, ctx.state,
                                           ctx.config.max_waiting_requests, **options)
     chat = OpenAIServingChat(ctx.async_engine, name, ctx.metrics, ctx.state, ctx.config.max_waiting_requests,
-                             **options)
+                             tool_call_parser=ctx.config.tool_call_parser, **options)
     template_problem = chat.check_template()
     if template_problem:
         log.error("%s", template_problem)
@@ -50,8 +50,11 @@ def build_router(ctx: ServerContext) -> APIRouter:
         completions.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt and messages", "prompt")
+        if req.tools is not None and req.messages is None:
+            raise bad_request("tools go with messages", "tools")
         if req.messages is not None:
-            ids = await chat.render(req.messages, req.add_generation_prompt, req.continue_final_message)
+            ids = await chat.render(req.messages, req.add_generation_prompt, req.continue_final_message,
+                                    chat.tool_calling(req.tools))
         else:
             ids = await completions.encode(req.prompt or "", req.add_special_tokens is not False)
         strs = [engine.tokenizer.id_to_token(t) for t in ids] if req.return_token_strs else None

@@ -4,6 +4,12 @@ Messages are rendered with the model's chat template and tokenized on a worker t
 per choice, a first chunk with `role: assistant` (sent once the first token exists), then content deltas,
 then a chunk with its finish_reason.
 
+Tool calling (tool_calling.py, tool_prompt.py, tool_parsers/): the request's tools go to the chat template,
+or into the fallback prompt for a template that renders none; a forced tool_choice constrains the output;
+each choice's text is then read as content and tool calls, and a stream sends the calls as OpenAI's
+`tool_calls` deltas as they complete (a named function's arguments as they are written). finish_reason is
+"tool_calls" when an answer that stopped made calls.
+
 vLLM's extras: `continue_final_message` renders the conversation with its final (assistant) message left
 open, so the model continues it; `echo` starts the answer (a stream: its first chunk) with the final
 message's content when that message is the assistant's, the role this server always generates.
@@ -23,13 +29,18 @@ from fastapi.responses import Response, StreamingResponse
 from tokenmill.engine.beam_search import BeamSearchParams
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
-                                                   ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
+                                                   ChatCompletionRequest, ChatCompletionResponse,
+                                                   ChatCompletionTool, ChatDelta,
                                                    ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,
-                                                   ChatTopLogprob)
+                                                   ChatTopLogprob, DeltaFunctionCall, DeltaToolCall,
+                                                   NamedToolChoice, ToolCall, ToolCallFunction)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, AnswerOptions, OpenAIServing, sse, sse_error
+from tokenmill.entrypoints.openai.tool_calling import ToolCalling
+from tokenmill.entrypoints.openai.tool_parsers import StreamDelta, ToolCallStream
+from tokenmill.entrypoints.openai.tool_prompt import ToolPrompt
 from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.outputs import RequestOutput, TokenLogprobs
-from tokenmill.sampling_params import MAX_LOGPROBS, SamplingParams
+from tokenmill.sampling_params import MAX_LOGPROBS, ParamError, SamplingParams
 from tokenmill.tokenizer.chat_template import ChatTemplateSecurityError
 
 
@@ -47,19 +58,25 @@ def messages_for_template(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 texts.append(part.text)
             content = "\n".join(texts)
         msg: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
-        for key in ("name", "tool_call_id", "tool_calls"):
+        for key in ("name", "tool_call_id"):
             if getattr(m, key) is not None:
                 msg[key] = getattr(m, key)
+        if m.tool_calls:
+            msg["tool_calls"] = [c.model_dump() for c in m.tool_calls]
         out.append(msg)
     return out
 
 
 class OpenAIServingChat(OpenAIServing):
+    def __init__(self, *args: Any, tool_call_parser: str = "auto", **kwargs: Any) -> None:
+        """OpenAIServing's arguments; `tool_call_parser`: --tool-call-parser (a format name, or "auto")."""
+        super().__init__(*args, **kwargs)
+        self.tool_prompt = ToolPrompt(self.tokenizer, tool_call_parser)
+
     async def create_chat_completion(self, req: ChatCompletionRequest,
                                      raw_request: Request) -> Response | ChatCompletionResponse:
         """Validate, render, then stream SSE or return the whole ChatCompletionResponse. Raises APIError."""
         self.check_model(req.model)
-        self._reject_unsupported(req)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
@@ -68,12 +85,16 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
+        calling = self._tool_calling(req, params)
         beams = self.beam_search_params(req, params)
+        if beams is not None and calling is not None and calling.mode != "none":
+            raise bad_request("tools cannot be used with use_beam_search (set tool_choice to \"none\")",
+                              "use_beam_search")
         await self.compile_structured(params)
         if not req.messages:
             raise bad_request("messages must not be empty", "messages")
         prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt,
-                                                       req.continue_final_message), params, "messages")
+                                                       req.continue_final_message, calling), params, "messages")
         self.check_admission()
         request_id = self.new_id("chatcmpl")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages])
@@ -86,14 +107,16 @@ class OpenAIServingChat(OpenAIServing):
             result = await self.until_disconnect(collect, raw_request)
             return result if result is not None else Response(status_code=499)
         if req.stream:
-            return StreamingResponse(self._stream(request_id, prompt, params, echo, options),
+            return StreamingResponse(self._stream(request_id, prompt, params, echo, options, calling),
                                      media_type="text/event-stream")
-        result = await self.until_disconnect(self._collect(request_id, prompt, params, echo, options), raw_request)
+        result = await self.until_disconnect(self._collect(request_id, prompt, params, echo, options, calling),
+                                             raw_request)
         return result if result is not None else Response(status_code=499)
 
     async def render(self, messages: list[ChatMessage], add_generation_prompt: bool | None = None,
-                     continue_final_message: bool | None = False) -> list[int]:
-        """Chat template + tokenize (the engine's InputProcessor), on a worker thread.
+                     continue_final_message: bool | None = False, calling: ToolCalling | None = None) -> list[int]:
+        """Chat template + tokenize (the engine's InputProcessor), on a worker thread; the tools and the
+        history's calls as the template takes them (ToolPrompt).
 
         `add_generation_prompt` None means true unless `continue_final_message`; both true is a 400 (vLLM's
         wording), and so is continuing a final message that is not the assistant's. A template that rejects
@@ -108,10 +131,10 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request(f"continue_final_message continues the final message, which must be the assistant's; "
                               f"messages[{len(messages) - 1}] has role {messages[-1].role!r}", "continue_final_message")
         add_generation_prompt = not is_continued if add_generation_prompt is None else add_generation_prompt
-        plain = messages_for_template(messages)
+        plain, tools = self.tool_prompt.prepare(messages_for_template(messages), calling)
 
         try:
-            return await asyncio.to_thread(self.input_processor.render_chat_ids, plain, add_generation_prompt,
+            return await asyncio.to_thread(self.input_processor.render_chat_ids, plain, add_generation_prompt, tools,
                                            continue_final_message=is_continued)
         except ChatTemplateSecurityError as e:
             raise APIError(500, f"the model's chat template was refused and nothing it attempted ran ({e}); "
@@ -138,12 +161,29 @@ class OpenAIServingChat(OpenAIServing):
             return ""
         return str(messages_for_template(req.messages[-1:])[0]["content"])
 
-    @staticmethod
-    def _reject_unsupported(req: ChatCompletionRequest) -> None:
-        if req.tools:
-            raise bad_request("tools: tool calling is not supported by this server", "tools")
-        if req.tool_choice not in (None, "none", "auto"):
-            raise bad_request("tool_choice: tool calling is not supported by this server", "tool_choice")
+    def tool_calling(self, tools: list[ChatCompletionTool] | None, tool_choice: str | NamedToolChoice | None = None,
+                     parallel_tool_calls: bool | None = None) -> ToolCalling | None:
+        """The request's tool calling (None without tools); a 400 naming the field at fault."""
+        try:
+            return ToolCalling.of(tools, tool_choice, parallel_tool_calls, self.tool_prompt.format)
+        except ParamError as e:
+            raise bad_request(e.message, e.field) from None
+
+    def _tool_calling(self, req: ChatCompletionRequest, params: SamplingParams) -> ToolCalling | None:
+        """`tool_calling` of the request; a forced tool_choice's constraint goes on `params`, and "auto"
+        keeps special tokens in the text when the format's markers are special."""
+        calling = self.tool_calling(req.tools, req.tool_choice, req.parallel_tool_calls)
+        if calling is None:
+            return None
+        constraint = calling.constraint()
+        if constraint is not None:
+            if params.structured_outputs is not None:
+                raise bad_request(f"tool_choice {calling.mode!r} constrains the output to tool calls, so it cannot "
+                                  "be combined with response_format or structured_outputs", "tool_choice")
+            params.structured_outputs = constraint
+        if calling.mode == "auto" and not calling.format.skip_special_tokens:
+            params.skip_special_tokens = False
+        return calling
 
     async def _collect_beams(self, request_id: str, prompt: ProcessedPrompt, bp: BeamSearchParams, echo: str,
                              options: AnswerOptions) -> ChatCompletionResponse:
@@ -177,7 +217,7 @@ class OpenAIServingChat(OpenAIServing):
         yield SSE_DONE
 
     async def _collect(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
-                       options: AnswerOptions) -> ChatCompletionResponse:
+                       options: AnswerOptions, calling: ToolCalling | None) -> ChatCompletionResponse:
         final: RequestOutput | None = None
         async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
             async for out in outputs:
@@ -186,11 +226,12 @@ class OpenAIServingChat(OpenAIServing):
                     final = out
         assert final is not None  # generate ends only after the finished output
         ids = options.return_token_ids
-        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=echo + c.text),
-                              logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None else None,
-                              finish_reason=c.finish_reason.value if c.finish_reason else None,
-                              stop_reason=c.stop_reason, token_ids=c.token_ids if ids else None)
-                   for c in final.outputs]
+        choices = []
+        for c in final.outputs:
+            message, finish = self._message(c.text, echo, c.finish_reason.value if c.finish_reason else None, calling)
+            choices.append(ChatChoice(index=c.index, message=message, finish_reason=finish, stop_reason=c.stop_reason,
+                                      logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None
+                                      else None, token_ids=c.token_ids if ids else None))
         num_completion = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
                                       usage=self.usage(len(prompt.prompt_token_ids), num_completion),
@@ -198,8 +239,22 @@ class OpenAIServingChat(OpenAIServing):
                                                                            params.prompt_logprobs),
                                       prompt_token_ids=prompt.prompt_token_ids if ids else None)
 
+    @staticmethod
+    def _message(text: str, echo: str, finish: str | None,
+                 calling: ToolCalling | None) -> tuple[ChatResponseMessage, str | None]:
+        """A choice's message and finish_reason: its text read as content and calls when it has tools."""
+        if calling is None or calling.mode == "none":
+            return ChatResponseMessage(content=echo + text), finish
+        parsed = calling.parse(text)
+        calls = [ToolCall(id=calling.format.new_call_id(), function=ToolCallFunction(name=c.name, arguments=c.arguments))
+                 for c in parsed.tool_calls]
+        if not calls:
+            return ChatResponseMessage(content=echo + parsed.content), finish
+        return (ChatResponseMessage(content=echo + parsed.content or None, tool_calls=calls),
+                "tool_calls" if finish == "stop" else finish)
+
     async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
-                      options: AnswerOptions) -> AsyncIterator[bytes]:
+                      options: AnswerOptions, calling: ToolCalling | None) -> AsyncIterator[bytes]:
         created = int(time.time())
         num_prompt = len(prompt.prompt_token_ids)
         num_sent_tokens = [0] * params.n  # choice -> generated tokens already reported (logprob slices, usage)
@@ -214,6 +269,8 @@ class OpenAIServingChat(OpenAIServing):
         ids = options.return_token_ids
         finished: set[int] = set()
         num_completion = 0
+        streams = ([ToolCallStream(calling.parser(), calling.format.new_call_id) for _ in range(params.n)]
+                   if calling is not None and calling.mode != "none" else None)
         try:
             role_sent = False
             async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
@@ -235,12 +292,17 @@ class OpenAIServingChat(OpenAIServing):
                         if c.logprobs is not None and new_ids:
                             lps = self._logprobs(new_ids, c.logprobs[start:start + len(new_ids)])
                         finish = c.finish_reason.value if c.finish_reason else None
+                        if streams is None:
+                            delta = ChatDelta(content=c.delta_text) if c.delta_text else ChatDelta()
+                        else:
+                            stream = streams[c.index]
+                            delta = self._tool_delta(stream.feed(c.delta_text, is_final=finish is not None))
+                            finish = "tool_calls" if finish == "stop" and stream.num_calls else finish
                         # a chunk for news only; new ids alone are news when the client asked for them
-                        if c.delta_text or lps is not None or finish is not None or (ids and new_ids):
+                        if delta.content or delta.tool_calls or lps is not None or finish is not None or (ids and new_ids):
                             yield chunk(ChatChunkChoice(
-                                index=c.index, delta=ChatDelta(content=c.delta_text) if c.delta_text else ChatDelta(),
-                                logprobs=lps, finish_reason=finish, stop_reason=c.stop_reason if finish else None,
-                                token_ids=new_ids if ids else None))
+                                index=c.index, delta=delta, logprobs=lps, finish_reason=finish,
+                                stop_reason=c.stop_reason if finish else None, token_ids=new_ids if ids else None))
                         if finish is not None:
                             finished.add(c.index)
                             num_completion += len(c.token_ids)
@@ -250,6 +312,13 @@ class OpenAIServingChat(OpenAIServing):
         except APIError as e:  # headers are sent: the error goes in the stream
             yield sse_error(e)
         yield SSE_DONE
+
+    @staticmethod
+    def _tool_delta(news: StreamDelta) -> ChatDelta:
+        """A ToolCallStream's news as a chunk's delta: a call's first piece with its id, type and name."""
+        calls = [DeltaToolCall(index=d.index, id=d.id, type="function" if d.id is not None else None,
+                               function=DeltaFunctionCall(name=d.name, arguments=d.arguments)) for d in news.tool_calls]
+        return ChatDelta(content=news.content or None, tool_calls=calls or None)
 
     def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs]) -> ChatLogprobs:
         """The chat logprobs shape: one entry per token with its top alternatives."""

@@ -25,6 +25,7 @@ class ServerConfig:
     request_timeout: float | None = None  # seconds from admission to the last token
     log_requests: bool = True
     log_prompts: bool = False  # prompt text in the log, only when asked for
+    tool_call_parser: str = "auto"  # the tool-call format chat reads (tool_parsers/); auto: from the template
     # the process
     host: str = "127.0.0.1"
     port: int = 8000
@@ -54,6 +55,7 @@ class ServerConfig:
             served_model_name=args.served_model_name, api_key=api_key, metrics_require_key=args.metrics_require_key,
             cors_origins=cors,
             max_waiting_requests=args.max_waiting_requests, max_request_bytes=args.max_request_bytes or None,
-            request_timeout=args.request_timeout, log_prompts=args.log_prompts, host=args.host, port=args.port,
+            request_timeout=args.request_timeout, log_prompts=args.log_prompts,
+            tool_call_parser=getattr(args, "tool_call_parser", "auto"), host=args.host, port=args.port,
             log_level=args.log_level, access_log=args.access_log, shutdown_timeout=args.shutdown_timeout,
             watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT if watchdog is None else watchdog or None)

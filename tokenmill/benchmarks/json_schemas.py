@@ -1,4 +1,4 @@
-"""50 varied JSON schemas for the structured-output tests: (a one-line request for the model, the schema).
+"""50 varied JSON schemas for the structured-output tests and `tokenmill bench structured`: (a one-line request for the model, the schema).
 
 Between them: nested objects, arrays with minItems / maxItems, enums and consts, string patterns,
 lengths and formats, numbers and integers with ranges (inclusive and exclusive), optional and required
@@ -16,11 +16,11 @@ from typing import Any
 S = dict[str, Any]
 
 
-def _obj(props: S, required: list[str] | None = None, closed: bool = True, **extra: Any) -> S:
+def _obj(props: S, required: list[str] | None = None, closed: bool = True, extra: S | None = None) -> S:
     schema: S = {"type": "object", "properties": props, "required": list(props) if required is None else required}
     if closed:
         schema["additionalProperties"] = False
-    schema.update(extra)
+    schema.update(extra or {})
     return schema
 
 
@@ -78,7 +78,7 @@ SCHEMAS: list[tuple[str, S]] = [
     ("a matrix of two rows of two numbers", {"type": "array", "minItems": 2, "maxItems": 2, "items": {
         "type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "integer", "minimum": -9, "maximum": 9}}}),
     ("a team", _obj({"name": _str(), "members": {"type": "array", "minItems": 1, "maxItems": 3, "items": {"$ref": "#/$defs/member"}}},
-                    **{"$defs": {"member": _obj({"name": _str(), "role": {"enum": ["lead", "dev", "qa"]}})}})),
+                    extra={"$defs": {"member": _obj({"name": _str(), "role": {"enum": ["lead", "dev", "qa"]}})}})),
     ("a recipe", _obj({"name": _str(), "servings": {"type": "integer", "minimum": 1, "maximum": 12},
                        "ingredients": {"type": "array", "minItems": 1, "maxItems": 4, "items": _obj(
                            {"item": _str(30), "grams": {"type": "integer", "minimum": 1, "maximum": 2000}})}})),

@@ -1,0 +1,220 @@
+"""Speculative decoding (n-gram prompt lookup): greedy output is exactly what it is without it, sampling
+keeps the target's distribution, and drafts never leak blocks, pass a stop, or break a grammar.
+
+The exactness tests run at fp32 with dequantized weights (rows independent, as in test_invariance.py),
+so "identical" means the same token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter
+
+import jsonschema
+import pytest
+from scipy.stats import chi2
+
+from tokenmill import LLM, SamplingParams
+from tokenmill.config import SpeculativeConfig
+from tokenmill.engine.ngram_proposer import NgramIndex, propose
+from tokenmill.sampling_params import StructuredOutputsParams
+
+BASE = dict(progress=False, dtype="float32", quantization="dequantize", max_model_len=1024,
+            kv_cache_memory=64 * 2**20)
+# max_batch_size high: these tests check correctness, so speculation stays on however many requests run
+SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=4, max_batch_size=256,
+                         min_acceptance_rate=0.0)
+
+CODE = '''def merge(a, b):
+    out = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] <= b[j]:
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
+    return out + a[i:] + b[j:]
+'''
+DOC = ("The harbour opened in 1821. Ships brought tea, cotton and coal. By 1900 the harbour handled a "
+       "million tons a year, and the town around it grew to forty thousand people.")
+PROMPTS = [
+    f"Repeat this code exactly:\n{CODE}", f"Rename `out` to `result` in this code:\n{CODE}",
+    f"Summarise, quoting the text: {DOC}", f"Copy this sentence twice: {DOC}",
+    "1, 2, 3, 4, 5, 6, 7, 8,", "a b c a b c a b c a b", "The capital of France is",
+    "Write a haiku about rain.", "List the days of the week.", "def fibonacci(n):",
+    "Translate to French: good morning, good evening, good night.", "Explain what a hash map is.",
+    "Once upon a time", "<html><body><p>hello</p><p>", "SELECT name FROM users WHERE", "Q: 2+2? A: 4. Q: 3+3? A:",
+]
+
+
+@pytest.fixture(scope="module")
+def plain() -> LLM:
+    return LLM(**BASE)
+
+
+@pytest.fixture(scope="module")
+def spec() -> LLM:
+    return LLM(**BASE, speculative_config=SPEC)
+
+
+def chat(llm: LLM, text: str) -> list[int]:
+    return llm.engine.input_processor.render_chat_ids([{"role": "user", "content": text}], True)
+
+
+def test_ngram_proposer() -> None:
+    ix = NgramIndex()
+    assert propose(ix.sync([1, 2, 3, 4, 5, 9, 1, 2, 3]), 4, 2, 5) == [4, 5, 9, 1]  # the longest, latest match
+    assert propose(ix.sync([1, 2, 3, 4, 5, 9, 1, 2, 3, 7]), 4, 2, 5) == []  # "3 7" never came before
+    assert propose(ix.sync([8, 1, 2, 8, 1, 3, 8, 1]), 2, 1, 2) == [3, 8]  # "8 1" last seen before "3"
+    assert propose(NgramIndex().sync([5]), 3, 1, 3) == []
+
+
+def test_greedy_identical_alone_and_batched(plain: LLM, spec: LLM) -> None:
+    prompts = [chat(plain, p) for p in PROMPTS]
+    p = SamplingParams(temperature=0, max_tokens=48)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, p)]
+    before = spec.engine.spec.num_accepted_tokens  # type: ignore[union-attr]
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, p)] == want  # batched
+    for i in (0, 3, 5):  # alone
+        assert spec.generate(prompts[i], p)[0].outputs[0].token_ids == want[i]
+    assert spec.engine.spec.num_accepted_tokens > before + 50  # type: ignore[union-attr]  # it did speculate
+
+
+def test_stops_and_max_tokens_edges(plain: LLM, spec: LLM) -> None:
+    """Never past a stop string, a stop id or max_tokens, even when accepted drafts run past them."""
+    prompt = chat(plain, f"Repeat this code exactly:\n{CODE}")
+    ref = plain.generate(prompt, SamplingParams(temperature=0, max_tokens=60))[0].outputs[0]
+    cases = [SamplingParams(temperature=0, max_tokens=n) for n in (1, 2, 3, 5, 17)]
+    cases += [SamplingParams(temperature=0, max_tokens=60, stop=["append"]),
+              SamplingParams(temperature=0, max_tokens=60, stop=["i += 1"], include_stop_str_in_output=True),
+              SamplingParams(temperature=0, max_tokens=60, stop_token_ids=[ref.token_ids[9]]),
+              SamplingParams(temperature=0, max_tokens=60, stop_token_ids=[ref.token_ids[20]], logprobs=2)]
+    want, got = plain.generate([prompt] * len(cases), cases), spec.generate([prompt] * len(cases), cases)
+    for p, wa, gb in zip(cases, want, got):
+        a, b = wa.outputs[0], gb.outputs[0]
+        assert (b.token_ids, b.text, b.finish_reason, b.stop_reason) == (a.token_ids, a.text, a.finish_reason,
+                                                                          a.stop_reason), p
+        if p.logprobs is not None:
+            assert b.logprobs is not None and a.logprobs is not None
+            assert [x.token_id for x in b.logprobs] == b.token_ids
+            assert [round(x.logprob, 4) for x in b.logprobs] == [round(x.logprob, 4) for x in a.logprobs]
+
+
+def test_prefix_cache_off_and_preemption_identical(plain: LLM) -> None:
+    prompts = [chat(plain, p) for p in PROMPTS[:8]]
+    p = SamplingParams(temperature=0, max_tokens=40)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, p)]
+    no_cache = LLM(**{**BASE, "enable_prefix_caching": False}, speculative_config=SPEC)
+    assert [o.outputs[0].token_ids for o in no_cache.generate(prompts, p)] == want
+    # ~22 blocks of 16 tokens for 8 requests of ~100-200 tokens: preemption is certain
+    tiny = LLM(**{**BASE, "kv_cache_memory": 22 * 16 * 45 * 2**10, "max_model_len": 352}, speculative_config=SPEC)
+    assert [o.outputs[0].token_ids for o in tiny.generate(prompts, p)] == want
+    assert tiny.engine.scheduler.num_preemptions > 0
+    assert tiny.engine.block_manager.usage == 0
+
+
+def test_structured_output_under_speculation(plain: LLM, spec: LLM) -> None:
+    schema = {"type": "object", "additionalProperties": False, "required": ["items"],
+              "properties": {"items": {"type": "array", "minItems": 3, "maxItems": 6,
+                                       "items": {"enum": ["apple", "banana", "cherry"]}}}}
+    prompts = [chat(spec, "List fruits as JSON: apple, banana, cherry, apple, banana, cherry.")] * 4
+    before = spec.engine.spec.num_drafts  # type: ignore[union-attr]
+    outs = spec.generate(prompts, [SamplingParams(temperature=t, seed=i, max_tokens=80,
+                                                  structured_outputs=StructuredOutputsParams(json=schema))
+                                   for i, t in enumerate((0.0, 0.7, 1.0, 1.0))])
+    for o in outs:
+        jsonschema.validate(json.loads(o.outputs[0].text), schema)
+    assert spec.engine.spec.num_drafts > before  # type: ignore[union-attr]
+    greedy = SamplingParams(temperature=0, max_tokens=80, structured_outputs=StructuredOutputsParams(json=schema))
+    assert outs[0].outputs[0].token_ids == plain.generate(prompts[0], greedy)[0].outputs[0].token_ids
+
+
+def _chains(llm: LLM, prompt: list[int], top_k: int) -> dict[tuple[int, ...], float]:
+    """The exact probability of every 3-token continuation under temperature 1 and top_k, from the
+    model's raw logprobs (top-k renormalised), without speculation."""
+    def step(prefixes: list[list[int]]) -> list[dict[int, float]]:
+        outs = llm.generate(prefixes, SamplingParams(temperature=0, max_tokens=1, logprobs=top_k))
+        dists = []
+        for o in outs:
+            top = o.outputs[0].logprobs[0].top  # type: ignore[index]
+            z = sum(math.exp(t.logprob) for t in top)
+            dists.append({t.token_id: math.exp(t.logprob) / z for t in top})
+        return dists
+
+    probs: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(3):
+        keys = list(probs)
+        nxt: dict[tuple[int, ...], float] = {}
+        for key, dist in zip(keys, step([prompt + list(k) for k in keys])):
+            for t, q in dist.items():
+                nxt[key + (t,)] = probs[key] * q
+        probs = nxt
+    return probs
+
+
+def _chi2_pvalue(samples: Counter[tuple[int, ...]], probs: dict[tuple[int, ...], float]) -> float:
+    """Goodness of fit of the sampled chains to the exact ones; cells expected below 5 are pooled."""
+    n = sum(samples.values())
+    stat, df, pool_e, pool_o = 0.0, -1, 0.0, 0
+    for key, p in probs.items():
+        e, o = n * p, samples.get(key, 0)
+        if e < 5:
+            pool_e, pool_o = pool_e + e, pool_o + o
+        else:
+            stat, df = stat + (o - e) ** 2 / e, df + 1
+    pool_o += sum(c for k, c in samples.items() if k not in probs)
+    if pool_e > 0:
+        stat, df = stat + (pool_o - pool_e) ** 2 / pool_e, df + 1
+    return float(chi2.sf(stat, df))
+
+
+def test_rejection_sampling_keeps_the_distribution(plain: LLM) -> None:
+    """1600 sampled 3-token continuations with speculation on (one draft, then the bonus token) follow the
+    exact distribution the model gives without it: a chi-square goodness-of-fit test, p > 0.001. A
+    verifier that keeps a wrong draft half the time (a biased acceptance) fails the same test."""
+    top_k, n_samples = 6, 1600
+    # 33 tokens: n = 16 siblings share two full blocks and each computes one token (a batched decode)
+    prompt = plain.tokenizer.encode("red green blue " * 12)[:33]
+    probs = _chains(plain, prompt, top_k)
+    llm = LLM(**BASE, speculative_config=SpeculativeConfig(num_speculative_tokens=2, prompt_lookup_min=1,
+                                                            max_batch_size=1024, min_acceptance_rate=0.0),
+              max_num_seqs=256)
+    params = [SamplingParams(n=16, temperature=1.0, top_k=top_k, max_tokens=3, seed=i) for i in range(n_samples // 16)]
+
+    def sample() -> Counter[tuple[int, ...]]:
+        outs = llm.generate([prompt] * len(params), params)
+        return Counter(tuple(c.token_ids) for o in outs for c in o.outputs)
+
+    drafts0 = llm.engine.spec.num_draft_tokens  # type: ignore[union-attr]
+    good = _chi2_pvalue(sample(), probs)
+    assert llm.engine.spec.num_draft_tokens - drafts0 > n_samples // 2  # type: ignore[union-attr]  # drafts ran
+    assert good > 1e-3, f"speculative sampling departs from the target distribution (p = {good:.2g})"
+
+    rng = random.Random(0)
+
+    def biased(sampled: list[int], drafts: list[int]) -> int:
+        n = 0
+        while n < len(drafts) and (sampled[n] == drafts[n] or rng.random() < 0.5):
+            n += 1
+        return n
+
+    llm.engine.executor.worker.runner.verify = biased  # type: ignore[attr-defined]
+    bad = _chi2_pvalue(sample(), probs)
+    assert bad < 1e-6, f"the test cannot tell a biased acceptance from a correct one (p = {bad:.2g})"
+
+
+def test_metrics_carry_vllms_spec_decode_names(spec: LLM) -> None:
+    from tokenmill.metrics import ServerMetrics
+
+    spec.generate(chat(spec, f"Repeat this code exactly:\n{CODE}"), SamplingParams(temperature=0, max_tokens=24))
+    text = ServerMetrics("m", spec.engine.stats, log_requests=False).render().decode()
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("tokenmill:spec_decode") and 'position="0"' in line or
+              line.startswith("tokenmill:spec_decode_num_")}
+    for name in ("drafts", "draft_tokens", "accepted_tokens", "accepted_tokens_per_pos"):
+        assert values[f"tokenmill:spec_decode_num_{name}_total"] > 0, name
+    assert values["tokenmill:spec_decode_num_draft_tokens_total"] >= values["tokenmill:spec_decode_num_accepted_tokens_total"]

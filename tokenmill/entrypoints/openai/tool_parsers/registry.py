@@ -1,0 +1,33 @@
+"""The tool-call formats by name (`--tool-call-parser`; vLLM's names), and detection from a chat template."""
+
+from __future__ import annotations
+
+from tokenmill.entrypoints.openai.tool_parsers.base import ToolFormat
+from tokenmill.entrypoints.openai.tool_parsers.hermes import HermesToolParser
+from tokenmill.entrypoints.openai.tool_parsers.llama3_json import Llama3JsonToolParser
+from tokenmill.entrypoints.openai.tool_parsers.mistral import MistralToolParser
+
+TOOL_FORMATS: dict[str, type[ToolFormat]] = {
+    cls.name: cls for cls in (HermesToolParser, Llama3JsonToolParser, MistralToolParser)}
+PARSER_CHOICES = ("auto", *TOOL_FORMATS)  # auto: detect_tool_format(the chat template)
+DEFAULT_FORMAT = "hermes"  # what a template that shows no format, or renders no tools, gets
+
+
+def detect_tool_format(template: str | None) -> str:
+    """The format a chat template teaches, from the markers its text writes: Mistral's `[TOOL_CALLS]`,
+    Hermes/Qwen's `<tool_call>`, Llama 3's `<|python_tag|>` or header tokens; else hermes."""
+    text = template or ""
+    if "[TOOL_CALLS]" in text:
+        return "mistral"
+    if "<tool_call>" in text:
+        return "hermes"
+    if "<|python_tag|>" in text or ("<|start_header_id|>" in text and "tools" in text):
+        return "llama3_json"
+    return DEFAULT_FORMAT
+
+
+def tool_format(name: str) -> type[ToolFormat]:
+    """The format class named `name` (not "auto"); ValueError naming the choices otherwise."""
+    if name not in TOOL_FORMATS:
+        raise ValueError(f"unknown tool call parser {name!r}; choose one of {', '.join(PARSER_CHOICES)}")
+    return TOOL_FORMATS[name]
