@@ -3,7 +3,9 @@
 # same run: at each concurrency level, REPEATS rounds of one pass per endpoint, the order alternating
 # round to round, each round's two passes on the same random prompts (greedy); then the ratios
 # Ollama / OpenAI of the medians and of the best passes (on a shared machine the best pass is the least
-# disturbed one; every pass's figures and load are in the summary).
+# disturbed one; every pass's figures and load are in the summary). Each pass also records the server
+# process's CPU time per output token: what the API layer costs, which other processes on the machine
+# barely change (they take the cores away, they do not add work to this process).
 #
 #   benchmarks/ollama_api.sh                    # levels 1,16; results in benchmarks/results/<date>-ollama-api/
 #
@@ -36,14 +38,18 @@ wait_quiet() {
     while ((SECONDS < deadline)) && awk '{exit !($1 >= 1.5)}' /proc/loadavg; do sleep 5; done
 }
 
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVER/stat"; }  # user + system, every thread
+
 bench() {  # endpoint, concurrency, round
     wait_quiet
-    local extra=()
+    local extra=() before
+    before=$(cpu_ticks)
     [[ $1 == chat ]] && extra=(--extra-body '{"ignore_eos": false}')
     "$PYTHON" -m tokenmill.cli bench serve --base-url "http://127.0.0.1:$PORT" --endpoint "$1" --max-concurrency "$2" \
         --random-input-len "${INPUT_LEN:-200}" --random-output-len "${OUTPUT_LEN:-64}" --seed "$3" \
         --prompts-per-concurrency "${PROMPTS_PER_C:-2}" --min-prompts "${MIN_PROMPTS:-8}" --num-warmups 2 \
         --wait-for-server 900 --label "$1-r$3" --result-dir "$RESULTS_DIR" "${extra[@]}"
+    echo "$1 $2 $3 $(($(cpu_ticks) - before)) $(getconf CLK_TCK)" >>"$RESULTS_DIR/server_cpu.txt"
 }
 
 { uptime; lscpu | grep -E "Model name|^CPU\(s\)"; grep -o -w -E "avx2|avx512f|amx_bf16" /proc/cpuinfo | sort -u | tr '\n' ' '
@@ -71,6 +77,17 @@ for (ep, c), rs in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
     loads = " / ".join(str(r["machine"]["loadavg_at_start"][0]) for r in rs)
     print(f"| {c} | {ep} | {' | '.join(cells)} | {loads} |")
 print()
+# server CPU ms per output token, per pass (the ticks include the pass's warm-up requests: 2 of each pass's
+# requests, the same share on both endpoints)
+cpu: dict[tuple[str, int], list[float]] = {}
+for line in (d / "server_cpu.txt").read_text().split("\n"):
+    if line.strip():
+        ep, c, rnd, ticks, hz = line.split()
+        rec = next(r for r in runs[(ep, int(c))] if r["label"] == f"{ep}-r{rnd}")
+        cpu.setdefault((ep, int(c)), []).append(1000 * int(ticks) / int(hz) / rec["total_output_tokens"])
+for (ep, c), ms in sorted(cpu.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    print(f"C={c} {ep}: server CPU ms per output token {' / '.join(f'{m:.1f}' for m in ms)}")
+print()
 for c in sorted({c for _, c in runs}):
     o, a = runs.get(("ollama-chat", c), []), runs.get(("chat", c), [])
     if not (o and a):
@@ -80,5 +97,9 @@ for c in sorted({c for _, c in runs}):
     print(f"C={c}: Ollama / OpenAI output tok/s {statistics.median(tput[0]) / statistics.median(tput[1]):.3f}x "
           f"(medians), {max(tput[0]) / max(tput[1]):.3f}x (best); TTFT p50 "
           f"{statistics.median(ttft[0]) / statistics.median(ttft[1]):.3f}x (medians), "
-          f"{min(ttft[0]) / min(ttft[1]):.3f}x (best)")
+          f"{min(ttft[0]) / min(ttft[1]):.3f}x (best)", end="")
+    if ("ollama-chat", c) in cpu and ("chat", c) in cpu:
+        ratio = statistics.median(cpu[("ollama-chat", c)]) / statistics.median(cpu[("chat", c)])
+        print(f"; server CPU per output token {ratio:.3f}x (medians)", end="")
+    print()
 EOF
