@@ -38,7 +38,7 @@ chat: install
 
 test: install-test
 	$(VENV)/bin/python -m mypy tokenmill
-	$(VENV)/bin/python -m pytest -q $(ARGS)
+	$(VENV)/bin/python -m pytest -q --durations=25 $(ARGS)
 
 # Outside the default test run: serve the same weights with tokenmill, llama-server and vLLM's CPU build in
 # turn, run one concurrency sweep against each, print the ratios (benchmarks/compare.sh lists the knobs).

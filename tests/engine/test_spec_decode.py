@@ -75,13 +75,13 @@ def test_ngram_proposer() -> None:
 
 def test_greedy_identical_alone_and_batched(plain: LLM, spec: LLM) -> None:
     prompts = [chat(plain, p) for p in PROMPTS]
-    p = SamplingParams(temperature=0, max_tokens=48)
+    p = SamplingParams(temperature=0, max_tokens=32)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, p)]
     before = spec.engine.spec.num_accepted_tokens  # type: ignore[union-attr]
     assert [o.outputs[0].token_ids for o in spec.generate(prompts, p)] == want  # batched
-    for i in (0, 3, 5):  # alone
+    for i in (0, 5):  # alone
         assert spec.generate(prompts[i], p)[0].outputs[0].token_ids == want[i]
-    assert spec.engine.spec.num_accepted_tokens > before + 50  # type: ignore[union-attr]  # it did speculate
+    assert spec.engine.spec.num_accepted_tokens > before + 30  # type: ignore[union-attr]  # it did speculate
 
 
 def test_stops_and_max_tokens_edges(plain: LLM, spec: LLM) -> None:
@@ -106,7 +106,7 @@ def test_stops_and_max_tokens_edges(plain: LLM, spec: LLM) -> None:
 
 def test_prefix_cache_off_and_preemption_identical(plain: LLM) -> None:
     prompts = [chat(plain, p) for p in PROMPTS[:8]]
-    p = SamplingParams(temperature=0, max_tokens=40)
+    p = SamplingParams(temperature=0, max_tokens=32)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, p)]
     no_cache = LLM(**{**BASE, "enable_prefix_caching": False}, speculative_config=SPEC)
     assert [o.outputs[0].token_ids for o in no_cache.generate(prompts, p)] == want
@@ -173,10 +173,10 @@ def _chi2_pvalue(samples: Counter[tuple[int, ...]], probs: dict[tuple[int, ...],
 
 
 def test_rejection_sampling_keeps_the_distribution(plain: LLM) -> None:
-    """1600 sampled 3-token continuations with speculation on (one draft, then the bonus token) follow the
+    """800 sampled 3-token continuations with speculation on (one draft, then the bonus token) follow the
     exact distribution the model gives without it: a chi-square goodness-of-fit test, p > 0.001. A
     verifier that keeps a wrong draft half the time (a biased acceptance) fails the same test."""
-    top_k, n_samples = 6, 1600
+    top_k, n_samples = 6, 800
     # 33 tokens: n = 16 siblings share two full blocks and each computes one token (a batched decode)
     prompt = plain.tokenizer.encode("red green blue " * 12)[:33]
     probs = _chains(plain, prompt, top_k)
