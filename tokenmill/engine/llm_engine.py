@@ -116,17 +116,17 @@ class LLMEngine:
         processed = self.input_processor.process(prompt, params)
         prompt_ids, max_tokens = processed.prompt_token_ids, processed.max_tokens
         spec = params.structured_outputs
-        if spec is not None:
-            self.structured.compile(spec)  # a ParamError now, before anything is queued (cached: the server compiled it)
+        # compiled once (a ParamError now, before anything is queued; the server compiled it already: a cache hit)
+        template = self.structured.compile(spec) if spec is not None else None
         now = arrival_time or time.monotonic()
         seqs: list[Request] = []
         for i in range(params.n):
             seed = params.seed if params.seed is None or i == 0 else hash((params.seed, i)) & 0x7FFF_FFFF_FFFF
             seqs.append(Request(f"{request_id}#{i}" if params.n > 1 else request_id, prompt_ids, params,
                                 max_tokens, self.tokenizer.eog_token_ids, seed, seqs[0] if i else None, now))
-        if spec is not None:
+        if template is not None:
             for r in seqs:
-                r.grammar = self.structured.matcher_for(spec)
+                r.grammar = template.deep_copy()  # each sequence its own grammar state
         self.requests[request_id] = seqs
         if params.n > 1:
             self.group_of.update((r.request_id, request_id) for r in seqs)

@@ -8,6 +8,6 @@ The engine owns the matchers (one per sequence, on the Request); the workers onl
 in the SchedulerOutput (plain data) and apply it before sampling (sample/grammar_bitmask.py).
 """
 
-from tokenmill.structured_output.manager import StructuredOutputManager, bitmask_width
+from tokenmill.structured_output.manager import StructuredOutputManager
 
-__all__ = ["StructuredOutputManager", "bitmask_width"]
+__all__ = ["StructuredOutputManager"]

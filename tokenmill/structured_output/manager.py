@@ -4,7 +4,7 @@
                            ParamError with llguidance's message if it does not compile. Thread-safe and
                            GIL-free while compiling, so the server runs it off the event loop and the engine
                            thread keeps stepping (a slow grammar delays only its own request).
-    matcher_for(spec)   -> a fresh matcher for one sequence (a copy of the template: no recompile)
+    template.deep_copy() -> a fresh matcher for one sequence (no recompile)
     fill_bitmask(ms)    -> (G, W) int32 bitmask, row g = the tokens matcher g allows next, bit t % 32 of
                            word t // 32 (W = ceil(V / 32)); a token id past the tokenizer's is never allowed
     accept(m, token)    -> advance a matcher by a sampled token; False if the grammar refused it
@@ -76,9 +76,6 @@ class StructuredOutputManager:
             while len(self._templates) > CACHE_SIZE:
                 self._templates.popitem(last=False)
         return matcher
-
-    def matcher_for(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
-        return self.compile(spec).deep_copy()
 
     def fill_bitmask(self, matchers: list[llguidance.LLMatcher], drafts: list[list[int]] | None = None) -> np.ndarray:
         """(G, W) int32: the next-token masks of these matchers, in order. With drafts (speculative
