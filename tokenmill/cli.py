@@ -42,7 +42,9 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                         "torch's weight-only int8")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
-                        '"prompt_lookup_max": 5}\' (README "Speculative decoding"; off by default)')
+                        '"prompt_lookup_max": 5}\', \'{"method": "draft_model", "model": "small.gguf"}\' or '
+                        '\'{"method": "layer_skip", "num_draft_layers": 8}\' (README "Speculative decoding"; off '
+                        'by default)')
 
 
 def engine_config_from_args(args: argparse.Namespace, model: str | None = None) -> EngineConfig:

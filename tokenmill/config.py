@@ -30,7 +30,7 @@ def format_size(num_bytes: float) -> str:
 
 
 # -- speculative decoding -------------------------------------------------------------------------------
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model", "layer_skip")
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,17 @@ class SpeculativeConfig:
     """`--speculative-config` (JSON, vLLM's field names where they exist), validated once:
 
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+        {"method": "draft_model", "model": "/models/small.gguf", "num_speculative_tokens": 4}
+        {"method": "layer_skip", "num_draft_layers": 8, "num_speculative_tokens": 3}
 
     method "ngram": prompt lookup. The last n tokens (n from prompt_lookup_max down to prompt_lookup_min)
     are looked up in the prompt and the output so far; the tokens that followed their latest earlier
     occurrence are the draft. No second model.
+    method "draft_model": `model` (a .gguf file or an HF directory with the target's tokenizer) drafts
+    greedily; it has its own KV cache, in the same blocks and the same memory plan as the target's.
+    method "layer_skip" (ours): the target's own first `num_draft_layers` layers, its final norm and its
+    output head draft greedily; they share the target's KV cache (those layers' keys and values are the
+    target's own), so it costs no memory. Default: a quarter of the layers.
 
     Our additions, the rule that turns speculation off where it does not pay (engine/spec_decode.py):
         max_batch_size        draft only while at most this many requests run (a big batch is
@@ -53,6 +60,8 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
+    model: str | None = None  # draft_model: the draft's path
+    num_draft_layers: int | None = None  # layer_skip: the target's layers the draft runs (None: a quarter)
     max_batch_size: int = 2
     min_acceptance_rate: float = 0.5
     backoff_steps: int = 16
@@ -65,10 +74,22 @@ class SpeculativeConfig:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} and "
                              f"{self.prompt_lookup_max}")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError('speculative method "draft_model" needs "model": the draft model\'s path')
+        if self.method != "draft_model" and self.model is not None:
+            raise ValueError(f'"model" is the draft_model method\'s field; method is {self.method!r}')
+        if self.num_draft_layers is not None and (self.method != "layer_skip" or self.num_draft_layers < 1):
+            raise ValueError("num_draft_layers is the layer_skip method's field and must be at least 1, got "
+                             f"{self.num_draft_layers} with method {self.method!r}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
         if not 0.0 <= self.min_acceptance_rate <= 1.0:
             raise ValueError(f"min_acceptance_rate must be in [0, 1], got {self.min_acceptance_rate}")
+
+    @property
+    def uses_model(self) -> bool:
+        """The drafts come from a model run by the workers (not from the engine's prompt lookup)."""
+        return self.method != "ngram"
 
     @classmethod
     def parse(cls, value: str | dict[str, Any] | None) -> SpeculativeConfig | None:

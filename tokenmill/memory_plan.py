@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tokenmill.compute import ComputeChoice, linear_weight_bytes, stored_matrix_bytes
@@ -32,6 +33,10 @@ class MemoryPlan:
     linear_method: str = "unquantized"
     sliding_window: int = 0  # W > 0: every layer windowed by W, so blocks older than the window are freed
     max_chunk_tokens: int = 0  # the scheduler's token budget (a prefill chunk's most); 0: not known
+    # speculative decoding's draft model: its weights, and its share of kv_bytes_per_token (its own cache
+    # in the same blocks: every block holds both models' K/V for its tokens)
+    draft_weight_bytes: int = 0
+    draft_kv_bytes_per_token: int = 0
 
     @property
     def max_blocks_per_decoding_seq(self) -> int:
@@ -54,7 +59,17 @@ class MemoryPlan:
     @property
     def total_bytes(self) -> int:
         """What the process should take at its peak: weights, the whole KV cache, the runtime."""
-        return self.weight_bytes + self.extra_weight_bytes + self.num_blocks * self.kv_bytes_per_block + RUNTIME_BYTES
+        return (self.weight_bytes + self.extra_weight_bytes + self.draft_weight_bytes
+                + self.num_blocks * self.kv_bytes_per_block + RUNTIME_BYTES)
+
+    def with_draft(self, draft: MemoryPlan) -> MemoryPlan:
+        """This plan with a draft model beside the target (speculative decoding's draft_model): its weights
+        added, its K/V per token added to every block's, so the same budget holds fewer blocks."""
+        per_token = self.kv_bytes_per_token + draft.kv_bytes_per_token
+        return dataclasses.replace(self, kv_bytes_per_token=per_token,
+                                   num_blocks=self.kv_cache_bytes // (per_token * self.block_size),
+                                   draft_weight_bytes=draft.weight_bytes + draft.extra_weight_bytes,
+                                   draft_kv_bytes_per_token=draft.kv_bytes_per_token)
 
     @property
     def kv_bytes_per_block(self) -> int:
@@ -77,6 +92,9 @@ class MemoryPlan:
                                                    f" ({self.linear_method} matmul weights)"))
             + (f" + {format_size(self.extra_weight_bytes)} ({self.linear_method} copy of the tied output layer)"
                if self.extra_weight_bytes else ""),
+            *([f"draft model (speculative decoding): {format_size(self.draft_weight_bytes)} weights, "
+               f"{format_size(self.draft_kv_bytes_per_token)} of the KV cache's per-token bytes below"]
+              if self.draft_weight_bytes else []),
             f"KV cache: {format_size(self.kv_bytes_per_token)} per token, "
             f"{format_size(self.kv_bytes_per_block)} per {self.block_size}-token block",
             f"KV cache: {format_size(self.num_blocks * self.kv_bytes_per_block)} -> {self.num_blocks} blocks = "
@@ -86,7 +104,8 @@ class MemoryPlan:
                f"{self.max_blocks_per_decoding_seq} blocks ({self.max_blocks_per_decoding_seq * self.block_size} "
                f"tokens) of KV however long it grows (older blocks are freed; a prefill chunk adds its own)"]
               if self.sliding_window else []),
-            f"process total: {format_size(self.total_bytes)} (weights + KV cache + {format_size(RUNTIME_BYTES)} for "
+            f"process total: {format_size(self.total_bytes)} (weights + {'draft + ' if self.draft_weight_bytes else ''}"
+            f"KV cache + {format_size(RUNTIME_BYTES)} for "
             "Python, torch and the tokenizer)",
         ]
 

@@ -22,6 +22,11 @@ from tokenmill.outputs import TokenLogprobs
 from tokenmill.sampling_params import SamplingParams
 
 
+# A draft token the workers choose themselves (a model-based drafter, worker/drafter.py): the engine sends
+# k of them for a request, the scheduler reserves their slots, and the workers draft and verify in one step.
+DRAFT_PLACEHOLDER = -1
+
+
 @dataclass
 class NewRequestData:
     """Sent once, the first time a request is scheduled."""
@@ -56,7 +61,8 @@ class SchedulerOutput:
     cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # in scheduling order
     total_num_scheduled_tokens: int = 0
-    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # draft tokens (none yet)
+    # draft tokens to verify (speculative decoding); DRAFT_PLACEHOLDER entries: the workers' drafter fills them
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     finished_req_ids: set[str] = field(default_factory=set)  # since the previous step
     preempted_req_ids: list[str] = field(default_factory=list)  # in this step
     # structured output: the requests that sample under a grammar this step -> their row of grammar_bitmask,

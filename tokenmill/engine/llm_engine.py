@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenmill.config import EngineConfig, format_size
 from tokenmill.engine.block_manager import BlockManager
@@ -26,6 +26,9 @@ from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler_output import SchedulerOutput
 from tokenmill.structured_output import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from tokenmill.worker.worker_config import DraftConfig
 
 log = logging.getLogger("tokenmill")
 
@@ -48,6 +51,19 @@ def read_model_header(source: ModelSource) -> tuple[Any, Any, list[tuple[int, in
     return ModelConfig.from_hf_dir(source.path), Tokenizer.from_hf_dir(source.path), None
 
 
+def vocabulary_mismatch(target: dict[str, int], draft: dict[str, int]) -> str | None:
+    """Why a draft's vocabulary (token -> id) cannot stand for the target's, or None when they are the same."""
+    if target == draft:
+        return None
+    if len(target) != len(draft):
+        return f"its vocabulary has {len(draft)} tokens, the target's {len(target)}"
+    by_id = {i: t for t, i in draft.items()}
+    for tok, i in sorted(target.items(), key=lambda kv: kv[1]):
+        if by_id.get(i) != tok:
+            return f"token {i} is {tok!r} in the target and {by_id.get(i)!r} in the draft"
+    return "the vocabularies differ"
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
         from tokenmill.executor.in_process import InProcessExecutor
@@ -67,6 +83,7 @@ class LLMEngine:
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()
         self.plan: MemoryPlan = make_plan(cfg, self.platform.compute, config.block_size, kv_bytes, self.max_model_len,
                                          matrices, max_chunk_tokens=config.max_num_batched_tokens)
+        draft = self._draft_config(config, kv_bytes, progress)
         for line in self.plan.lines():
             log.info("memory plan: %s", line)
         self.plan.check()  # refuse settings that cannot work, before loading anything big
@@ -79,7 +96,7 @@ class LLMEngine:
             attention_backend=backend,
             decode_mirror_bytes=mirror_bytes, num_blocks=self.plan.num_blocks,
             max_model_len=self.max_model_len, eog_token_ids=frozenset(self.tokenizer.eog_token_ids),
-            progress=progress))
+            progress=progress, draft=draft))
         num_blocks = self.executor.num_kv_blocks()
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -101,6 +118,45 @@ class LLMEngine:
                  "context %d (model max %d), in %.1fs", self.source.name, cfg.architecture, cfg.num_layers,
                  cfg.num_parameters() / 1e6, experts, cfg.quantization, compute.dtype, compute.linear_method,
                  self.platform.device, self.max_model_len, cfg.max_position_embeddings, self.load_time)
+
+    def _draft_config(self, config: EngineConfig, kv_bytes: int, progress: bool) -> DraftConfig | None:
+        """The workers' drafter for a model-based speculative method, checked now: layer_skip's layer count
+        against the target's; draft_model's vocabulary against the target's (refused with the first
+        difference), its weights and cache added to the memory plan."""
+        from tokenmill.models.registry import get_model_class
+        from tokenmill.platforms import resolve_platform
+        from tokenmill.worker.worker_config import DraftConfig
+
+        spec, cfg = config.speculative_config, self.model_config
+        if spec is None or not spec.uses_model:
+            return None
+        k = spec.num_speculative_tokens
+        if spec.method == "layer_skip":
+            n = spec.num_draft_layers or max(1, cfg.num_layers // 4)
+            if n >= cfg.num_layers:
+                raise ValueError(f"layer_skip: num_draft_layers must be below the model's {cfg.num_layers} layers, "
+                                 f"got {n}")
+            return DraftConfig(k, num_layers=n)
+        assert spec.model is not None
+        source = resolve_model(spec.model)
+        dcfg, dtok, matrices = read_model_header(source)
+        get_model_class(dcfg.architecture)
+        mismatch = vocabulary_mismatch(self.tokenizer.backend.get_vocab(), dtok.backend.get_vocab())
+        if mismatch:
+            raise ValueError(f"the draft model {source.name} cannot draft for {self.source.name}: {mismatch}; "
+                             "speculative decoding needs the same tokenizer")
+        if cfg.uniform_window:
+            raise ValueError(f"draft_model: {self.source.name} has a sliding window on every layer (blocks before "
+                             "it are freed, and the draft would read them); use ngram or layer_skip")
+        compute = resolve_platform(config, weights=source.kind).compute
+        if compute.dtype != self.platform.compute.dtype:
+            raise ValueError(f"draft_model: the draft would compute in {compute.dtype}, the target in "
+                             f"{self.platform.compute.dtype}; pass --dtype")
+        dplan = make_plan(dcfg, compute, config.block_size, kv_bytes, self.max_model_len, matrices)
+        self.plan = self.plan.with_draft(dplan)
+        log.info("speculative decoding: draft model %s (%s, %d layers, %.1fM parameters)", source.name,
+                 dcfg.architecture, dcfg.num_layers, dcfg.num_parameters() / 1e6)
+        return DraftConfig(k, source, dcfg, compute.linear_method, compute.requant_type)
 
     # -- requests --------------------------------------------------------------------------------------
     @property

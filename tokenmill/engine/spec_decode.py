@@ -3,7 +3,10 @@ acceptance counters (torch-free).
 
 After each step the engine calls `propose(running)`: every request that will decode next step may get up
 to k drafts (engine/ngram_proposer.py), cut so that they never pass max_tokens or the context, and, under
-a grammar, to the prefix the grammar accepts. The scheduler sends them; the runner verifies them (its
+a grammar, to the prefix the grammar accepts. With a model-based method (draft_model, layer_skip) the
+drafts are k DRAFT_PLACEHOLDERs instead, cut the same way: the workers draft them at the start of the
+step that verifies them (worker/drafter.py). Those drafts are not known here before the step, so a
+request under a grammar (whose mask rows need them) does not speculate with those methods. The scheduler sends them; the runner verifies them (its
 sampled token at each draft position either equals the draft, which is kept, or replaces it, ending the
 run); the engine then calls `record` with how many were accepted.
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from tokenmill.config import SpeculativeConfig
 from tokenmill.engine.ngram_proposer import NgramIndex, propose
 from tokenmill.engine.request import Request
+from tokenmill.scheduler_output import DRAFT_PLACEHOLDER
 
 _EMA = 0.3  # weight of the latest draft in a request's acceptance average
 
@@ -58,6 +62,10 @@ class SpecDecoder:
             k = min(cfg.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1,
                     self.max_model_len - req.num_tokens - 1)
             if k <= 0:
+                continue
+            if cfg.uses_model:
+                if req.grammar is None:
+                    req.spec_token_ids = [DRAFT_PLACEHOLDER] * k
                 continue
             drafts = propose(st.index.sync(req.token_ids), k, cfg.prompt_lookup_min, cfg.prompt_lookup_max)
             if drafts and req.grammar is not None:

@@ -157,14 +157,17 @@ class Gemma3ForCausalLM(nn.Module):
                                           device, dtype)
 
     # -- compute ---------------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
-        """input_ids, positions: (T,) -> final hidden states (T, D)."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
+                num_layers: int | None = None) -> torch.Tensor:
+        """input_ids, positions: (T,) -> final hidden states (T, D). `num_layers`: run only the first
+        that many layers, then the final norm (layer-skip drafting)."""
         assert self.rope_local is not None and self.rope_global is not None, "call finish_loading() first"
         x = self.model.embed_tokens(input_ids)
         x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # HF: the scale in the weights' dtype
         rope_local, rope_global = self.rope_local.tables(positions), self.rope_global.tables(positions)
         residual: torch.Tensor | None = None
-        for layer in self.model.layers:
+        layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
+        for layer in layers:
             x, residual = layer(x, residual, rope_local, rope_global, attn)
         if residual is None:
             return self.model.norm(x)

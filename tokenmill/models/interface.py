@@ -22,8 +22,10 @@ class CausalLM(Protocol):
     def finish_loading(self, device: torch.device, dtype: torch.dtype) -> None:
         """After every weight is loaded: move to device/dtype and let linear methods convert weights."""
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
-        """input_ids, positions (T,) -> final hidden states (T, D)."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
+                num_layers: int | None = None) -> torch.Tensor:
+        """input_ids, positions (T,) -> final hidden states (T, D), after the first `num_layers` layers
+        (None: all) and the final norm."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(S, D) -> (S, V) float32 logits."""

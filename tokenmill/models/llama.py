@@ -155,13 +155,16 @@ class LlamaForCausalLM(nn.Module):
                                attention_factor(scaling, cfg.max_position_embeddings))
 
     # -- compute ---------------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
-        """input_ids, positions: (T,) -> final hidden states (T, D)."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
+                num_layers: int | None = None) -> torch.Tensor:
+        """input_ids, positions: (T,) -> final hidden states (T, D). `num_layers`: run only the first
+        that many layers, then the final norm (layer-skip drafting)."""
         assert self.rope is not None, "call finish_loading() first"
         x = self.model.embed_tokens(input_ids)
         rope = self.rope.tables(positions)  # (T, 1, hd) cos / sin rows, shared by every layer
         residual: torch.Tensor | None = None
-        for layer in self.model.layers:
+        layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
+        for layer in layers:
             x, residual = layer(x, residual, rope, attn)
         if residual is None:  # no layers
             return self.model.norm(x)

@@ -22,6 +22,7 @@ from tokenmill.sample.logits_processor import LogitsProcessor, default_processor
 from tokenmill.sample.sampler import SamplerOutput, SamplingBatch, sample
 from tokenmill.sample.spec_verify import accepted_prefix
 from tokenmill.scheduler_output import ModelRunnerOutput, PromptLogprobsChunk, SchedulerOutput
+from tokenmill.worker.drafter import ModelDrafter
 from tokenmill.worker.kv_cache import per_layer_views
 from tokenmill.worker.request_state import CachedRequestState
 
@@ -87,6 +88,7 @@ class ModelRunner:
         self.shared_generator = torch.Generator(device=device)
         self.shared_generator.manual_seed(seed)
         self.verify = accepted_prefix  # how many drafts a step keeps (a test swaps in a wrong one)
+        self.drafter: ModelDrafter | None = None  # fills placeholder drafts (draft_model, layer_skip)
 
     # -- the contract ----------------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -94,6 +96,8 @@ class ModelRunner:
             for rid in so.finished_req_ids:
                 self.requests.pop(rid, None)
             self.attn_backend.release(so.finished_req_ids)
+            if self.drafter is not None:
+                self.drafter.release(so.finished_req_ids)
         for new in so.new_reqs:
             self.requests[new.req_id] = CachedRequestState(
                 new.req_id, new.prompt_token_ids, new.sampling_params, new.seed, list(new.block_ids),
@@ -104,16 +108,19 @@ class ModelRunner:
             st.token_ids.extend(c.new_token_ids[i])
             if c.resumed_from_preemption[i]:
                 st.block_ids = list(c.new_block_ids[i])
+                if self.drafter is not None:
+                    self.drafter.reset(rid)
             else:
                 st.block_ids.extend(c.new_block_ids[i])
             st.num_computed_tokens = c.num_computed_tokens[i]
 
     # -- inputs ----------------------------------------------------------------------------------------
-    def _prepare_inputs(self, so: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionContext,
-                                                              list[int], list[CachedRequestState | _DraftRow],
-                                                              list[_PromptRows]]:
-        """-> input_ids (T,), positions (T,), attention context, the token index of each sampling row,
-        the sampling rows' states (in the step's order), and the rows that score prompt tokens."""
+    def _prepare_inputs(self, so: SchedulerOutput, spec: dict[str, list[int]]) -> tuple[
+            torch.Tensor, torch.Tensor, AttentionContext, list[int], list[CachedRequestState | _DraftRow],
+            list[_PromptRows]]:
+        """spec: the step's drafts (placeholders filled). -> input_ids (T,), positions (T,), attention context,
+        the token index of each sampling row, the sampling rows' states (in the step's order), and the rows
+        that score prompt tokens."""
         decodes: list[ScheduledSeq] = []
         prefills: list[ScheduledSeq] = []
         for rid, n in so.num_scheduled_tokens.items():
@@ -129,7 +136,7 @@ class ModelRunner:
         prompt_rows: list[_PromptRows] = []
         for seq in ordered:
             st = self.requests[seq.req_id]
-            drafts = so.spec_token_ids.get(seq.req_id, [])
+            drafts = spec.get(seq.req_id, [])
             end = seq.start + seq.num_tokens - len(drafts)  # the known tokens this step computes end here
             n_top = st.sampling_params.prompt_logprobs
             last = min(end, len(st.prompt_token_ids) - 1)  # position p's logits score prompt token p + 1
@@ -182,7 +189,10 @@ class ModelRunner:
         result = ModelRunnerOutput()
         if so.is_empty:
             return result
-        input_ids, positions, attn, sample_idx, rows, prompt_rows = self._prepare_inputs(so)
+        spec = so.spec_token_ids
+        if self.drafter is not None:
+            spec = self.drafter.fill(self.requests, spec)  # before the target: its forward verifies them
+        input_ids, positions, attn, sample_idx, rows, prompt_rows = self._prepare_inputs(so, spec)
         hidden = self.model.forward(input_ids, positions, attn)
         for pr in prompt_rows:
             result.prompt_logprobs[pr.req_id] = self._prompt_logprobs(hidden, pr)
@@ -195,8 +205,10 @@ class ModelRunner:
         i = 0
         while i < len(rows):
             r = rows[i]
-            drafts = so.spec_token_ids.get(r.req_id, [])
+            drafts = spec.get(r.req_id, [])
             n_keep = self.verify(out.token_ids[i : i + len(drafts) + 1], drafts) if drafts else 0  # spec_verify.py
+            if drafts and self.drafter is not None:
+                self.drafter.verified(r.req_id, len(r.token_ids), len(drafts), n_keep)
             result.sampled_token_ids[r.req_id] = drafts[:n_keep] + [out.token_ids[i + n_keep]]
             n = r.sampling_params.logprobs
             if n is not None:

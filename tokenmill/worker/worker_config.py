@@ -10,6 +10,22 @@ from tokenmill.loader.model_source import ModelSource
 
 
 @dataclass(frozen=True)
+class DraftConfig:
+    """The model that drafts tokens for speculative decoding (worker/drafter.py).
+
+    draft_model: a second model (`source`, `model_config`, its own linear method) with its own KV cache of
+    the target's num_blocks and block_size; layer_skip: `source` is None and the target's first
+    `num_layers` layers draft, over the target's cache."""
+
+    num_speculative_tokens: int
+    source: ModelSource | None = None
+    model_config: ModelConfig | None = None
+    linear_method: str = "unquantized"
+    requant_type: str | None = None
+    num_layers: int | None = None  # layer_skip
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     engine_config: EngineConfig
     source: ModelSource  # where the weights are
@@ -24,3 +40,4 @@ class WorkerConfig:
     max_model_len: int
     eog_token_ids: frozenset[int]
     progress: bool = True
+    draft: DraftConfig | None = None  # speculative decoding with a model-based drafter
