@@ -61,6 +61,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     model: str | None = None  # draft_model: the draft's path
+    # draft_model: how its weights run, as --quantization ("auto": a GGUF keeps its blocks); None: the target's
+    quantization: str | None = None
     num_draft_layers: int | None = None  # layer_skip: the target's layers the draft runs (None: a quarter)
     max_batch_size: int = 2
     min_acceptance_rate: float = 0.5
@@ -78,6 +80,13 @@ class SpeculativeConfig:
             raise ValueError('speculative method "draft_model" needs "model": the draft model\'s path')
         if self.method != "draft_model" and self.model is not None:
             raise ValueError(f'"model" is the draft_model method\'s field; method is {self.method!r}')
+        if self.quantization is not None:
+            from tokenmill.compute import QUANTIZATION_CHOICES
+
+            if self.method != "draft_model" or self.quantization not in ("auto", *QUANTIZATION_CHOICES):
+                raise ValueError(f"quantization is the draft_model method's field, one of auto, "
+                                 f"{', '.join(QUANTIZATION_CHOICES)}; got {self.quantization!r} with method "
+                                 f"{self.method!r}")
         if self.num_draft_layers is not None and (self.method != "layer_skip" or self.num_draft_layers < 1):
             raise ValueError("num_draft_layers is the layer_skip method's field and must be at least 1, got "
                              f"{self.num_draft_layers} with method {self.method!r}")

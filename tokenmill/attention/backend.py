@@ -76,6 +76,10 @@ class AttentionContext:
 
 class AttentionBackend(ABC):
     name: str
+    # True: a request may stand in one step as several decode entries at consecutive positions (speculative
+    # verification: its last token and its drafts), kept in the order given; every token's K/V is written
+    # before any token attends
+    multi_token_decode: bool = False
 
     @abstractmethod
     def build_metadata(self, step: AttentionStep) -> AttentionMetadata:

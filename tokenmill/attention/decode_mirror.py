@@ -152,6 +152,7 @@ class MirrorAttentionBackend(PagedAttentionBackend):
     whose decodes do not fit the mirror's budget, take the paged path."""
 
     name = "decode_mirror"
+    multi_token_decode = False  # a mirror row per request: verification stays a prefill chunk
 
     def __init__(self, block_size: int, device: torch.device, kv: torch.Tensor, budget_bytes: int) -> None:
         """kv: the whole paged cache, (2, layers, num_blocks, block_size, nkv, hd)."""

@@ -127,6 +127,7 @@ class PagedAttentionBackend(AttentionBackend):
     cached prefix plus itself."""
 
     name = "paged"
+    multi_token_decode = True  # write_kv for the whole step first, decode order kept
 
     def __init__(self, block_size: int, device: torch.device) -> None:
         self.block_size = block_size

@@ -7,6 +7,7 @@ new tokens -> detokenize and decide stops (StopChecker) -> RequestOutputs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -148,7 +149,9 @@ class LLMEngine:
         if cfg.uniform_window:
             raise ValueError(f"draft_model: {self.source.name} has a sliding window on every layer (blocks before "
                              "it are freed, and the draft would read them); use ngram or layer_skip")
-        compute = resolve_platform(config, weights=source.kind).compute
+        dconfig = config if spec.quantization is None else dataclasses.replace(
+            config, quantization=None if spec.quantization == "auto" else spec.quantization)
+        compute = resolve_platform(dconfig, weights=source.kind).compute
         if compute.dtype != self.platform.compute.dtype:
             raise ValueError(f"draft_model: the draft would compute in {compute.dtype}, the target in "
                              f"{self.platform.compute.dtype}; pass --dtype")

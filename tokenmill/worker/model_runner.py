@@ -123,10 +123,16 @@ class ModelRunner:
         that score prompt tokens."""
         decodes: list[ScheduledSeq] = []
         prefills: list[ScheduledSeq] = []
+        split = self.attn_backend.multi_token_decode
         for rid, n in so.num_scheduled_tokens.items():
             st = self.requests[rid]
             seq = ScheduledSeq(rid, st.num_computed_tokens, n, st.block_ids)
-            (decodes if n == 1 and seq.start > 0 else prefills).append(seq)
+            if split and n > 1 and n == 1 + len(spec.get(rid, ())) and seq.start == len(st.token_ids) - 1:
+                # a decode verifying drafts: one decode entry per position (the backend writes the step's K/V
+                # before attending, so entry j sees the drafts before it), not a prefill chunk
+                decodes.extend(ScheduledSeq(rid, seq.start + j, 1, st.block_ids) for j in range(n))
+            else:
+                (decodes if n == 1 and seq.start > 0 else prefills).append(seq)
         meta = self.attn_backend.build_metadata(AttentionStep(decodes, prefills))
         ordered = [decodes[i] for i in meta.decode_order] + prefills
         ids: list[int] = []
@@ -137,6 +143,13 @@ class ModelRunner:
         for seq in ordered:
             st = self.requests[seq.req_id]
             drafts = spec.get(seq.req_id, [])
+            if drafts and seq.num_tokens == 1:  # one position of a split verification (entries in order)
+                j = seq.start - (len(st.token_ids) - 1)  # 0: the last known token, j: draft j
+                ids.append(drafts[j - 1] if j else st.token_ids[-1])
+                pos.append(seq.start)
+                sample_idx.append(len(ids) - 1)
+                rows.append(_DraftRow(st, drafts[:j]) if j else st)
+                continue
             end = seq.start + seq.num_tokens - len(drafts)  # the known tokens this step computes end here
             n_top = st.sampling_params.prompt_logprobs
             last = min(end, len(st.prompt_token_ids) - 1)  # position p's logits score prompt token p + 1
