@@ -26,6 +26,20 @@ def test_plan_refuses_with_the_setting_to_change(capsys) -> None:
     assert "--kv-cache-memory to at least" in out and "--max-model-len to at most 2272" in out
 
 
+def test_plan_counts_a_draft_model(capsys) -> None:
+    """A draft_model's weights and its K/V per token join the plan: the same budget holds half the blocks
+    when the draft is the model itself."""
+    from tokenmill.loader.model_source import default_model_path
+
+    spec = '{"method": "draft_model", "model": "%s"}' % default_model_path()
+    assert main(["plan", "--kv-cache-memory", "1GiB", "--max-model-len", "4096", "--dtype", "float32",
+                 "--speculative-config", spec]) == 0
+    out = capsys.readouterr().out
+    assert "draft model (speculative decoding): 92.1 MiB weights, 45.0 KiB" in out
+    assert "90.0 KiB per token" in out and "728 blocks = 11648 tokens" in out
+    assert "sequences of 4096 tokens that fit at once: 2" in out
+
+
 def test_plan_imports_no_torch() -> None:
     code = ("import sys; from tokenmill.entrypoints.plan import read_model_config; read_model_config('default'); "
             "assert 'torch' not in sys.modules, 'plan must not import torch'")

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from tokenmill.compute import DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute
-from tokenmill.config import format_size, parse_size
+from tokenmill.config import SpeculativeConfig, format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
 from tokenmill.memory_plan import CacheTooSmallError, available_ram, default_kv_cache_bytes, make_plan
@@ -45,6 +45,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where it would run (default cpu; the GPU's free memory is not probed here)")
     p.add_argument("--seq-len", type=int, default=None, help="length for 'how many fit at once' (default: max_model_len)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="as for serve: a draft_model's weights and KV cache join the plan")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -62,6 +64,13 @@ def run_plan(args: argparse.Namespace) -> int:
         kv = default_kv_cache_bytes(False, available_ram())
     max_len = args.max_model_len or cfg.max_position_embeddings
     plan = make_plan(cfg, compute, args.block_size, kv, max_len, matrices, args.max_num_batched_tokens)
+    spec = SpeculativeConfig.parse(args.speculative_config)
+    if spec is not None and spec.method == "draft_model" and spec.model:
+        dcfg, _, dkind, dmatrices = read_model_config(spec.model)
+        dquant = args.quantization if spec.quantization is None else (
+            None if spec.quantization == "auto" else spec.quantization)
+        dcompute = choose_compute(args.device, args.dtype, dquant, weights=dkind, ggml_available=ggml.available)
+        plan = plan.with_draft(make_plan(dcfg, dcompute, args.block_size, kv, max_len, dmatrices))
     seq_len = args.seq_len or max_len
     print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
           f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads of {cfg.head_dim}), context {cfg.max_position_embeddings}")
