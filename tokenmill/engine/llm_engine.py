@@ -131,13 +131,12 @@ class LLMEngine:
         spec, cfg = config.speculative_config, self.model_config
         if spec is None or not spec.uses_model:
             return None
-        k = spec.num_speculative_tokens
         if spec.method == "layer_skip":
             n = spec.num_draft_layers or max(1, cfg.num_layers // 4)
             if n >= cfg.num_layers:
                 raise ValueError(f"layer_skip: num_draft_layers must be below the model's {cfg.num_layers} layers, "
                                  f"got {n}")
-            return DraftConfig(k, num_layers=n)
+            return DraftConfig(num_layers=n)
         assert spec.model is not None
         source = resolve_model(spec.model)
         dcfg, dtok, matrices = read_model_header(source)
@@ -159,7 +158,7 @@ class LLMEngine:
         self.plan = self.plan.with_draft(dplan)
         log.info("speculative decoding: draft model %s (%s, %d layers, %.1fM parameters)", source.name,
                  dcfg.architecture, dcfg.num_layers, dcfg.num_parameters() / 1e6)
-        return DraftConfig(k, source, dcfg, compute.linear_method, compute.requant_type)
+        return DraftConfig(source, dcfg, compute.linear_method, compute.requant_type)
 
     # -- requests --------------------------------------------------------------------------------------
     @property

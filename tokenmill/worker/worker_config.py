@@ -17,7 +17,6 @@ class DraftConfig:
     the target's num_blocks and block_size; layer_skip: `source` is None and the target's first
     `num_layers` layers draft, over the target's cache."""
 
-    num_speculative_tokens: int
     source: ModelSource | None = None
     model_config: ModelConfig | None = None
     linear_method: str = "unquantized"
