@@ -83,6 +83,7 @@ class LoadedModel:
     keep_alive: float | None = None  # the latest request's keep-alive (seconds; None: never unloaded)
     idle_since_wall: float | None = None  # time.time() when it became idle: its expiry is this + keep_alive
     servings: dict[str, Any] = field(default_factory=dict)  # front end key -> its serving object
+    is_unloading: bool = False  # its engine is stopping: no new request gets it, and it is not listed
     _timer: asyncio.TimerHandle | None = None
 
     def serving(self, key: str, make: Callable[[LoadedModel], T]) -> T:
@@ -210,10 +211,12 @@ class ModelPool:
 
     @property
     def loaded(self) -> list[LoadedModel]:
-        return list(self._loaded.values())
+        """The loaded models (not those being unloaded)."""
+        return [m for m in self._loaded.values() if not m.is_unloading]
 
     def loaded_model(self, name: str) -> LoadedModel | None:
-        return self._loaded.get(name)
+        model = self._loaded.get(name)
+        return model if model is not None and not model.is_unloading else None
 
     def on_load(self, callback: Callable[[LoadedModel], None]) -> None:
         """Run `callback` for every model loaded now and every model loaded later (metrics hooks, ...)."""
@@ -228,12 +231,12 @@ class ModelPool:
         idle, None never (default: the server's). Raises UnknownModelError, ModelMemoryError, ModelLoadError."""
         name = self.resolve(requested)
         ka = self.keep_alive if isinstance(keep_alive, ServerKeepAlive) else keep_alive
-        model = self._loaded.get(name)
+        model = self.loaded_model(name)
         waited = 0.0
-        if model is None:
+        if model is None:  # not loaded, or being unloaded (which holds the lock until it is gone)
             started = time.monotonic()
             async with self._locks[name]:
-                model = self._loaded.get(name)
+                model = self.loaded_model(name)
                 if model is None:
                     model = await self._load(name)
             waited = time.monotonic() - started
@@ -270,7 +273,7 @@ class ModelPool:
         model.num_active -= 1
         model.last_used = time.monotonic()
         model.keep_alive = keep_alive
-        if model.num_active == 0 and self._loaded.get(model.name) is model:
+        if model.num_active == 0 and self.loaded_model(model.name) is model:
             self._start_keep_alive(model)
 
     def _start_keep_alive(self, model: LoadedModel) -> None:
@@ -306,7 +309,11 @@ class ModelPool:
                 victim = self._first_victim(served)
                 if victim is None:
                     break
-                await self.unload(victim, f"{name} needs its memory")
+                if victim.is_unloading:  # on its way out already: wait until its memory is free
+                    async with self._locks[victim.name]:
+                        pass
+                else:
+                    await self.unload(victim, f"{name} needs its memory")
             self._reserved[name] = served.memory_bytes
         started = time.monotonic()
         try:
@@ -333,12 +340,14 @@ class ModelPool:
         return sum(self.served(m).memory_bytes for m in self._loaded) + sum(self._reserved.values())
 
     def _first_victim(self, served: ServedModel) -> LoadedModel | None:
-        """The idle model to unload first so that `served` fits (least recently used); None when it fits
-        already. Raises ModelMemoryError when unloading every idle model would not be enough."""
+        """The idle model to unload first so that `served` fits (one being unloaded already, else the least
+        recently used); None when it fits already. Raises ModelMemoryError when unloading every idle model
+        would not be enough."""
         need, used = served.memory_bytes, self._bytes_in_use()
         if self.budget_bytes is None or used + need <= self.budget_bytes:
             return None
-        idle = sorted((m for m in self._loaded.values() if m.num_active == 0), key=lambda m: m.last_used)
+        idle = sorted((m for m in self._loaded.values() if m.num_active == 0),
+                      key=lambda m: (not m.is_unloading, m.last_used))
         freeable = sum(self.served(m.name).memory_bytes for m in idle)
         if used - freeable + need > self.budget_bytes:
             raise ModelMemoryError(self._no_room_message(served))
@@ -347,7 +356,8 @@ class ModelPool:
     def _no_room_message(self, served: ServedModel) -> str:
         assert self.budget_bytes is not None
         held = [f"{m.name} {format_size(self.served(m.name).memory_bytes)} "
-                + (f"busy ({m.num_active} requests)" if m.num_active else "idle") for m in self._loaded.values()]
+                + ("unloading" if m.is_unloading else f"busy ({_requests(m.num_active)})" if m.num_active else "idle")
+                for m in self._loaded.values()]
         held += [f"{n} {format_size(b)} loading" for n, b in self._reserved.items()]
         if served.memory_bytes > self.budget_bytes:
             why = "it can never fit: raise --models-memory, or lower its --kv-cache-memory"
@@ -358,39 +368,46 @@ class ModelPool:
                 f"{format_size(self._bytes_in_use())} in use: {'; '.join(held) or 'nothing loaded'}. {why}")
 
     async def unload(self, model: LoadedModel, reason: str) -> bool:
-        """Unload an idle model (False, nothing done, if it is in use or not loaded)."""
-        if self._loaded.get(model.name) is not model or model.num_active:
+        """Unload an idle model (False, nothing done, if it is in use or not loaded). Its memory counts as
+        in use until it is freed; a request for it meanwhile waits, then loads it again."""
+        if self.loaded_model(model.name) is not model or model.num_active:
             return False
         self.served(model.name)  # described while its engine is there (of_engine's model), to load it again
-        del self._loaded[model.name]
+        model.is_unloading = True
         if model._timer is not None:
             model._timer.cancel()
             model._timer = None
-        async_engine = model.async_engine
-        model.servings.clear()
-        del model.async_engine  # nothing of the engine stays reachable from the pool
-        await asyncio.to_thread(_stop_engine, async_engine)
-        del async_engine
-        await asyncio.to_thread(_release_memory)
+        async with self._locks[model.name]:
+            async_engine = model.async_engine
+            model.servings.clear()
+            del model.async_engine  # nothing of the engine stays reachable from the pool
+            await asyncio.to_thread(_stop_engine, async_engine)
+            del async_engine
+            await asyncio.to_thread(_release_memory)
+            del self._loaded[model.name]
         log.info("model %s unloaded: %s", model.name, reason)
         return True
 
     # -- the process ---------------------------------------------------------------------------------
     def abort(self, request_id: str, reason: str) -> None:
         """Abort `request_id` in whichever loaded engine runs it (the others ignore an unknown id)."""
-        for model in self._loaded.values():
+        for model in self.loaded:
             model.async_engine.abort(request_id, reason)
 
     def dead_engine(self) -> AsyncEngine | None:
         """A loaded engine that has died or stalled, if any."""
-        return next((m.async_engine for m in self._loaded.values() if m.async_engine.is_dead), None)
+        return next((m.async_engine for m in self.loaded if m.async_engine.is_dead), None)
 
     def shutdown(self, timeout: float = 5.0) -> bool:
         """Stop every loaded engine (the process is ending); True if every thread ended within `timeout`."""
         is_clean = True
-        for model in self._loaded.values():
+        for model in self.loaded:
             is_clean = model.async_engine.shutdown(timeout=timeout) and is_clean
         return is_clean
+
+
+def _requests(n: int) -> str:
+    return f"{n} request" if n == 1 else f"{n} requests"
 
 
 def _plain_engine(config: EngineConfig) -> AsyncEngine:

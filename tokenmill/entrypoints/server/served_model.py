@@ -18,6 +18,7 @@ so that a model's size does not depend on what else is loaded when it loads).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +27,12 @@ from typing import TYPE_CHECKING
 from tokenmill.config import EngineConfig
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import ModelSource, resolve_model
-from tokenmill.memory_plan import RUNTIME_BYTES, available_ram, default_kv_cache_bytes, make_plan
+from tokenmill.memory_plan import RUNTIME_BYTES, CacheTooSmallError, available_ram, default_kv_cache_bytes, make_plan
 
 if TYPE_CHECKING:
     from tokenmill.engine.llm_engine import LLMEngine
 
+log = logging.getLogger("tokenmill.server")
 DEFAULT_KEEP_ALIVE = 300.0  # seconds an idle model stays loaded when several are served (Ollama's 5 minutes)
 SEVERAL_MODELS_KV_CACHE_BYTES = 512 * 2**20  # each model's KV cache without --kv-cache-memory, when several
 # Go durations ("5m", "1h30m", "300ms"), optionally signed; a bare number is seconds
@@ -93,7 +95,12 @@ class ServedModel:
         max_len = engine_config.max_model_len or cfg.max_position_embeddings
         plan = make_plan(cfg, compute, engine_config.block_size, kv_bytes, max_len, matrices,
                          engine_config.max_num_batched_tokens)
-        plan.check()
+        try:
+            plan.check()
+        except CacheTooSmallError:
+            for line in plan.lines():  # the arithmetic behind the verdict, as the engine logs it
+                log.info("memory plan: %s", line)
+            raise
         return cls(name, engine_config, source, cfg, max_len, plan.total_bytes - RUNTIME_BYTES)
 
     @classmethod
