@@ -35,7 +35,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import StreamingResponse
 
 from tokenmill.config import EngineConfig, format_size
 from tokenmill.engine.async_engine import AsyncEngine
