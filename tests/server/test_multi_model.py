@@ -230,3 +230,19 @@ def test_models_dir_lists_names_and_labels(served: ServerProcess) -> None:
     for name in ("alpha", "smollm2:135m"):
         assert f'tokenmill:num_requests_running{{model_name="{name}"}}' in text
         assert re.search(rf'^tokenmill:generation_tokens_total{{model_name="{re.escape(name)}"}} [1-9]', text, re.M)
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_the_estimate_before_loading_is_the_engines_own_plan(ggufs: dict[str, Path], draft: bool) -> None:
+    """What the pool counts for a model before it loads is what its engine's memory plan says once loaded
+    (a draft model for speculative decoding included)."""
+    from tokenmill.config import SpeculativeConfig
+    from tokenmill.engine.llm_engine import LLMEngine
+    from tokenmill.entrypoints.server.served_model import ServedModel
+    from tokenmill.memory_plan import RUNTIME_BYTES
+
+    spec = SpeculativeConfig(method="draft_model", model=str(ggufs["beta"])) if draft else None
+    config = EngineConfig(model=str(ggufs["alpha"]), speculative_config=spec, **TINY)
+    engine = LLMEngine(config, progress=False)
+    assert ServedModel.plan("alpha", config).memory_bytes == engine.plan.total_bytes - RUNTIME_BYTES
+    assert (engine.plan.draft_weight_bytes > 0) is draft

@@ -179,7 +179,7 @@ async def _serve(config: ServerConfig, models: ModelConfigs, routers: Sequence[R
     if serve_task.done():  # a signal while loading, or uvicorn could not start (e.g. the port is taken)
         async_engine.shutdown()
         return 0 if server.num_signals else 1
-    pool.adopt(pool.default_name, async_engine, time.monotonic() - started)
+    pool.adopt(pool.default_name, async_engine, time.monotonic() - started, engine.plan.total_bytes - RUNTIME_BYTES)
     state = ServerState()
     gate.app = build_app(pool, config, routers=routers, state=state, description=description)
     server.on_first_signal = lambda: loop.call_soon_threadsafe(

@@ -41,6 +41,7 @@ from tokenmill.config import EngineConfig, format_size
 from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.entrypoints.server.errors import APIError
 from tokenmill.entrypoints.server.served_model import ServedModel
+from tokenmill.memory_plan import RUNTIME_BYTES
 
 log = logging.getLogger("tokenmill.server")
 T = TypeVar("T")
@@ -78,6 +79,7 @@ class LoadedModel:
     name: str
     async_engine: AsyncEngine
     load_seconds: float
+    memory_bytes: int | None = None  # its engine's own memory plan (weights + KV); None: the served estimate
     num_active: int = 0  # requests holding a lease: running, waiting in its engine, or about to be added
     last_used: float = field(default_factory=time.monotonic)  # when its last request ended (monotonic)
     keep_alive: float | None = None  # the latest request's keep-alive (seconds; None: never unloaded)
@@ -290,9 +292,11 @@ class ModelPool:
             await self.unload(model, "its keep-alive ended")
 
     # -- loading and unloading -----------------------------------------------------------------------
-    def adopt(self, name: str, async_engine: AsyncEngine, load_seconds: float = 0.0) -> LoadedModel:
-        """Take `async_engine` (built already) as the loaded engine of served model `name`."""
-        model = LoadedModel(name, async_engine, load_seconds, keep_alive=self.keep_alive)
+    def adopt(self, name: str, async_engine: AsyncEngine, load_seconds: float = 0.0,
+              memory_bytes: int | None = None) -> LoadedModel:
+        """Take `async_engine` (built already) as the loaded engine of served model `name`; `memory_bytes`:
+        what its engine's plan says it takes (None: the served model's estimate)."""
+        model = LoadedModel(name, async_engine, load_seconds, memory_bytes, keep_alive=self.keep_alive)
         self._loaded[name] = model
         for callback in self._on_load:
             callback(model)
@@ -320,7 +324,8 @@ class ModelPool:
             async_engine = await asyncio.to_thread(self._start, served)
         finally:
             del self._reserved[name]
-        model = self.adopt(name, async_engine, time.monotonic() - started)
+        plan = async_engine.engine.plan  # the engine's own arithmetic, now that it has run it
+        model = self.adopt(name, async_engine, time.monotonic() - started, plan.total_bytes - RUNTIME_BYTES)
         log.info("model %s loaded in %.1fs (%s; %s in use by %d models, budget %s)", name, model.load_seconds,
                  format_size(served.memory_bytes), format_size(self._bytes_in_use()), len(self._loaded),
                  "none" if self.budget_bytes is None else format_size(self.budget_bytes))
@@ -336,8 +341,11 @@ class ModelPool:
             raise ModelLoadError(f"model {served.name!r} could not be loaded: {type(e).__name__}: {e}") from e
         return async_engine
 
+    def _memory_of(self, model: LoadedModel) -> int:
+        return model.memory_bytes if model.memory_bytes is not None else self.served(model.name).memory_bytes
+
     def _bytes_in_use(self) -> int:
-        return sum(self.served(m).memory_bytes for m in self._loaded) + sum(self._reserved.values())
+        return sum(self._memory_of(m) for m in self._loaded.values()) + sum(self._reserved.values())
 
     def _first_victim(self, served: ServedModel) -> LoadedModel | None:
         """The idle model to unload first so that `served` fits (one being unloaded already, else the least
@@ -348,14 +356,14 @@ class ModelPool:
             return None
         idle = sorted((m for m in self._loaded.values() if m.num_active == 0),
                       key=lambda m: (not m.is_unloading, m.last_used))
-        freeable = sum(self.served(m.name).memory_bytes for m in idle)
+        freeable = sum(self._memory_of(m) for m in idle)
         if used - freeable + need > self.budget_bytes:
             raise ModelMemoryError(self._no_room_message(served))
         return idle[0]
 
     def _no_room_message(self, served: ServedModel) -> str:
         assert self.budget_bytes is not None
-        held = [f"{m.name} {format_size(self.served(m.name).memory_bytes)} "
+        held = [f"{m.name} {format_size(self._memory_of(m))} "
                 + ("unloading" if m.is_unloading else f"busy ({_requests(m.num_active)})" if m.num_active else "idle")
                 for m in self._loaded.values()]
         held += [f"{n} {format_size(b)} loading" for n, b in self._reserved.items()]
