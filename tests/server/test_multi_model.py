@@ -215,6 +215,7 @@ def test_models_dir_lists_names_and_labels(served: ServerProcess) -> None:
         oa.completions.create(model="nope", prompt="Hi", max_tokens=1)
     body: Any = oe.value.body
     assert body["message"].startswith("The model `nope` does not exist.") and body["code"] == 404
+    assert body["type"] == "NotFoundError" and body["param"] == "model"
     assert "`alpha`, `smollm2:135m`" in body["message"]
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model="nope", prompt="Hi")

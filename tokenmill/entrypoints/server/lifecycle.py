@@ -21,9 +21,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -38,6 +38,9 @@ from tokenmill.entrypoints.server.model_pool import ModelPool
 from tokenmill.entrypoints.server.served_model import ServedModel
 from tokenmill.loader.model_source import resolve_model
 from tokenmill.memory_plan import RUNTIME_BYTES, CacheTooSmallError, available_ram
+
+if TYPE_CHECKING:
+    from tokenmill.engine.llm_engine import LLMEngine
 
 log = logging.getLogger("tokenmill.server")
 
@@ -116,16 +119,35 @@ def run_server(config: ServerConfig, models: ModelConfigs, routers: Sequence[Rou
     return asyncio.run(_serve(config, models, routers, description))
 
 
-def _plan_models(config: ServerConfig, models: ModelConfigs) -> tuple[list[ServedModel], int | None]:
-    """(the served models, read from their headers; the models' memory budget, None for a single model:
-    its own plan is its check). Raises what the memory plan or the model's files raise."""
-    if isinstance(models, EngineConfig):
-        models = [(config.served_model_name or resolve_model(models.model).name, models)]
+async def _start_pool(config: ServerConfig, models: ModelConfigs,
+                      make_engine: Callable[[EngineConfig], AsyncEngine]) -> tuple[ModelPool, LLMEngine]:
+    """The pool, its default model loaded. One model (without --models-memory) loads as it always has: its
+    engine runs the memory plan and refuses what cannot work. Several are planned from their headers first,
+    so that any model that cannot work stops the start, and the default must fit in the budget (the RAM
+    available now, less the process's own, unless --models-memory says)."""
+    named = [(config.served_model_name or resolve_model(models.model).name, models)] \
+        if isinstance(models, EngineConfig) else list(models)
+    if len(named) == 1 and config.models_memory is None:
+        name, engine_config = named[0]
+        if config.default_model not in (None, name):
+            raise ValueError(f"--default-model {config.default_model!r} is not the served model ({name})")
+        async_engine = make_engine(engine_config)
+        engine = await asyncio.to_thread(async_engine.wait_loaded)
+        return ModelPool.of_engine(async_engine, name, config.keep_alive_seconds(1), make_engine), engine
     available = available_ram()  # before anything is loaded
-    served = [ServedModel.plan(name, engine_config) for name, engine_config in models]
-    if len(served) == 1 and config.models_memory is None:
-        return served, None
-    return served, config.models_memory or max(available - RUNTIME_BYTES, 0)
+    served = await asyncio.to_thread(lambda: [ServedModel.plan(n, c) for n, c in named])
+    budget = config.models_memory or max(available - RUNTIME_BYTES, 0)
+    pool = ModelPool(served, default=config.default_model, budget_bytes=budget,
+                     keep_alive=config.keep_alive_seconds(len(served)), make_engine=make_engine)
+    default = pool.served(pool.default_name)
+    if default.memory_bytes > budget:
+        raise ValueError(f"the default model {default.name!r} needs {format_size(default.memory_bytes)} (weights "
+                         f"and KV cache) but the models' budget is {format_size(budget)}: raise --models-memory")
+    started = time.monotonic()
+    async_engine = make_engine(default.engine_config)
+    engine = await asyncio.to_thread(async_engine.wait_loaded)
+    pool.adopt(pool.default_name, async_engine, time.monotonic() - started, engine.plan.total_bytes - RUNTIME_BYTES)
+    return pool, engine
 
 
 async def _serve(config: ServerConfig, models: ModelConfigs, routers: Sequence[RouterFactory],
@@ -158,16 +180,7 @@ async def _serve(config: ServerConfig, models: ModelConfigs, routers: Sequence[R
         return async_engine
 
     try:
-        served, budget = await asyncio.to_thread(_plan_models, config, models)
-        pool = ModelPool(served, default=config.default_model, budget_bytes=budget,
-                         keep_alive=config.keep_alive_seconds(len(served)), make_engine=make_engine)
-        default = pool.served(pool.default_name)
-        if budget is not None and default.memory_bytes > budget:
-            raise ValueError(f"the default model {default.name!r} needs {format_size(default.memory_bytes)} (weights "
-                             f"and KV cache) but the models' budget is {format_size(budget)}: raise --models-memory")
-        started = time.monotonic()
-        async_engine = make_engine(default.engine_config)
-        engine = await asyncio.to_thread(async_engine.wait_loaded)
+        pool, engine = await _start_pool(config, models, make_engine)
     except Exception as e:  # noqa: BLE001 - a bad model or setting: say why and stop
         if isinstance(e, CacheTooSmallError):  # the memory plan's verdict, in `tokenmill plan`'s words
             log.error("memory plan: verdict: cannot work. %s", e)
@@ -177,9 +190,8 @@ async def _serve(config: ServerConfig, models: ModelConfigs, routers: Sequence[R
         await asyncio.gather(serve_task, return_exceptions=True)
         return 1
     if serve_task.done():  # a signal while loading, or uvicorn could not start (e.g. the port is taken)
-        async_engine.shutdown()
+        pool.shutdown()
         return 0 if server.num_signals else 1
-    pool.adopt(pool.default_name, async_engine, time.monotonic() - started, engine.plan.total_bytes - RUNTIME_BYTES)
     state = ServerState()
     gate.app = build_app(pool, config, routers=routers, state=state, description=description)
     server.on_first_signal = lambda: loop.call_soon_threadsafe(

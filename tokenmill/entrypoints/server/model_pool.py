@@ -180,11 +180,12 @@ class ModelPool:
         self._on_load: list[Callable[[LoadedModel], None]] = []
 
     @classmethod
-    def of_engine(cls, async_engine: AsyncEngine, name: str, keep_alive: float | None = None) -> ModelPool:
+    def of_engine(cls, async_engine: AsyncEngine, name: str, keep_alive: float | None = None,
+                  make_engine: EngineFactory | None = None) -> ModelPool:
         """A pool of the one model `async_engine` runs, loaded already (kept unless a request says otherwise;
-        no budget: it is the only one)."""
+        no budget: it is the only one). `make_engine` builds it again after an unload."""
         engine = async_engine.engine
-        pool = cls([], budget_bytes=None, keep_alive=keep_alive, default=name,
+        pool = cls([], budget_bytes=None, keep_alive=keep_alive, default=name, make_engine=make_engine,
                    served_lazily={name: lambda: ServedModel.of_engine(name, engine)},
                    aliases={name, engine.model_name})
         pool.adopt(name, async_engine)
