@@ -138,6 +138,9 @@ def test_keep_alive_0_unloads_and_the_memory_goes(ggufs: dict[str, Path]) -> Non
         assert srv.ps() == {"alpha:latest"}
         assert srv.client.generate(model="alpha", prompt="", keep_alive=0).done_reason == "unload"
         assert wait_for(lambda: srv.ps() == set(), 30)
+        # ... and for a model that is not loaded, it loads nothing
+        assert srv.client.chat(model="alpha", messages=[], keep_alive=0).done_reason == "unload"
+        assert srv.ps() == set()
     finally:
         srv.stop()
 

@@ -16,10 +16,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from tokenmill.entrypoints.ollama.model_card import ModelCard, ModelListing, ollama_name, timestamp
-from tokenmill.entrypoints.ollama.protocol import (ChatRequest, ChatResponse, GenerateRequest, GenerateResponse,
+from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest, ChatResponse, GenerateRequest, GenerateResponse,
                                                    ListedModel, OllamaErrorResponse, OllamaVersionResponse,
                                                    PsResponse, RunningModel, ShowRequest, ShowResponse, TagsResponse)
 from tokenmill.entrypoints.ollama.options import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
@@ -104,9 +104,22 @@ def build_router(ctx: ServerContext) -> APIRouter:
         seconds = _keep_alive(keep_alive)
         return await pool.lease(model, not_found, seconds), seconds == 0
 
+    def stops_an_unloaded_model(req: GenerateRequest | ChatRequest, is_empty: bool) -> bool:
+        """An empty request with keep_alive 0 (`ollama stop`) for a model that is not loaded: nothing to
+        load or unload (an unknown model is still a 404)."""
+        if not is_empty or not req.model or req.keep_alive is None or _keep_alive(req.keep_alive) != 0:
+            return False
+        try:
+            return pool.loaded_model(pool.resolve(req.model)) is None
+        except UnknownModelError as e:
+            raise not_found(e) from None
+
     @router.post("/api/generate", response_model=GenerateResponse, responses=_STREAM)
     async def generate(req: GenerateRequest, raw_request: Request) -> Response:
         """Complete a prompt; a stream (the default) is NDJSON."""
+        if stops_an_unloaded_model(req, not req.prompt and not req.suffix):
+            return JSONResponse(GenerateResponse(model=req.model, created_at=timestamp(), response="", done=True,
+                                                 done_reason="unload").model_dump(exclude_none=True))
         held, is_unloading = await lease(req.model, req.keep_alive)
         return await held.answer(lambda m: serving_of(m).create_generate(req, raw_request, held.load_seconds,
                                                                          is_unloading))
@@ -114,6 +127,9 @@ def build_router(ctx: ServerContext) -> APIRouter:
     @router.post("/api/chat", response_model=ChatResponse, responses=_STREAM)
     async def chat(req: ChatRequest, raw_request: Request) -> Response:
         """Answer a conversation; a stream (the default) is NDJSON."""
+        if stops_an_unloaded_model(req, not req.messages):
+            return JSONResponse(ChatResponse(model=req.model, created_at=timestamp(), done=True, done_reason="unload",
+                                             message=AssistantMessage(content="")).model_dump(exclude_none=True))
         held, is_unloading = await lease(req.model, req.keep_alive)
         return await held.answer(lambda m: serving_of(m).create_chat(req, raw_request, held.load_seconds,
                                                                      is_unloading))
