@@ -26,8 +26,8 @@ from tokenmill.entrypoints.ollama.options import DEFAULT_TEMPERATURE, DEFAULT_TO
 from tokenmill.entrypoints.ollama.serving import NDJSON, OllamaServing, ollama_not_found
 from tokenmill.entrypoints.server.app import ServerContext
 from tokenmill.entrypoints.server.errors import APIError, bad_request
-from tokenmill.entrypoints.server.model_pool import (SERVER_KEEP_ALIVE, Lease, LoadedModel, ServerKeepAlive,
-                                                     UnknownModelError)
+from tokenmill.entrypoints.server.loaded_model import Lease, LoadedModel
+from tokenmill.entrypoints.server.model_pool import SERVER_KEEP_ALIVE, ServerKeepAlive, UnknownModelError
 from tokenmill.entrypoints.server.served_model import parse_keep_alive
 from tokenmill.version import __version__
 

@@ -51,7 +51,7 @@ from tokenmill.entrypoints.openai.tool_parsers import ToolCallStream
 from tokenmill.entrypoints.openai.tool_prompt import ToolPrompt
 from tokenmill.entrypoints.server.app import ServerContext
 from tokenmill.entrypoints.server.errors import APIError, bad_request
-from tokenmill.entrypoints.server.model_pool import LoadedModel
+from tokenmill.entrypoints.server.loaded_model import LoadedModel
 from tokenmill.outputs import RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import MAX_LOGPROBS, ParamError, StructuredOutputsParams
 from tokenmill.tokenizer.chat_template import ChatTemplateSecurityError

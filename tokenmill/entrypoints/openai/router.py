@@ -18,7 +18,8 @@ from tokenmill.entrypoints.openai.serving_completion import OpenAIServingComplet
 from tokenmill.entrypoints.openai.serving_engine import model_not_found
 from tokenmill.entrypoints.server.app import ServerContext
 from tokenmill.entrypoints.server.errors import APIError, bad_request
-from tokenmill.entrypoints.server.model_pool import LoadedModel, UnknownModelError
+from tokenmill.entrypoints.server.loaded_model import LoadedModel
+from tokenmill.entrypoints.server.model_pool import UnknownModelError
 
 log = logging.getLogger("tokenmill.server")
 

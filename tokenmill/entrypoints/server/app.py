@@ -32,7 +32,8 @@ from tokenmill.entrypoints.server.admission import ServerState
 from tokenmill.entrypoints.server.config import ServerConfig
 from tokenmill.entrypoints.server.errors import ErrorResponse, ErrorShapes, error_response, install_error_handlers
 from tokenmill.entrypoints.server.middleware import APIKeyMiddleware, BodySizeLimitMiddleware, CORSDisabledMiddleware
-from tokenmill.entrypoints.server.model_pool import LoadedModel, ModelPool
+from tokenmill.entrypoints.server.loaded_model import LoadedModel
+from tokenmill.entrypoints.server.model_pool import ModelPool
 from tokenmill.metrics import ServerMetrics
 from tokenmill.version import __version__
 
