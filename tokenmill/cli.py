@@ -18,9 +18,10 @@ from tokenmill.entrypoints.openai.tool_parsers.registry import PARSER_CHOICES
 
 
 def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -> None:
-    if positional_model:
-        p.add_argument("model", nargs="?", default="default",
-                       help="a .gguf file, an HF-style directory, or 'default' (SmolLM2-135M-Instruct)")
+    if positional_model:  # serve: several models
+        p.add_argument("model", nargs="*", default=[],
+                       help="models to serve: .gguf files, HF-style directories, or 'default' (SmolLM2-135M-Instruct, "
+                            "also what serve gets with no model and no --models-dir); the first is the default")
     g = p.add_argument_group("engine")
     g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     g.add_argument("--kv-cache-memory", type=str, default=None,
@@ -151,10 +152,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tokenmill.entrypoints.server.lifecycle import run_server
     from tokenmill.entrypoints.web import router as web_router
 
-    engine_config = engine_config_from_args(args)
+    from tokenmill.entrypoints.server.served_model import engine_config_for, name_models
+
+    base = engine_config_from_args(args, "default")
+    try:
+        named = name_models(args.model or ([] if args.models_dir else ["default"]), args.models_dir,
+                            args.served_model_name)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"tokenmill serve: {e}", file=sys.stderr)
+        return 2
+    models = [(name, engine_config_for(base, model, len(named))) for name, model in named]
     # OpenAI's API under /v1, Ollama's under /api, the chat page at /
     routers = [openai_router.build_router, ollama_router.build_router, web_router.build_router]
-    return run_server(ServerConfig.from_args(args), engine_config, routers,
+    return run_server(ServerConfig.from_args(args), models, routers,
                       "An LLM inference server: OpenAI's API under /v1, Ollama's under /api, a chat page at /.")
 
 
@@ -163,7 +173,20 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
+    g.add_argument("--served-model-name", default=None,
+                   help="the name clients use for a single model (default: the model's)")
+    g.add_argument("--models-dir", default=None, metavar="DIR",
+                   help="also serve every .gguf file and HF-style directory in DIR, named as Ollama names them "
+                        "(smollm2:135m from the GGUF's name and size label, else the file stem)")
+    g.add_argument("--default-model", default=None, metavar="NAME",
+                   help="the model a request without one gets, loaded at start (default: the first)")
+    g.add_argument("--keep-alive", type=_duration, default=None, metavar="DURATION",
+                   help="how long an idle model stays loaded: 5m, 1h, 300 (seconds), 0 (unload at once), -1 (never); "
+                        "a request's keep_alive overrides it (default: 5m with several models, never with one)")
+    g.add_argument("--models-memory", type=_size, default=None, metavar="SIZE",
+                   help="what the loaded models may take together, by their memory plans (weights + KV cache), "
+                        "e.g. 8GiB; past it the least recently used idle model is unloaded first (default: the RAM "
+                        "available at start)")
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health, /metrics and the chat page's "
                         "files (or set TOKENMILL_API_KEY); compared in constant time")
@@ -202,6 +225,17 @@ def _size(value: str) -> int:
     if size is None or size < 0:
         raise argparse.ArgumentTypeError(f"a size must not be negative, got {value!r}")
     return size
+
+
+def _duration(value: str) -> str:
+    """argparse type: an Ollama keep-alive duration (checked; kept as written)."""
+    from tokenmill.entrypoints.server.served_model import parse_keep_alive
+
+    try:
+        parse_keep_alive(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
 
 
 def _seconds(allow_zero: bool) -> Callable[[str], float]:

@@ -1,9 +1,12 @@
 """ServerMetrics: Prometheus metrics with vLLM's names under the `tokenmill:` prefix, and the request log.
 
-Each app gets its own CollectorRegistry (no process-global state, so tests can build many apps). Request
-histograms and counters are fed by `on_step`, an AsyncEngine step hook that runs on the engine thread
-(prometheus_client is thread-safe). Engine-wide gauges and counters (running, waiting, KV usage,
-preemptions, prefix cache) are read from `engine.stats()` at scrape time, so they are never stale.
+Each app gets its own CollectorRegistry (no process-global state, so tests can build many apps), one for
+every model it serves: each metric is one family, and each model is its `model_name` label value, so the
+exposition stays valid however many models are loaded. Request histograms and counters are fed by a
+model's `ModelMetrics.on_step`, an AsyncEngine step hook that runs on its engine thread (prometheus_client
+is thread-safe); they outlive an unload (they count what the server answered). Engine-wide gauges and
+counters (running, waiting, KV usage, preemptions, prefix cache) are read from each loaded engine's
+`stats()` at scrape time, so they are never stale, and a model that is not loaded has none.
 
 The server adds every request to the engine with stream=True, so each step that makes tokens yields an
 output: that is what lets `on_step` time inter-token latency for streaming and non-streaming alike.
@@ -15,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -37,22 +41,27 @@ class _Live:
     last_token_time: float | None = None
 
 
-class _EngineCollector(Collector):
-    """Gauges and cumulative counters read from engine.stats() when Prometheus scrapes."""
+# (model name, its engine's stats()) for every loaded model, at scrape time
+EngineStats = Callable[[], Iterable[tuple[str, dict[str, float]]]]
 
-    def __init__(self, model_name: str, stats: Callable[[], dict[str, float]]) -> None:
-        self.model_name = model_name
-        self.stats = stats
+
+class _EngineCollector(Collector):
+    """Gauges and cumulative counters read from each loaded engine's stats() when Prometheus scrapes:
+    one family per metric, a sample per model."""
+
+    def __init__(self, engines: EngineStats) -> None:
+        self.engines = engines
 
     def collect(self) -> Iterable[Metric]:
-        s = self.stats()
+        loaded = list(self.engines())
         for name, doc, key in (
             ("num_requests_running", "Sequences running in the engine.", "num_running"),
             ("num_requests_waiting", "Sequences waiting to be scheduled.", "num_waiting"),
             ("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).", "kv_cache_usage"),
         ):
             g = GaugeMetricFamily(f"tokenmill:{name}", doc, labels=["model_name"])
-            g.add_metric([self.model_name], float(s[key]))
+            for model, s in loaded:
+                g.add_metric([model], float(s[key]))
             yield g
         for name, doc, key in (
             ("num_preemptions", "Sequences preempted (their KV freed, to recompute).", "num_preemptions"),
@@ -60,56 +69,104 @@ class _EngineCollector(Collector):
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
         ):
             c = CounterMetricFamily(f"tokenmill:{name}", doc, labels=["model_name"])
-            c.add_metric([self.model_name], float(s[key]))
+            for model, s in loaded:
+                c.add_metric([model], float(s[key]))
             yield c
-        if "spec_decode_num_drafts" not in s:
+        speculating = [(model, s) for model, s in loaded if "spec_decode_num_drafts" in s]
+        if not speculating:
             return
         # speculative decoding, vLLM's names (under this server's prefix)
         for name, doc in (("spec_decode_num_drafts", "Verification runs: a request's drafts checked in a step."),
                           ("spec_decode_num_draft_tokens", "Draft tokens proposed and verified."),
                           ("spec_decode_num_accepted_tokens", "Draft tokens accepted.")):
             c = CounterMetricFamily(f"tokenmill:{name}", doc, labels=["model_name"])
-            c.add_metric([self.model_name], float(s[name]))
+            for model, s in speculating:
+                c.add_metric([model], float(s[name]))
             yield c
         c = CounterMetricFamily("tokenmill:spec_decode_num_accepted_tokens_per_pos",
                                 "Draft tokens accepted, by their position in the draft (0 = first).",
                                 labels=["model_name", "position"])
         prefix = "spec_decode_num_accepted_tokens_per_pos_"
-        for key in sorted((k for k in s if k.startswith(prefix)), key=lambda k: int(k[len(prefix):])):
-            c.add_metric([self.model_name, key[len(prefix):]], float(s[key]))
+        for model, s in speculating:
+            for key in sorted((k for k in s if k.startswith(prefix)), key=lambda k: int(k[len(prefix):])):
+                c.add_metric([model, key[len(prefix):]], float(s[key]))
         yield c
 
 
 class ServerMetrics:
-    """All of the server's metrics for one model. `on_step` is the AsyncEngine step hook."""
+    """All of the server's metrics, over every model it serves (`model(name)`: one model's hooks).
 
-    def __init__(self, model_name: str, stats: Callable[[], dict[str, float]], log_requests: bool = True) -> None:
-        self.model_name = model_name
+    Built with a `model_name` and its `stats`, it serves that one model, and `on_step` / `on_request_error`
+    are that model's (the one-model server, and tests); with `engines` instead, the gauges come from
+    every loaded model."""
+
+    def __init__(self, model_name: str | None = None, stats: Callable[[], dict[str, float]] | None = None,
+                 log_requests: bool = True, engines: EngineStats | None = None) -> None:
         self.log_requests = log_requests
         self.registry = CollectorRegistry()
-        self._live: dict[str, _Live] = {}
+        self._models: dict[str, ModelMetrics] = {}
         r, lbl = self.registry, ["model_name"]
 
         def hist(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
-            return Histogram(f"tokenmill:{name}", doc, lbl, buckets=buckets, registry=r).labels(model_name)
+            return Histogram(f"tokenmill:{name}", doc, lbl, buckets=buckets, registry=r)
 
-        self.ttft = hist("time_to_first_token_seconds", "Arrival to first output token.")
-        self.itl = hist("inter_token_latency_seconds", "Time between consecutive output tokens.")
-        self.tpot = hist("request_time_per_output_token_seconds", "Decode time per output token after the first.")
-        self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish.")
-        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled.")
-        self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token.")
-        self.decode = hist("request_decode_time_seconds", "First token to finish.")
-        self.prompt_len = hist("request_prompt_tokens", "Prompt tokens per request.", _TOKEN_BUCKETS)
-        self.gen_len = hist("request_generation_tokens", "Output tokens per request (all choices).", _TOKEN_BUCKETS)
-        self.prompt_tokens = Counter("tokenmill:prompt_tokens", "Prompt tokens of finished requests.", lbl,
-                                     registry=r).labels(model_name)
-        self.generation_tokens = Counter("tokenmill:generation_tokens", "Output tokens generated.", lbl,
-                                         registry=r).labels(model_name)
-        success = Counter("tokenmill:request_success", "Finished requests by finish reason.",
-                          ["model_name", "finished_reason"], registry=r)
-        self.finished = {reason: success.labels(model_name, reason) for reason in FINISH_REASONS}
-        r.register(_EngineCollector(model_name, stats))
+        self.families: dict[str, Any] = {
+            "ttft": hist("time_to_first_token_seconds", "Arrival to first output token."),
+            "itl": hist("inter_token_latency_seconds", "Time between consecutive output tokens."),
+            "tpot": hist("request_time_per_output_token_seconds", "Decode time per output token after the first."),
+            "e2e": hist("e2e_request_latency_seconds", "Arrival to finish."),
+            "queue": hist("request_queue_time_seconds", "Arrival to first scheduled."),
+            "prefill": hist("request_prefill_time_seconds", "First scheduled to first token."),
+            "decode": hist("request_decode_time_seconds", "First token to finish."),
+            "prompt_len": hist("request_prompt_tokens", "Prompt tokens per request.", _TOKEN_BUCKETS),
+            "gen_len": hist("request_generation_tokens", "Output tokens per request (all choices).", _TOKEN_BUCKETS),
+            "prompt_tokens": Counter("tokenmill:prompt_tokens", "Prompt tokens of finished requests.", lbl,
+                                     registry=r),
+            "generation_tokens": Counter("tokenmill:generation_tokens", "Output tokens generated.", lbl, registry=r),
+            "success": Counter("tokenmill:request_success", "Finished requests by finish reason.",
+                               ["model_name", "finished_reason"], registry=r),
+        }
+        self._first: ModelMetrics | None = None
+        if model_name is not None:
+            self._first = self.model(model_name)
+            if engines is None and stats is not None:
+                engines = _one_engine(model_name, stats)
+        r.register(_EngineCollector(engines or (lambda: [])))
+
+    def model(self, name: str) -> ModelMetrics:
+        """One model's request metrics and hooks (made on first use, then the same object)."""
+        if name not in self._models:
+            self._models[name] = ModelMetrics(self, name)
+        return self._models[name]
+
+    # -- the one model's hooks ---------------------------------------------------------------------------
+    def on_step(self, outputs: list[RequestOutput]) -> None:
+        assert self._first is not None, "ServerMetrics was built without a model: use model(name).on_step"
+        self._first.on_step(outputs)
+
+    def on_request_error(self) -> None:
+        assert self._first is not None, "ServerMetrics was built without a model: use model(name)"
+        self._first.on_request_error()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class ModelMetrics:
+    """One model's labelled request metrics. `on_step` is its AsyncEngine step hook."""
+
+    def __init__(self, server: ServerMetrics, model_name: str) -> None:
+        self.model_name = model_name
+        self.log_requests = server.log_requests
+        self._live: dict[str, _Live] = {}
+        f = server.families
+        self.ttft, self.itl, self.tpot, self.e2e = (f[k].labels(model_name) for k in ("ttft", "itl", "tpot", "e2e"))
+        self.queue, self.prefill, self.decode = (f[k].labels(model_name) for k in ("queue", "prefill", "decode"))
+        self.prompt_len, self.gen_len = f["prompt_len"].labels(model_name), f["gen_len"].labels(model_name)
+        self.prompt_tokens = f["prompt_tokens"].labels(model_name)
+        self.generation_tokens = f["generation_tokens"].labels(model_name)
+        self.finished = {reason: f["success"].labels(model_name, reason) for reason in FINISH_REASONS}
 
     # -- hooks -------------------------------------------------------------------------------------------
     def on_step(self, outputs: list[RequestOutput]) -> None:
@@ -175,9 +232,12 @@ class ServerMetrics:
                 out.request_id, reason.value, num_prompt, num_output, _secs(queue), _secs(ttft), e2e,
                 f", error: {out.error}" if out.error else "")
 
-    def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+
+def _one_engine(model_name: str, stats: Callable[[], dict[str, float]]) -> EngineStats:
+    def engines() -> list[tuple[str, dict[str, float]]]:
+        return [(model_name, stats())]
+
+    return engines
 
 
 def _secs(value: float | None) -> str:

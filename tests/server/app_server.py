@@ -12,6 +12,7 @@ import io
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -19,6 +20,27 @@ from server_process import free_port
 
 from tokenmill.config import EngineConfig
 from tokenmill.engine.async_engine import AsyncEngine
+
+
+class UvicornThread:
+    """`app` served by uvicorn on a thread of this process, on a free port, until `stop()`."""
+
+    def __init__(self, app: Any, output: Callable[[], str] = lambda: "") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                     lifespan="off", timeout_keep_alive=5))
+        self._thread = threading.Thread(target=self._server.run, name="test-uvicorn", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn did not start:\n{output()}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
 
 
 class AppServer:
@@ -38,25 +60,15 @@ class AppServer:
         self.async_engine = AsyncEngine(lambda: LLMEngine(config, False))
         self.async_engine.wait_loaded()
         self.app = build_app(self.async_engine, **app_options)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                     lifespan="off", timeout_keep_alive=5))
-        self._thread = threading.Thread(target=self._server.run, name="test-uvicorn", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 60
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start:\n{self.output()}")
-            time.sleep(0.02)
+        self.uvicorn = UvicornThread(self.app, self.output)
+        self.port, self.url = self.uvicorn.port, self.uvicorn.url
 
     def output(self) -> str:
         return self._log.getvalue()
 
     def stop(self) -> None:
         """Stop uvicorn and the engine thread; the engine must not have died meanwhile."""
-        self._server.should_exit = True
-        self._thread.join(30)
+        self.uvicorn.stop()
         self.async_engine.shutdown()
         self._logger.removeHandler(self._handler)
         self._logger.setLevel(self._old_level)

@@ -222,8 +222,8 @@ def test_errors(server: ServerProcess, client: Any) -> None:
     for call, words in ((lambda: client.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}], think=True),
                          "does not support thinking"),
                         (lambda: client.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                             tools=[{"type": "function", "function": {"name": "f"}}]),
-                         "tools: tool calling is not supported"),
+                                             tools=[{"type": "function", "function": {"name": "f g"}}]),
+                         "is not a function name"),
                         (lambda: client.generate(model=MODEL, prompt="Hi", images=[b"\x89PNG"]), "takes text only"),
                         (lambda: client.generate(model=MODEL, prompt="Hi", keep_alive="soon"), "not a duration")):
         with pytest.raises(ollama.ResponseError) as e:

@@ -1,8 +1,9 @@
-"""ModelCard: the served model as Ollama's clients see it (/api/tags, /api/show, /api/ps), built once.
+"""ModelListing and ModelCard: a served model as Ollama's clients see it. A listing (/api/tags) comes from
+the model's files and header, loaded or not; a card (/api/show, /api/ps) from its loaded engine, once.
 
-Naming: Ollama's names are `name:tag`, and a name without a tag means `:latest`. The served name
-(--served-model-name, or the model's own, e.g. `SmolLM2-135M-Instruct`) is listed as `NAME:latest` unless
-it has a tag; a request may use either spelling, or the model's own name. Anything else is Ollama's 404.
+Naming: Ollama's names are `name:tag`, and a name without a tag means `:latest`. A served name (e.g.
+`SmolLM2-135M-Instruct`, `smollm2:135m`) is listed as `NAME:latest` unless it has a tag; a request may use
+either spelling, or the model's own name (the pool resolves them). Anything else is Ollama's 404.
 
 `digest` identifies the file (sha256 of its path, size and modification time), not its bytes: hashing a
 multi-GiB file at every start would cost more than a fingerprint is worth. `model_info` is the GGUF
@@ -23,6 +24,8 @@ from tokenmill.entrypoints.ollama.protocol import ModelDetails
 
 if TYPE_CHECKING:
     from tokenmill.engine.llm_engine import LLMEngine
+    from tokenmill.loader.model_config import ModelConfig
+    from tokenmill.loader.model_source import ModelSource
 
 log = logging.getLogger("tokenmill.server")
 
@@ -55,6 +58,32 @@ def parameter_size(n: int) -> str:
 
 
 @dataclass(frozen=True)
+class ModelListing:
+    """What /api/tags says of a model: from its files and header, so a model not loaded is listed too."""
+
+    name: str  # Ollama's spelling, with a tag
+    size: int  # bytes on disk
+    digest: str
+    modified_at: str
+    details: ModelDetails
+    metadata: dict[str, Any]  # the GGUF's metadata ({} for an HF directory)
+
+    @classmethod
+    def of(cls, served_name: str, src: ModelSource, cfg: ModelConfig) -> ModelListing:
+        files = [src.path] if src.kind == "gguf" else sorted(Path(src.path).glob("*.safetensors"))
+        size = sum(f.stat().st_size for f in files)
+        mtime = max((f.stat().st_mtime for f in files), default=0.0)
+        digest = hashlib.sha256(f"{Path(src.path).resolve()}|{size}|{mtime}".encode()).hexdigest()
+        metadata = _gguf_metadata(src.path) if src.kind == "gguf" else {}
+        family = str(metadata.get("general.architecture", cfg.architecture))
+        quant = _quantization_level(metadata.get("general.file_type"), cfg.quantization)
+        details = ModelDetails(format="gguf" if src.kind == "gguf" else "safetensors", family=family,
+                               families=[family], parameter_size=parameter_size(cfg.num_parameters()),
+                               quantization_level=quant)
+        return cls(ollama_name(served_name), size, digest, timestamp(mtime), details, metadata)
+
+
+@dataclass(frozen=True)
 class ModelCard:
     name: str  # Ollama's spelling, with a tag
     accepted_names: frozenset[str]
@@ -84,23 +113,15 @@ class ModelCard:
 
     @classmethod
     def of(cls, engine: LLMEngine, served_name: str) -> ModelCard:
-        src, cfg = engine.source, engine.model_config
-        files = [src.path] if src.kind == "gguf" else sorted(Path(src.path).glob("*.safetensors"))
-        size = sum(f.stat().st_size for f in files)
-        mtime = max((f.stat().st_mtime for f in files), default=0.0)
-        digest = hashlib.sha256(f"{Path(src.path).resolve()}|{size}|{mtime}".encode()).hexdigest()
-        metadata = _gguf_metadata(src.path) if src.kind == "gguf" else {}
-        family = str(metadata.get("general.architecture", cfg.architecture))
-        num_params = cfg.num_parameters()
-        quant = _quantization_level(metadata.get("general.file_type"), cfg.quantization)
-        details = ModelDetails(format="gguf" if src.kind == "gguf" else "safetensors", family=family,
-                               families=[family], parameter_size=parameter_size(num_params), quantization_level=quant)
-        info = metadata or _info_from_config(cfg)
-        info["general.parameter_count"] = num_params
+        cfg = engine.model_config
+        listing = ModelListing.of(served_name, engine.source, cfg)
+        metadata = listing.metadata
+        info = dict(metadata) or _info_from_config(cfg)
+        info["general.parameter_count"] = cfg.num_parameters()
         names = {served_name, ollama_name(served_name), engine.model_name, ollama_name(engine.model_name)}
-        return cls(name=ollama_name(served_name), accepted_names=frozenset(names), details=details, size=size,
+        return cls(name=listing.name, accepted_names=frozenset(names), details=listing.details, size=listing.size,
                    memory_bytes=engine.plan.total_bytes, is_gpu=engine.platform.device.type != "cpu",
-                   digest=digest, modified_at=timestamp(mtime), context_length=engine.max_model_len,
+                   digest=listing.digest, modified_at=listing.modified_at, context_length=engine.max_model_len,
                    license=str(metadata.get("general.license", "")), template=engine.tokenizer.chat_template or "",
                    fim_token_ids=_fim_tokens(metadata, engine), info=info)
 

@@ -3,8 +3,10 @@
 Field names are Ollama's (its API docs and its Python client's types). Requests are strict like the OpenAI
 ones: no type coercion (`"stream": "yes"` is a 400; an integer is fine where a number is expected) and an
 unknown field, top-level or in `options`, is a 400 naming it. Fields this server cannot honour (images,
-thinking, image generation, tools until tool calling lands) are declared, so a client hears why they are
+thinking, image generation) are declared, so a client hears why they are
 refused rather than "unknown field"; the serving layer answers 400 unless they carry their neutral value.
+`tools` are OpenAI's tool objects (Ollama sends the same shape); the serving layer checks them as the chat
+endpoint does.
 
 Answers leave out the fields that do not apply (`exclude_none`), as Ollama does: a stream's objects carry
 `done: false` and their text; the last one carries `done: true`, `done_reason` and the counts and
@@ -173,9 +175,20 @@ class GenerateResponse(_Final):
     context: list[int] | None = None  # prompt and answer token ids: send back as `context` to continue
 
 
+class ToolCallFunctionAnswer(_Response):
+    index: int  # the call's place in the answer
+    name: str
+    arguments: dict[str, Any]  # an object, not JSON text (Ollama's shape, unlike OpenAI's)
+
+
+class ToolCallAnswer(_Response):
+    function: ToolCallFunctionAnswer
+
+
 class AssistantMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str
+    tool_calls: list[ToolCallAnswer] | None = None  # the calls the model made (the done object of a stream)
 
 
 class ChatResponse(_Final):

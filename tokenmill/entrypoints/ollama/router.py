@@ -11,20 +11,24 @@ answers them).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
-from tokenmill.entrypoints.ollama.model_card import ModelCard
-from tokenmill.entrypoints.ollama.protocol import (ChatRequest, ChatResponse, GenerateRequest, GenerateResponse,
+from tokenmill.entrypoints.ollama.model_card import ModelCard, ModelListing, ollama_name, timestamp
+from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest, ChatResponse, GenerateRequest, GenerateResponse,
                                                    ListedModel, OllamaErrorResponse, OllamaVersionResponse,
                                                    PsResponse, RunningModel, ShowRequest, ShowResponse, TagsResponse)
 from tokenmill.entrypoints.ollama.options import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
-from tokenmill.entrypoints.ollama.serving import NDJSON, OllamaServing
+from tokenmill.entrypoints.ollama.serving import NDJSON, OllamaServing, ollama_not_found
 from tokenmill.entrypoints.server.app import ServerContext
 from tokenmill.entrypoints.server.errors import APIError, bad_request
+from tokenmill.entrypoints.server.loaded_model import Lease, LoadedModel
+from tokenmill.entrypoints.server.model_pool import SERVER_KEEP_ALIVE, ServerKeepAlive, UnknownModelError
+from tokenmill.entrypoints.server.served_model import parse_keep_alive
 from tokenmill.version import __version__
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -43,10 +47,11 @@ def ollama_error_body(status: int, message: str, param: str | None) -> dict[str,
     return {"error": message}
 
 
-def _registry_message(card: ModelCard, action: str) -> str:
-    return (f"tokenmill does not {action} models: it has no model registry. It serves the model it was started "
-            f"with ({card.name}): `tokenmill serve MODEL`, where MODEL is a .gguf file, an HF-style directory "
-            "(config.json, *.safetensors, tokenizer files) or 'default'")
+def _registry_message(names: list[str], action: str) -> str:
+    return (f"tokenmill does not {action} models: it has no model registry. It serves the models it was started "
+            f"with ({', '.join(ollama_name(n) for n in names)}): `tokenmill serve MODEL [MODEL ...]` or "
+            "`--models-dir DIR`, where a MODEL is a .gguf file, an HF-style directory (config.json, *.safetensors, "
+            "tokenizer files) or 'default'")
 
 
 def _parameters(card: ModelCard) -> str:
@@ -62,42 +67,109 @@ def _modelfile(card: ModelCard, path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _keep_alive(value: str | float | None) -> float | None | ServerKeepAlive:
+    """A request's keep_alive in seconds (None: never unload); absent: the server's. A bad one is a 400."""
+    if value is None:
+        return SERVER_KEEP_ALIVE
+    try:
+        return parse_keep_alive(value)
+    except ValueError as e:
+        raise bad_request(f"keep_alive: {e}", "keep_alive") from None
+
+
 def build_router(ctx: ServerContext) -> APIRouter:
-    """Ollama's routes over `ctx`'s engine, sharing the app's state, metrics and admission."""
-    serving = OllamaServing(ctx)
-    card = serving.card
-    path = str(ctx.async_engine.engine.source.path)
+    """Ollama's routes over `ctx`'s models, sharing the app's state and metrics. Each request leases the model
+    it names from the pool (its keep_alive applies once it is done); each model has its own OllamaServing."""
+    pool = ctx.pool
     ctx.error_shapes.add("/api/", ollama_error_body)
     router = APIRouter(responses=_ERRORS, tags=["ollama"])
+    listings: dict[str, ModelListing] = {}  # by served name: read from the files once
+
+    def serving_of(m: LoadedModel) -> OllamaServing:
+        return m.serving("ollama", lambda m: OllamaServing(ctx, m))
+
+    def not_found(e: UnknownModelError) -> APIError:
+        return ollama_not_found(e.requested)
+
+    def listing(name: str) -> ModelListing:
+        if name not in listings:
+            served = pool.served(name)
+            listings[name] = ModelListing.of(name, served.source, served.model_config)
+        return listings[name]
+
+    async def lease(model: str | None, keep_alive: str | float | None) -> tuple[Lease, bool]:
+        """The request's model, leased: (lease, whether its keep-alive is 0)."""
+        if not model:
+            raise bad_request("model is required", "model")
+        seconds = _keep_alive(keep_alive)
+        return await pool.lease(model, not_found, seconds), seconds == 0
+
+    def stops_an_unloaded_model(req: GenerateRequest | ChatRequest, is_empty: bool) -> bool:
+        """An empty request with keep_alive 0 (`ollama stop`) for a model that is not loaded: nothing to
+        load or unload (an unknown model is still a 404)."""
+        if not is_empty or not req.model or req.keep_alive is None or _keep_alive(req.keep_alive) != 0:
+            return False
+        try:
+            return pool.loaded_model(pool.resolve(req.model)) is None
+        except UnknownModelError as e:
+            raise not_found(e) from None
 
     @router.post("/api/generate", response_model=GenerateResponse, responses=_STREAM)
     async def generate(req: GenerateRequest, raw_request: Request) -> Response:
         """Complete a prompt; a stream (the default) is NDJSON."""
-        return await serving.create_generate(req, raw_request)
+        if stops_an_unloaded_model(req, not req.prompt and not req.suffix):
+            return JSONResponse(GenerateResponse(model=req.model, created_at=timestamp(), response="", done=True,
+                                                 done_reason="unload").model_dump(exclude_none=True))
+        held, is_unloading = await lease(req.model, req.keep_alive)
+        return await held.answer(lambda m: serving_of(m).create_generate(req, raw_request, held.load_seconds,
+                                                                         is_unloading))
 
     @router.post("/api/chat", response_model=ChatResponse, responses=_STREAM)
     async def chat(req: ChatRequest, raw_request: Request) -> Response:
         """Answer a conversation; a stream (the default) is NDJSON."""
-        return await serving.create_chat(req, raw_request)
+        if stops_an_unloaded_model(req, not req.messages):
+            return JSONResponse(ChatResponse(model=req.model, created_at=timestamp(), done=True, done_reason="unload",
+                                             message=AssistantMessage(content="")).model_dump(exclude_none=True))
+        held, is_unloading = await lease(req.model, req.keep_alive)
+        return await held.answer(lambda m: serving_of(m).create_chat(req, raw_request, held.load_seconds,
+                                                                     is_unloading))
 
     @router.get("/api/tags")
     async def tags() -> TagsResponse:
-        return TagsResponse(models=[ListedModel(name=card.name, model=card.name, modified_at=card.modified_at,
-                                                size=card.size, digest=card.digest, details=card.details)])
+        """Every served model, loaded or not."""
+        models = []
+        for name in pool.names:
+            x = await asyncio.to_thread(listing, name)
+            models.append(ListedModel(name=x.name, model=x.name, modified_at=x.modified_at, size=x.size,
+                                      digest=x.digest, details=x.details))
+        return TagsResponse(models=models)
 
     @router.get("/api/ps")
     async def ps() -> PsResponse:
-        return PsResponse(models=[RunningModel(name=card.name, model=card.name, size=card.memory_bytes,
-                                               digest=card.digest, details=card.details, expires_at=_NEVER,
-                                               size_vram=card.memory_bytes if card.is_gpu else 0,
-                                               context_length=card.context_length)])
+        """The loaded models: their memory, context, and when their keep-alive unloads them."""
+        running = []
+        for m in pool.loaded:
+            card = serving_of(m).card
+            expires = m.expires_at
+            running.append(RunningModel(name=card.name, model=card.name, size=card.memory_bytes, digest=card.digest,
+                                        details=card.details, size_vram=card.memory_bytes if card.is_gpu else 0,
+                                        expires_at=_NEVER if expires is None else timestamp(expires),
+                                        context_length=card.context_length))
+        return PsResponse(models=running)
 
     @router.post("/api/show")
     async def show(req: ShowRequest) -> ShowResponse:
-        serving.check_ollama_model(req.model or req.name)
-        return ShowResponse(license=card.license, modelfile=_modelfile(card, path), parameters=_parameters(card),
-                            template=card.template, details=card.details, model_info=card.model_info(bool(req.verbose)),
-                            capabilities=card.capabilities, modified_at=card.modified_at)
+        """The model's details, template and metadata (it is loaded to read them, if it was not)."""
+        held, _ = await lease(req.model or req.name, None)
+
+        async def run(m: LoadedModel) -> ShowResponse:
+            card = serving_of(m).card
+            path = str(pool.served(m.name).source.path)
+            return ShowResponse(license=card.license, modelfile=_modelfile(card, path), parameters=_parameters(card),
+                                template=card.template, details=card.details,
+                                model_info=card.model_info(bool(req.verbose)), capabilities=card.capabilities,
+                                modified_at=card.modified_at)
+        return await held.answer(run)
 
     @router.get("/api/version")
     async def version() -> OllamaVersionResponse:
@@ -105,7 +177,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
 
     def refuse(action: str) -> Callable[[], Coroutine[Any, Any, Response]]:
         async def endpoint() -> Response:  # the body is never read
-            raise APIError(501, _registry_message(card, action))
+            raise APIError(501, _registry_message(pool.names, action))
         return endpoint
 
     for route, methods, action in (("/api/pull", ["POST"], "pull"), ("/api/push", ["POST"], "push"),
@@ -118,7 +190,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
 
     async def embeddings() -> Response:
         # as the OpenAI router's /v1/embeddings: a RAG front end hears why, not a bare 404
-        raise bad_request(f"the model {card.name} does not support embeddings: tokenmill serves generative models "
+        raise bad_request(f"the model {ollama_name(pool.default_name)} does not support embeddings: tokenmill serves generative models "
                           "(generate and chat) only", "model")
 
     for route in ("/api/embed", "/api/embeddings"):

@@ -9,7 +9,12 @@ errors as APIErrors, logprob token text. Only the prompt building and the answer
                       suffix         the model's fill-in-middle tokens: PRE prompt SUF suffix MID
                       otherwise      the model's chat template over [system], user prompt
                       then `context` (a previous answer's token ids) goes in front, without a second BOS
-    chat prompt:      the model's chat template over the messages; a final assistant message is continued
+    chat prompt:      the model's chat template over the messages; a final assistant message is continued;
+                      `tools` as the OpenAI chat endpoint renders them (ToolPrompt: the template's own way,
+                      or the fallback system prompt), the history's calls and tool results with them
+    chat tools:       the answer is read by the --tool-call-parser format (Ollama has no tool_choice: "auto");
+                      its calls go in `message.tool_calls` with arguments as objects, the rest is the content.
+                      A stream sends the content as it comes (a call's text never), the calls in the done object
 
 A stream is one JSON object per line (`application/x-ndjson`): `done: false` objects with the new text,
 then one `done: true` object with done_reason, the token counts and the durations in nanoseconds (and
@@ -24,11 +29,11 @@ import contextlib
 import dataclasses
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pydantic
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -37,37 +42,42 @@ from tokenmill.entrypoints.ollama import go_template
 from tokenmill.entrypoints.ollama.model_card import ModelCard, timestamp
 from tokenmill.entrypoints.ollama.options import OptionsMapper, RequestOptions
 from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest, ChatResponse, GenerateRequest,
-                                                   GenerateResponse, Message, TokenLogprob, TopLogprob,
-                                                   GenerationFields)
+                                                   GenerateResponse, GenerationFields, Message, TokenLogprob,
+                                                   ToolCallAnswer, ToolCallFunctionAnswer, TopLogprob)
+from tokenmill.entrypoints.openai.protocol import ChatCompletionTool
 from tokenmill.entrypoints.openai.serving_engine import OpenAIServing
+from tokenmill.entrypoints.openai.tool_calling import ToolCalling
+from tokenmill.entrypoints.openai.tool_parsers import ToolCallStream
+from tokenmill.entrypoints.openai.tool_prompt import ToolPrompt
 from tokenmill.entrypoints.server.app import ServerContext
 from tokenmill.entrypoints.server.errors import APIError, bad_request
+from tokenmill.entrypoints.server.loaded_model import LoadedModel
 from tokenmill.outputs import RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import MAX_LOGPROBS, ParamError, StructuredOutputsParams
 from tokenmill.tokenizer.chat_template import ChatTemplateSecurityError
 
 log = logging.getLogger("tokenmill.server")
 NDJSON = "application/x-ndjson"
-# Go durations ("5m", "1h30m", "300ms"), optionally signed; a bare number is seconds
-_DURATION = re.compile(r"-?(\d+(\.\d*)?(ns|us|µs|ms|s|m|h))+|-?\d+(\.\d*)?")
 
 
 class OllamaServing(OpenAIServing):
-    def __init__(self, ctx: ServerContext) -> None:
-        super().__init__(ctx.async_engine, ctx.served_model_name, ctx.metrics, ctx.state,
+    def __init__(self, ctx: ServerContext, model: LoadedModel) -> None:
+        """Ollama's endpoints over one loaded model of `ctx.pool`."""
+        super().__init__(model.async_engine, model.name, ctx.metrics.model(model.name), ctx.state,
                          ctx.config.max_waiting_requests, request_timeout=ctx.config.request_timeout,
-                         log_prompts=ctx.config.log_prompts, admission=ctx.admission)
-        self.card = ModelCard.of(self.engine, ctx.served_model_name)
+                         log_prompts=ctx.config.log_prompts, accepts=ctx.pool.accepts(model.name),
+                         served_names=ctx.pool.names)
+        self.card = ModelCard.of(self.engine, model.name)
         self.options = OptionsMapper(self.max_model_len, self.vocab_size)
-        self._is_keep_alive_logged = False
+        self.tool_prompt = ToolPrompt(self.tokenizer, ctx.config.tool_call_parser, announce=False)
 
     # -- checks ----------------------------------------------------------------------------------------
     def check_ollama_model(self, name: str | None) -> None:
         """Ollama's 400 without a model, its 404 for a model this server does not serve."""
         if not name:
             raise bad_request("model is required", "model")
-        if not self.card.accepts(name):
-            raise APIError(404, f"model '{name}' not found", "model")
+        if not self.accepts(name):
+            raise ollama_not_found(name)
 
     def _request_options(self, req: GenerationFields) -> RequestOptions:
         """The checks generate and chat share, then the options as SamplingParams."""
@@ -83,20 +93,8 @@ class OllamaServing(OpenAIServing):
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
             raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.top_logprobs}",
                               "top_logprobs")
-        self._check_keep_alive(req.keep_alive)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         return self.options.map(req.options, logprobs=logprobs, structured_outputs=_structured(req.format))
-
-    def _check_keep_alive(self, keep_alive: str | float | None) -> None:
-        if keep_alive is None:
-            return
-        if isinstance(keep_alive, str) and not _DURATION.fullmatch(keep_alive.strip()):
-            raise bad_request(f"keep_alive: {keep_alive!r} is not a duration (e.g. \"5m\", \"1h\", 300, -1)",
-                              "keep_alive")
-        if not self._is_keep_alive_logged:
-            self._is_keep_alive_logged = True
-            log.info("ollama keep_alive has no effect here: this server loads its one model at start and keeps it "
-                     "until it stops; logged once")
 
     # -- prompts ---------------------------------------------------------------------------------------
     async def _generate_ids(self, req: GenerateRequest) -> list[int]:
@@ -140,11 +138,12 @@ class OllamaServing(OpenAIServing):
         bos = await self.encode("", special)
         return [*bos, pre, *await self.encode(prompt, False), suf, *await self.encode(suffix, False), mid]
 
-    async def _render(self, messages: list[dict[str, Any]], field: str, is_continued: bool = False) -> str:
-        """The model's chat template over `messages`, on a worker thread. A template that rejects the
-        conversation is a 400; one the sandbox refused is the model's fault: a 500 that says so."""
+    async def _render(self, messages: list[dict[str, Any]], field: str, is_continued: bool = False,
+                      tools: list[dict[str, Any]] | None = None) -> str:
+        """The model's chat template over `messages` (and `tools`), on a worker thread. A template that
+        rejects the conversation is a 400; one the sandbox refused is the model's fault: a 500 that says so."""
         try:
-            return await asyncio.to_thread(self.input_processor.render_chat, messages, not is_continued, None, field,
+            return await asyncio.to_thread(self.input_processor.render_chat, messages, not is_continued, tools, field,
                                            continue_final_message=is_continued)
         except ChatTemplateSecurityError as e:
             raise APIError(500, f"the model's chat template was refused and nothing it attempted ran ({e}); chat "
@@ -163,45 +162,71 @@ class OllamaServing(OpenAIServing):
         return dataclasses.replace(prompt, max_tokens=min(prompt.max_tokens, room, ro.num_predict or room))
 
     # -- the endpoints ---------------------------------------------------------------------------------
-    async def create_generate(self, req: GenerateRequest, raw_request: Request) -> Response:
-        received = time.monotonic()
+    async def create_generate(self, req: GenerateRequest, raw_request: Request, load_seconds: float = 0.0,
+                              is_unloading: bool = False) -> Response:
+        """`load_seconds`: how long the request waited for its model to load; `is_unloading`: its keep-alive
+        is 0 (an empty request then answers done_reason "unload", Ollama's way to stop a model)."""
+        received = time.monotonic() - load_seconds
         ro = self._request_options(req)
         if req.images:
             raise bad_request(f"images: {self.card.name} takes text only", "images")
         for name in ("width", "height", "steps"):
             if getattr(req, name) is not None:
                 raise bad_request(f"{name}: this server does not generate images", name)
-        if not req.prompt and not req.suffix:  # Ollama's way to load a model: it is loaded already
+        if not req.prompt and not req.suffix:  # Ollama's way to load (or unload) a model: nothing to generate
             return self._loaded(GenerateResponse(model=req.model, created_at=timestamp(), response="", done=True,
-                                                 done_reason="load"))
+                                                 done_reason="unload" if is_unloading else "load"))
         prompt = self._fit(await self._generate_ids(req), ro, "prompt")
-        return await self._answer(req, prompt, ro, raw_request, received, is_chat=False)
+        return await self._answer(req, prompt, ro, raw_request, received, load_seconds, is_chat=False)
 
-    async def create_chat(self, req: ChatRequest, raw_request: Request) -> Response:
-        received = time.monotonic()
+    async def create_chat(self, req: ChatRequest, raw_request: Request, load_seconds: float = 0.0,
+                          is_unloading: bool = False) -> Response:
+        """As create_generate."""
+        received = time.monotonic() - load_seconds
         ro = self._request_options(req)
-        if req.tools:
-            raise bad_request("tools: tool calling is not supported by this server yet", "tools")
+        calling = self._tool_calling(req.tools)
         if not req.messages:
-            return self._loaded(ChatResponse(model=req.model, created_at=timestamp(),
-                                             message=AssistantMessage(content=""), done=True, done_reason="load"))
+            return self._loaded(ChatResponse(model=req.model, created_at=timestamp(), message=AssistantMessage(content=""),
+                                             done=True, done_reason="unload" if is_unloading else "load"))
         is_continued = req.messages[-1].role == "assistant"  # Ollama continues a final assistant message
-        text = await self._render(_plain_messages(req.messages), "messages", is_continued)
+        if calling is not None and not calling.format.skip_special_tokens:
+            ro.params.skip_special_tokens = False  # the format's markers are special tokens
+        messages, tools = self.tool_prompt.prepare(_plain_messages(req.messages), calling)
+        text = await self._render(messages, "messages", is_continued, tools)
         prompt = self._fit(await self.encode(text), ro, "messages")
-        return await self._answer(req, prompt, ro, raw_request, received, is_chat=True)
+        return await self._answer(req, prompt, ro, raw_request, received, load_seconds, is_chat=True, calling=calling)
+
+    def _tool_calling(self, tools: list[dict[str, Any]] | None) -> ToolCalling | None:
+        """The request's tools, checked as the chat endpoint checks them (Ollama's tool objects are OpenAI's,
+        `type` optional); None without tools. A bad tool is a 400 naming it."""
+        if not tools:
+            return None
+        checked = []
+        for i, tool in enumerate(tools):
+            try:
+                checked.append(ChatCompletionTool.model_validate({**tool, "type": tool.get("type") or "function"}))
+            except pydantic.ValidationError as e:
+                err = e.errors()[0]
+                where = ".".join(str(p) for p in err["loc"])
+                raise bad_request(f"tools[{i}].{where}: {err['msg']}", f"tools[{i}]") from None
+        try:
+            return ToolCalling.of(checked, None, None, self.tool_prompt.format)
+        except ParamError as e:
+            raise bad_request(e.message, e.field) from None
 
     @staticmethod
     def _loaded(answer: GenerateResponse | ChatResponse) -> Response:
         return JSONResponse(answer.model_dump(exclude_none=True))
 
     async def _answer(self, req: GenerateRequest | ChatRequest, prompt: ProcessedPrompt, ro: RequestOptions,
-                      raw_request: Request, received: float, is_chat: bool) -> Response:
+                      raw_request: Request, received: float, load_seconds: float, is_chat: bool,
+                      calling: ToolCalling | None = None) -> Response:
         await self.compile_structured(ro.params)  # `format`: a schema that does not compile is a 400
         self.check_admission()
         request_id = self.new_id("ollama")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages or []]
                               if isinstance(req, ChatRequest) else req.prompt)
-        answer = _Answer(req.model, is_chat, prompt, received)
+        answer = _Answer(req.model, is_chat, prompt, received, load_seconds, calling)
         if req.stream is not False:
             return StreamingResponse(self._stream(request_id, prompt, ro, answer), media_type=NDJSON)
         whole = await self.until_disconnect(self._collect(request_id, prompt, ro, answer), raw_request)
@@ -233,8 +258,9 @@ class OllamaServing(OpenAIServing):
                     if c.logprobs is not None and c.delta_token_ids:
                         lps = self._logprobs(c.delta_token_ids, c.logprobs[num_sent:num_sent + len(c.delta_token_ids)])
                     num_sent += len(c.delta_token_ids)
-                    if c.delta_text or lps:
-                        yield answer.piece(c.delta_text, lps)
+                    text = answer.streamed_text(c.delta_text, is_final=out.finished)
+                    if text or lps:
+                        yield answer.piece(text, lps)
                     if out.finished:
                         yield _line(answer.final(out, "", None))
         except APIError as e:  # headers are sent: the error goes in the stream, as Ollama's does
@@ -253,19 +279,43 @@ class OllamaServing(OpenAIServing):
 
 
 class _Answer:
-    """One request's answer objects: generate's (`response`, `context`) or chat's (`message`)."""
+    """One request's answer objects: generate's (`response`, `context`) or chat's (`message`, with the tool
+    calls read from the text when the request has tools)."""
 
-    def __init__(self, model: str, is_chat: bool, prompt: ProcessedPrompt, received: float) -> None:
+    def __init__(self, model: str, is_chat: bool, prompt: ProcessedPrompt, received: float, load_seconds: float,
+                 calling: ToolCalling | None = None) -> None:
         self.model = model
         self.is_chat = is_chat
         self.prompt = prompt
-        self.received = received  # monotonic time the route got the request
+        self.received = received  # monotonic time the route got the request (before its model loaded)
+        self.load_seconds = load_seconds
+        self.calling = calling
+        # a stream with tools: the text goes through the parser, which holds back what may become a call
+        self.tool_stream = ToolCallStream(calling.parser(), calling.format.new_call_id) if calling else None
 
-    def _object(self, text: str, **fields: Any) -> GenerateResponse | ChatResponse:
+    def streamed_text(self, delta_text: str, is_final: bool) -> str:
+        """The content a stream sends for `delta_text` (all of it without tools)."""
+        if self.tool_stream is None:
+            return delta_text
+        return self.tool_stream.feed(delta_text, is_final).content
+
+    def _object(self, text: str, tool_calls: list[ToolCallAnswer] | None = None,
+                **fields: Any) -> GenerateResponse | ChatResponse:
         if self.is_chat:
-            return ChatResponse(model=self.model, created_at=timestamp(), message=AssistantMessage(content=text),
-                                **fields)
+            return ChatResponse(model=self.model, created_at=timestamp(),
+                                message=AssistantMessage(content=text, tool_calls=tool_calls), **fields)
         return GenerateResponse(model=self.model, created_at=timestamp(), response=text, **fields)
+
+    def _content_and_calls(self, text: str) -> tuple[str, list[ToolCallAnswer] | None]:
+        """The done object's content and calls. `text` is the whole answer, or "" at the end of a stream,
+        whose content went out in pieces: its calls are then read from the text it streamed."""
+        if self.calling is None or self.tool_stream is None:
+            return text, None
+        streamed = self.tool_stream.text
+        parsed = self.calling.parse(streamed or text)
+        calls = [ToolCallAnswer(function=ToolCallFunctionAnswer(index=i, name=c.name, arguments=json.loads(c.arguments)))
+                 for i, c in enumerate(parsed.tool_calls)]  # a parser's arguments are a JSON object's text
+        return ("" if streamed else parsed.content), calls or None
 
     def piece(self, text: str, logprobs: list[TokenLogprob] | None) -> bytes:
         return _line(self._object(text, done=False, logprobs=logprobs).model_dump(exclude_none=True))
@@ -278,13 +328,19 @@ class _Answer:
         scheduled = m.first_scheduled_time if m and m.first_scheduled_time else finished
         first_token = m.first_token_time if m and m.first_token_time else finished
         context = None if self.is_chat else [*self.prompt.prompt_token_ids, *c.token_ids]
-        obj = self._object(text, done=True, done_reason=c.finish_reason.value if c.finish_reason else "stop",
-                           total_duration=_ns(finished - self.received), load_duration=0,
+        content, calls = self._content_and_calls(text)
+        obj = self._object(content, calls, done=True, done_reason=c.finish_reason.value if c.finish_reason else "stop",
+                           total_duration=_ns(finished - self.received), load_duration=_ns(self.load_seconds),
                            prompt_eval_count=len(self.prompt.prompt_token_ids),
                            prompt_eval_duration=_ns(first_token - scheduled), eval_count=len(c.token_ids),
                            eval_duration=_ns(finished - first_token), logprobs=logprobs,
                            **({} if context is None else {"context": context}))
         return obj.model_dump(exclude_none=True)
+
+
+def ollama_not_found(name: str) -> APIError:
+    """Ollama's 404 for a model this server does not serve."""
+    return APIError(404, f"model '{name}' not found", "model")
 
 
 def _ns(seconds: float) -> int:

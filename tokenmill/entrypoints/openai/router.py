@@ -15,8 +15,11 @@ from tokenmill.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCo
                                                    ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat
 from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from tokenmill.entrypoints.openai.serving_engine import model_not_found
 from tokenmill.entrypoints.server.app import ServerContext
-from tokenmill.entrypoints.server.errors import bad_request
+from tokenmill.entrypoints.server.errors import APIError, bad_request
+from tokenmill.entrypoints.server.loaded_model import LoadedModel
+from tokenmill.entrypoints.server.model_pool import UnknownModelError
 
 log = logging.getLogger("tokenmill.server")
 
@@ -25,62 +28,90 @@ _STREAM: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream
 
 
 def build_router(ctx: ServerContext) -> APIRouter:
-    """The OpenAI routes over `ctx`'s engine, sharing the app's state, metrics and admission."""
-    engine = ctx.async_engine.engine
-    name = ctx.served_model_name
+    """The OpenAI routes over `ctx`'s models, sharing the app's state and metrics. Each request leases the
+    model its `model` names (none: the default) from the pool; each model has its own serving objects."""
+    pool = ctx.pool
     options: dict[str, Any] = {"request_timeout": ctx.config.request_timeout, "log_prompts": ctx.config.log_prompts,
-                               "admission": ctx.admission}
-    completions = OpenAIServingCompletion(ctx.async_engine, name, ctx.metrics, ctx.state,
-                                          ctx.config.max_waiting_requests, **options)
-    chat = OpenAIServingChat(ctx.async_engine, name, ctx.metrics, ctx.state, ctx.config.max_waiting_requests,
-                             tool_call_parser=ctx.config.tool_call_parser, **options)
-    template_problem = chat.check_template()
-    if template_problem:
-        log.error("%s", template_problem)
+                               "served_names": pool.names}
+
+    def completions_of(m: LoadedModel) -> OpenAIServingCompletion:
+        return m.serving("openai.completions", lambda m: OpenAIServingCompletion(
+            m.async_engine, m.name, ctx.metrics.model(m.name), ctx.state, ctx.config.max_waiting_requests,
+            accepts=pool.accepts(m.name), **options))
+
+    def chat_of(m: LoadedModel) -> OpenAIServingChat:
+        def make(m: LoadedModel) -> OpenAIServingChat:
+            chat = OpenAIServingChat(m.async_engine, m.name, ctx.metrics.model(m.name), ctx.state,
+                                     ctx.config.max_waiting_requests, tool_call_parser=ctx.config.tool_call_parser,
+                                     accepts=pool.accepts(m.name), **options)
+            template_problem = chat.check_template()
+            if template_problem:
+                log.error("%s: %s", m.name, template_problem)
+            return chat
+        return m.serving("openai.chat", make)
+
+    def not_found(e: UnknownModelError) -> APIError:
+        return model_not_found(e.requested, e.served)
+
+    for m in pool.loaded:  # what a model loaded at start has to say about its template, said at start
+        chat_of(m)
     created = int(time.time())
     router = APIRouter()
 
     @router.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=name, created=created, root=engine.model_name,
-                                         max_model_len=engine.max_model_len)])
+        """Every served model, loaded or not."""
+        cards = []
+        for name in pool.names:
+            served = pool.served(name)
+            cards.append(ModelCard(id=name, created=created, root=served.source.name,
+                                   max_model_len=served.max_model_len))
+        return ModelList(data=cards)
 
     @router.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
-        completions.check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise bad_request("give exactly one of prompt and messages", "prompt")
-        if req.tools is not None and req.messages is None:
-            raise bad_request("tools go with messages", "tools")
-        if req.messages is not None:
-            ids = await chat.render(req.messages, req.add_generation_prompt, req.continue_final_message,
-                                    chat.tool_calling(req.tools))
-        else:
-            ids = await completions.encode(req.prompt or "", req.add_special_tokens is not False)
-        strs = [engine.tokenizer.id_to_token(t) for t in ids] if req.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=engine.max_model_len, tokens=ids, token_strs=strs)
+        async def run(m: LoadedModel) -> TokenizeResponse:
+            completions, chat = completions_of(m), chat_of(m)
+            if (req.prompt is None) == (req.messages is None):
+                raise bad_request("give exactly one of prompt and messages", "prompt")
+            if req.tools is not None and req.messages is None:
+                raise bad_request("tools go with messages", "tools")
+            if req.messages is not None:
+                ids = await chat.render(req.messages, req.add_generation_prompt, req.continue_final_message,
+                                        chat.tool_calling(req.tools))
+            else:
+                ids = await completions.encode(req.prompt or "", req.add_special_tokens is not False)
+            tokenizer = completions.tokenizer
+            strs = [tokenizer.id_to_token(t) for t in ids] if req.return_token_strs else None
+            return TokenizeResponse(count=len(ids), max_model_len=completions.max_model_len, tokens=ids,
+                                    token_strs=strs)
+        return await (await pool.lease(req.model, not_found)).answer(run)
 
     @router.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:
-        completions.check_model(req.model)
-        vocab = completions.vocab_size
-        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise bad_request(f"tokens: token id {bad} is out of range [0, {vocab})", "tokens")
-        return DetokenizeResponse(prompt=await asyncio.to_thread(engine.tokenizer.decode, req.tokens))
+        async def run(m: LoadedModel) -> DetokenizeResponse:
+            completions = completions_of(m)
+            vocab = completions.vocab_size
+            bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise bad_request(f"tokens: token id {bad} is out of range [0, {vocab})", "tokens")
+            return DetokenizeResponse(prompt=await asyncio.to_thread(completions.tokenizer.decode, req.tokens))
+        return await (await pool.lease(req.model, not_found)).answer(run)
 
     @router.post("/v1/completions", response_model=CompletionResponse, responses=_STREAM)
     async def create_completion(req: CompletionRequest, raw_request: Request) -> Any:
-        return await completions.create_completion(req, raw_request)
+        lease = await pool.lease(req.model, not_found)
+        return await lease.answer(lambda m: completions_of(m).create_completion(req, raw_request))
 
     @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_STREAM)
     async def create_chat_completion(req: ChatCompletionRequest, raw_request: Request) -> Any:
-        return await chat.create_chat_completion(req, raw_request)
+        lease = await pool.lease(req.model, not_found)
+        return await lease.answer(lambda m: chat_of(m).create_chat_completion(req, raw_request))
 
     @router.post("/v1/embeddings", include_in_schema=False)
     async def embeddings() -> Any:
         # vLLM's answer for a generative model: clients that try (RAG front ends) hear why, not a bare 404
-        raise bad_request(f"The model `{name}` does not support Embeddings API: tokenmill serves generative "
+        raise bad_request(f"The model `{pool.default_name}` does not support Embeddings API: tokenmill serves generative "
                           "models (completions and chat) only", "model")
 
     # llama-server and Ollama also answer without the /v1 prefix: an openai client pointed at

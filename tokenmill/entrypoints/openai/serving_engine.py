@@ -17,7 +17,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, SamplingFields, Usage
 from tokenmill.entrypoints.server.admission import Admission, ServerState
 from tokenmill.entrypoints.server.errors import APIError, bad_request, error_body
-from tokenmill.metrics import ServerMetrics
+from tokenmill.metrics import ModelMetrics, ServerMetrics
 from tokenmill.outputs import FinishReason, RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import ParamError, SamplingParams, StructuredOutputsParams
 
@@ -57,11 +57,14 @@ class AnswerOptions:
 
 
 class OpenAIServing:
-    def __init__(self, async_engine: AsyncEngine, served_model_name: str, metrics: ServerMetrics | None,
+    def __init__(self, async_engine: AsyncEngine, served_model_name: str, metrics: ModelMetrics | ServerMetrics | None,
                  state: ServerState, max_waiting_requests: int | None = None, *,
                  request_timeout: float | None = None, log_prompts: bool = False,
-                 admission: Admission | None = None) -> None:
-        """`admission`: the app's shared Admission (one is made from `state` and the limit if not given)."""
+                 admission: Admission | None = None, accepts: Callable[[str], bool] | None = None,
+                 served_names: list[str] | None = None) -> None:
+        """`admission`: the model's Admission (one is made from `state` and the limit if not given);
+        `accepts`: whether a request's `model` names this model (default: its served name or its own);
+        `served_names`: every model the server serves, for the 404 (default: this one)."""
         self.async_engine = async_engine
         self.engine = async_engine.engine
         self.tokenizer = self.engine.tokenizer
@@ -74,14 +77,15 @@ class OpenAIServing:
         self.admission = admission or Admission(async_engine, state, max_waiting_requests)
         self.request_timeout = request_timeout  # seconds from admission to the last token; None: no deadline
         self.log_prompts = log_prompts
+        self.accepts = accepts or (lambda name: name in (self.served_model_name, self.engine.model_name))
+        self.served_names = served_names or [served_model_name]
         self._token_text: dict[int, str] = {}
 
     # -- admission -------------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
-        """Raise 404 unless `model` is absent or names the served model (or the engine's own name)."""
-        if model is not None and model not in (self.served_model_name, self.engine.model_name):
-            raise APIError(404, f"The model `{model}` does not exist. This server serves "
-                                f"`{self.served_model_name}`.", "model")
+        """Raise 404 unless `model` is absent or names this model (`accepts`)."""
+        if model is not None and not self.accepts(model):
+            raise model_not_found(model, self.served_names)
 
     def check_admission(self) -> None:
         """Raise 503 while draining, after engine death, or when too many requests already wait."""
@@ -359,6 +363,12 @@ class OpenAIServing:
         """Token counts; also each chunk's counts so far, with stream_options.continuous_usage_stats."""
         return Usage(prompt_tokens=num_prompt, completion_tokens=num_completion,
                      total_tokens=num_prompt + num_completion)
+
+
+def model_not_found(requested: str, served: list[str]) -> APIError:
+    """vLLM's 404 for a model the server does not serve, naming those it does."""
+    names = ", ".join(f"`{n}`" for n in served)
+    return APIError(404, f"The model `{requested}` does not exist. This server serves {names}.", "model")
 
 
 def sse(payload: Any) -> bytes:

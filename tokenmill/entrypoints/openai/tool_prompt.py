@@ -48,16 +48,17 @@ class ToolPrompt:
     """One model's way with tools: its format (parser, call ids, fallback prompt) and whether its template
     renders tools; turns a request's messages and tools into what the template is given."""
 
-    def __init__(self, tokenizer: Tokenizer, parser_name: str = "auto") -> None:
+    def __init__(self, tokenizer: Tokenizer, parser_name: str = "auto", announce: bool = True) -> None:
         """`parser_name`: a format name, or "auto" (detected from the template; hermes for a template that
-        renders no tools, since the fallback prompt then teaches the format)."""
+        renders no tools, since the fallback prompt then teaches the format). `announce`: log which case the
+        model is in (the chat endpoint does; a second front end over the same model need not repeat it)."""
         self.renders_tools = renders_tools(tokenizer)
         if parser_name == "auto":
             parser_name = detect_tool_format(tokenizer.chat_template) if self.renders_tools else "hermes"
         self.format: type[ToolFormat] = tool_format(parser_name)
-        if self.renders_tools:
+        if announce and self.renders_tools:
             log.info("tool calling: the chat template renders tools; calls are read in the %s format", parser_name)
-        elif tokenizer.chat_template:
+        elif announce and tokenizer.chat_template:
             log.info("tool calling: the chat template does not render tools, so requests with tools get a "
                      "system prompt that lists them and teaches the %s call format (README: Tool calling)",
                      parser_name)
@@ -83,7 +84,9 @@ class ToolPrompt:
             m = dict(m)
             calls = m.pop("tool_calls", None)
             if m["role"] == "tool":
-                result = fmt.render_tool_result(names.get(m.get("tool_call_id") or ""), str(m["content"]))
+                # the tool's name: the message's own (Ollama's tool_name), else its call's, found by id
+                name = m.get("name") or names.get(m.get("tool_call_id") or "")
+                result = fmt.render_tool_result(name, str(m["content"]))
                 if is_merging:
                     out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + result}
                 else:

@@ -1,7 +1,8 @@
 """build_app: the protocol-neutral app factory. Front ends come in as routers.
 
-    build_app(async_engine, config, routers=[openai.router.build_router, ...])
-        state (ServerState), metrics (ServerMetrics, an engine step hook), admission (Admission)
+    build_app(models, config, routers=[openai.router.build_router, ...])
+        models: a ModelPool (model_pool.py), or one AsyncEngine (a pool of that one model, loaded)
+        state (ServerState), metrics (ServerMetrics: every model's, one registry; a step hook per engine)
         error handlers (the server's error shape, or the one a router registers for its paths in ErrorShapes)
         /health, /version, /metrics
         each router factory(ServerContext) -> APIRouter, mounted in order
@@ -9,7 +10,8 @@
         public_paths), body-size limit
 
 All state lives on the app it returns (no module globals), so a test can build several apps around
-engines of its own.
+engines of its own. Routers reach a model through `ctx.pool` (lease it for each request) and keep their
+per-model objects on the LoadedModel (`model.serving(key, make)`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict
 
 from tokenmill.engine.async_engine import AsyncEngine
-from tokenmill.entrypoints.server.admission import Admission, ServerState
+from tokenmill.entrypoints.server.admission import ServerState
 from tokenmill.entrypoints.server.config import ServerConfig
 from tokenmill.entrypoints.server.errors import ErrorResponse, ErrorShapes, error_response, install_error_handlers
 from tokenmill.entrypoints.server.middleware import APIKeyMiddleware, BodySizeLimitMiddleware, CORSDisabledMiddleware
+from tokenmill.entrypoints.server.loaded_model import LoadedModel
+from tokenmill.entrypoints.server.model_pool import ModelPool
 from tokenmill.metrics import ServerMetrics
 from tokenmill.version import __version__
 
@@ -51,14 +55,13 @@ class VersionResponse(BaseModel):
 
 @dataclass(frozen=True)
 class ServerContext:
-    """What a front end's router is built from: the engine, the config, and the app's shared parts."""
+    """What a front end's router is built from: the models, the config, and the app's shared parts."""
 
-    async_engine: AsyncEngine
+    pool: ModelPool
     config: ServerConfig
-    served_model_name: str  # config.served_model_name, or the model's own name
+    served_model_name: str  # the default model's name (config.served_model_name, or the model's own)
     state: ServerState
     metrics: ServerMetrics
-    admission: Admission
     error_shapes: ErrorShapes  # a router with an error shape of its own registers its path prefix here
     # paths a router serves without the API key (a page and its assets, which a browser loads before it can
     # send a key); routers add to it while they are built, and build_app exempts them from --api-key
@@ -68,21 +71,30 @@ class ServerContext:
 RouterFactory = Callable[[ServerContext], APIRouter]
 
 
-def build_app(async_engine: AsyncEngine, config: ServerConfig | None = None, *, routers: Sequence[RouterFactory] = (),
-              state: ServerState | None = None, description: str = "An LLM inference server.") -> FastAPI:
-    """The app serving `async_engine` with `routers` mounted. Registers its metrics hook on the engine.
+def build_app(models: AsyncEngine | ModelPool, config: ServerConfig | None = None, *,
+              routers: Sequence[RouterFactory] = (), state: ServerState | None = None,
+              description: str = "An LLM inference server.") -> FastAPI:
+    """The app serving `models` with `routers` mounted. Registers its metrics hook on every engine.
 
-    `state`: the lifecycle flags to share with the process (run_server drains through them); by default
-    the app is ready at once."""
+    One AsyncEngine is served as `config.served_model_name` (or its model's name) and kept loaded unless
+    `config.keep_alive` or a request says otherwise. `state`: the lifecycle flags to share with the process
+    (run_server drains through them); by default the app is ready at once."""
     config = config if config is not None else ServerConfig()
-    engine = async_engine.engine
-    name = config.served_model_name or engine.model_name
+    if isinstance(models, ModelPool):
+        pool = models
+    else:
+        pool = ModelPool.of_engine(models, config.served_model_name or models.engine.model_name,
+                                   keep_alive=config.keep_alive_seconds(num_models=1))
     state = state if state is not None else ServerState(is_ready=True)
-    metrics = ServerMetrics(name, async_engine.stats, log_requests=config.log_requests)
-    async_engine.step_hooks.append(metrics.on_step)
+    metrics = ServerMetrics(log_requests=config.log_requests,
+                            engines=lambda: [(m.name, m.async_engine.stats()) for m in pool.loaded])
+
+    def hook_metrics(model: LoadedModel) -> None:
+        model.async_engine.step_hooks.append(metrics.model(model.name).on_step)
+
+    pool.on_load(hook_metrics)
     shapes = ErrorShapes()
-    context = ServerContext(async_engine, config, name, state, metrics,
-                            Admission(async_engine, state, config.max_waiting_requests), shapes)
+    context = ServerContext(pool, config, pool.default_name, state, metrics, shapes)
 
     app = FastAPI(title="tokenmill", version=__version__, responses=_ERRORS, description=description)
     app.state.server_state = state
@@ -92,9 +104,10 @@ def build_app(async_engine: AsyncEngine, config: ServerConfig | None = None, *, 
     @app.get("/health", response_class=Response, responses={200: {"description": "Ready (empty body)"},
                                                             503: {"model": ErrorResponse}})
     async def health() -> Response:
-        """200 when ready; 503 while loading, draining, or if the engine has died."""
-        if async_engine.is_dead:
-            return error_response(503, f"the engine has stopped: {async_engine.dead_reason}")
+        """200 when ready; 503 while loading, draining, or if an engine has died."""
+        dead = pool.dead_engine()
+        if dead is not None:
+            return error_response(503, f"the engine has stopped: {dead.dead_reason}")
         if not state.is_ready or state.is_draining:
             return error_response(503, "draining" if state.is_draining else "loading")
         return Response(status_code=200)

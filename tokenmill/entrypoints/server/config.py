@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from tokenmill.engine.async_engine import DEFAULT_WATCHDOG_TIMEOUT
+from tokenmill.entrypoints.server.served_model import DEFAULT_KEEP_ALIVE, parse_keep_alive
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # a 128K-token prompt is ~1 MiB of JSON; 4 MiB leaves room, and no more
 
@@ -26,6 +27,10 @@ class ServerConfig:
     log_requests: bool = True
     log_prompts: bool = False  # prompt text in the log, only when asked for
     tool_call_parser: str = "auto"  # the tool-call format chat reads (tool_parsers/); auto: from the template
+    # the models (model_pool.py)
+    keep_alive: str | None = None  # an idle model's stay (Ollama's durations); None: keep_alive_seconds' rule
+    models_memory: int | None = None  # bytes the loaded models may take together; None: RAM available at start
+    default_model: str | None = None  # the model a request without one gets; None: the first
     # the process
     host: str = "127.0.0.1"
     port: int = 8000
@@ -39,10 +44,24 @@ class ServerConfig:
             raise ValueError(f"max_waiting_requests must not be negative, got {self.max_waiting_requests}")
         if self.max_request_bytes is not None and self.max_request_bytes < 0:
             raise ValueError(f"max_request_bytes must not be negative, got {self.max_request_bytes}")
+        if self.keep_alive is not None:
+            try:
+                parse_keep_alive(self.keep_alive)
+            except ValueError as e:
+                raise ValueError(f"keep_alive: {e}") from None
+        if self.models_memory is not None and self.models_memory <= 0:
+            raise ValueError(f"models_memory must be positive, got {self.models_memory}")
         for name in ("request_timeout", "watchdog_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be above 0 seconds (or None: no limit), got {value}")
+
+    def keep_alive_seconds(self, num_models: int) -> float | None:
+        """Seconds an idle model stays loaded (None: never): --keep-alive; unset, a single model stays (as
+        it always has) and several stay DEFAULT_KEEP_ALIVE (Ollama's 5 minutes)."""
+        if self.keep_alive is not None:
+            return parse_keep_alive(self.keep_alive)
+        return None if num_models == 1 else DEFAULT_KEEP_ALIVE
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -56,6 +75,8 @@ class ServerConfig:
             cors_origins=cors,
             max_waiting_requests=args.max_waiting_requests, max_request_bytes=args.max_request_bytes or None,
             request_timeout=args.request_timeout, log_prompts=args.log_prompts,
-            tool_call_parser=getattr(args, "tool_call_parser", "auto"), host=args.host, port=args.port,
+            tool_call_parser=getattr(args, "tool_call_parser", "auto"), keep_alive=getattr(args, "keep_alive", None),
+            models_memory=getattr(args, "models_memory", None), default_model=getattr(args, "default_model", None),
+            host=args.host, port=args.port,
             log_level=args.log_level, access_log=args.access_log, shutdown_timeout=args.shutdown_timeout,
             watchdog_timeout=DEFAULT_WATCHDOG_TIMEOUT if watchdog is None else watchdog or None)

@@ -1,10 +1,13 @@
-"""The server process: `run_server(config, engine_config, routers)`.
+"""The server process: `run_server(config, models, routers)`.
 
-The port is bound first and answers 503 while the model loads; /health turns 200 once the app is
-installed. SIGTERM/SIGINT start a drain: /health and new requests get 503, in-flight requests may finish
-for up to `shutdown_timeout` seconds, the rest are aborted (clients get a 503 error), then the process
-exits 0. A second signal exits at once. If the engine thread dies, or hangs past `watchdog_timeout` while
-it has work (AsyncEngine's watchdog), the process logs why and exits 1 within seconds.
+`models` is one EngineConfig, or (name, EngineConfig) pairs for several (served_model.py names them). Each
+model's header and memory plan are read first (a model that is missing or cannot work stops the start);
+the port is bound and answers 503 while the default model loads; /health turns 200 once the app is
+installed. The other models load on their first request (model_pool.py). SIGTERM/SIGINT start a drain:
+/health and new requests get 503, in-flight requests may finish for up to `shutdown_timeout` seconds, the
+rest are aborted in whichever engine runs them (clients get a 503 error), then every engine stops and the
+process exits 0. A second signal exits at once. If any engine thread dies, or hangs past `watchdog_timeout`
+while it has work (each AsyncEngine has its watchdog), the process logs why and exits 1 within seconds.
 
 Test hook: TOKENMILL_FAULT_AFTER_STEPS=N makes the engine loop raise after N steps (an injected fault, used
 by the test that checks the server exits non-zero when its engine dies).
@@ -18,20 +21,26 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tokenmill.config import EngineConfig
+from tokenmill.config import EngineConfig, format_size
 from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.entrypoints.server.admission import ServerState
 from tokenmill.entrypoints.server.app import RouterFactory, build_app
 from tokenmill.entrypoints.server.config import ServerConfig
 from tokenmill.entrypoints.server.errors import error_response
-from tokenmill.memory_plan import CacheTooSmallError
+from tokenmill.entrypoints.server.model_pool import ModelPool
+from tokenmill.entrypoints.server.served_model import ServedModel
+from tokenmill.loader.model_source import resolve_model
+from tokenmill.memory_plan import RUNTIME_BYTES, CacheTooSmallError, available_ram
+
+if TYPE_CHECKING:
+    from tokenmill.engine.llm_engine import LLMEngine
 
 log = logging.getLogger("tokenmill.server")
 
@@ -67,7 +76,7 @@ class _Server(uvicorn.Server):
             self.force_exit = self.num_signals > 1
 
 
-async def _drain(server: _Server, async_engine: AsyncEngine, state: ServerState, timeout: float) -> None:
+async def _drain(server: _Server, pool: ModelPool, state: ServerState, timeout: float) -> None:
     """Stop admitting, let in-flight requests finish for up to `timeout` s, abort the rest, stop uvicorn."""
     state.is_draining = True
     deadline = time.monotonic() + timeout
@@ -78,7 +87,7 @@ async def _drain(server: _Server, async_engine: AsyncEngine, state: ServerState,
     if state.in_flight:
         log.warning("shutdown timeout: aborting %d requests", len(state.in_flight))
         for rid in list(state.in_flight):
-            async_engine.abort(rid, "server shutting down")
+            pool.abort(rid, "server shutting down")
         end = time.monotonic() + 2.0
         while state.in_flight and time.monotonic() < end:  # let their error responses go out
             await asyncio.sleep(0.05)
@@ -101,13 +110,47 @@ def _install_fault_injection(async_engine: AsyncEngine) -> None:
     log.warning("fault injection armed: the engine will fail after %d steps", limit)
 
 
-def run_server(config: ServerConfig, engine_config: EngineConfig, routers: Sequence[RouterFactory],
+ModelConfigs = EngineConfig | Sequence[tuple[str, EngineConfig]]
+
+
+def run_server(config: ServerConfig, models: ModelConfigs, routers: Sequence[RouterFactory],
                description: str = "An LLM inference server.") -> int:
     """Serve `routers` until a signal (exit 0) or engine death or stall (exit 1). Returns the exit code."""
-    return asyncio.run(_serve(config, engine_config, routers, description))
+    return asyncio.run(_serve(config, models, routers, description))
 
 
-async def _serve(config: ServerConfig, engine_config: EngineConfig, routers: Sequence[RouterFactory],
+async def _start_pool(config: ServerConfig, models: ModelConfigs,
+                      make_engine: Callable[[EngineConfig], AsyncEngine]) -> tuple[ModelPool, LLMEngine]:
+    """The pool, its default model loaded. One model (without --models-memory) loads as it always has: its
+    engine runs the memory plan and refuses what cannot work. Several are planned from their headers first,
+    so that any model that cannot work stops the start, and the default must fit in the budget (the RAM
+    available now, less the process's own, unless --models-memory says)."""
+    named = [(config.served_model_name or resolve_model(models.model).name, models)] \
+        if isinstance(models, EngineConfig) else list(models)
+    if len(named) == 1 and config.models_memory is None:
+        name, engine_config = named[0]
+        if config.default_model not in (None, name):
+            raise ValueError(f"--default-model {config.default_model!r} is not the served model ({name})")
+        async_engine = make_engine(engine_config)
+        engine = await asyncio.to_thread(async_engine.wait_loaded)
+        return ModelPool.of_engine(async_engine, name, config.keep_alive_seconds(1), make_engine), engine
+    available = available_ram()  # before anything is loaded
+    served = await asyncio.to_thread(lambda: [ServedModel.plan(n, c) for n, c in named])
+    budget = config.models_memory or max(available - RUNTIME_BYTES, 0)
+    pool = ModelPool(served, default=config.default_model, budget_bytes=budget,
+                     keep_alive=config.keep_alive_seconds(len(served)), make_engine=make_engine)
+    default = pool.served(pool.default_name)
+    if default.memory_bytes > budget:
+        raise ValueError(f"the default model {default.name!r} needs {format_size(default.memory_bytes)} (weights "
+                         f"and KV cache) but the models' budget is {format_size(budget)}: raise --models-memory")
+    started = time.monotonic()
+    async_engine = make_engine(default.engine_config)
+    engine = await asyncio.to_thread(async_engine.wait_loaded)
+    pool.adopt(pool.default_name, async_engine, time.monotonic() - started, engine.plan.total_bytes - RUNTIME_BYTES)
+    return pool, engine
+
+
+async def _serve(config: ServerConfig, models: ModelConfigs, routers: Sequence[RouterFactory],
                  description: str) -> int:
     from tokenmill.engine.llm_engine import LLMEngine
 
@@ -129,11 +172,15 @@ async def _serve(config: ServerConfig, engine_config: EngineConfig, routers: Seq
         killer.daemon = True
         killer.start()
 
-    # the engine thread loads the model itself, so that one thread does all torch work (async_engine.py)
-    async_engine = AsyncEngine(lambda: LLMEngine(engine_config, False), on_death=on_engine_death,
-                               watchdog_timeout=config.watchdog_timeout)
+    def make_engine(engine_config: EngineConfig) -> AsyncEngine:
+        # the engine thread loads the model itself, so that one thread does all torch work (async_engine.py)
+        async_engine = AsyncEngine(lambda: LLMEngine(engine_config, False), on_death=on_engine_death,
+                                   watchdog_timeout=config.watchdog_timeout)
+        _install_fault_injection(async_engine)
+        return async_engine
+
     try:
-        engine = await asyncio.to_thread(async_engine.wait_loaded)
+        pool, engine = await _start_pool(config, models, make_engine)
     except Exception as e:  # noqa: BLE001 - a bad model or setting: say why and stop
         if isinstance(e, CacheTooSmallError):  # the memory plan's verdict, in `tokenmill plan`'s words
             log.error("memory plan: verdict: cannot work. %s", e)
@@ -143,18 +190,19 @@ async def _serve(config: ServerConfig, engine_config: EngineConfig, routers: Seq
         await asyncio.gather(serve_task, return_exceptions=True)
         return 1
     if serve_task.done():  # a signal while loading, or uvicorn could not start (e.g. the port is taken)
-        async_engine.shutdown()
+        pool.shutdown()
         return 0 if server.num_signals else 1
-    _install_fault_injection(async_engine)
     state = ServerState()
-    gate.app = build_app(async_engine, config, routers=routers, state=state, description=description)
+    gate.app = build_app(pool, config, routers=routers, state=state, description=description)
     server.on_first_signal = lambda: loop.call_soon_threadsafe(
-        lambda: loop.create_task(_drain(server, async_engine, state, config.shutdown_timeout)))
+        lambda: loop.create_task(_drain(server, pool, state, config.shutdown_timeout)))
     state.is_ready = True
-    log.info("serving %s as %r on http://%s:%d%s", engine.describe(), config.served_model_name or engine.model_name,
-             config.host, config.port, " (API key required)" if config.api_key else "")
+    others = f"; also serving {', '.join(n for n in pool.names if n != pool.default_name)} (loaded on first use)" \
+        if len(pool.names) > 1 else ""
+    log.info("serving %s as %r on http://%s:%d%s%s", engine.describe(), pool.default_name, config.host, config.port,
+             " (API key required)" if config.api_key else "", others)
     await serve_task
-    if not async_engine.shutdown(timeout=5.0):
+    if not pool.shutdown(timeout=5.0):
         # still inside a long step: leaving through the interpreter's exit would tear down torch's C++
         # runtime under the running thread (seen as SIGABRT, "terminate called without an active
         # exception"); every request has had its answer, so leave at once
