@@ -13,7 +13,11 @@ run); the engine then calls `record` with how many were accepted.
 The rule (measured on this project's 2-core CPU, README "Speculative decoding"): no drafts while more than
 `max_batch_size` requests run (a bigger batch is compute-bound and the extra positions cost as much as
 they save); a request whose acceptance rate (an exponential average over its drafts) falls below
-`min_acceptance_rate` drafts nothing for `backoff_steps` steps, then tries again.
+`min_acceptance_rate` drafts nothing for `backoff_steps` steps, then tries again with one probe: its
+average restarts just above the threshold, so one more failure pauses it again, each consecutive pause
+twice as long (up to 16x), and a probe that is accepted ends the doubling. A drafter that never agrees
+(layer_skip on a model not trained to exit early) then costs a few probes per request, not one in nine
+steps.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from tokenmill.engine.request import Request
 from tokenmill.scheduler_output import DRAFT_PLACEHOLDER
 
 _EMA = 0.3  # weight of the latest draft in a request's acceptance average
+_MAX_DOUBLINGS = 4
 
 
 @dataclass
@@ -34,6 +39,7 @@ class _SpecState:
     acceptance: float = 1.0  # exponential average of accepted / proposed
     num_drafts: int = 0
     backoff: int = 0  # steps left without drafting
+    pauses: int = 0  # consecutive pauses (each twice the one before, up to _MAX_DOUBLINGS)
 
 
 class SpecDecoder:
@@ -84,9 +90,14 @@ class SpecDecoder:
             return
         st.num_drafts += 1
         st.acceptance = (1 - _EMA) * st.acceptance + _EMA * (num_accepted / num_drafts)
-        if st.acceptance < self.config.min_acceptance_rate:
-            st.backoff = self.config.backoff_steps
-            st.acceptance = 1.0  # a fresh start after the pause
+        floor = self.config.min_acceptance_rate
+        if st.acceptance < floor:
+            st.backoff = self.config.backoff_steps << min(st.pauses, _MAX_DOUBLINGS)
+            st.pauses += 1
+            # after the pause one probe decides: a probe with nothing accepted falls below the floor again
+            st.acceptance = min(1.0, floor / (1 - _EMA) - 1e-9) if floor > 0 else 1.0
+        elif st.pauses and num_accepted:
+            st.pauses = 0
 
     def stats(self) -> dict[str, float]:
         s: dict[str, float] = {"spec_decode_num_drafts": self.num_drafts,
