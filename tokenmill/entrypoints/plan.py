@@ -14,7 +14,7 @@ from tokenmill.compute import DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute
 from tokenmill.config import SpeculativeConfig, format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
-from tokenmill.memory_plan import CacheTooSmallError, available_ram, default_kv_cache_bytes, make_plan
+from tokenmill.memory_plan import CacheTooSmallError, MemoryPlan, available_ram, default_kv_cache_bytes, make_plan
 
 
 def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int, int, str]] | None]:
@@ -30,6 +30,27 @@ def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int
             gf.close()
     size = sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
     return ModelConfig.from_hf_dir(source.path), size, "hf", None
+
+
+def plan_model(model: str, device: str, dtype: str, quantization: str | None, block_size: int, kv_bytes: int,
+               max_model_len: int | None, max_chunk_tokens: int,
+               spec: SpeculativeConfig | None = None) -> tuple[ModelConfig, int, MemoryPlan]:
+    """(config, bytes on disk, memory plan) of a model from its header, as the engine will plan it: the
+    compute rule serve uses (the CPU's flags, whether ggml is built here), and a draft model's weights and
+    KV cache when `spec` names one. `device`: "cpu" or "cuda"; max_model_len None: the model's context."""
+    from tokenmill.native import ggml
+
+    cfg, disk_bytes, kind, matrices = read_model_config(model)
+    compute = choose_compute(device, dtype, quantization, weights=kind, ggml_available=ggml.available)
+    max_len = max_model_len or cfg.max_position_embeddings
+    plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens)
+    if spec is not None and spec.method == "draft_model" and spec.model:
+        dcfg, _, dkind, dmatrices = read_model_config(spec.model)
+        dquant = quantization if spec.quantization is None else (
+            None if spec.quantization == "auto" else spec.quantization)
+        dcompute = choose_compute(device, dtype, dquant, weights=dkind, ggml_available=ggml.available)
+        plan = plan.with_draft(make_plan(dcfg, dcompute, block_size, kv_bytes, max_len, dmatrices))
+    return cfg, disk_bytes, plan
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -50,11 +71,6 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    cfg, disk_bytes, kind, matrices = read_model_config(args.model)
-    from tokenmill.native import ggml
-
-    # the rule serve uses, from the CPU flags and whether ggml is built here
-    compute = choose_compute(args.device, args.dtype, args.quantization, weights=kind, ggml_available=ggml.available)
     kv = parse_size(args.kv_cache_memory)
     if kv is None:
         if args.device == "cuda":
@@ -62,15 +78,10 @@ def run_plan(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         kv = default_kv_cache_bytes(False, available_ram())
-    max_len = args.max_model_len or cfg.max_position_embeddings
-    plan = make_plan(cfg, compute, args.block_size, kv, max_len, matrices, args.max_num_batched_tokens)
-    spec = SpeculativeConfig.parse(args.speculative_config)
-    if spec is not None and spec.method == "draft_model" and spec.model:
-        dcfg, _, dkind, dmatrices = read_model_config(spec.model)
-        dquant = args.quantization if spec.quantization is None else (
-            None if spec.quantization == "auto" else spec.quantization)
-        dcompute = choose_compute(args.device, args.dtype, dquant, weights=dkind, ggml_available=ggml.available)
-        plan = plan.with_draft(make_plan(dcfg, dcompute, args.block_size, kv, max_len, dmatrices))
+    cfg, disk_bytes, plan = plan_model(args.model, args.device, args.dtype, args.quantization, args.block_size, kv,
+                                       args.max_model_len, args.max_num_batched_tokens,
+                                       SpeculativeConfig.parse(args.speculative_config))
+    max_len = plan.max_model_len
     seq_len = args.seq_len or max_len
     print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
           f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads of {cfg.head_dim}), context {cfg.max_position_embeddings}")

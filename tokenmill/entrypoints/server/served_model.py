@@ -27,10 +27,9 @@ from typing import TYPE_CHECKING
 from tokenmill.config import EngineConfig
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import ModelSource, resolve_model
-from tokenmill.memory_plan import RUNTIME_BYTES, CacheTooSmallError, available_ram, default_kv_cache_bytes, make_plan
+from tokenmill.memory_plan import RUNTIME_BYTES, CacheTooSmallError, available_ram, default_kv_cache_bytes
 
 if TYPE_CHECKING:
-    from tokenmill.compute import ComputeChoice
     from tokenmill.engine.llm_engine import LLMEngine
 
 log = logging.getLogger("tokenmill.server")
@@ -80,23 +79,15 @@ class ServedModel:
         """From the model's header and the memory plan, before loading (the engine's arithmetic: a draft
         model for speculative decoding included). Raises what `tokenmill plan` would (a model that is not
         there, a CacheTooSmallError for settings that cannot work)."""
-        from tokenmill.entrypoints.plan import read_model_config
+        from tokenmill.entrypoints.plan import plan_model
 
         c = engine_config
         source = resolve_model(c.model)
-        cfg, _, kind, matrices = read_model_config(c.model)
         device = _device(c.device)
         kv_bytes = c.kv_cache_memory or default_kv_cache_bytes(device != "cpu", available_ram())
-        max_len = c.max_model_len or cfg.max_position_embeddings
-        plan = make_plan(cfg, _compute(device, c.dtype, c.quantization, kind), c.block_size, kv_bytes, max_len,
-                         matrices, c.max_num_batched_tokens)
-        spec = c.speculative_config
-        if spec is not None and spec.method == "draft_model" and spec.model is not None:
-            dcfg, _, dkind, dmatrices = read_model_config(spec.model)
-            quantization = c.quantization if spec.quantization is None else \
-                None if spec.quantization == "auto" else spec.quantization
-            plan = plan.with_draft(make_plan(dcfg, _compute(device, c.dtype, quantization, dkind), c.block_size,
-                                             kv_bytes, max_len, dmatrices))
+        cfg, _, plan = plan_model(c.model, device, c.dtype, c.quantization, c.block_size, kv_bytes, c.max_model_len,
+                                  c.max_num_batched_tokens, c.speculative_config)
+        max_len = plan.max_model_len
         try:
             plan.check()
         except CacheTooSmallError:
@@ -119,14 +110,6 @@ def _device(device: str) -> str:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device.split(":")[0]
-
-
-def _compute(device: str, dtype: str, quantization: str | None, weights: str) -> ComputeChoice:
-    """The dtype and linear method the engine would pick (the rule `tokenmill plan` asks too)."""
-    from tokenmill.compute import choose_compute
-    from tokenmill.native import ggml
-
-    return choose_compute(device, dtype, quantization, weights=weights, ggml_available=ggml.available)
 
 
 def ollama_style_name(source: ModelSource) -> str:
