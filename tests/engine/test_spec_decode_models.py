@@ -66,6 +66,8 @@ def test_greedy_identical_alone_batched_and_at_the_edges(plain: LLM, drafted: LL
     assert [o.outputs[0].token_ids for o in drafted.generate(prompts, p)] == want  # batched
     assert drafted.generate(prompts[1], p)[0].outputs[0].token_ids == want[1]  # alone
     assert spec.num_draft_tokens > before + 60  # it did speculate
+    if spec.config.model is None or spec.config.quantization is None:
+        return  # the edges below matter where drafts are accepted: the quantized copy's
     # never past a stop string, a stop id or max_tokens, even when accepted drafts run past them
     prompt = chat(plain, f"Repeat this code exactly:\n{CODE}")
     ref = plain.generate(prompt, SamplingParams(temperature=0, max_tokens=40))[0].outputs[0]
@@ -79,13 +81,21 @@ def test_greedy_identical_alone_batched_and_at_the_edges(plain: LLM, drafted: LL
     assert drafted.engine.block_manager.usage == 0
 
 
-def test_draft_model_acceptance_tells_the_drafters_apart(plain: LLM, tiny_draft: Path) -> None:
-    """The measurement behind the docstring: a quantized copy of the target agrees with it far more
-    often than a random model does (each request's prompt the same, greedy)."""
+def test_draft_model_acceptance_and_its_cache_reuse(plain: LLM, tiny_draft: Path) -> None:
+    """The measurement behind the docstring: a quantized copy of the target agrees with it far more often
+    than a random model does (the same prompt, greedy). And the draft's cache is reused like the target's
+    prefix cache: the same prompt again catches the draft up on a few tokens, not the whole prompt."""
     rates = {}
+    prompt = chat(plain, f"Repeat this code exactly:\n{CODE}")
     for name in ("self_q4", "tiny"):
         llm = LLM(**{**BASE, "kv_cache_memory": KV}, speculative_config=configs(tiny_draft)[name])
-        llm.generate(chat(plain, f"Repeat this code exactly:\n{CODE}"), SamplingParams(temperature=0, max_tokens=24))
+        drafter = llm.engine.executor.worker.runner.drafter  # type: ignore[attr-defined]
+        llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24))
+        first = drafter.num_catch_up_tokens
+        assert first >= len(prompt) - 1  # a new prompt: the draft computes all of it once
+        again = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24))[0].outputs[0].token_ids
+        assert drafter.num_catch_up_tokens - first < 16 + 24  # at most the last partial block and the output
+        assert again == plain.generate(prompt, SamplingParams(temperature=0, max_tokens=24))[0].outputs[0].token_ids
         s = llm.engine.spec
         assert s is not None and s.num_draft_tokens > 0
         rates[name] = s.num_accepted_tokens / s.num_draft_tokens
@@ -93,8 +103,8 @@ def test_draft_model_acceptance_tells_the_drafters_apart(plain: LLM, tiny_draft:
 
 
 def test_prefix_cache_off_and_preemption_identical(plain: LLM, tiny_draft: Path) -> None:
-    """The draft's own cache follows the target's blocks through preemption (recomputed from scratch) and
-    without a prefix cache."""
+    """The draft's own cache follows the target's blocks through preemption and without a prefix cache
+    (layer_skip keeps no cache of its own: preemption is the target's, as for n-gram drafts)."""
     prompts = [chat(plain, p) for p in PROMPTS[:8]]
     p = SamplingParams(temperature=0, max_tokens=16)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, p)]
@@ -107,18 +117,14 @@ def test_prefix_cache_off_and_preemption_identical(plain: LLM, tiny_draft: Path)
     assert [o.outputs[0].token_ids for o in tiny.generate(prompts, p)] == want
     assert tiny.engine.scheduler.num_preemptions > 0
     assert tiny.engine.block_manager.usage == 0
-    skip = LLM(**{**BASE, "kv_cache_memory": 18 * 16 * 45 * 2**10, "max_model_len": 288},
-               speculative_config=configs(tiny_draft)["layer_skip"])  # shares the target's cache: no extra bytes
-    assert [o.outputs[0].token_ids for o in skip.generate(prompts, p)] == want
-    assert skip.engine.scheduler.num_preemptions > 0
 
 
 def test_rejection_sampling_keeps_the_distribution(plain: LLM) -> None:
-    """800 sampled 3-token continuations with a draft model (the quantized copy, whose greedy proposals are
+    """480 sampled 3-token continuations with a draft model (the quantized copy, whose greedy proposals are
     accepted often enough at temperature 1 to exercise both branches) follow the exact distribution of the
     target alone: chi-square goodness of fit, p > 0.001 (the same test fails a biased verifier:
     tests/engine/test_spec_decode.py). A short prompt: every sequence's draft first catches up on it."""
-    top_k, n_samples = 6, 800
+    top_k, n_samples = 6, 480
     prompt = plain.tokenizer.encode("red green blue red green blue red")
     probs = _chains(plain, prompt, top_k)
     cfg = SpeculativeConfig(method="draft_model", model=str(default_model_path()), quantization="auto",

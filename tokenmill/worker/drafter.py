@@ -6,7 +6,7 @@ decodes; the scheduler reserved slots for its positions e - 1 .. e - 1 + k (e = 
 the target's forward the runner hands those requests to `fill`, which drafts greedily:
 
     pass 0   the request's tokens the draft has not seen, through its last known token at e - 1 -> d_1
-             (draft_model: from draft_computed on, a catch-up chunk; layer_skip: the last token only, as
+             (draft_model: from its first invalid slot on, a catch-up chunk; layer_skip: the last token only, as
              the target wrote every earlier position of the layers both share)
     pass j   d_j at position e - 1 + j, one decode per request that wants more       -> d_{j+1}
 
@@ -15,10 +15,13 @@ and the target's forward then writes its own K/V at the same positions (layer_sk
 cache: the same layers, tokens and positions give the same keys and values). The drafts are argmax, a
 point mass, so the runner's verification (sample/spec_verify.py) stays exact at any temperature.
 
-draft_model's own cache uses the target's block ids. `draft_computed[req]`: positions whose draft K/V
-are valid; after a step that kept a of k drafts it is e + min(a, k - 1) (d_k was never fed to the draft).
-A new or resumed request starts at 0: its blocks may come from the prefix cache, which the draft did not
-necessarily compute.
+draft_model's own cache uses the target's block ids, and which of its slots hold valid draft K/V is kept
+per block (`valid[block]`: its leading slots that match the tokens there now), so a prefix-cache hit, a
+sibling of an n > 1 request or a request resumed after preemption reuses what the draft computed before:
+    the target writes positions p.. of a block (any step)       -> valid[block] = min(valid, p's slot)
+    the draft's catch-up wrote known tokens [start, e)          -> those slots valid
+    the step kept a of k drafts: d_1..d_min(a, k-1) were fed    -> those slots valid too (d_k never was)
+A request's catch-up starts at the first invalid slot of its block table.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ from tokenmill.worker.request_state import CachedRequestState
 
 class ModelDrafter:
     def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 backend: AttentionBackend, device: torch.device, vocab_size: int, *, num_layers: int | None,
-                 own_cache: bool) -> None:
+                 backend: AttentionBackend, device: torch.device, vocab_size: int, block_size: int, *,
+                 num_layers: int | None, own_cache: bool) -> None:
         """model: the draft (draft_model) or the target itself run for `num_layers` layers (layer_skip);
         kv_caches: per layer (k, v), the draft's own or the target's; vocab_size: the target's (argmax
         over those ids only)."""
@@ -45,22 +48,50 @@ class ModelDrafter:
         self.vocab_size = vocab_size
         self.num_layers = num_layers
         self.own_cache = own_cache
-        self.draft_computed: dict[str, int] = {}
+        self.block_size = block_size
+        self.valid: dict[int, int] = {}  # draft_model: block id -> leading slots with valid draft K/V
+        self.num_catch_up_tokens = 0  # known tokens the draft computed besides each request's last one
 
-    # -- request state -------------------------------------------------------------------------------
+    # -- draft K/V validity (draft_model) ------------------------------------------------------------
     def release(self, req_ids: set[str]) -> None:
-        for rid in req_ids:
-            self.draft_computed.pop(rid, None)
         self.backend.release(req_ids)
 
-    def reset(self, req_id: str) -> None:
-        """The request's blocks changed (resumed after preemption): its draft K/V are no longer known."""
-        self.draft_computed.pop(req_id, None)
+    def target_writes(self, block_table: list[int], start: int, num_tokens: int) -> None:
+        """The target computes positions [start, start + num_tokens) of a request this step."""
+        if not self.own_cache or num_tokens <= 0:
+            return
+        bs = self.block_size
+        first, last = start // bs, (start + num_tokens - 1) // bs
+        b = block_table[first]
+        self.valid[b] = min(self.valid.get(b, 0), start % bs)
+        for i in range(first + 1, last + 1):
+            self.valid.pop(block_table[i], None)
 
-    def verified(self, req_id: str, num_known: int, num_drafts: int, num_accepted: int) -> None:
-        """The step verified `num_drafts` drafts after `num_known` known tokens and kept `num_accepted`."""
+    def _mark(self, block_table: list[int], start: int, end: int) -> None:
+        """The draft's K/V at positions [start, end) now match the tokens there (kept only where they
+        extend a block's valid run)."""
+        bs = self.block_size
+        for i in range(start // bs, (end - 1) // bs + 1 if end > start else 0):
+            a, z = max(start, i * bs) - i * bs, min(end, (i + 1) * bs) - i * bs
+            b = block_table[i]
+            if self.valid.get(b, 0) >= a:
+                self.valid[b] = max(self.valid.get(b, 0), z)
+
+    def _computed(self, block_table: list[int]) -> int:
+        """Leading positions of a request whose draft K/V are valid."""
+        n = 0
+        for b in block_table:
+            v = self.valid.get(b, 0)
+            n += v
+            if v < self.block_size:
+                break
+        return n
+
+    def verified(self, st: CachedRequestState, num_drafts: int, num_accepted: int) -> None:
+        """The step verified `num_drafts` drafts after st's known tokens and kept `num_accepted`."""
         if self.own_cache:
-            self.draft_computed[req_id] = num_known + min(num_accepted, num_drafts - 1)
+            e = len(st.token_ids)
+            self._mark(st.block_ids, e, e + min(num_accepted, num_drafts - 1))
 
     # -- drafting ------------------------------------------------------------------------------------
     def fill(self, requests: dict[str, CachedRequestState], spec: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -73,10 +104,14 @@ class ModelDrafter:
         for rid in rids:
             st = requests[rid]
             e = len(st.token_ids)
-            start = min(self.draft_computed.get(rid, 0), e - 1) if self.own_cache else e - 1
+            start = min(self._computed(st.block_ids), e - 1) if self.own_cache else e - 1
             seqs.append(ScheduledSeq(rid, start, e - start, st.block_ids))
             tokens.append(st.token_ids[start:e])
+            self.num_catch_up_tokens += e - 1 - start
         drafts = {rid: [t] for rid, t in zip(rids, self._greedy(seqs, tokens))}
+        if self.own_cache:
+            for s in seqs:
+                self._mark(s.block_table, s.start, s.start + s.num_tokens)
         for j in range(1, max(want.values())):
             active = [rid for rid in rids if want[rid] > j]
             seqs = [ScheduledSeq(rid, len(requests[rid].token_ids) - 1 + j, 1, requests[rid].block_ids)

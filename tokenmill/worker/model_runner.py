@@ -108,8 +108,6 @@ class ModelRunner:
             st.token_ids.extend(c.new_token_ids[i])
             if c.resumed_from_preemption[i]:
                 st.block_ids = list(c.new_block_ids[i])
-                if self.drafter is not None:
-                    self.drafter.reset(rid)
             else:
                 st.block_ids.extend(c.new_block_ids[i])
             st.num_computed_tokens = c.num_computed_tokens[i]
@@ -204,6 +202,9 @@ class ModelRunner:
             return result
         spec = so.spec_token_ids
         if self.drafter is not None:
+            for rid, num in so.num_scheduled_tokens.items():
+                st = self.requests[rid]
+                self.drafter.target_writes(st.block_ids, st.num_computed_tokens, num)
             spec = self.drafter.fill(self.requests, spec)  # before the target: its forward verifies them
         input_ids, positions, attn, sample_idx, rows, prompt_rows = self._prepare_inputs(so, spec)
         hidden = self.model.forward(input_ids, positions, attn)
@@ -221,7 +222,7 @@ class ModelRunner:
             drafts = spec.get(r.req_id, [])
             n_keep = self.verify(out.token_ids[i : i + len(drafts) + 1], drafts) if drafts else 0  # spec_verify.py
             if drafts and self.drafter is not None:
-                self.drafter.verified(r.req_id, len(r.token_ids), len(drafts), n_keep)
+                self.drafter.verified(self.requests[r.req_id], len(drafts), n_keep)
             result.sampled_token_ids[r.req_id] = drafts[:n_keep] + [out.token_ids[i + n_keep]]
             n = r.sampling_params.logprobs
             if n is not None:

@@ -76,14 +76,14 @@ class Worker:
         vocab = config.model_config.vocab_size
         if draft.source is None:
             return ModelDrafter(target, per_layer_views(target_kv), create_attention_backend(name, bs, device, target_kv),
-                                device, vocab, num_layers=draft.num_layers, own_cache=False)
+                                device, vocab, bs, num_layers=draft.num_layers, own_cache=False)
         dcfg = draft.model_config
         assert dcfg is not None
         model = load_model(draft.source, dcfg, draft.linear_method, draft.requant_type, config.max_model_len,
                            device, dtype, config.progress)
         kv = allocate_kv_cache(dcfg.num_layers, config.num_blocks, bs, dcfg.num_kv_heads, dcfg.head_dim, dtype, device)
         return ModelDrafter(model, per_layer_views(kv), create_attention_backend(name, bs, device, kv), device, vocab,
-                            num_layers=None, own_cache=True)
+                            bs, num_layers=None, own_cache=True)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)
