@@ -45,6 +45,8 @@ def main() -> None:
     cases = {}
     for name, msgs in convs.items():
         ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # newer transformers answer a BatchEncoding
+            ids = ids["input_ids"]
         prompt = TokensPrompt(prompt_token_ids=list(ids))
         llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)  # warm, cache
         t, n = 0.0, 0

@@ -10,6 +10,8 @@ run() { name=$1; shift; echo "== $name $(date +%T) load: $(cut -d' ' -f1-3 /proc
         timeout 1200 $TM bench spec "$@" --result-json $D/$name.json > /dev/null 2>> $D/stderr.txt
         echo "   done $(date +%T) load: $(cut -d' ' -f1-3 /proc/loadavg)" >> $D/load.txt; }
 run ngram-c1-grounded --workload grounded --concurrency 1 --repeats 4 --output-len 128
+run ngram-fp32-c1-grounded --workload grounded --concurrency 1 --repeats 4 --output-len 128 \
+    --quantization dequantize --dtype float32
 run draft-q4-for-fp32-c1-grounded --workload grounded --concurrency 1 --repeats 4 --output-len 128 \
     --quantization dequantize --dtype float32 \
     --speculative-config "{\"method\": \"draft_model\", \"model\": \"$M\", \"quantization\": \"auto\"}"
@@ -17,8 +19,6 @@ run layer-skip-8-c1-grounded --workload grounded --concurrency 1 --repeats 2 --o
     --speculative-config '{"method": "layer_skip", "num_draft_layers": 8}'
 run layer-skip-8-always-c1-grounded --workload grounded --concurrency 1 --repeats 2 --output-len 128 \
     --speculative-config '{"method": "layer_skip", "num_draft_layers": 8, "min_acceptance_rate": 0.0}'
-run layer-skip-20-always-c1-grounded --workload grounded --concurrency 1 --repeats 2 --output-len 128 \
-    --speculative-config '{"method": "layer_skip", "num_draft_layers": 20, "min_acceptance_rate": 0.0}'
 run ngram-c1-random --workload random --concurrency 1 --repeats 4 --output-len 64
 run ngram-c16-random --workload random --concurrency 16 --repeats 4 --output-len 64
 run draft-q4-for-fp32-c16-random --workload random --concurrency 16 --repeats 4 --output-len 64 \
