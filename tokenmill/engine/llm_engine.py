@@ -84,7 +84,7 @@ class LLMEngine:
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()
         self.plan: MemoryPlan = make_plan(cfg, self.platform.compute, config.block_size, kv_bytes, self.max_model_len,
                                          matrices, max_chunk_tokens=config.max_num_batched_tokens)
-        draft = self._draft_config(config, kv_bytes, progress)
+        draft = self._draft_config(config, kv_bytes)
         for line in self.plan.lines():
             log.info("memory plan: %s", line)
         self.plan.check()  # refuse settings that cannot work, before loading anything big
@@ -120,7 +120,7 @@ class LLMEngine:
                  cfg.num_parameters() / 1e6, experts, cfg.quantization, compute.dtype, compute.linear_method,
                  self.platform.device, self.max_model_len, cfg.max_position_embeddings, self.load_time)
 
-    def _draft_config(self, config: EngineConfig, kv_bytes: int, progress: bool) -> DraftConfig | None:
+    def _draft_config(self, config: EngineConfig, kv_bytes: int) -> DraftConfig | None:
         """The workers' drafter for a model-based speculative method, checked now: layer_skip's layer count
         against the target's; draft_model's vocabulary against the target's (refused with the first
         difference), its weights and cache added to the memory plan."""
