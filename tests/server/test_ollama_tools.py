@@ -16,6 +16,7 @@ import httpx
 import pytest
 from conftest import API_KEY
 from server_process import ServerProcess
+from test_server_tool_calling import few_shot as few_shot_openai  # the same conversation in OpenAI's shape
 
 ollama = pytest.importorskip("ollama")
 
@@ -48,19 +49,6 @@ def few_shot_ollama() -> list[dict[str, Any]]:
                      {"role": "assistant", "content": "",
                       "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": city}}}]},
                      {"role": "tool", "content": weather, "tool_name": "get_weather"},
-                     {"role": "assistant", "content": f"It is {weather} in {city}."}]
-    return messages + [{"role": "user", "content": "What is the weather in Tokyo?"}]
-
-
-def few_shot_openai() -> list[dict[str, Any]]:
-    """The same conversation in OpenAI's shape (ids link the results to their calls)."""
-    messages: list[dict[str, Any]] = []
-    for i, (city, weather) in enumerate(CITIES):
-        messages += [{"role": "user", "content": f"What is the weather in {city}?"},
-                     {"role": "assistant", "content": None, "tool_calls": [
-                         {"id": f"call{i}", "type": "function",
-                          "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]},
-                     {"role": "tool", "tool_call_id": f"call{i}", "content": weather},
                      {"role": "assistant", "content": f"It is {weather} in {city}."}]
     return messages + [{"role": "user", "content": "What is the weather in Tokyo?"}]
 
