@@ -107,6 +107,10 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     truncation_side: str = "left"  # with truncate_prompt_tokens: "left" keeps the last N tokens, "right" the first N
     structured_outputs: StructuredOutputsParams | None = None  # a grammar the output must follow
+    # vLLM's: requests share prefix-cache blocks only with requests of the same salt (None: with all unsalted
+    # ones), so one tenant cannot time another's cached prompts. vLLM carries it on the prompt; here it
+    # travels with the request's settings.
+    cache_salt: str | None = None
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -152,6 +156,8 @@ class SamplingParams:
             bad("prompt_logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             bad("truncate_prompt_tokens", f"must be at least 1, got {self.truncate_prompt_tokens}")
+        if self.cache_salt is not None and not self.cache_salt:  # vLLM's wording
+            raise ParamError("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
         if self.truncation_side not in ("left", "right"):
             bad("truncation_side", f"must be 'left' or 'right', got {self.truncation_side!r}")
         if len(self.stop_strings) > MAX_STOP_STRINGS:

@@ -16,7 +16,7 @@ from tokenmill.engine.block_manager import LEFT_WINDOW, BlockManager
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.engine.scheduler import Scheduler, SchedulerConfig
 from tokenmill.engine.stop_checker import token_stop
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import ParamError, SamplingParams
 from tokenmill.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 EOS = 0
@@ -175,6 +175,31 @@ def test_prefix_hit_is_confirmed_against_tokens() -> None:
     bm.compute_block_hashes(c)
     c.block_hashes[0] = a.block_hashes[0]
     assert bm.find_cached_prefix(c) == []
+
+
+def test_cache_salt_partitions_the_prefix_cache() -> None:
+    """Blocks are shared only between requests of one salt: an unsalted or differently salted twin misses,
+    the same salt hits."""
+    bm = BlockManager(16, 4)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+    def cached(salt: str | None) -> Request:
+        r = Request(f"r{salt}", prompt, SamplingParams(max_tokens=1, cache_salt=salt), 1)
+        bm.allocate(r, 9)
+        r.num_computed_tokens = 9
+        bm.cache_full_blocks(r)
+        return r
+
+    a = cached("tenant-a")
+    for salt in (None, "tenant-b"):
+        assert bm.find_cached_prefix(Request("x", prompt, SamplingParams(max_tokens=1, cache_salt=salt), 1)) == []
+    assert bm.find_cached_prefix(Request("y", prompt, SamplingParams(max_tokens=1, cache_salt="tenant-a"),
+                                         1)) == a.block_ids[:2]
+    plain = cached(None)
+    assert bm.find_cached_prefix(Request("z", prompt, SamplingParams(max_tokens=1), 1)) == plain.block_ids[:2]
+    assert plain.block_ids[:2] != a.block_ids[:2]
+    with pytest.raises(ParamError, match="cache_salt"):
+        SamplingParams(cache_salt="")
 
 
 def test_freed_blocks_stay_cached_until_evicted() -> None:

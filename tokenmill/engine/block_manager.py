@@ -77,11 +77,18 @@ class BlockManager:
     def chain_hash(parent: int, tokens: tuple[int, ...]) -> int:
         return hash((parent, tokens))
 
+    @staticmethod
+    def root_hash(req: Request) -> int:
+        """The parent of a request's first block: one root for all, or one per cache_salt (vLLM's
+        field), so that requests salted differently never share cached blocks."""
+        salt = req.sampling_params.cache_salt
+        return _ROOT_HASH if salt is None else hash((_ROOT_HASH, salt))
+
     def compute_block_hashes(self, req: Request) -> None:
         """Extend req.block_hashes to cover every full block of req.token_ids."""
         bs = self.block_size
         n_full = len(req.token_ids) // bs
-        parent = req.block_hashes[-1] if req.block_hashes else _ROOT_HASH
+        parent = req.block_hashes[-1] if req.block_hashes else self.root_hash(req)
         for i in range(len(req.block_hashes), n_full):
             parent = self.chain_hash(parent, tuple(req.token_ids[i * bs : (i + 1) * bs]))
             req.block_hashes.append(parent)
@@ -94,7 +101,7 @@ class BlockManager:
         self.compute_block_hashes(req)
         max_blocks = (req.num_tokens - 1) // self.block_size
         hit: list[int] = []
-        parent = _ROOT_HASH
+        parent = self.root_hash(req)
         bs = self.block_size
         for i in range(max_blocks):
             h = req.block_hashes[i]
@@ -132,7 +139,7 @@ class BlockManager:
             h = req.block_hashes[i]
             if h in self.cached:
                 continue  # another block already holds this prefix; keep the first
-            parent = req.block_hashes[i - 1] if i else _ROOT_HASH
+            parent = req.block_hashes[i - 1] if i else self.root_hash(req)
             blk.block_hash, blk.key = h, (parent, tuple(req.token_ids[i * bs : (i + 1) * bs]))
             self.cached[h] = blk.block_id
 

@@ -108,6 +108,7 @@ class SamplingFields(_Request):
     truncation_side: Literal["left", "right"] | None = None  # None: left (cut the start, keep the last N)
     prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, top N each (not with stream)
     return_token_ids: bool | None = False  # prompt_token_ids and each choice's token_ids in the answer
+    cache_salt: str | None = None  # prefix-cache blocks are shared only among requests with the same salt
     # vLLM's beam search fields: declared so a client hears why they are refused (no beam search yet),
     # not "unknown field"; use_beam_search false and the neutral values are accepted
     use_beam_search: bool | None = False

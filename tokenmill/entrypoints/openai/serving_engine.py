@@ -137,6 +137,7 @@ class OpenAIServing:
                 truncate_prompt_tokens=req.truncate_prompt_tokens,
                 truncation_side=req.truncation_side or "left",
                 structured_outputs=self.structured_outputs(req),
+                cache_salt=req.cache_salt,
             )
         except ParamError as e:
             raise bad_request(e.message, e.field) from None
