@@ -77,6 +77,16 @@ def test_one_matmul_per_type_against_fp32(type_name: str, repack: bool) -> None:
     ref = F.linear(x.double(), w_deq.double()).float()
     err = float((y - ref).norm() / ref.norm())
     assert err < 2e-2, f"{type_name} repack={repack}: relative error {err:.2e}"
+    # the thread count changes nothing (layers/thread_choice.py picks one or all per call): ggml splits
+    # by output rows, each computed whole by one thread
+    for rows in (1, 4, 17):
+        xs = x[:rows].contiguous()
+        outs = []
+        for threads in (1, 2, 3):
+            out = torch.empty(rows, n)
+            layer.matmul(xs.data_ptr(), rows, out.data_ptr(), threads)
+            outs.append(out)
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), f"{type_name}: result depends on the thread count"
     # row independence: on plain blocks each row alone gives exactly its row of the batch; ggml's repacked
     # kernels run 4-row tiles and a 1-row path that round differently, so there only closeness holds
     repacked = any(w.repacked for w in layer.matmul.weights)

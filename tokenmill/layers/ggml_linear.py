@@ -36,6 +36,7 @@ from torch import nn
 
 from tokenmill.compute import UNQUANTIZED_TYPES, requant_type_for
 from tokenmill.layers.linear import Linear, LinearMethod
+from tokenmill.layers.thread_choice import ThreadChooser
 from tokenmill.loader.weights import GGUFQuantized, nothing
 from tokenmill.native import ggml
 
@@ -43,11 +44,6 @@ log = logging.getLogger("tokenmill")
 
 _TILE_ELEMS = 1 << 22  # dense path: dequantize at most 4M values (16 MB fp32) at a time
 _CALIBRATION_ROWS = (4, 8, 16, 32, 64, 128, 256)
-# ggml's kernels run on one thread below this many multiply-adds: a decode step's small matmuls (SmolLM2's
-# gate|up at one row: 1.8M) take 25-100 us, and a 2-thread region costs more than it saves there, up to
-# 10-40x more when another process holds a core (one stream measured 49.6 tok/s on 1 thread and 1.2 tok/s
-# on 2 with a test suite on the other core). The output layer at one row (28M) and batches still split.
-_PARALLEL_MACS = 1 << 24
 
 
 def to_blocks(tensor: torch.Tensor, type_name: str) -> GGUFQuantized:
@@ -91,6 +87,15 @@ class GGUFLinearMethod(LinearMethod):
         self.max_ggml_rows: int = int(env) if env else 16  # until calibrate() measures it
         self._fixed_rows = env is not None
         self._scratch = _Scratch()
+        self._threads = ThreadChooser(1)  # one thread or all for each ggml call (layers/thread_choice.py)
+
+    @property
+    def threads(self) -> ThreadChooser:
+        """The chooser for torch's current team size (a new one when the team changed)."""
+        team = torch.get_num_threads()
+        if self._threads.team != team:
+            self._threads = ThreadChooser(team)
+        return self._threads
 
     # -- weights ---------------------------------------------------------------------------------------
     def create_weights(self, layer: Linear) -> None:
@@ -172,10 +177,10 @@ class GGUFLinearMethod(LinearMethod):
         assert layer.matmul is not None, "finish_loading() builds the matmul"
         x32 = x.to(torch.float32).contiguous()
         y = torch.empty(x.shape[0], layer.out_features, dtype=torch.float32)
-        m = x.shape[0]
+        m, mm = x.shape[0], layer.matmul
         if m:
-            threads = torch.get_num_threads() if m * layer.in_features * layer.out_features >= _PARALLEL_MACS else 1
-            layer.matmul(x32.data_ptr(), m, y.data_ptr(), threads)
+            xp, yp = x32.data_ptr(), y.data_ptr()
+            self.threads.run(m * layer.in_features * layer.out_features, lambda t: mm(xp, m, yp, t))
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def _dense(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
@@ -208,8 +213,9 @@ class GGUFLinearMethod(LinearMethod):
         x32 = x.to(torch.float32).contiguous()
         y = torch.empty(x.shape[0], n_out, dtype=torch.float32)
         if x.shape[0]:
-            threads = torch.get_num_threads() if x.shape[0] * k * n_out >= _PARALLEL_MACS else 1
-            ggml.matmul_grouped(weights, counts, x32.data_ptr(), k, y.data_ptr(), n_out, threads)
+            xp, yp = x32.data_ptr(), y.data_ptr()
+            self.threads.run(x.shape[0] * k * n_out,
+                             lambda t: ggml.matmul_grouped(weights, counts, xp, k, yp, n_out, t))
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     # -- the crossover -----------------------------------------------------------------------------------
