@@ -34,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     except NativeBuildError as e:
         failed = True
         print(f"tokenmill native: kernels not built, the torch path will run: {e}", file=sys.stderr)
+    from tokenmill.native import block_matmul
+
+    try:
+        print(f"tokenmill native: block matmul at {build_library('tokenmill_block_matmul', [block_matmul.SOURCE], block_matmul.FLAGS)}")
+    except NativeBuildError as e:
+        failed = True
+        print(f"tokenmill native: block matmul not built, ggml's kernels will run: {e}", file=sys.stderr)
     return 1 if failed and args.strict else 0
 
 

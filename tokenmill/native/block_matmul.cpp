@@ -1,0 +1,281 @@
+// y = x . W^T for a GGUF matrix W kept in its file's blocks (Q4_0, Q4_1, Q8_0), for a few rows of x at a
+// time (decode batches, speculative verification). Like ggml's kernels it quantizes each row of x to 8 bits
+// per 32-block (scale amax / 127) and takes integer dot products; unlike them it unpacks each weight block
+// once and multiplies it into up to 8 rows of x, so M rows cost well under M one-row calls (ggml dots each
+// (weight row, x row) pair on its own: its cost grows with M from the first row).
+//
+// Plain C++ (no torch, no ggml headers), called through ctypes from block_matmul.py.
+//
+//   tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads)
+//     W: N rows of K/32 blocks (ggml's layout: Q4_0 {f16 d; u8 qs[16]}, Q4_1 {f16 d; f16 m; u8 qs[16]},
+//        Q8_0 {f16 d; i8 qs[32]}; byte j of qs holds element j in its low nibble, element j + 16 in its high)
+//     x: (M, K) fp32, rows ldx apart; y: (M, N) fp32, rows ldy apart. K % 32 == 0.
+//   tm_block_matmul_grouped: groups of consecutive rows of x, each times its own matrix (a mixture of
+//     experts' layer in one call).
+//
+// Invariant: y[m, n] depends only on x[m, :] and W[n, :]: each output is accumulated in one fixed order
+// (blocks in order, then the lanes) whatever M, the grouping of rows or the thread count, so a row gives
+// the same bits alone or in any batch.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(TM_PORTABLE)
+#include <immintrin.h>
+#define TM_AVX2 1
+#endif
+
+namespace {
+
+enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type numbers
+
+inline float half_to_float(uint16_t h) {
+#ifdef TM_AVX2
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else {  // subnormal: normalize
+            int e = -1;
+            uint32_t m = man;
+            do {
+                ++e;
+                m <<= 1;
+            } while (!(m & 0x400));
+            u = sign | uint32_t(127 - 15 - e) << 23 | (m & 0x3ff) << 13;
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | man << 13;
+    } else {
+        u = sign | (exp + 127 - 15) << 23 | man << 13;
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+
+template <int TYPE>
+constexpr int64_t block_bytes() {
+    return TYPE == kQ4_0 ? 18 : TYPE == kQ4_1 ? 20 : 34;
+}
+
+// x rows quantized per 32-block: q (M, K) int8, and per (row, block) the scale d and s = d * sum(q)
+struct QuantX {
+    std::vector<int8_t> q;
+    std::vector<float> d, s;
+};
+
+void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, QuantX& out) {
+    const int64_t nb = K / 32;
+    out.q.resize(size_t(M * K));
+    out.d.resize(size_t(M * nb));
+    out.s.resize(size_t(M * nb));
+    for (int64_t r = 0; r < M; ++r)
+        for (int64_t b = 0; b < nb; ++b) {
+            const float* xb = x + r * ldx + 32 * b;
+            float amax = 0.0f;
+            for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+            const float d = amax / 127.0f, id = d > 0.0f ? 127.0f / amax : 0.0f;
+            int8_t* qb = out.q.data() + r * K + 32 * b;
+            int sum = 0;
+            for (int i = 0; i < 32; ++i) {
+                const int v = int(std::nearbyint(xb[i] * id));
+                qb[i] = int8_t(v);
+                sum += v;
+            }
+            out.d[size_t(r * nb + b)] = d;
+            out.s[size_t(r * nb + b)] = d * float(sum);
+        }
+}
+
+#ifdef TM_AVX2
+inline float hsum8(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+// rows [0, R) of the quantized x (row stride K) against weight row `wrow` -> y[r * ldy]
+template <int TYPE, int R>
+inline void dot_rows(const uint8_t* wrow, int64_t nb, const int8_t* xq, const float* xd, const float* xs,
+                     int64_t K, float* y, int64_t ldy) {
+#ifdef TM_AVX2
+    __m256 acc[R];
+    float off[R];  // the blocks' offset terms (Q4_1's min, Q4_0's -8), summed in block order
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), off[r] = 0.0f;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = wrow + b * block_bytes<TYPE>();
+        const float dw = half_to_float(load_u16(blk));
+        __m256i w;  // unsigned (Q4) or |w| (Q8_0) bytes, element order
+        __m256i wsign = _mm256_setzero_si256();
+        float mw = 0.0f;
+        if constexpr (TYPE == kQ8_0) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+            w = _mm256_sign_epi8(raw, raw);
+            wsign = raw;
+        } else {
+            const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (TYPE == kQ4_1 ? 4 : 2)));
+            const __m128i mask = _mm_set1_epi8(0x0f);
+            w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+            mw = TYPE == kQ4_1 ? half_to_float(load_u16(blk + 2)) : -8.0f * dw;
+        }
+        for (int r = 0; r < R; ++r) {
+            __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + 32 * b));
+            if constexpr (TYPE == kQ8_0) xv = _mm256_sign_epi8(xv, wsign);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);  // 8 x i32
+            const float scale = dw * xd[r * nb + b];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale), acc[r]);
+            if constexpr (TYPE != kQ8_0) off[r] = std::fma(mw, xs[r * nb + b], off[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) y[r * ldy] = hsum8(acc[r]) + off[r];
+#else
+    float acc[R][8], off[R];
+    for (int r = 0; r < R; ++r) {
+        off[r] = 0.0f;
+        for (int l = 0; l < 8; ++l) acc[r][l] = 0.0f;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = wrow + b * block_bytes<TYPE>();
+        const float dw = half_to_float(load_u16(blk));
+        int wv[32];
+        float mw = 0.0f;
+        for (int e = 0; e < 32; ++e) {
+            if constexpr (TYPE == kQ8_0) {
+                wv[e] = int8_t(blk[2 + e]);
+            } else {
+                const uint8_t byte = blk[(TYPE == kQ4_1 ? 4 : 2) + (e & 15)];
+                wv[e] = e < 16 ? (byte & 0x0f) : (byte >> 4);
+            }
+        }
+        if constexpr (TYPE != kQ8_0) mw = TYPE == kQ4_1 ? half_to_float(load_u16(blk + 2)) : -8.0f * dw;
+        for (int r = 0; r < R; ++r) {
+            const int8_t* xb = xq + r * K + 32 * b;
+            const float scale = dw * xd[r * nb + b];
+            for (int l = 0; l < 8; ++l) {  // lane l: elements [4l, 4l + 4), as AVX2's maddubs + madd pair them
+                const int e0 = 4 * l;
+                int p = 0;
+                for (int j = 0; j < 4; ++j) p += wv[e0 + j] * xb[e0 + j];
+                acc[r][l] = std::fma(float(p), scale, acc[r][l]);
+            }
+            if constexpr (TYPE != kQ8_0) off[r] = std::fma(mw, xs[r * nb + b], off[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) {  // the AVX2 order: halves, then pairs, then the last two
+        float s[4];
+        for (int i = 0; i < 4; ++i) s[i] = acc[r][i] + acc[r][i + 4];
+        y[r * ldy] = ((s[0] + s[2]) + (s[1] + s[3])) + off[r];
+    }
+#endif
+}
+
+// weight rows [n0, n1) of W against the M quantized rows of x -> y[:, n] (rows ldy apart)
+template <int TYPE>
+void rows_block(const uint8_t* W, int64_t n0, int64_t n1, int64_t K, const int8_t* xq, const float* xd,
+                const float* xs, int64_t M, float* y, int64_t ldy) {
+    const int64_t nb = K / 32, row_bytes = nb * block_bytes<TYPE>();
+    for (int64_t n = n0; n < n1; ++n) {
+        const uint8_t* wrow = W + n * row_bytes;
+        for (int64_t r = 0; r < M; r += 8) {
+            const int8_t* xr = xq + r * K;
+            const float *dr = xd + r * nb, *sr = xs + r * nb;
+            float* yr = y + r * ldy + n;
+            switch (M - r < 8 ? M - r : 8) {
+                case 8: dot_rows<TYPE, 8>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
+                case 7: dot_rows<TYPE, 7>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
+                case 6: dot_rows<TYPE, 6>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
+                case 5: dot_rows<TYPE, 5>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
+                case 4: dot_rows<TYPE, 4>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
+                case 3: dot_rows<TYPE, 3>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
+                case 2: dot_rows<TYPE, 2>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
+                default: dot_rows<TYPE, 1>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
+            }
+        }
+    }
+}
+
+// Groups g of rows [starts[g], starts[g] + counts[g]) of x, each times its own (N, K) matrix W[g] (one
+// group: a plain matmul). Work items are (group, 16 weight rows): a chunk's weight rows share the group's
+// x rows in L1, and the items spread over threads.
+template <int TYPE>
+void block_matmul(const uint8_t* const* W, int64_t groups, const int64_t* starts, const int64_t* counts,
+                  int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
+                  int nthreads) {
+    const int64_t nb = K / 32;
+    thread_local QuantX qx;
+    quantize_rows(x, ldx, M, K, qx);
+    const int8_t* xq = qx.q.data();
+    const float *xd = qx.d.data(), *xs = qx.s.data();
+    const int64_t chunks = (N + 15) / 16, items = groups * chunks;
+    auto item = [&](int64_t it) {
+        const int64_t g = it / chunks, c = it % chunks, r0 = starts[g], m = counts[g];
+        if (m <= 0) return;
+        rows_block<TYPE>(W[g], 16 * c, std::min<int64_t>(N, 16 * c + 16), K, xq + r0 * K, xd + r0 * nb,
+                         xs + r0 * nb, m, y + r0 * ldy, ldy);
+    };
+#if defined(_OPENMP)
+    if (nthreads > 1 && items > 1) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t it = 0; it < items; ++it) item(it);
+        return;
+    }
+#endif
+    for (int64_t it = 0; it < items; ++it) item(it);
+}
+
+template <typename... A>
+int dispatch(int type, A... args) {
+    switch (type) {
+        case kQ4_0: block_matmul<kQ4_0>(args...); return 0;
+        case kQ4_1: block_matmul<kQ4_1>(args...); return 0;
+        case kQ8_0: block_matmul<kQ8_0>(args...); return 0;
+        default: return -1;
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+int tm_block_matmul_abi() { return 2; }
+
+// 1 when `type` is one this library multiplies
+int tm_block_matmul_supports(int type) { return type == kQ4_0 || type == kQ4_1 || type == kQ8_0; }
+
+// See the header. Returns 0; -1 for a type it does not take; -2 when K % 32 != 0.
+int tm_block_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
+                    float* y, int64_t ldy, int nthreads) {
+    if (K % 32) return -2;
+    const auto* w = static_cast<const uint8_t*>(W);
+    const int64_t zero = 0;
+    return dispatch(type, &w, int64_t(1), &zero, &M, N, K, x, ldx, M, y, ldy, nthreads);
+}
+
+// A mixture of experts: rows [starts[g], starts[g] + counts[g]) of x (M, K) times W[g] (N, K), all of one
+// type, into the same rows of y (M, N). Each group computes exactly what tm_block_matmul on its rows does.
+int tm_block_matmul_grouped(int type, const void* const* W, int64_t groups, const int64_t* starts,
+                            const int64_t* counts, int64_t N, int64_t K, const float* x, int64_t M, float* y,
+                            int nthreads) {
+    if (K % 32) return -2;
+    return dispatch(type, reinterpret_cast<const uint8_t* const*>(W), groups, starts, counts, N, K, x, K, M, y, N,
+                    nthreads);
+}
+
+}  // extern "C"
