@@ -70,3 +70,6 @@ class RequestOutput:
     # prompt_logprobs=N: one entry per prompt token, the first None (nothing comes before it to score it);
     # each the model's raw log-softmax of that token given the ones before it, with the top-N alternatives
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # the error comes from the request's own input, not from the engine: a constraint whose text the
+    # model's vocabulary cannot write (the grammar refused every token it allowed); the API answers 400
+    error_from_input: bool = False

@@ -176,6 +176,10 @@ def test_regex_choice_grammar_and_json_on_both_endpoints(client: openai.OpenAI, 
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex", "one output constraint"),
     ({"response_format": {"type": "json_schema"}}, "response_format", "needs a json_schema"),
     ({"response_format": {"type": "yaml"}}, None, "json_schema"),
+    # text the vocabulary cannot write (SmolLM2 has no token for the byte 0xF1 that U+7DA03 starts with):
+    # a choice is refused before it runs; a regex only once the grammar refuses what the mask allowed
+    ({"guided_choice": ["ok", "\x8c\U0007da03hr"]}, "guided_choice", "U+7DA03"),
+    ({"guided_regex": "a\U0007da03"}, "structured_outputs", "cannot write"),
 ])
 def test_bad_constraints_are_400s_in_openai_shape(client: openai.OpenAI, extra: dict[str, Any], param: str | None,
                                                   words: str) -> None:

@@ -253,7 +253,10 @@ class LLMEngine:
                 status = self.stop_checker.check(req, seq)  # the one place that decides
                 if status is not None:
                     if status is RequestStatus.FINISHED_ERROR and req.grammar is not None:
-                        st.error = f"structured output: the grammar refused the sampled token ({req.grammar.get_error()})"
+                        # the mask allowed a token the grammar then refused: text the vocabulary cannot write
+                        st.error = ("structured output: the constraint needs text this model's vocabulary cannot "
+                                    f"write (the grammar refused the sampled token: {req.grammar.get_error()})")
+                        st.error_from_input = True
                     self.scheduler.finish(req, status)
                     break
             touched[group_id] = None

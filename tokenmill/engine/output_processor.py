@@ -47,6 +47,7 @@ class RequestState:
     hold_back: int = 0
     finished_emitted: bool = False
     error: str | None = None
+    error_from_input: bool = False  # see RequestOutput
     # prompt_logprobs=N: entry i scores prompt token i, filled as prefill chunks run (entry 0 stays None)
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     metrics: RequestMetrics = field(init=False)
@@ -104,5 +105,5 @@ class OutputProcessor:
             st.metrics.num_preemptions = sum(s.request.num_preemptions for s in st.seqs)
             st.metrics.num_cached_tokens = first.num_cached_tokens
         return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, outs, finished, st.metrics, st.error,
-                             st.prompt_logprobs)
+                             st.prompt_logprobs, st.error_from_input)
 

@@ -45,6 +45,7 @@ class StructuredOutputManager:
         self._templates: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
         self._executor: llguidance.LLExecutor | None = None
+        self._producible: dict[str, bool] = {}  # character -> the tokenizer can write it
         self.num_compiled = 0  # grammars compiled (not served from the cache)
         self.mask_seconds = 0.0  # spent filling bitmasks and advancing matchers (the bench reports it per token)
         self.num_masks = 0  # bitmask rows filled
@@ -66,6 +67,8 @@ class StructuredOutputManager:
             if hit is not None:
                 self._templates.move_to_end(key)
                 return hit
+        if spec.choice is not None:
+            self._check_producible(spec)
         grammar = grammar_text(spec)
         matcher = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0)
         if matcher.is_error():
@@ -76,6 +79,21 @@ class StructuredOutputManager:
             while len(self._templates) > CACHE_SIZE:
                 self._templates.popitem(last=False)
         return matcher
+
+    def _check_producible(self, spec: StructuredOutputsParams) -> None:
+        """A choice must be text this vocabulary can write: a byte-level vocabulary may lack some bytes
+        (SmolLM2's has no token for 0xF1, 0xF2 or a few control bytes), and then no sampled token could
+        ever match, so the request is refused before it runs. A character counts as writable when the
+        tokenizer's round trip keeps it (cached per character)."""
+        for choice in spec.choice or []:
+            for ch in dict.fromkeys(choice):
+                ok = self._producible.get(ch)
+                if ok is None:
+                    ok = self._producible[ch] = ch in self.tokenizer.decode(
+                        self.tokenizer.encode(ch, add_special_tokens=False), skip_special_tokens=False)
+                if not ok:
+                    raise ParamError(spec.source, f"choice {choice!r} has a character this model's vocabulary "
+                                                  f"cannot write: U+{ord(ch):04X}")
 
     def fill_bitmask(self, matchers: list[llguidance.LLMatcher], drafts: list[list[int]] | None = None) -> np.ndarray:
         """(G, W) int32: the next-token masks of these matchers, in order. With drafts (speculative

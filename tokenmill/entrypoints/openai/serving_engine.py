@@ -307,6 +307,8 @@ class OpenAIServing:
     def check_finished(self, out: RequestOutput) -> None:
         """Turn an aborted or failed final output into the APIError the client should see."""
         reasons = {c.finish_reason for c in out.outputs}
+        if out.error_from_input:  # the request's constraint cannot be met by this vocabulary
+            raise bad_request(out.error or "the request's input cannot be met", "structured_outputs")
         if FinishReason.ERROR in reasons or out.error and FinishReason.ABORT not in reasons:
             raise APIError(500, f"the request failed: {out.error or 'error inside the engine'}")
         if FinishReason.ABORT in reasons:
