@@ -50,7 +50,6 @@ class ThreadChooser:
         self.team = team
         self.clock = clock
         self.classes: dict[int, _SizeClass] = {}
-        self.probes = 0  # probes run, for tests and logs
 
     def run(self, macs: int, call: Callable[[int], None]) -> None:
         """call(threads) with the chosen thread count, timed."""
@@ -84,7 +83,6 @@ class ThreadChooser:
                 c.next_probe = c.calls + 1  # all threads suddenly dear (a core taken?): try one now
             return
         # a probe of the other choice
-        self.probes += 1
         old = c.cost.get(threads)
         c.cost[threads] = per_mac if old is None else old + _ALPHA_PROBE * (per_mac - old)
         cur = c.cost.get(c.threads)
@@ -96,12 +94,3 @@ class ThreadChooser:
 
     def _other(self, threads: int) -> int:
         return self.team if threads == 1 else 1
-
-    def summary(self) -> str:
-        """Each size class's choice and costs (ns per 1k multiply-adds), for the log."""
-        parts = []
-        for key in sorted(self.classes):
-            c = self.classes[key]
-            costs = "/".join(f"{t}t {v * 1e3:.2f}" for t, v in sorted(c.cost.items()))
-            parts.append(f"2^{key - 1}..2^{key} MACs: {c.threads} thread(s) ({costs or 'untimed'})")
-        return "; ".join(parts)
