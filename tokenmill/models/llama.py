@@ -10,6 +10,7 @@ Shapes: T = tokens in the step (all requests, flattened), D = hidden, nh/nkv = h
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -23,6 +24,9 @@ from tokenmill.layers.mlp import GatedMLP
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, attention_factor, inv_frequencies, rotate_
 from tokenmill.loader.model_config import ModelConfig
+from tokenmill.models.native_decode import NativeDecode, unsupported
+
+log = logging.getLogger("tokenmill")
 
 
 class LlamaAttention(nn.Module):
@@ -112,6 +116,7 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(m, RMSNorm):
                 m.weight.is_required = False  # type: ignore[attr-defined]
         self.rope: RotaryEmbedding | None = None
+        self.native_decode: NativeDecode | None = None  # decode steps in one native call (finish_loading)
         self._rope_freqs: torch.Tensor | None = None
 
     def make_mlp(self, cfg: ModelConfig, method: LinearMethod) -> nn.Module:
@@ -139,6 +144,11 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(m, Linear):
                 m.finish_loading()
         self.rope = self.make_rotary(device, dtype)
+        if device.type == "cpu":
+            reason = unsupported(self)
+            self.native_decode = NativeDecode(self) if reason is None else None
+            log.info("decode steps: %s", "one native call (native/decode_step.cpp)" if reason is None else
+                     f"layer by layer ({reason})")
 
     def rope_scaling(self) -> dict[str, Any] | None:
         """The rope scaling the tables are built with: the config's (a family may complete it from
@@ -160,6 +170,10 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: (T,) -> final hidden states (T, D). `num_layers`: run only the first
         that many layers, then the final norm (layer-skip drafting)."""
         assert self.rope is not None, "call finish_loading() first"
+        if self.native_decode is not None:
+            hidden = self.native_decode.forward(input_ids, positions, attn, num_layers)
+            if hidden is not None:
+                return hidden
         x = self.model.embed_tokens(input_ids)
         rope = self.rope.tables(positions)  # (T, 1, hd) cos / sin rows, shared by every layer
         residual: torch.Tensor | None = None

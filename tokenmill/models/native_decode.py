@@ -1,0 +1,193 @@
+"""A Llama-family decode step in one native call (native/decode_step.cpp), where the model and the step fit.
+
+The layer-by-layer forward spends ~190 us of Python per layer on a CPU decode step (module calls, tensor
+allocation, ctypes argument conversion): on SmolLM2 (30 layers) a third of a one-stream step. This runs the
+same kernels with the same arguments from C++, so its hidden states are the Python path's bit for bit
+(tests/model/test_native_decode.py holds them equal).
+
+What fits, checked once per model (`unsupported` says why not, logged once):
+- fp32 compute; matmuls on the gguf method's block kernels (plain Q4_0 / Q4_1 / Q8_0: ours; other types,
+  repacked or not: ggml's), with or without a bias (Qwen2); RMSNorm, SiLU-gated MLP, full-width rotary
+  through the native kernels; no per-head q/k norm (Qwen3), no mixture of experts;
+and per step: every token a decode on the native paged backend (speculative verification's entries
+included), at most the method's crossover rows (past it the Python path multiplies dense tiles), any
+sliding windows. Everything else runs layer by layer, as before.
+
+One thread count for the whole step, chosen as the matmuls' is (layers/thread_choice.py), by timing the
+step. Results do not depend on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from tokenmill.attention.backend import AttentionContext
+from tokenmill.attention.native_paged import NativePagedAttentionBackend
+from tokenmill.layers.activation import SiluAndMul
+from tokenmill.layers.ggml_linear import GGUFLinearMethod
+from tokenmill.layers.linear import Linear
+from tokenmill.layers.mlp import GatedMLP
+from tokenmill.layers.norm import RMSNorm
+from tokenmill.layers.thread_choice import ThreadChooser
+from tokenmill.native import decode_step, kernels
+from tokenmill.native.decode_step import TmLayer, TmLinear, TmModel, TmStep
+
+if TYPE_CHECKING:
+    from tokenmill.models.llama import LlamaForCausalLM
+
+log = logging.getLogger("tokenmill")
+
+
+def unsupported(model: LlamaForCausalLM) -> str | None:
+    """Why this model's decode steps cannot run natively, or None when they can."""
+    if not decode_step.available():
+        return "the native decode step is not built or is off (TOKENMILL_NATIVE_DECODE=0)"
+    cfg = model.cfg
+    if cfg.qk_norm:
+        return "per-head q/k norms"
+    if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
+        return "partial rotary"
+    assert model.rope is not None
+    if not model.rope.use_native or model.rope.cos.dtype != torch.float32:
+        return "rotary tables not fp32 on the native kernels"
+    norms: list[RMSNorm] = [model.model.norm]
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        if not isinstance(mlp, GatedMLP) or not isinstance(mlp.act, SiluAndMul) or not mlp.act.use_native:
+            return "an MLP other than the native SiLU-gated one (a mixture of experts)"
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            if not isinstance(lin.method, GGUFLinearMethod) or lin.matmul is None:
+                return "matmuls not on the gguf method's block kernels"
+            if lin.block_mm is None and decode_step.kernel_table().ggml_matmul is None:
+                return "ggml not loaded"
+            if lin.bias is not None and (lin.bias.dtype != torch.float32 or not lin.bias.is_contiguous()):
+                return "a bias not fp32"
+    for n in norms:
+        if not n.use_native or n.weight.dtype != torch.float32 or n.eps != cfg.rms_norm_eps:
+            return "norms not fp32 on the native kernel"
+    return None
+
+
+def _linear(lin: Linear, keep: list[object]) -> TmLinear:
+    """The C struct for one gguf-method linear; the arrays it points to go into `keep`."""
+    bias = lin.bias.data_ptr() if lin.bias is not None else None
+    if lin.block_mm is not None:  # [(ggml type, blocks' address, rows, first output column)]
+        parts = lin.block_mm
+        n = len(parts)
+        arrays: tuple[ctypes.Array, ...] = (  # type: ignore[type-arg]
+            (ctypes.c_int32 * n)(*(p[0] for p in parts)), (ctypes.c_void_p * n)(*(p[1] for p in parts)),
+            (ctypes.c_int64 * n)(*(p[2] for p in parts)), (ctypes.c_int64 * n)(*(p[3] for p in parts)))
+        kind = 0
+    else:
+        mm = lin.matmul
+        assert mm is not None
+        n = len(mm.weights)
+        arrays = ((ctypes.c_int32 * n)(), (ctypes.c_void_p * n)(*(w.handle for w in mm.weights)),
+                  (ctypes.c_int64 * n)(), mm._offsets)
+        kind = 1
+    keep.append(arrays)
+    t, p, r, o = arrays
+    return TmLinear(kind=kind, n_parts=n, in_features=lin.in_features, out_features=lin.out_features,
+                    types=ctypes.cast(t, ctypes.POINTER(ctypes.c_int32)),
+                    ptrs=ctypes.cast(p, ctypes.POINTER(ctypes.c_void_p)),
+                    rows=ctypes.cast(r, ctypes.POINTER(ctypes.c_int64)),
+                    offsets=ctypes.cast(o, ctypes.POINTER(ctypes.c_int64)), bias=bias)
+
+
+class NativeDecode:
+    """forward() -> the final hidden states of a decode step computed natively, or None (not for it)."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        self.model = model
+        self._plan: tuple[int, TmModel, list[object]] | None = None  # (id of the caches, struct, what it points to)
+        self._threads = ThreadChooser(torch.get_num_threads())  # a new one when torch's team changes
+        self._method = model.model.layers[0].self_attn.qkv_proj.method
+        cfg = model.cfg
+        self._macs_per_row = sum(lin.in_features * lin.out_features for layer in model.model.layers
+                                 for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                             layer.mlp.gate_up_proj, layer.mlp.down_proj))
+        self._widths = (cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,
+                        cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
+
+    def _model_struct(self, attn: AttentionContext) -> TmModel:
+        caches = attn.kv_caches
+        if self._plan is not None and self._plan[0] == id(caches):
+            return self._plan[1]
+        m, cfg = self.model, self.model.cfg
+        keep: list[object] = []
+        layers = (TmLayer * len(m.model.layers))()
+        for i, layer in enumerate(m.model.layers):
+            a, mlp = layer.self_attn, layer.mlp
+            k_cache, v_cache = caches[i]
+            layers[i] = TmLayer(input_norm=layer.input_layernorm.weight.data_ptr(),
+                                post_norm=layer.post_attention_layernorm.weight.data_ptr(),
+                                qkv=_linear(a.qkv_proj, keep), o=_linear(a.o_proj, keep),
+                                gate_up=_linear(mlp.gate_up_proj, keep), down=_linear(mlp.down_proj, keep),
+                                k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), window=a.sliding_window)
+        keep.append(layers)
+        bs = caches[0][0].shape[1]
+        struct = TmModel(num_layers=len(layers), D=cfg.hidden_size, nh=cfg.num_heads, nkv=cfg.num_kv_heads,
+                         hd=cfg.head_dim, I=cfg.intermediate_size, block_size=bs,
+                         partition=kernels.DEFAULT_PARTITION, eps=cfg.rms_norm_eps,
+                         scale=m.model.layers[0].self_attn.scale, layers=layers,
+                         final_norm=m.model.norm.weight.data_ptr(), k=decode_step.kernel_table())
+        self._plan = (id(caches), struct, [caches, keep])
+        return struct
+
+    def fits(self, T: int, attn: AttentionContext) -> bool:
+        """This step: T tokens, all decodes on the native kernel, over fp32 caches, within the block
+        kernels' rows."""
+        meta, backend = attn.metadata, attn.backend
+        if (T == 0 or meta.num_decodes != T or meta.decode_context_lens is None or meta.decode_block_tables is None
+                or not isinstance(backend, NativePagedAttentionBackend) or not backend.use_kernel):
+            return False
+        if T > self._method.max_ggml_rows or not decode_step.available():  # type: ignore[attr-defined]
+            return False
+        k0 = attn.kv_caches[0][0]
+        return k0.dtype == torch.float32 and k0.is_contiguous()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
+                num_layers: int | None) -> torch.Tensor | None:
+        """input_ids, positions (T,) -> final hidden states (T, D), or None: not for this step."""
+        T = input_ids.shape[0]
+        if not self.fits(T, attn):
+            return None
+        m = self.model
+        assert m.rope is not None
+        model = self._model_struct(attn)
+        meta = attn.metadata
+        x = m.model.embed_tokens(input_ids).to(torch.float32).contiguous()
+        rope = m.rope.tables(positions)
+        cos, ssin = rope.cos.reshape(T, -1), rope.signed_sin.reshape(T, -1)
+        D, qkv_w, attn_w, inter = self._widths
+        widths = [D, D, D, qkv_w, attn_w, 2 * inter, inter]  # out, h, y, qkv, attn, gate_up, act
+        bufs = torch.empty(T * sum(widths), dtype=torch.float32).split([T * w for w in widths])
+        out = bufs[0].view(T, D)
+        starts = torch.empty(T, dtype=torch.int64)
+        tables, lens = meta.decode_block_tables, meta.decode_context_lens
+        assert tables is not None and lens is not None
+        tables = tables if tables.stride(1) == 1 else tables.contiguous()
+        lens, slots = lens.contiguous(), meta.slot_mapping.contiguous()
+        n = len(m.model.layers) if num_layers is None else num_layers
+        step = TmStep(M=T, num_layers=n, x=x.data_ptr(), cos=cos.data_ptr(), ssin=ssin.data_ptr(),
+                      tab_stride=cos.stride(0), slots=slots.data_ptr(), tables=tables.data_ptr(),
+                      table_stride=tables.stride(0), lens=lens.data_ptr(), starts=starts.data_ptr(),
+                      h=bufs[1].data_ptr(), y=bufs[2].data_ptr(), qkv=bufs[3].data_ptr(), attn=bufs[4].data_ptr(),
+                      gate_up=bufs[5].data_ptr(), act=bufs[6].data_ptr(), out=out.data_ptr(), nthreads=1)
+
+        def call(threads: int) -> None:
+            step.nthreads = threads
+            decode_step.run(model, step)
+
+        if self._threads.team != torch.get_num_threads():
+            self._threads = ThreadChooser(torch.get_num_threads())
+        self._threads.run(T * self._macs_per_row * n // len(m.model.layers), call)
+        return out
+
+    def __repr__(self) -> str:
+        return "NativeDecode()"

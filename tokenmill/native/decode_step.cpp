@@ -1,0 +1,179 @@
+// tokenmill's decode step in one foreign call: every decoder layer of a Llama-family model over a step of
+// M decode tokens (fp32), from the embeddings to the final norm, without returning to Python.
+//
+// Plain C++ without torch headers, no kernels of its own: it calls the kernels the Python path calls (the
+// block kernel or ggml's matmul, and kernels.cpp's norm, rotary, silu*mul and paged decode attention),
+// through function pointers the binding hands in, with the same arguments in the same order. So its result
+// is bit for bit the Python path's; what it removes is ~190 us of Python per layer (module calls, tensor
+// allocation, ctypes argument conversion), which was a third of a one-stream decode step of SmolLM2.
+//
+// Per layer, for x (M, D) the previous layer's MLP output and res (M, D) the residual stream:
+//   h = rmsnorm(res += x) * w_in                 (layer 0: res = the embeddings, h = rmsnorm(res) * w_in)
+//   qkv = h . Wqkv^T (+ b)                       (M, (nh + 2 nkv) hd), q | k | v heads adjacent
+//   rotary on q and k heads in place; k, v rows copied to their cache slots (all M before any attends)
+//   a = attention(q over each row's paged context [start, len))   (M, nh hd)
+//   h = rmsnorm(res += a . Wo^T) * w_post
+//   x = (silu(h . Wg^T) * (h . Wu^T)) . Wd^T
+// and at the end out = rmsnorm(res += x) * w_final.
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+using BlockMatmulFn = int (*)(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
+                              float* y, int64_t ldy, int nthreads);
+using GgmlMatmulFn = int (*)(void** weights, const int64_t* offsets, int n_weights, const float* x, int64_t m,
+                             int64_t k, float* y, int64_t ldy, int nthreads);
+using AddRmsNormFn = int (*)(int dtype, void* out, int64_t out_stride, const void* x, int64_t x_stride, void* res,
+                             int64_t res_stride, const void* w, int64_t rows, int64_t D, float eps, int nthreads);
+using SiluMulFn = int (*)(int dtype, void* out, int64_t out_stride, const void* in, int64_t in_stride, int64_t rows,
+                          int64_t I, int nthreads);
+using RotaryFn = int (*)(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, const void* cos,
+                         const void* ssin, int64_t tab_stride, int64_t rows, int nthreads);
+using AttentionFn = int (*)(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
+                            const void* k_cache, const void* v_cache, const int64_t* tables, int64_t table_stride,
+                            const int64_t* lens, const int64_t* starts, int64_t num_seqs, int64_t nh, int64_t nkv,
+                            int64_t hd, int64_t block_size, float scale, int64_t partition, int nthreads);
+
+}  // namespace
+
+extern "C" {
+
+// The kernels, as the libraries export them (the binding fills these from the loaded libraries).
+struct TmKernels {
+    BlockMatmulFn block_matmul;  // NULL when no linear uses the block kernel
+    GgmlMatmulFn ggml_matmul;    // NULL when no linear uses ggml's
+    AddRmsNormFn add_rms_norm;
+    SiluMulFn silu_and_mul;
+    RotaryFn rotary;
+    AttentionFn attention;
+};
+
+// One linear layer y (M, out) = x (M, in) . W^T (+ bias): its output columns in parts.
+//   kind 0: part i is a matrix of `rows[i]` rows in plain blocks of ggml type types[i] at ptrs[i], writing
+//           columns [offsets[i], offsets[i] + rows[i]) (the block kernel, one call per part);
+//   kind 1: ptrs are ggml weight handles, multiplied in one tm_matmul call with `offsets`.
+struct TmLinear {
+    int32_t kind;
+    int32_t n_parts;
+    int64_t in_features, out_features;
+    const int32_t* types;      // (n_parts,), kind 0
+    const void* const* ptrs;   // (n_parts,)
+    const int64_t* rows;       // (n_parts,), kind 0
+    const int64_t* offsets;    // (n_parts,)
+    const float* bias;         // (out_features,) or NULL
+};
+
+struct TmLayer {
+    const float* input_norm;  // (D,)
+    const float* post_norm;   // (D,)
+    TmLinear qkv, o, gate_up, down;
+    float* k_cache;           // (num_blocks, block_size, nkv, hd), contiguous
+    float* v_cache;
+    int64_t window;           // 0: every key; W > 0: the last W keys of each query
+};
+
+struct TmModel {
+    int64_t num_layers, D, nh, nkv, hd, I, block_size, partition;
+    float eps, scale;
+    const TmLayer* layers;    // (num_layers,)
+    const float* final_norm;  // (D,)
+    TmKernels k;
+};
+
+// One step's inputs, outputs and scratch; every float buffer contiguous, rows as stated.
+struct TmStep {
+    int64_t M;                 // decode tokens
+    int64_t num_layers;        // run the first this many layers (layer-skip drafting), then the final norm
+    float* x;                  // (M, D) in: the embeddings; clobbered (the residual stream)
+    const float* cos;          // (M, hd) rotary rows, tab_stride apart
+    const float* ssin;         // (M, hd) signed sin rows
+    int64_t tab_stride;
+    const int64_t* slots;      // (M,) cache slot of each token's K/V
+    const int64_t* tables;     // (M, table_stride) block table of each token's sequence
+    int64_t table_stride;
+    const int64_t* lens;       // (M,) keys each token attends to (its position + 1)
+    int64_t* starts;           // (M,) scratch: each token's first key under a window
+    float* qkv;                // (M, (nh + 2 nkv) hd)
+    float* attn;               // (M, nh hd)
+    float* h;                  // (M, D)
+    float* y;                  // (M, D)
+    float* gate_up;            // (M, 2 I)
+    float* act;                // (M, I)
+    float* out;                // (M, D) the final normed hidden states
+    int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
+};
+
+int tm_decode_step_abi() { return 1; }
+
+}  // extern "C"
+
+namespace {
+
+int linear(const TmKernels& k, const TmLinear& L, const float* x, int64_t M, float* y, int nthreads) {
+    int rc = 0;
+    if (L.kind == 0) {
+        for (int i = 0; i < L.n_parts && rc == 0; ++i)
+            rc = k.block_matmul(L.types[i], L.ptrs[i], L.rows[i], L.in_features, x, L.in_features, M,
+                                y + L.offsets[i], L.out_features, nthreads);
+    } else {
+        rc = k.ggml_matmul(const_cast<void**>(L.ptrs), L.offsets, L.n_parts, x, M, L.in_features, y, L.out_features,
+                           nthreads);
+    }
+    if (rc == 0 && L.bias != nullptr) {
+        for (int64_t r = 0; r < M; ++r) {
+            float* row = y + r * L.out_features;
+            for (int64_t j = 0; j < L.out_features; ++j) row[j] = row[j] + L.bias[j];
+        }
+    }
+    return rc;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Returns 0; a kernel's nonzero status (and the step is not to be trusted) otherwise.
+int tm_decode_step(const TmModel* model, const TmStep* s) {
+    const TmModel& m = *model;
+    const TmKernels& k = m.k;
+    const int64_t M = s->M, D = m.D, hd = m.hd, nh = m.nh, nkv = m.nkv;
+    const int64_t qkv_w = (nh + 2 * nkv) * hd, kv_w = nkv * hd;
+    const int t = s->nthreads;
+    if (M <= 0) return 0;
+    int rc = 0;
+    float* res = s->x;
+    for (int64_t l = 0; l < s->num_layers && rc == 0; ++l) {
+        const TmLayer& L = m.layers[l];
+        if (l == 0)
+            rc = k.add_rms_norm(0, s->h, D, res, D, nullptr, 0, L.input_norm, M, D, m.eps, t);
+        else
+            rc = k.add_rms_norm(0, s->h, D, s->y, D, res, D, L.input_norm, M, D, m.eps, t);
+        if (rc == 0) rc = linear(k, L.qkv, s->h, M, s->qkv, t);
+        if (rc == 0) rc = k.rotary(0, s->qkv, qkv_w, nh + nkv, hd, s->cos, s->ssin, s->tab_stride, M, t);
+        if (rc) break;
+        for (int64_t r = 0; r < M; ++r) {  // every token's K/V is in the cache before any token attends
+            const float* row = s->qkv + r * qkv_w + nh * hd;
+            std::memcpy(L.k_cache + s->slots[r] * kv_w, row, kv_w * sizeof(float));
+            std::memcpy(L.v_cache + s->slots[r] * kv_w, row + kv_w, kv_w * sizeof(float));
+        }
+        const int64_t* starts = nullptr;
+        if (L.window > 0) {
+            for (int64_t r = 0; r < M; ++r) s->starts[r] = s->lens[r] > L.window ? s->lens[r] - L.window : 0;
+            starts = s->starts;
+        }
+        rc = k.attention(0, s->attn, nh * hd, s->qkv, qkv_w, L.k_cache, L.v_cache, s->tables, s->table_stride, s->lens,
+                         starts, M, nh, nkv, hd, m.block_size, m.scale, m.partition, t);
+        if (rc == 0) rc = linear(k, L.o, s->attn, M, s->y, t);
+        if (rc == 0) rc = k.add_rms_norm(0, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);
+        if (rc == 0) rc = linear(k, L.gate_up, s->h, M, s->gate_up, t);
+        if (rc == 0) rc = k.silu_and_mul(0, s->act, m.I, s->gate_up, 2 * m.I, M, m.I, t);
+        if (rc == 0) rc = linear(k, L.down, s->act, M, s->y, t);
+    }
+    if (rc) return rc;
+    if (s->num_layers == 0) return k.add_rms_norm(0, s->out, D, res, D, nullptr, 0, m.final_norm, M, D, m.eps, t);
+    return k.add_rms_norm(0, s->out, D, s->y, D, res, D, m.final_norm, M, D, m.eps, t);
+}
+
+}  // extern "C"

@@ -1,0 +1,103 @@
+"""ctypes binding to decode_step.cpp: a Llama-family decode step (every layer, then the final norm) in one
+foreign call, built from the kernels the Python path calls (see the C++ header).
+
+The structures mirror the C++ ones field for field. `kernel_table()` fills the entry points from the
+loaded kernel libraries, so the step calls exactly the functions (and so computes exactly the bits) the
+layer-by-layer path would. Built with g++ on first use and cached (compile.py), like the other native code;
+`available()` is False when it or the kernels it calls cannot be built, or with TOKENMILL_NATIVE_DECODE=0
+(read at every call, so a test or an A/B run can flip it), and the model then runs layer by layer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from pathlib import Path
+
+from tokenmill.native import block_matmul, ggml, kernels
+from tokenmill.native.compile import NativeBuildError, build_library
+
+log = logging.getLogger("tokenmill.native")
+
+SOURCE = Path(__file__).with_name("decode_step.cpp")
+FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
+ABI = 1
+ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
+
+_P, _F = ctypes.c_void_p, ctypes.c_float
+_I32, _I64 = ctypes.c_int32, ctypes.c_int64
+_PI32, _PI64, _PF = ctypes.POINTER(_I32), ctypes.POINTER(_I64), ctypes.POINTER(_F)
+
+
+class TmKernels(ctypes.Structure):
+    _fields_ = [("block_matmul", _P), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
+                ("rotary", _P), ("attention", _P)]
+
+
+class TmLinear(ctypes.Structure):
+    _fields_ = [("kind", _I32), ("n_parts", _I32), ("in_features", _I64), ("out_features", _I64),
+                ("types", _PI32), ("ptrs", ctypes.POINTER(_P)), ("rows", _PI64), ("offsets", _PI64), ("bias", _P)]
+
+
+class TmLayer(ctypes.Structure):
+    _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", TmLinear), ("o", TmLinear), ("gate_up", TmLinear),
+                ("down", TmLinear), ("k_cache", _P), ("v_cache", _P), ("window", _I64)]
+
+
+class TmModel(ctypes.Structure):
+    _fields_ = [("num_layers", _I64), ("D", _I64), ("nh", _I64), ("nkv", _I64), ("hd", _I64), ("I", _I64),
+                ("block_size", _I64), ("partition", _I64), ("eps", _F), ("scale", _F),
+                ("layers", ctypes.POINTER(TmLayer)), ("final_norm", _P), ("k", TmKernels)]
+
+
+class TmStep(ctypes.Structure):
+    _fields_ = [("M", _I64), ("num_layers", _I64), ("x", _P), ("cos", _P), ("ssin", _P), ("tab_stride", _I64),
+                ("slots", _P), ("tables", _P), ("table_stride", _I64), ("lens", _P), ("starts", _P),
+                ("qkv", _P), ("attn", _P), ("h", _P), ("y", _P), ("gate_up", _P), ("act", _P), ("out", _P),
+                ("nthreads", ctypes.c_int)]
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded library, built on first use; None, logged, when it cannot be built or loaded."""
+    try:
+        path = build_library("tokenmill_decode_step", [SOURCE], FLAGS)
+        lib = ctypes.CDLL(str(path))
+        if lib.tm_decode_step_abi() != ABI:
+            raise NativeBuildError(f"{path} answers ABI {lib.tm_decode_step_abi()}, expected {ABI}")
+        lib.tm_decode_step.argtypes = [ctypes.POINTER(TmModel), ctypes.POINTER(TmStep)]
+        lib.tm_decode_step.restype = ctypes.c_int
+    except (NativeBuildError, OSError, AttributeError) as e:
+        log.warning("native decode step unavailable, layers run one by one: %s", e)
+        return None
+    return lib
+
+
+def available() -> bool:
+    """Built, with the kernels it calls, and not switched off."""
+    return os.environ.get(ENV_SWITCH) != "0" and library() is not None and kernels.is_enabled()
+
+
+def _address(lib: ctypes.CDLL | None, name: str) -> int | None:
+    return None if lib is None else ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def kernel_table() -> TmKernels:
+    """The entry points of the loaded kernel libraries (NULL for a library that is not built: the step
+    then must not have a linear of that kind)."""
+    k = kernels.library()
+    return TmKernels(block_matmul=_address(block_matmul.library() if block_matmul.available() else None,
+                                           "tm_block_matmul"),
+                     ggml_matmul=_address(ggml.lib(), "tm_matmul"),
+                     add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
+                     rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_decode_attention"))
+
+
+def run(model: ctypes.Structure, step: ctypes.Structure) -> None:
+    lib = library()
+    assert lib is not None
+    rc = lib.tm_decode_step(ctypes.byref(model), ctypes.byref(step))
+    if rc:
+        raise RuntimeError(f"native decode step failed (status {rc})")
