@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,7 +31,6 @@ from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.ggml_linear import GGUFLinearMethod
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.mlp import GatedMLP
-from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.thread_choice import ThreadChooser
 from tokenmill.native import decode_step, kernels
 from tokenmill.native.decode_step import TmLayer, TmLinear, TmModel, TmStep
@@ -54,8 +53,8 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     assert model.rope is not None
     if not model.rope.use_native or model.rope.cos.dtype != torch.float32:
         return "rotary tables not fp32 on the native kernels"
-    norms: list[RMSNorm] = [model.model.norm]
-    for layer in model.model.layers:
+    norms: list[Any] = [model.model.norm]
+    for layer in _layers(model):
         mlp = layer.mlp
         if not isinstance(mlp, GatedMLP) or not isinstance(mlp.act, SiluAndMul) or not mlp.act.use_native:
             return "an MLP other than the native SiLU-gated one (a mixture of experts)"
@@ -73,6 +72,11 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     return None
 
 
+def _layers(model: LlamaForCausalLM) -> list[Any]:
+    """The decoder layers (LlamaDecoderLayer; typed loosely, as nn.Module attributes are)."""
+    return list(model.model.layers)
+
+
 def _linear(lin: Linear, keep: list[object]) -> TmLinear:
     """The C struct for one gguf-method linear; the arrays it points to go into `keep`."""
     bias = lin.bias.data_ptr() if lin.bias is not None else None
@@ -88,7 +92,7 @@ def _linear(lin: Linear, keep: list[object]) -> TmLinear:
         assert mm is not None
         n = len(mm.weights)
         arrays = ((ctypes.c_int32 * n)(), (ctypes.c_void_p * n)(*(w.handle for w in mm.weights)),
-                  (ctypes.c_int64 * n)(), mm._offsets)
+                  (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)(*mm.offsets))
         kind = 1
     keep.append(arrays)
     t, p, r, o = arrays
@@ -106,9 +110,10 @@ class NativeDecode:
         self.model = model
         self._plan: tuple[int, TmModel, list[object]] | None = None  # (id of the caches, struct, what it points to)
         self._threads = ThreadChooser(torch.get_num_threads())  # a new one when torch's team changes
-        self._method = model.model.layers[0].self_attn.qkv_proj.method
+        layers = _layers(model)
+        self._method: GGUFLinearMethod = layers[0].self_attn.qkv_proj.method
         cfg = model.cfg
-        self._macs_per_row = sum(lin.in_features * lin.out_features for layer in model.model.layers
+        self._macs_per_row = sum(lin.in_features * lin.out_features for layer in layers
                                  for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                              layer.mlp.gate_up_proj, layer.mlp.down_proj))
         self._widths = (cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,
@@ -121,7 +126,7 @@ class NativeDecode:
         m, cfg = self.model, self.model.cfg
         keep: list[object] = []
         layers = (TmLayer * len(m.model.layers))()
-        for i, layer in enumerate(m.model.layers):
+        for i, layer in enumerate(_layers(m)):
             a, mlp = layer.self_attn, layer.mlp
             k_cache, v_cache = caches[i]
             layers[i] = TmLayer(input_norm=layer.input_layernorm.weight.data_ptr(),
@@ -134,7 +139,7 @@ class NativeDecode:
         struct = TmModel(num_layers=len(layers), D=cfg.hidden_size, nh=cfg.num_heads, nkv=cfg.num_kv_heads,
                          hd=cfg.head_dim, I=cfg.intermediate_size, block_size=bs,
                          partition=kernels.DEFAULT_PARTITION, eps=cfg.rms_norm_eps,
-                         scale=m.model.layers[0].self_attn.scale, layers=layers,
+                         scale=_layers(m)[0].self_attn.scale, layers=layers,
                          final_norm=m.model.norm.weight.data_ptr(), k=decode_step.kernel_table())
         self._plan = (id(caches), struct, [caches, keep])
         return struct
@@ -146,7 +151,7 @@ class NativeDecode:
         if (T == 0 or meta.num_decodes != T or meta.decode_context_lens is None or meta.decode_block_tables is None
                 or not isinstance(backend, NativePagedAttentionBackend) or not backend.use_kernel):
             return False
-        if T > self._method.max_ggml_rows or not decode_step.available():  # type: ignore[attr-defined]
+        if T > self._method.max_ggml_rows or not decode_step.available():
             return False
         k0 = attn.kv_caches[0][0]
         return k0.dtype == torch.float32 and k0.is_contiguous()

@@ -41,6 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     except NativeBuildError as e:
         failed = True
         print(f"tokenmill native: block matmul not built, ggml's kernels will run: {e}", file=sys.stderr)
+    from tokenmill.native import decode_step
+
+    try:
+        print(f"tokenmill native: decode step at {build_library('tokenmill_decode_step', [decode_step.SOURCE], decode_step.FLAGS)}")
+    except NativeBuildError as e:
+        failed = True
+        print(f"tokenmill native: decode step not built, layers will run one by one: {e}", file=sys.stderr)
     return 1 if failed and args.strict else 0
 
 

@@ -152,7 +152,7 @@ class GgmlMatmul:
     [offset_i, offset_i + n_i) come from weight i."""
 
     def __init__(self, weights: list[GgmlWeight], offsets: list[int], out_features: int) -> None:
-        self.weights, self.out_features = weights, out_features
+        self.weights, self.offsets, self.out_features = weights, list(offsets), out_features
         self.k = weights[0].k
         self._handles = (ctypes.c_void_p * len(weights))(*(w.handle for w in weights))
         self._offsets = (ctypes.c_int64 * len(weights))(*offsets)

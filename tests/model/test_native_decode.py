@@ -1,0 +1,155 @@
+"""The native decode step (models/native_decode.py, native/decode_step.cpp) against the layer-by-layer path.
+
+It calls the same kernels with the same arguments, so the reference is exact: the same engine with
+TOKENMILL_NATIVE_DECODE=0 must give the same token ids and the same logprobs, bit for bit, on every shape the
+step takes (batches of decodes at different context lengths across block boundaries, speculative
+verification's several entries per request, layer-skip drafting's first layers, sliding windows, q/k/v
+biases, ggml's K-quant and repacked kernels beside our block kernel). Each test also checks that the
+native step actually ran (or, where it must not, that it did not).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tokenmill import LLM, SamplingParams
+from tokenmill.config import SpeculativeConfig
+from tokenmill.native import decode_step, ggml
+
+pytestmark = pytest.mark.skipif(not ggml.available() or decode_step.library() is None,
+                                reason="ggml or the native decode step is not built here")
+
+PROMPTS = ["The capital of France is", "def fib(n):\n    if n < 2:\n        return n\n",
+           "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+           "1, 2, 3, 4, 5,", "Write a short poem about the moon.", "SELECT name FROM users WHERE",
+           "The quick brown fox jumps over the lazy dog. " * 6, "Q: What is 2+2?\nA:"]
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=3)
+
+
+@pytest.fixture
+def native_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The row count of every native decode step run while the test runs."""
+    calls: list[int] = []
+    real = decode_step.run
+
+    def counting(model: object, step: decode_step.TmStep) -> None:
+        calls.append(int(step.M))
+        real(model, step)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decode_step, "run", counting)
+    yield calls
+
+
+def engine(model: str | None = None, **kw: object) -> LLM:
+    """fp32 on the gguf method, block kernels up to 64 rows (fixed, so every decode step here fits), no
+    prefix cache (each run computes its own K/V)."""
+    old = os.environ.get("TOKENMILL_GGML_MAX_ROWS")
+    os.environ["TOKENMILL_GGML_MAX_ROWS"] = "64"
+    try:
+        args = dict(progress=False, kv_cache_memory=32 * 2**20, max_model_len=512, dtype="float32",
+                    enable_prefix_caching=False) | kw
+        return LLM(model, **args) if model else LLM(**args)  # type: ignore[arg-type]
+    finally:
+        if old is None:
+            del os.environ["TOKENMILL_GGML_MAX_ROWS"]
+        else:
+            os.environ["TOKENMILL_GGML_MAX_ROWS"] = old
+
+
+def outputs(llm: LLM, prompts: list[str], params: SamplingParams = GREEDY) -> list[tuple[list[int], list[float]]]:
+    outs = llm.generate(prompts, params)
+    return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs]
+
+
+def both_ways(llm: LLM, prompts: list[str], calls: list[int], monkeypatch: pytest.MonkeyPatch,
+              params: SamplingParams = GREEDY) -> None:
+    """Native and layer by layer give the same ids and logprobs; the native step ran, the other did not."""
+    monkeypatch.setenv(decode_step.ENV_SWITCH, "0")
+    ref = outputs(llm, prompts, params)
+    assert not calls
+    monkeypatch.delenv(decode_step.ENV_SWITCH)
+    got = outputs(llm, prompts, params)
+    assert calls, "the native decode step never ran"
+    assert got == ref
+
+
+def test_default_model_batched_and_alone(native_calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    llm = engine()
+    assert llm.engine.model_config.architecture in ("llama", "smollm")
+    both_ways(llm, PROMPTS, native_calls, monkeypatch)
+    assert max(native_calls) == len(PROMPTS)  # the whole batch in one step
+    native_calls.clear()
+    both_ways(llm, PROMPTS[2:3], native_calls, monkeypatch)
+    assert set(native_calls) == {1}
+
+
+def test_sliding_window(native_calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer windowed to 20 keys (fewer than the prompts and outputs), odd and even layers apart."""
+    llm = engine()
+    model = llm.engine.executor.worker.runner.model  # type: ignore[attr-defined]
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.sliding_window = 20 if i % 2 else 33
+    both_ways(llm, PROMPTS, native_calls, monkeypatch)
+
+
+def test_speculative_verification_and_layer_skip(native_calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """n-gram drafts verified as several decode entries of one request; layer_skip drafts through the
+    first layers of the same model (num_layers)."""
+    prompts = ["Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat,",
+               "a b c a b c a b c a b c a b"]
+    for cfg in (SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=4,
+                                  max_batch_size=256, min_acceptance_rate=0.0),
+                SpeculativeConfig(method="layer_skip", num_speculative_tokens=3, num_draft_layers=8,
+                                  max_batch_size=256, min_acceptance_rate=0.0)):
+        native_calls.clear()
+        llm = engine(speculative_config=cfg)
+        both_ways(llm, prompts, native_calls, monkeypatch)
+        assert max(native_calls) > len(prompts), f"{cfg.method}: no verification step ran natively"
+
+
+@pytest.fixture(scope="module")
+def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tokenmill.benchmarks.random_gguf import Shape, write_random_gguf
+
+    d = tmp_path_factory.mktemp("gguf")
+    qwen2 = Shape("qwen2", 256, 512, 2, 4, 2, 49152, attention_bias=True)
+    return {"qwen2-q8_0": write_random_gguf(d / "qwen2-q8_0.gguf", qwen2, "q8_0", std=0.03),
+            "llama-q4_k_m": write_random_gguf(d / "llama-q4_k_m.gguf", Shape(), "q4_k_m", std=0.03),
+            "llama-q4_0": write_random_gguf(d / "llama-q4_0.gguf", Shape(), "q4_0", std=0.03)}
+
+
+@pytest.mark.parametrize("name", ["qwen2-q8_0", "llama-q4_k_m", "llama-q4_0"])
+def test_random_models(name: str, random_files: dict[str, Path], native_calls: list[int],
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """q/k/v biases on the block kernel (Q8_0); ggml's kernels for K-quants (Q4_K and Q6_K parts in one
+    matrix) and for Q4_0, which ggml repacks on AVX2 CPUs."""
+    llm = engine(str(random_files[name]))
+    nd = llm.engine.executor.worker.runner.model.native_decode  # type: ignore[attr-defined]
+    assert nd is not None
+    both_ways(llm, PROMPTS[:5], native_calls, monkeypatch)
+
+
+def test_what_does_not_fit_runs_layer_by_layer(native_calls: list[int]) -> None:
+    """Dequantized weights never take the native step; a step of more rows than the block kernels' crossover
+    does not either (the layers then multiply dense tiles)."""
+    deq = LLM(progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32",
+              quantization="dequantize")
+    assert deq.engine.executor.worker.runner.model.native_decode is None  # type: ignore[attr-defined]
+    old = os.environ.get("TOKENMILL_GGML_MAX_ROWS")
+    os.environ["TOKENMILL_GGML_MAX_ROWS"] = "2"
+    try:
+        llm = LLM(progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
+    finally:
+        if old is None:
+            del os.environ["TOKENMILL_GGML_MAX_ROWS"]
+        else:
+            os.environ["TOKENMILL_GGML_MAX_ROWS"] = old
+    short = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    outputs(llm, PROMPTS[:4], short)
+    assert not native_calls  # 4 decodes a step: layer by layer
+    outputs(llm, PROMPTS[:1], short)
+    assert native_calls == [1, 1, 1]
