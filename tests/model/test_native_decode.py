@@ -2,7 +2,7 @@
 
 It calls the same kernels with the same arguments, so the reference is exact: the same engine with
 TOKENMILL_NATIVE_DECODE=0 must give the same token ids and the same logprobs, bit for bit, on every shape the
-step takes (batches of decodes at different context lengths across block boundaries, speculative
+step takes (fp32 and bf16, batches of decodes at different context lengths across block boundaries, speculative
 verification's several entries per request, layer-skip drafting's first layers, sliding windows, q/k/v
 biases, ggml's K-quant and repacked kernels beside our block kernel). Each test also checks that the
 native step actually ran (or, where it must not, that it did not).
@@ -77,8 +77,10 @@ def both_ways(llm: LLM, prompts: list[str], calls: list[int], monkeypatch: pytes
     assert got == ref
 
 
-def test_default_model_batched_and_alone(native_calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    llm = engine()
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_default_model_batched_and_alone(dtype: str, native_calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 (the default on CPUs with AMX) widens each matmul's input and rounds its output as torch does."""
+    llm = engine(dtype=dtype)
     assert llm.engine.model_config.architecture in ("llama", "smollm")
     both_ways(llm, PROMPTS, native_calls, monkeypatch)
     assert max(native_calls) == len(PROMPTS)  # the whole batch in one step

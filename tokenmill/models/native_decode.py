@@ -6,9 +6,10 @@ same kernels with the same arguments from C++, so its hidden states are the Pyth
 (tests/model/test_native_decode.py holds them equal).
 
 What fits, checked once per model (`unsupported` says why not, logged once):
-- fp32 compute; matmuls on the gguf method's block kernels (plain Q4_0 / Q4_1 / Q8_0: ours; other types,
-  repacked or not: ggml's), with or without a bias (Qwen2); RMSNorm, SiLU-gated MLP, full-width rotary
-  through the native kernels; no per-head q/k norm (Qwen3), no mixture of experts;
+- fp32 or bf16 compute (the kernels' dtypes; at bf16 each matmul widens its input and rounds its output,
+  as torch does around the same kernels); matmuls on the gguf method's block kernels (plain Q4_0 / Q4_1 /
+  Q8_0: ours; other types, repacked or not: ggml's), with or without a bias (Qwen2); RMSNorm, SiLU-gated
+  MLP, full-width rotary through the native kernels; no per-head q/k norm (Qwen3), no mixture of experts;
 and per step: every token a decode on the native paged backend (speculative verification's entries
 included), at most the method's crossover rows (past it the Python path multiplies dense tiles), any
 sliding windows. Everything else runs layer by layer, as before.
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tokenmill")
 
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the C++ step's dtype codes
+
 
 def unsupported(model: LlamaForCausalLM) -> str | None:
     """Why this model's decode steps cannot run natively, or None when they can."""
@@ -51,8 +54,11 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
         return "partial rotary"
     assert model.rope is not None
-    if not model.rope.use_native or model.rope.cos.dtype != torch.float32:
-        return "rotary tables not fp32 on the native kernels"
+    dtype = model.model.norm.weight.dtype
+    if dtype not in _DTYPES:
+        return f"{dtype} compute (the native kernels take fp32 and bf16)"
+    if not model.rope.use_native or model.rope.cos.dtype != dtype:
+        return "rotary tables not on the native kernels"
     norms: list[Any] = [model.model.norm]
     for layer in _layers(model):
         mlp = layer.mlp
@@ -64,11 +70,11 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
                 return "matmuls not on the gguf method's block kernels"
             if lin.block_mm is None and decode_step.kernel_table().ggml_matmul is None:
                 return "ggml not loaded"
-            if lin.bias is not None and (lin.bias.dtype != torch.float32 or not lin.bias.is_contiguous()):
-                return "a bias not fp32"
+            if lin.bias is not None and (lin.bias.dtype != dtype or not lin.bias.is_contiguous()):
+                return "a bias in another dtype"
     for n in norms:
-        if not n.use_native or n.weight.dtype != torch.float32 or n.eps != cfg.rms_norm_eps:
-            return "norms not fp32 on the native kernel"
+        if not n.use_native or n.weight.dtype != dtype or n.eps != cfg.rms_norm_eps:
+            return "norms not on the native kernel"
     return None
 
 
@@ -118,6 +124,11 @@ class NativeDecode:
                                              layer.mlp.gate_up_proj, layer.mlp.down_proj))
         self._widths = (cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,
                         cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
+        self.dtype = model.model.norm.weight.dtype
+        linears = [lin for layer in layers for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                       layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        self._max_in = max(lin.in_features for lin in linears)  # bf16: the fp32 rows a matmul reads / writes
+        self._max_out = max(lin.out_features for lin in linears)
 
     def _model_struct(self, attn: AttentionContext) -> TmModel:
         caches = attn.kv_caches
@@ -136,7 +147,8 @@ class NativeDecode:
                                 k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), window=a.sliding_window)
         keep.append(layers)
         bs = caches[0][0].shape[1]
-        struct = TmModel(num_layers=len(layers), D=cfg.hidden_size, nh=cfg.num_heads, nkv=cfg.num_kv_heads,
+        struct = TmModel(dtype=_DTYPES[self.dtype], num_layers=len(layers), D=cfg.hidden_size, nh=cfg.num_heads,
+                         nkv=cfg.num_kv_heads,
                          hd=cfg.head_dim, I=cfg.intermediate_size, block_size=bs,
                          partition=kernels.DEFAULT_PARTITION, eps=cfg.rms_norm_eps,
                          scale=_layers(m)[0].self_attn.scale, layers=layers,
@@ -154,7 +166,7 @@ class NativeDecode:
         if T > self._method.max_ggml_rows or not decode_step.available():
             return False
         k0 = attn.kv_caches[0][0]
-        return k0.dtype == torch.float32 and k0.is_contiguous()
+        return k0.dtype == self.dtype and k0.is_contiguous()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
                 num_layers: int | None) -> torch.Tensor | None:
@@ -166,12 +178,13 @@ class NativeDecode:
         assert m.rope is not None
         model = self._model_struct(attn)
         meta = attn.metadata
-        x = m.model.embed_tokens(input_ids).to(torch.float32).contiguous()
+        x = m.model.embed_tokens(input_ids).to(self.dtype).contiguous()
         rope = m.rope.tables(positions)
         cos, ssin = rope.cos.reshape(T, -1), rope.signed_sin.reshape(T, -1)
         D, qkv_w, attn_w, inter = self._widths
         widths = [D, D, D, qkv_w, attn_w, 2 * inter, inter]  # out, h, y, qkv, attn, gate_up, act
-        bufs = torch.empty(T * sum(widths), dtype=torch.float32).split([T * w for w in widths])
+        bufs = torch.empty(T * sum(widths), dtype=self.dtype).split([T * w for w in widths])
+        wide = torch.empty(T * (self._max_in + self._max_out) if self.dtype != torch.float32 else 0)
         out = bufs[0].view(T, D)
         starts = torch.empty(T, dtype=torch.int64)
         tables, lens = meta.decode_block_tables, meta.decode_context_lens
@@ -183,7 +196,8 @@ class NativeDecode:
                       tab_stride=cos.stride(0), slots=slots.data_ptr(), tables=tables.data_ptr(),
                       table_stride=tables.stride(0), lens=lens.data_ptr(), starts=starts.data_ptr(),
                       h=bufs[1].data_ptr(), y=bufs[2].data_ptr(), qkv=bufs[3].data_ptr(), attn=bufs[4].data_ptr(),
-                      gate_up=bufs[5].data_ptr(), act=bufs[6].data_ptr(), out=out.data_ptr(), nthreads=1)
+                      gate_up=bufs[5].data_ptr(), act=bufs[6].data_ptr(), out=out.data_ptr(),
+                      wide_in=wide.data_ptr(), wide_out=wide.data_ptr() + 4 * T * self._max_in, nthreads=1)
 
         def call(threads: int) -> None:
             step.nthreads = threads

@@ -1,5 +1,8 @@
 // tokenmill's decode step in one foreign call: every decoder layer of a Llama-family model over a step of
-// M decode tokens (fp32), from the embeddings to the final norm, without returning to Python.
+// M decode tokens, from the embeddings to the final norm, without returning to Python. Activations, norms
+// and the KV cache are fp32 or bf16 (the model's compute dtype); the matmul kernels take fp32 rows and give
+// fp32 rows, so at bf16 each matmul's input is widened and its output rounded to bf16 (ties to even), then
+// the bias added and rounded again: what torch does around the same kernels on the Python path.
 //
 // Plain C++ without torch headers, no kernels of its own: it calls the kernels the Python path calls (the
 // block kernel or ggml's matmul, and kernels.cpp's norm, rotary, silu*mul and paged decode attention),
@@ -20,6 +23,22 @@
 #include <cstring>
 
 namespace {
+
+using bf16 = uint16_t;
+
+inline float to_f32(bf16 x) {
+    uint32_t u = uint32_t(x) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline bf16 to_bf16(float x) {  // torch's rounding: to nearest, ties to even; NaN stays a quiet NaN
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return bf16(u >> 16);
+}
 
 using BlockMatmulFn = int (*)(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
                               float* y, int64_t ldy, int nthreads);
@@ -62,72 +81,92 @@ struct TmLinear {
     const void* const* ptrs;   // (n_parts,)
     const int64_t* rows;       // (n_parts,), kind 0
     const int64_t* offsets;    // (n_parts,)
-    const float* bias;         // (out_features,) or NULL
+    const void* bias;          // (out_features,) at the model's dtype, or NULL
 };
 
 struct TmLayer {
-    const float* input_norm;  // (D,)
-    const float* post_norm;   // (D,)
+    const void* input_norm;   // (D,)
+    const void* post_norm;    // (D,)
     TmLinear qkv, o, gate_up, down;
-    float* k_cache;           // (num_blocks, block_size, nkv, hd), contiguous
-    float* v_cache;
+    void* k_cache;            // (num_blocks, block_size, nkv, hd), contiguous
+    void* v_cache;
     int64_t window;           // 0: every key; W > 0: the last W keys of each query
 };
 
 struct TmModel {
+    int32_t dtype;            // 0: fp32, 1: bf16 (activations, norm weights, biases, KV cache)
     int64_t num_layers, D, nh, nkv, hd, I, block_size, partition;
     float eps, scale;
     const TmLayer* layers;    // (num_layers,)
-    const float* final_norm;  // (D,)
+    const void* final_norm;   // (D,)
     TmKernels k;
 };
 
-// One step's inputs, outputs and scratch; every float buffer contiguous, rows as stated.
+// One step's inputs, outputs and scratch, at the model's dtype unless said; every buffer contiguous.
 struct TmStep {
     int64_t M;                 // decode tokens
     int64_t num_layers;        // run the first this many layers (layer-skip drafting), then the final norm
-    float* x;                  // (M, D) in: the embeddings; clobbered (the residual stream)
-    const float* cos;          // (M, hd) rotary rows, tab_stride apart
-    const float* ssin;         // (M, hd) signed sin rows
+    void* x;                   // (M, D) in: the embeddings; clobbered (the residual stream)
+    const void* cos;           // (M, hd) rotary rows, tab_stride apart
+    const void* ssin;          // (M, hd) signed sin rows
     int64_t tab_stride;
     const int64_t* slots;      // (M,) cache slot of each token's K/V
     const int64_t* tables;     // (M, table_stride) block table of each token's sequence
     int64_t table_stride;
     const int64_t* lens;       // (M,) keys each token attends to (its position + 1)
     int64_t* starts;           // (M,) scratch: each token's first key under a window
-    float* qkv;                // (M, (nh + 2 nkv) hd)
-    float* attn;               // (M, nh hd)
-    float* h;                  // (M, D)
-    float* y;                  // (M, D)
-    float* gate_up;            // (M, 2 I)
-    float* act;                // (M, I)
-    float* out;                // (M, D) the final normed hidden states
+    void* qkv;                 // (M, (nh + 2 nkv) hd)
+    void* attn;                // (M, nh hd)
+    void* h;                   // (M, D)
+    void* y;                   // (M, D)
+    void* gate_up;             // (M, 2 I)
+    void* act;                 // (M, I)
+    void* out;                 // (M, D) the final normed hidden states
+    float* wide_in;            // bf16 only, fp32: (M, the widest matmul input)
+    float* wide_out;           // bf16 only, fp32: (M, the widest matmul output)
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 1; }
+int tm_decode_step_abi() { return 2; }
 
 }  // extern "C"
 
 namespace {
 
-int linear(const TmKernels& k, const TmLinear& L, const float* x, int64_t M, float* y, int nthreads) {
+int matmul(const TmKernels& k, const TmLinear& L, const float* x, int64_t M, float* y, int nthreads) {
+    if (L.kind != 0)
+        return k.ggml_matmul(const_cast<void**>(L.ptrs), L.offsets, L.n_parts, x, M, L.in_features, y,
+                             L.out_features, nthreads);
     int rc = 0;
-    if (L.kind == 0) {
-        for (int i = 0; i < L.n_parts && rc == 0; ++i)
-            rc = k.block_matmul(L.types[i], L.ptrs[i], L.rows[i], L.in_features, x, L.in_features, M,
-                                y + L.offsets[i], L.out_features, nthreads);
-    } else {
-        rc = k.ggml_matmul(const_cast<void**>(L.ptrs), L.offsets, L.n_parts, x, M, L.in_features, y, L.out_features,
-                           nthreads);
-    }
-    if (rc == 0 && L.bias != nullptr) {
-        for (int64_t r = 0; r < M; ++r) {
-            float* row = y + r * L.out_features;
-            for (int64_t j = 0; j < L.out_features; ++j) row[j] = row[j] + L.bias[j];
-        }
-    }
+    for (int i = 0; i < L.n_parts && rc == 0; ++i)
+        rc = k.block_matmul(L.types[i], L.ptrs[i], L.rows[i], L.in_features, x, L.in_features, M, y + L.offsets[i],
+                            L.out_features, nthreads);
     return rc;
+}
+
+// y (M, out) = x (M, in) . W^T + bias, at the model's dtype (see the header for bf16's rounding)
+int linear(const TmModel& m, const TmLinear& L, const void* x, int64_t M, void* y, const TmStep& s) {
+    const int64_t n_in = M * L.in_features, n_out = M * L.out_features;
+    if (m.dtype == 0) {
+        float* yf = static_cast<float*>(y);
+        const int rc = matmul(m.k, L, static_cast<const float*>(x), M, yf, s.nthreads);
+        if (rc == 0 && L.bias != nullptr) {
+            const float* b = static_cast<const float*>(L.bias);
+            for (int64_t i = 0; i < n_out; ++i) yf[i] = yf[i] + b[i % L.out_features];
+        }
+        return rc;
+    }
+    const bf16* xb = static_cast<const bf16*>(x);
+    bf16* yb = static_cast<bf16*>(y);
+    for (int64_t i = 0; i < n_in; ++i) s.wide_in[i] = to_f32(xb[i]);
+    const int rc = matmul(m.k, L, s.wide_in, M, s.wide_out, s.nthreads);
+    if (rc) return rc;
+    for (int64_t i = 0; i < n_out; ++i) yb[i] = to_bf16(s.wide_out[i]);
+    if (L.bias != nullptr) {
+        const bf16* b = static_cast<const bf16*>(L.bias);
+        for (int64_t i = 0; i < n_out; ++i) yb[i] = to_bf16(to_f32(yb[i]) + to_f32(b[i % L.out_features]));
+    }
+    return 0;
 }
 
 }  // namespace
@@ -140,40 +179,43 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
     const TmKernels& k = m.k;
     const int64_t M = s->M, D = m.D, hd = m.hd, nh = m.nh, nkv = m.nkv;
     const int64_t qkv_w = (nh + 2 * nkv) * hd, kv_w = nkv * hd;
-    const int t = s->nthreads;
+    const int64_t esize = m.dtype == 0 ? 4 : 2;
+    const int t = s->nthreads, dt = m.dtype;
     if (M <= 0) return 0;
+    if (dt != 0 && dt != 1) return -1;
+    auto at = [esize](void* p, int64_t elems) { return static_cast<char*>(p) + elems * esize; };
     int rc = 0;
-    float* res = s->x;
+    void* res = s->x;
     for (int64_t l = 0; l < s->num_layers && rc == 0; ++l) {
         const TmLayer& L = m.layers[l];
         if (l == 0)
-            rc = k.add_rms_norm(0, s->h, D, res, D, nullptr, 0, L.input_norm, M, D, m.eps, t);
+            rc = k.add_rms_norm(dt, s->h, D, res, D, nullptr, 0, L.input_norm, M, D, m.eps, t);
         else
-            rc = k.add_rms_norm(0, s->h, D, s->y, D, res, D, L.input_norm, M, D, m.eps, t);
-        if (rc == 0) rc = linear(k, L.qkv, s->h, M, s->qkv, t);
-        if (rc == 0) rc = k.rotary(0, s->qkv, qkv_w, nh + nkv, hd, s->cos, s->ssin, s->tab_stride, M, t);
+            rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.input_norm, M, D, m.eps, t);
+        if (rc == 0) rc = linear(m, L.qkv, s->h, M, s->qkv, *s);
+        if (rc == 0) rc = k.rotary(dt, s->qkv, qkv_w, nh + nkv, hd, s->cos, s->ssin, s->tab_stride, M, t);
         if (rc) break;
         for (int64_t r = 0; r < M; ++r) {  // every token's K/V is in the cache before any token attends
-            const float* row = s->qkv + r * qkv_w + nh * hd;
-            std::memcpy(L.k_cache + s->slots[r] * kv_w, row, kv_w * sizeof(float));
-            std::memcpy(L.v_cache + s->slots[r] * kv_w, row + kv_w, kv_w * sizeof(float));
+            const char* row = at(s->qkv, r * qkv_w + nh * hd);
+            std::memcpy(at(L.k_cache, s->slots[r] * kv_w), row, kv_w * esize);
+            std::memcpy(at(L.v_cache, s->slots[r] * kv_w), row + kv_w * esize, kv_w * esize);
         }
         const int64_t* starts = nullptr;
         if (L.window > 0) {
             for (int64_t r = 0; r < M; ++r) s->starts[r] = s->lens[r] > L.window ? s->lens[r] - L.window : 0;
             starts = s->starts;
         }
-        rc = k.attention(0, s->attn, nh * hd, s->qkv, qkv_w, L.k_cache, L.v_cache, s->tables, s->table_stride, s->lens,
-                         starts, M, nh, nkv, hd, m.block_size, m.scale, m.partition, t);
-        if (rc == 0) rc = linear(k, L.o, s->attn, M, s->y, t);
-        if (rc == 0) rc = k.add_rms_norm(0, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);
-        if (rc == 0) rc = linear(k, L.gate_up, s->h, M, s->gate_up, t);
-        if (rc == 0) rc = k.silu_and_mul(0, s->act, m.I, s->gate_up, 2 * m.I, M, m.I, t);
-        if (rc == 0) rc = linear(k, L.down, s->act, M, s->y, t);
+        rc = k.attention(dt, s->attn, nh * hd, s->qkv, qkv_w, L.k_cache, L.v_cache, s->tables, s->table_stride,
+                         s->lens, starts, M, nh, nkv, hd, m.block_size, m.scale, m.partition, t);
+        if (rc == 0) rc = linear(m, L.o, s->attn, M, s->y, *s);
+        if (rc == 0) rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);
+        if (rc == 0) rc = linear(m, L.gate_up, s->h, M, s->gate_up, *s);
+        if (rc == 0) rc = k.silu_and_mul(dt, s->act, m.I, s->gate_up, 2 * m.I, M, m.I, t);
+        if (rc == 0) rc = linear(m, L.down, s->act, M, s->y, *s);
     }
     if (rc) return rc;
-    if (s->num_layers == 0) return k.add_rms_norm(0, s->out, D, res, D, nullptr, 0, m.final_norm, M, D, m.eps, t);
-    return k.add_rms_norm(0, s->out, D, s->y, D, res, D, m.final_norm, M, D, m.eps, t);
+    if (s->num_layers == 0) return k.add_rms_norm(dt, s->out, D, res, D, nullptr, 0, m.final_norm, M, D, m.eps, t);
+    return k.add_rms_norm(dt, s->out, D, s->y, D, res, D, m.final_norm, M, D, m.eps, t);
 }
 
 }  // extern "C"

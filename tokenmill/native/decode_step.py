@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 1
+ABI = 2
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -47,7 +47,7 @@ class TmLayer(ctypes.Structure):
 
 
 class TmModel(ctypes.Structure):
-    _fields_ = [("num_layers", _I64), ("D", _I64), ("nh", _I64), ("nkv", _I64), ("hd", _I64), ("I", _I64),
+    _fields_ = [("dtype", _I32), ("num_layers", _I64), ("D", _I64), ("nh", _I64), ("nkv", _I64), ("hd", _I64), ("I", _I64),
                 ("block_size", _I64), ("partition", _I64), ("eps", _F), ("scale", _F),
                 ("layers", ctypes.POINTER(TmLayer)), ("final_norm", _P), ("k", TmKernels)]
 
@@ -56,7 +56,7 @@ class TmStep(ctypes.Structure):
     _fields_ = [("M", _I64), ("num_layers", _I64), ("x", _P), ("cos", _P), ("ssin", _P), ("tab_stride", _I64),
                 ("slots", _P), ("tables", _P), ("table_stride", _I64), ("lens", _P), ("starts", _P),
                 ("qkv", _P), ("attn", _P), ("h", _P), ("y", _P), ("gate_up", _P), ("act", _P), ("out", _P),
-                ("nthreads", ctypes.c_int)]
+                ("wide_in", _P), ("wide_out", _P), ("nthreads", ctypes.c_int)]
 
 
 @functools.cache
