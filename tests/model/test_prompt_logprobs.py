@@ -110,6 +110,8 @@ def test_preempted_equals_ample(llm: LLM) -> None:
     assert small.engine.scheduler.num_preemptions > 0
     for a, b in zip(ample, tight):
         assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        # the recomputation chunks the prompt differently, so the fp32 sums may part in the last bits (1.1e-5
+        # seen on a busy machine); a misplaced entry would be off by far more
         assert [e.logprob for e in b.prompt_logprobs[1:]] == pytest.approx([e.logprob for e in a.prompt_logprobs[1:]],
-                                                                            abs=1e-5)
+                                                                            abs=1e-4)
     assert small.engine.block_manager.num_free_blocks == 10
