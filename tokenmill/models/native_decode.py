@@ -157,8 +157,8 @@ class NativeDecode:
         return struct
 
     def fits(self, T: int, attn: AttentionContext) -> bool:
-        """This step: T tokens, all decodes on the native kernel, over fp32 caches, within the block
-        kernels' rows."""
+        """This step: T tokens, all decodes on the native attention kernel, over caches of the model's dtype,
+        within the block kernels' rows."""
         meta, backend = attn.metadata, attn.backend
         if (T == 0 or meta.num_decodes != T or meta.decode_context_lens is None or meta.decode_block_tables is None
                 or not isinstance(backend, NativePagedAttentionBackend) or not backend.use_kernel):
@@ -207,6 +207,3 @@ class NativeDecode:
             self._threads = ThreadChooser(torch.get_num_threads())
         self._threads.run(T * self._macs_per_row * n // len(m.model.layers), call)
         return out
-
-    def __repr__(self) -> str:
-        return "NativeDecode()"
