@@ -7,7 +7,7 @@
 set -u
 D=benchmarks/results/2026-12-02-native-step
 TM=.venv/bin/tokenmill
-{ lscpu | grep -E "Model name|^CPU\(s\)"; grep -o -w -E "avx2|avx512f|amx_bf16" /proc/cpuinfo | sort | uniq -c; } > $D/lscpu.txt
+{ lscpu | grep -E "Model name|^CPU\(s\)"; grep -o -w -E "avx2|avx512f|avx512_vnni|avx512_bf16|amx_bf16" /proc/cpuinfo | sort | uniq -c; } > $D/lscpu.txt
 note() { echo "== $1 $(date +%T) load: $(cut -d' ' -f1-3 /proc/loadavg)" >> $D/load.txt; }
 # engine, one stream, decode tok/s: layer by layer (0) and native (1), alternating
 for i in 1 2 3; do
