@@ -1,5 +1,5 @@
 """native/block_matmul.cpp, the multi-row kernel for plain Q4_0 / Q4_1 / Q8_0 blocks: against the
-dequantized fp64 reference (gguf-py's dequantizer), row by row independent of the batch, the row pairing
+dequantized fp64 reference (gguf-py's dequantizer; x is quantized to 16 bits, so within 1e-4), row by row independent of the batch, the row pairing
 and the thread count; the plain C++ build (-DTM_PORTABLE) agrees with the AVX2 one."""
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def test_against_the_dequantized_reference_and_row_independent(type_name: str, n
             assert torch.equal(y[i], torch.zeros(n))
             continue
         err = float((y[i].double() - ref[i]).norm() / ref[i].norm())
-        assert err < 2e-2, f"{type_name} row {i}: relative error {err:.2e}"  # 8-bit activations: ~5e-3
+        # 16-bit activations: x's rounding only, ~1e-5 (8-bit ones, ggml's, give ~5e-3)
+        assert err < 1e-4, f"{type_name} row {i}: relative error {err:.2e}"
     # every batch size, every row offset in it, and the thread count: the same bits
     for m in (1, 2, 3, 7, 8, 9, 16, 19):
         for start in {0, x.shape[0] - m}:

@@ -2,11 +2,13 @@
 
 References are independent of ggml: gguf-py's own dequantizer (numpy) and F.linear / the `dequantize`
 engine. ggml quantizes activations to 8 bits per 32 (or 256) values before its integer dot products, as
-llama.cpp does, so the kernels are held to error bounds, not equality:
-- one matmul: relative error <= 2e-2 against fp32 on the dequantized weight (measured 4e-3 to 1e-2);
-- the default model (SmolLM2 Q4_1, Q8_0 embedding and head), teacher-forced over 1,000 tokens of text
-  and code: median relative logit error <= 4e-2 (measured ~1.6e-2), top-1 agreement >= 94% (measured
-  95.9% on 2,000 tokens; the disagreements are near-ties, and llama.cpp's kernels make the same ones);
+llama.cpp does; our block kernel for plain Q4_0 / Q4_1 / Q8_0 blocks (native/block_matmul.cpp) to 16 bits.
+So the kernels are held to error bounds, not equality:
+- one matmul: relative error <= 2e-2 against fp32 on the dequantized weight (measured 4e-3 to 1e-2 for
+  ggml's kernels);
+- the default model (SmolLM2 Q4_1, Q8_0 embedding and head: all on the block kernel), teacher-forced over
+  1,000 tokens of text and code: median relative logit error <= 1e-3 (measured 6e-5 to 1e-4), top-1
+  agreement >= 98% (measured 99.9% on 2,000 tokens; with 8-bit activations, as llama.cpp computes, 95.9%);
 - tiny random models in Q4_0, Q8_0, Q4_K_M, Q5_K_M, Q6_K: max relative logit error <= 5e-2 (measured
   1.3e-2 to 2e-2), top-1 >= 85% (random models' logits are flat, so near-ties are common).
 Exact where the arithmetic is the same: the dense path (dequantize + F.linear) equals the `dequantize`
@@ -123,8 +125,8 @@ def test_default_model_logits_against_the_dequantized_reference(llm) -> None:
         agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
         total += len(ids)
     assert total >= 1000
-    assert max(medians) < 4e-2, medians
-    assert agree / total >= 0.94, f"teacher-forced top-1 agreement {agree / total:.3f}"
+    assert max(medians) < 1e-3, medians
+    assert agree / total >= 0.98, f"teacher-forced top-1 agreement {agree / total:.3f}"
 
 
 def test_dense_path_is_exactly_the_dequantized_engine(llm) -> None:

@@ -9,10 +9,11 @@ an interleaved layout where the running CPU has one for its type (Q4_0 / Q4_K / 
 AVX-512 and AMX), else used in place.
 
 Per call, by the number of rows M:
-- M <= max_ggml_rows: block kernels, activations quantized to 8 bits per 32-block as in llama.cpp (~5e-3
-  relative error against the fp32 dequantized reference): plain Q4_0 / Q4_1 / Q8_0 blocks by our own
-  multi-row kernel (native/block_matmul.cpp: each weight block unpacked once for up to 8 rows, 1.2-1.8x
-  ggml's speed at 2-16 rows, about its speed at one), every other type by ggml's;
+- M <= max_ggml_rows: block kernels on 8-bit activations per 32-block as in llama.cpp (ggml's, ~5e-3
+  relative error against the fp32 dequantized reference), except plain Q4_0 / Q4_1 / Q8_0 blocks, which our
+  own multi-row kernel multiplies with 16-bit activations (native/block_matmul.cpp: ~1e-5 from x's rounding,
+  so the result is the weights' own; each weight block unpacked once for up to 8 rows, 1.2-1.8x ggml's
+  speed at 2-16 rows, about its speed at one);
 - above: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
   compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
   compute-bound. Repacked matrices have no plain blocks left, so they always take ggml's path (its
