@@ -23,3 +23,5 @@ spec ngram-c1-grounded --workload grounded --concurrency 1 --repeats 4 --output-
 spec ngram-c1-random --workload random --concurrency 1 --repeats 4 --output-len 64
 spec ngram-c16-random --workload random --concurrency 16 --repeats 4 --output-len 64
 note "done"
+# after the 16-bit block kernel (the same day): the grounded line again, as ngram-c1-grounded-16bit, and
+#   PEERS="llama-server" LEVELS=1 RESULTS_DIR=$D/compare-c1-16bit benchmarks/compare.sh
