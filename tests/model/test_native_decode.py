@@ -135,21 +135,14 @@ def test_random_models(name: str, random_files: dict[str, Path], native_calls: l
     both_ways(llm, PROMPTS[:5], native_calls, monkeypatch)
 
 
-def test_what_does_not_fit_runs_layer_by_layer(native_calls: list[int]) -> None:
+def test_what_does_not_fit_runs_layer_by_layer(native_calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     """Dequantized weights never take the native step; a step of more rows than the block kernels' crossover
     does not either (the layers then multiply dense tiles)."""
     deq = LLM(progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32",
               quantization="dequantize")
     assert deq.engine.executor.worker.runner.model.native_decode is None  # type: ignore[attr-defined]
-    old = os.environ.get("TOKENMILL_GGML_MAX_ROWS")
-    os.environ["TOKENMILL_GGML_MAX_ROWS"] = "2"
-    try:
-        llm = LLM(progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
-    finally:
-        if old is None:
-            del os.environ["TOKENMILL_GGML_MAX_ROWS"]
-        else:
-            os.environ["TOKENMILL_GGML_MAX_ROWS"] = old
+    monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", "2")  # read when the engine is built
+    llm = LLM(progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
     short = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     outputs(llm, PROMPTS[:4], short)
     assert not native_calls  # 4 decodes a step: layer by layer

@@ -60,6 +60,7 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     if not model.rope.use_native or model.rope.cos.dtype != dtype:
         return "rotary tables not on the native kernels"
     norms: list[Any] = [model.model.norm]
+    has_ggml = decode_step.kernel_table().ggml_matmul is not None
     for layer in _layers(model):
         mlp = layer.mlp
         if not isinstance(mlp, GatedMLP) or not isinstance(mlp.act, SiluAndMul) or not mlp.act.use_native:
@@ -68,7 +69,7 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
             if not isinstance(lin.method, GGUFLinearMethod) or lin.matmul is None:
                 return "matmuls not on the gguf method's block kernels"
-            if lin.block_mm is None and decode_step.kernel_table().ggml_matmul is None:
+            if lin.block_mm is None and not has_ggml:
                 return "ggml not loaded"
             if lin.bias is not None and (lin.bias.dtype != dtype or not lin.bias.is_contiguous()):
                 return "a bias in another dtype"
@@ -119,14 +120,12 @@ class NativeDecode:
         layers = _layers(model)
         self._method: GGUFLinearMethod = layers[0].self_attn.qkv_proj.method
         cfg = model.cfg
-        self._macs_per_row = sum(lin.in_features * lin.out_features for layer in layers
-                                 for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                             layer.mlp.gate_up_proj, layer.mlp.down_proj))
+        linears = [lin for layer in layers for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                       layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        self._macs_per_row = sum(lin.in_features * lin.out_features for lin in linears)
         self._widths = (cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,
                         cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
         self.dtype = model.model.norm.weight.dtype
-        linears = [lin for layer in layers for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                       layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         self._max_in = max(lin.in_features for lin in linears)  # bf16: the fp32 rows a matmul reads / writes
         self._max_out = max(lin.out_features for lin in linears)
 

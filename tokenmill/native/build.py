@@ -26,28 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     except NativeBuildError as e:
         failed = True
         print(f"tokenmill native: ggml is not available, GGUF weights will be dequantized: {e}", file=sys.stderr)
+    from tokenmill.native import block_matmul, decode_step, kernels
     from tokenmill.native.compile import build_library
-    from tokenmill.native.kernels import FLAGS, SOURCE
 
-    try:
-        print(f"tokenmill native: kernels at {build_library('tokenmill_kernels', [SOURCE], FLAGS)}")
-    except NativeBuildError as e:
-        failed = True
-        print(f"tokenmill native: kernels not built, the torch path will run: {e}", file=sys.stderr)
-    from tokenmill.native import block_matmul
-
-    try:
-        print(f"tokenmill native: block matmul at {build_library('tokenmill_block_matmul', [block_matmul.SOURCE], block_matmul.FLAGS)}")
-    except NativeBuildError as e:
-        failed = True
-        print(f"tokenmill native: block matmul not built, ggml's kernels will run: {e}", file=sys.stderr)
-    from tokenmill.native import decode_step
-
-    try:
-        print(f"tokenmill native: decode step at {build_library('tokenmill_decode_step', [decode_step.SOURCE], decode_step.FLAGS)}")
-    except NativeBuildError as e:
-        failed = True
-        print(f"tokenmill native: decode step not built, layers will run one by one: {e}", file=sys.stderr)
+    # (what, library name, module with SOURCE and FLAGS, what runs without it)
+    for what, name, mod, fallback in (
+            ("kernels", "tokenmill_kernels", kernels, "the torch path will run"),
+            ("block matmul", "tokenmill_block_matmul", block_matmul, "ggml's kernels will run"),
+            ("decode step", "tokenmill_decode_step", decode_step, "layers will run one by one")):
+        try:
+            print(f"tokenmill native: {what} at {build_library(name, [mod.SOURCE], mod.FLAGS)}")
+        except NativeBuildError as e:
+            failed = True
+            print(f"tokenmill native: {what} not built, {fallback}: {e}", file=sys.stderr)
     return 1 if failed and args.strict else 0
 
 

@@ -28,7 +28,7 @@ ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
 _I32, _I64 = ctypes.c_int32, ctypes.c_int64
-_PI32, _PI64, _PF = ctypes.POINTER(_I32), ctypes.POINTER(_I64), ctypes.POINTER(_F)
+_PI32, _PI64 = ctypes.POINTER(_I32), ctypes.POINTER(_I64)
 
 
 class TmKernels(ctypes.Structure):
