@@ -230,6 +230,59 @@ def test_each_sequence_is_independent_of_the_batch_and_the_threads() -> None:
         torch.set_num_threads(threads)
 
 
+def verification_batch(runs: list[tuple[int, int]], nkv: int, hd: int, bs: int, seed: int):
+    """Speculative verification's layout: for each (L, R) one sequence's R rows at positions L-1 .. L+R-2
+    (lens L .. L+R-1), every row with the sequence's block table; -> caches, tables, lens."""
+    k_cache, v_cache, tables, _ = make_paged(len(runs), nkv, hd, bs, [L + R - 1 for L, R in runs], torch.float32,
+                                             seed)
+    rows = [b for b, (_, R) in enumerate(runs) for _ in range(R)]
+    lens = [L + r for L, R in runs for r in range(R)]
+    return k_cache, v_cache, tables[rows], torch.tensor(lens, dtype=torch.long)
+
+
+@pytest.mark.parametrize("nh,nkv,hd,bs", [(9, 3, 64, 16), (32, 8, 128, 16), (8, 1, 64, 5), (16, 16, 64, 32)])
+def test_rows_of_one_sequence_attend_together_and_keep_their_bits(nh: int, nkv: int, hd: int, bs: int) -> None:
+    """Rows of one sequence at successive positions (speculative verification) are attended as one run,
+    each tile read once for all of them. Each row must still get the bits it gets alone, across tile,
+    block and partition edges (lens around 16, 256 and 512), in runs longer than the kernel groups (20
+    rows), beside other sequences, at 1 and 2 threads; and match the torch reference."""
+    runs = [(1, 5), (254, 5), (300, 1), (14, 4), (509, 9), (100, 20), (2, 2), (1000, 3)]
+    k_cache, v_cache, tables, lens_t = verification_batch(runs, nkv, hd, bs, seed=nh + bs)
+    q = torch.randn(len(lens_t), nh, hd)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out = torch.empty_like(q)
+            assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, hd ** -0.5)
+            torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, hd ** -0.5), **FP32)
+            for b in range(len(lens_t)):
+                alone = torch.empty(1, nh, hd)
+                assert kernels.paged_decode_attention(alone, q[b : b + 1], k_cache, v_cache, tables[b : b + 1],
+                                                      lens_t[b : b + 1], hd ** -0.5)
+                assert torch.equal(alone[0], out[b]), (n, b)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_rows_that_read_other_blocks_are_not_run_together() -> None:
+    """Successive positions of two sequences whose tables differ in one block the shorter row reads, or
+    with a shorter context after a longer one, or under a sliding window: still each row's own keys."""
+    k_cache, v_cache, tables, lens_t = verification_batch([(40, 2), (40, 2)], 2, 64, 16, seed=11)
+    tables[1, 1] = tables[2, 1]  # row 1 (len 41) reads another sequence's second block
+    lens_t[3] = 30  # row 3 shorter than row 2
+    q = torch.randn(4, 4, 64)
+    out = torch.empty_like(q)
+    assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 0.125)
+    torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, 0.125), **FP32)
+    k_cache, v_cache, tables, lens_t = verification_batch([(40, 6)], 2, 64, 16, seed=12)
+    starts = (lens_t - 20).clamp(min=0)  # each row's window starts one key later
+    q = torch.randn(6, 4, 64)
+    out = torch.empty_like(q)
+    assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 0.125, starts=starts)
+    torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, 0.125, starts), **FP32)
+
+
 def test_attention_refuses_what_it_cannot_take() -> None:
     k_cache, v_cache, tables, lens_t = make_paged(2, 2, 64, 16, [5, 9], torch.float32, seed=1)
     q = torch.randn(2, 4, 64)
@@ -259,3 +312,11 @@ def test_portable_build_agrees(portable_lib, monkeypatch) -> None:
     out = torch.empty_like(q)
     assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 0.125)
     torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, 0.125), **FP32)
+    k_cache, v_cache, tables, lens_t = verification_batch([(254, 5), (17, 3)], 2, 64, 16, seed=6)
+    q = torch.randn(8, 14, 64)
+    out = torch.empty_like(q)
+    assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 0.125)
+    torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, 0.125), **FP32)
+    alone = torch.empty(1, 14, 64)
+    assert kernels.paged_decode_attention(alone, q[2:3], k_cache, v_cache, tables[2:3], lens_t[2:3], 0.125)
+    assert torch.equal(alone[0], out[2])

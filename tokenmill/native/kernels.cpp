@@ -316,6 +316,7 @@ void rotary(T* x, int64_t x_stride, int64_t heads, int64_t hd, const T* cos, con
 
 // ---- paged decode attention -----------------------------------------------------------------------
 constexpr int kTile = 16;  // keys per tile
+constexpr int64_t kMaxRun = 16;  // rows attended together (paged_decode's runs)
 
 struct AttnArgs {
     int64_t nh, nkv, hd, bs;
@@ -389,16 +390,18 @@ inline void tile_accumulate(float* acc, int64_t NC, const U* const* vp, const fl
     }
 }
 
-// One tile (kp, vp: its 16 key and value rows of one KV head, n valid) for G query heads (q: G x hd,
-// fp32, already scaled): online softmax into the running max m[g], sum l[g] and unnormalized acc[g].
+// One tile (kp, vp: its 16 key and value rows of one KV head, n of them read) for G query heads (q: G x
+// hd, fp32, already scaled), head g seeing the first ns[g] <= n rows: online softmax into the running max
+// m[g], sum l[g] and unnormalized acc[g]. A head that sees none of the rows (ns[g] == 0, only after tiles
+// it did see, so m[g] is finite) gets probabilities of exactly 0: its m, l and acc keep their bits.
 template <int G, typename T>
-inline void attend_tile(int64_t NC, const float* q, const T* const* kp, const T* const* vp, int n, float* m,
-                        float* l, float* acc) {
+inline void attend_tile(int64_t NC, const float* q, const T* const* kp, const T* const* vp, int n, const int* ns,
+                        float* m, float* l, float* acc) {
     const int64_t hd = NC * 8;
     alignas(32) float sc[G][kTile];
     tile_scores<G>(q, NC, kp, n, sc);
     for (int g = 0; g < G; ++g) {  // mask, new max, rescale what was accumulated, probabilities into sc
-        for (int j = n; j < kTile; ++j) sc[g][j] = -std::numeric_limits<float>::infinity();
+        for (int j = ns[g]; j < kTile; ++j) sc[g][j] = -std::numeric_limits<float>::infinity();
         V8 s0 = vload(&sc[g][0]), s1 = vload(&sc[g][8]);
         const float mt = hmax(vmax(s0, s1));
         if (mt > m[g]) {
@@ -423,29 +426,36 @@ inline void attend_tile(int64_t NC, const float* q, const T* const* kp, const T*
 // All G query heads of one KV head on one tile, in groups of at most 8 (each group reads the tile once)
 template <typename T, int NCT>
 inline void attend_tile_heads(int64_t NC, int64_t G, const float* q, const T* const* kp, const T* const* vp, int n,
-                              float* m, float* l, float* acc) {
+                              const int* ns, float* m, float* l, float* acc) {
     const int64_t hd = NC * 8;
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
         const float* qg = q + g0 * hd;
         float* ag = acc + g0 * hd;
         switch (G - g0 < 8 ? G - g0 : 8) {
 #define TM_CASE(N) \
-    case N: attend_tile<N>(NC, qg, kp, vp, n, m + g0, l + g0, ag); break;
+    case N: attend_tile<N>(NC, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag); break;
             TM_CASE(1) TM_CASE(2) TM_CASE(3) TM_CASE(4) TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8)
 #undef TM_CASE
         }
     }
 }
 
-// KV heads [h0, h1) of one sequence over positions [p0, p1): their query heads (q: (h1 - h0) * G rows of
-// hd, fp32, scaled) against each tile of 16 positions in turn, all the heads of a tile before the next
-// tile, so the cache is read in slot order. Leaves m, l, acc per query head (rows of hd).
+// KV heads [h0, h1) over positions [p0, p1) of one sequence's blocks, for R query rows that read them
+// (R > 1: rows of one sequence at successive positions, as speculative verification has them): row r sees
+// [p0, ends[r]), p0 < ends[r] <= p1. Their query heads (q: (h1 - h0) * R * G rows of hd, fp32, scaled;
+// KV head h's are rows [(h - h0) R G, (h - h0 + 1) R G), row r's G of them together) against each tile of
+// 16 positions in turn, all the heads of a tile before the next tile, so the cache is read once, in slot
+// order. Leaves m, l, acc per query head (rows of hd). A head's bits do not depend on R or on the other
+// rows: its tiles, its mask and its order of operations are those it has alone.
 template <typename T, int NCT>
 void attend_range(const AttnArgs& a, int64_t nc_rt, const float* q, int64_t G, const T* kc, const T* vc,
-                  const int64_t* table, int64_t h0, int64_t h1, int64_t p0, int64_t p1, float* m, float* l,
-                  float* acc) {
+                  const int64_t* table, int64_t h0, int64_t h1, int64_t p0, int64_t p1, const int64_t* ends,
+                  int64_t R, float* m, float* l, float* acc) {
     const int64_t NC = NCT ? NCT : nc_rt;  // vectors of 8 per head
     const int64_t hd = NC * 8;
+    thread_local std::vector<int> ns;  // per query head of one KV head: rows of the current tile it sees
+    ns.resize(size_t(R * G));
+    G *= R;  // query heads per KV head, from here on
     for (int64_t g = 0; g < (h1 - h0) * G; ++g) {
         m[g] = -std::numeric_limits<float>::infinity();
         l[g] = 0.0f;
@@ -498,10 +508,14 @@ void attend_range(const AttnArgs& a, int64_t nc_rt, const float* q, int64_t G, c
                     __builtin_prefetch(reinterpret_cast<const char*>(nrv[j]) + b, 0, 3);
                 }
         }
+        for (int64_t r = 0; r < R; ++r) {
+            const int64_t e = ends[r] - pos, nr = e < 0 ? 0 : e < kTile ? e : kTile;
+            for (int64_t g = 0; g < G / R; ++g) ns[size_t(r * (G / R) + g)] = int(nr);
+        }
         for (int64_t h = 0; h < h1 - h0; ++h) {
             for (int j = 0; j < kTile; ++j) kp[j] = rk[j] + h * hd, vp[j] = rv[j] + h * hd;
             const int64_t q0 = h * G;
-            attend_tile_heads<T, NCT>(NC, G, q + q0 * hd, kp, vp, n, m + q0, l + q0, acc + q0 * hd);
+            attend_tile_heads<T, NCT>(NC, G, q + q0 * hd, kp, vp, n, ns.data(), m + q0, l + q0, acc + q0 * hd);
         }
     }
 }
@@ -527,9 +541,33 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
         total_keys += L;
     }
     const int64_t nparts = first[num_seqs];
-    std::vector<int64_t> seq_of(nparts);
-    for (int64_t b = 0; b < num_seqs; ++b)
-        for (int64_t p = first[b]; p < first[b + 1]; ++p) seq_of[p] = b;
+    // runs: consecutive sequences that read the same keys, attended together so that each tile is read
+    // once for all of them (speculative verification: one request's rows at successive positions). b
+    // joins the run of b - 1 when both start at the same key, b's context is no shorter and b's block
+    // table agrees with b - 1's over every block b - 1 reads; the run's last sequence then holds the
+    // blocks every row of the run reads. At most kMaxRun rows.
+    std::vector<int64_t> run_first{0};  // first sequence of each run, then num_seqs
+    for (int64_t b = 1; b < num_seqs; ++b) {
+        const int64_t S = key_start(b), c = b - 1;
+        bool join = b - run_first.back() < kMaxRun && S == key_start(c) && lens[c] > S && lens[b] >= lens[c];
+        if (join) {
+            const int64_t blocks = (lens[c] + a.bs - 1) / a.bs;
+            join = std::equal(tables + c * table_stride, tables + c * table_stride + blocks, tables + b * table_stride);
+        }
+        if (!join) run_first.push_back(b);
+    }
+    const int64_t nruns = int64_t(run_first.size());
+    run_first.push_back(num_seqs);
+    // a run's partitions are its last sequence's; part_first[u]: index of run u's first among all runs'
+    std::vector<int64_t> part_first(nruns + 1, 0);
+    for (int64_t u = 0; u < nruns; ++u) {
+        const int64_t last = run_first[u + 1] - 1;
+        part_first[u + 1] = part_first[u] + first[last + 1] - first[last];
+    }
+    const int64_t run_parts = part_first[nruns];
+    std::vector<int64_t> run_of(run_parts);
+    for (int64_t u = 0; u < nruns; ++u)
+        for (int64_t p = part_first[u]; p < part_first[u + 1]; ++p) run_of[p] = u;
     // partial results of sequences with more than one partition: m, l, acc per (partition, q head)
     thread_local std::vector<float> scratch;
     const size_t need = size_t(nparts) * a.nh * (hd + 2);
@@ -538,35 +576,45 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
     float* pl = pm + nparts * a.nh;
     float* pacc = pl + nparts * a.nh;
     const int nt = threads_for(total_keys * a.nh * hd, nthreads);
-    // work items: (partition, group of KV heads). A head's result does not depend on its group, so the
-    // groups are free to follow the thread count: one group (reading each slot whole) when there are
-    // enough partitions to go round, more when there are few
+    // work items: (a run's partition, group of KV heads). A head's result does not depend on its group,
+    // so the groups are free to follow the thread count: one group (reading each slot whole) when there
+    // are enough partitions to go round, more when there are few
     int64_t groups = 1;
-    if (nt > 1 && nparts < 4 * nt) groups = std::min<int64_t>(a.nkv, (4 * nt + nparts - 1) / nparts);
+    if (nt > 1 && run_parts < 4 * nt) groups = std::min<int64_t>(a.nkv, (4 * nt + run_parts - 1) / run_parts);
     const int64_t heads_per_group = (a.nkv + groups - 1) / groups;
     groups = (a.nkv + heads_per_group - 1) / heads_per_group;
-    const int64_t items = nparts * groups;
+    const int64_t items = run_parts * groups;
 
     // one item: attend, then normalize into out or leave the partial result
     auto work = [&](int64_t it, float* qs, float* acc, float* m, float* l) {
-        const int64_t p = it / groups, h0 = (it % groups) * heads_per_group, b = seq_of[p];
-        const int64_t h1 = std::min(a.nkv, h0 + heads_per_group);
-        const int64_t L = lens[b], np = first[b + 1] - first[b], pi = p - first[b];
-        const int64_t p0 = key_start(b) + pi * part, p1 = p0 + part < L ? p0 + part : L;
-        const int64_t qh0 = h0 * G, nq = (h1 - h0) * G;  // the query heads of this item
-        const T* qrow = q + b * q_stride + qh0 * hd;
-        for (int64_t i = 0; i < nq * hd; i += 8) vstore(qs + i, vload(qrow + i) * vset1(a.scale));
-        attend_range<T, NCT>(a, nc, qs, G, kc, vc, tables + b * table_stride, h0, h1, p0, p1, m, l, acc);
-        for (int64_t g = 0; g < nq; ++g) {
-            const int64_t qh = qh0 + g;
-            if (np == 1) {  // the whole context: normalize into out
+        const int64_t rp = it / groups, h0 = (it % groups) * heads_per_group, u = run_of[rp];
+        const int64_t h1 = std::min(a.nkv, h0 + heads_per_group), pi = rp - part_first[u];
+        const int64_t last = run_first[u + 1] - 1, p0 = key_start(last) + pi * part;
+        int64_t b0 = run_first[u];  // the rows with keys in this partition: [b0, last]
+        while (lens[b0] <= p0) ++b0;
+        const int64_t R = last + 1 - b0, nq = (h1 - h0) * R * G;
+        int64_t ends[kMaxRun];
+        for (int64_t r = 0; r < R; ++r) ends[r] = std::min(p0 + part, lens[b0 + r]);
+        // q rows in attend_range's order: KV head, then row, then the head's G query heads
+        for (int64_t h = h0; h < h1; ++h)
+            for (int64_t r = 0; r < R; ++r) {
+                const T* qrow = q + (b0 + r) * q_stride + h * G * hd;
+                float* qd = qs + (((h - h0) * R + r) * G) * hd;
+                for (int64_t i = 0; i < G * hd; i += 8) vstore(qd + i, vload(qrow + i) * vset1(a.scale));
+            }
+        attend_range<T, NCT>(a, nc, qs, G, kc, vc, tables + last * table_stride, h0, h1, p0, ends[R - 1], ends, R,
+                             m, l, acc);
+        for (int64_t i = 0; i < nq; ++i) {
+            const int64_t h = h0 + i / (R * G), b = b0 + (i / G) % R, qh = h * G + i % G;
+            if (first[b + 1] - first[b] == 1) {  // the whole context: normalize into out
                 T* o = out + b * out_stride + qh * hd;
-                const V8 inv = vset1(1.0f / l[g]);
-                for (int64_t c = 0; c < nc; ++c) vstore(o + 8 * c, vload(acc + g * hd + 8 * c) * inv);
+                const V8 inv = vset1(1.0f / l[i]);
+                for (int64_t c = 0; c < nc; ++c) vstore(o + 8 * c, vload(acc + i * hd + 8 * c) * inv);
             } else {
-                pm[p * a.nh + qh] = m[g];
-                pl[p * a.nh + qh] = l[g];
-                std::memcpy(pacc + (p * a.nh + qh) * hd, acc + g * hd, sizeof(float) * hd);
+                const int64_t p = first[b] + pi;
+                pm[p * a.nh + qh] = m[i];
+                pl[p * a.nh + qh] = l[i];
+                std::memcpy(pacc + (p * a.nh + qh) * hd, acc + i * hd, sizeof(float) * hd);
             }
         }
     };
@@ -594,13 +642,14 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
             for (int64_t c = 0; c < nc; ++c) vstore(o + 8 * c, vload(tmp + 8 * c) * inv);
         }
     };
-    // per thread: q scaled, acc, m, l for one item's query heads (at most all nh)
+    // per thread: q scaled, acc, m, l for one item's query heads (at most all nh of kMaxRun rows)
     auto thread_buffers = [&]() {
         thread_local std::vector<float> buf;
-        const size_t floats = size_t(a.nh) * (2 * hd + 2);
+        const int64_t heads = kMaxRun * a.nh;  // a run's rows
+        const size_t floats = size_t(heads) * (2 * hd + 2);
         if (buf.size() < floats) buf.resize(floats);
         float* qs = buf.data();
-        return std::make_tuple(qs, qs + a.nh * hd, qs + 2 * a.nh * hd, qs + 2 * a.nh * hd + a.nh);
+        return std::make_tuple(qs, qs + heads * hd, qs + 2 * heads * hd, qs + 2 * heads * hd + heads);
     };
     if (nt > 1) {
 #pragma omp parallel num_threads(nt)
