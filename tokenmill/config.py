@@ -50,11 +50,16 @@ class SpeculativeConfig:
     output head draft greedily; they share the target's KV cache (those layers' keys and values are the
     target's own), so it costs no memory. Default: a quarter of the layers.
 
-    Our additions, the rule that turns speculation off where it does not pay (engine/spec_decode.py):
+    Our additions, the rule that keeps speculation where it pays (engine/spec_decode.py):
         max_batch_size        draft only while at most this many requests run (a big batch is
                               compute-bound on a CPU: drafts then only add work)
-        min_acceptance_rate   a request whose recent drafts were accepted less often than this stops
-                              drafting for `backoff_steps` steps, then tries again
+        draft_length          "adaptive" (default): each request drafts the number of tokens, up to
+                              num_speculative_tokens, that its recent acceptance and the measured cost of
+                              a step's rows say gives the most tokens per second, and pauses when none
+                              pays; "fixed": always num_speculative_tokens, as vLLM does
+        min_acceptance_rate   a request whose estimated acceptance falls below this also pauses (default
+                              0: the cost decides)
+        backoff_steps         a pause's length in steps (each consecutive pause twice as long, up to 16x)
     """
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -65,7 +70,8 @@ class SpeculativeConfig:
     quantization: str | None = None
     num_draft_layers: int | None = None  # layer_skip: the target's layers the draft runs (None: a quarter)
     max_batch_size: int = 2
-    min_acceptance_rate: float = 0.5
+    draft_length: str = "adaptive"
+    min_acceptance_rate: float = 0.0
     backoff_steps: int = 16
 
     def __post_init__(self) -> None:
@@ -92,6 +98,10 @@ class SpeculativeConfig:
                              f"{self.num_draft_layers} with method {self.method!r}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if self.draft_length not in ("adaptive", "fixed"):
+            raise ValueError(f'draft_length must be "adaptive" or "fixed", got {self.draft_length!r}')
+        if self.backoff_steps < 1:
+            raise ValueError(f"backoff_steps must be at least 1, got {self.backoff_steps}")
         if not 0.0 <= self.min_acceptance_rate <= 1.0:
             raise ValueError(f"min_acceptance_rate must be in [0, 1], got {self.min_acceptance_rate}")
 

@@ -25,7 +25,7 @@ BASE = dict(progress=False, dtype="float32", quantization="dequantize", max_mode
             kv_cache_memory=64 * 2**20)
 # max_batch_size high: these tests check correctness, so speculation stays on however many requests run
 SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=4, max_batch_size=256,
-                         min_acceptance_rate=0.0)
+                         draft_length="fixed")
 
 CODE = '''def merge(a, b):
     out = []
@@ -181,7 +181,7 @@ def test_rejection_sampling_keeps_the_distribution(plain: LLM) -> None:
     prompt = plain.tokenizer.encode("red green blue " * 12)[:33]
     probs = _chains(plain, prompt, top_k)
     llm = LLM(**BASE, speculative_config=SpeculativeConfig(num_speculative_tokens=2, prompt_lookup_min=1,
-                                                            max_batch_size=1024, min_acceptance_rate=0.0),
+                                                            max_batch_size=1024, draft_length="fixed"),
               max_num_seqs=256)
     params = [SamplingParams(n=16, temperature=1.0, top_k=top_k, max_tokens=3, seed=i) for i in range(n_samples // 16)]
 

@@ -27,7 +27,7 @@ from tokenmill.config import SpeculativeConfig
 from tokenmill.loader.model_source import default_model_path
 from tokenmill.sampling_params import StructuredOutputsParams
 
-ALWAYS = dict(num_speculative_tokens=3, max_batch_size=256, min_acceptance_rate=0.0)  # speculate on every step
+ALWAYS = dict(num_speculative_tokens=3, max_batch_size=256, draft_length="fixed")  # speculate on every step
 KV = 128 * 2**20  # room for a draft model's cache too
 
 
@@ -128,7 +128,7 @@ def test_rejection_sampling_keeps_the_distribution(plain: LLM) -> None:
     prompt = plain.tokenizer.encode("red green blue red green blue red")
     probs = _chains(plain, prompt, top_k)
     cfg = SpeculativeConfig(method="draft_model", model=str(default_model_path()), quantization="auto",
-                            num_speculative_tokens=2, max_batch_size=1024, min_acceptance_rate=0.0)
+                            num_speculative_tokens=2, max_batch_size=1024, draft_length="fixed")
     llm = LLM(**{**BASE, "kv_cache_memory": KV}, speculative_config=cfg, max_num_seqs=256)
     params = [SamplingParams(n=16, temperature=1.0, top_k=top_k, max_tokens=3, seed=i) for i in range(n_samples // 16)]
     outs = llm.generate([prompt] * len(params), params)
@@ -171,6 +171,8 @@ def test_setup_refuses_what_cannot_work(tmp_path: Path) -> None:
     for bad, match in (({"method": "draft_model"}, "needs \"model\""),
                        ({"method": "ngram", "model": "x.gguf"}, "draft_model method's field"),
                        ({"method": "ngram", "num_draft_layers": 4}, "layer_skip method's field"),
-                       ({"method": "draft_model", "model": "x", "quantization": "q9"}, "one of auto")):
+                       ({"method": "draft_model", "model": "x", "quantization": "q9"}, "one of auto"),
+                       ({"method": "ngram", "draft_length": "long"}, 'draft_length must be "adaptive" or "fixed"'),
+                       ({"method": "ngram", "backoff_steps": 0}, "backoff_steps must be at least 1")):
         with pytest.raises(ValueError, match=match):
             SpeculativeConfig.parse(json.dumps(bad))

@@ -104,9 +104,9 @@ def test_speculative_verification_and_layer_skip(native_calls: list[int], monkey
     prompts = ["Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat,",
                "a b c a b c a b c a b c a b"]
     for cfg in (SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=4,
-                                  max_batch_size=256, min_acceptance_rate=0.0),
+                                  max_batch_size=256, draft_length="fixed"),
                 SpeculativeConfig(method="layer_skip", num_speculative_tokens=3, num_draft_layers=8,
-                                  max_batch_size=256, min_acceptance_rate=0.0)):
+                                  max_batch_size=256, draft_length="fixed")):
         native_calls.clear()
         llm = engine(speculative_config=cfg)
         both_ways(llm, prompts, native_calls, monkeypatch)

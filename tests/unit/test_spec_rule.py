@@ -1,12 +1,14 @@
-"""The rule that turns speculation off where it does not pay (engine/spec_decode.py), torch-free: a request
-whose drafts keep failing pauses, each consecutive pause twice as long, and one accepted probe ends the
-doubling; with a model drafter the drafts are placeholders cut like n-gram ones."""
+"""The rule that keeps speculation where it pays (engine/spec_decode.py, engine/step_cost.py), torch-free: a
+request whose drafts keep failing pauses, each consecutive pause twice as long, and one accepted probe ends
+the doubling; the adaptive draft length follows the request's acceptance and the measured cost of a row;
+with a model drafter the drafts are placeholders cut like n-gram ones."""
 
 from __future__ import annotations
 
 from tokenmill.config import SpeculativeConfig
 from tokenmill.engine.request import Request
 from tokenmill.engine.spec_decode import SpecDecoder
+from tokenmill.engine.step_cost import StepCost, best_draft_length, expected_tokens
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler_output import DRAFT_PLACEHOLDER
 
@@ -29,13 +31,14 @@ def steps_until_drafting(spec: SpecDecoder, req: Request) -> int:
 
 
 def test_failing_drafts_pause_longer_each_time_and_one_success_resets() -> None:
-    cfg = SpeculativeConfig(method="layer_skip", num_speculative_tokens=4, backoff_steps=16)
+    cfg = SpeculativeConfig(method="layer_skip", num_speculative_tokens=4, backoff_steps=16, draft_length="fixed",
+                            min_acceptance_rate=0.5)
     spec, req = SpecDecoder(cfg, 4096), decoding()
     spec.propose([req])
     assert req.spec_token_ids == [DRAFT_PLACEHOLDER] * 4
-    spec.record(req, 4, 0)  # 1.0 -> 0.7: still above 0.5
+    spec.record(req, 4, 0)  # the estimate 0.75 -> 0.55: still above 0.5
     assert steps_until_drafting(spec, req) == 0
-    spec.record(req, 4, 0)  # 0.49: pause
+    spec.record(req, 4, 0)  # 0.40: pause
     pauses = []
     for _ in range(6):
         pauses.append(steps_until_drafting(spec, req))
@@ -58,3 +61,78 @@ def test_placeholders_are_cut_to_max_tokens_and_skip_big_batches() -> None:
     batch = [decoding() for _ in range(3)]
     spec.propose(batch)
     assert all(r.spec_token_ids == [] for r in batch)  # more than max_batch_size running: no drafts
+
+
+def test_step_cost_fits_the_line_of_the_steps_it_sees() -> None:
+    cost = StepCost(prior=0.25)
+    assert cost.row_cost(1) == 0.25  # nothing seen: the prior
+    for _ in range(20):
+        cost.observe(1, 0.010)
+    assert cost.row_cost(1) == 0.25  # one size only: rows cannot be told apart
+    for _ in range(10):  # t(R) = 8 ms + 2 ms R
+        cost.observe(5, 0.018)
+        cost.observe(1, 0.010)
+        cost.observe(3, 0.014)
+    a, b = cost.line() or (0.0, 0.0)
+    assert abs(a - 0.008) < 1e-9 and abs(b - 0.002) < 1e-9
+    assert abs(cost.row_cost(1) - 0.2) < 1e-9 and abs(cost.row_cost(2) - 0.002 / 0.012) < 1e-9
+    cost.observe(5, 10.0)  # one stall counts as 3x the line's time, not as 10 s
+    assert cost.row_cost(1) < 0.5
+    for _ in range(200):  # the machine changed: rows now nearly free; older steps fade
+        cost.observe(1, 0.010)
+        cost.observe(5, 0.0104)
+    assert cost.row_cost(1) < 0.02 + 1e-9
+
+
+def test_best_draft_length_weighs_tokens_against_rows() -> None:
+    assert expected_tokens(0.5, 2) == 1.75 and expected_tokens(1.0, 4) == 5.0
+    assert best_draft_length(0.2, 0.25, 4) == 0  # a draft is accepted less often than a row costs
+    assert best_draft_length(0.95, 0.02, 8) == 8  # rows nearly free: draft all
+    assert 1 <= best_draft_length(0.6, 0.25, 8) < best_draft_length(0.9, 0.25, 8)
+    assert best_draft_length(0.9, 0.25, 8) < best_draft_length(0.9, 0.05, 8)
+    for alpha in (0.3, 0.6, 0.9):  # the choice is the best of all k
+        k = best_draft_length(alpha, 0.25, 8)
+        rates = [expected_tokens(alpha, j) / (1 + 0.25 * j) for j in range(9)]
+        assert rates[k] == max(rates)
+
+
+def test_adaptive_length_follows_acceptance_and_pauses_when_nothing_pays() -> None:
+    cfg = SpeculativeConfig(method="layer_skip", num_speculative_tokens=8, backoff_steps=4)
+    spec, req = SpecDecoder(cfg, 4096), decoding()
+    lengths = []
+    for _ in range(6):  # every draft accepted: the length grows to the most allowed
+        spec.propose([req])
+        lengths.append(len(req.spec_token_ids))
+        spec.record(req, lengths[-1], lengths[-1])
+    assert lengths[0] < 8 and lengths[-1] == 8 and lengths == sorted(lengths)
+    failing = []
+    for _ in range(12):  # nothing accepted: the length shrinks, then the request pauses
+        req.spec_token_ids = []
+        spec.propose([req])
+        n = len(req.spec_token_ids)
+        if n == 0:
+            break
+        failing.append(n)
+        spec.record(req, n, 0)
+    assert failing == sorted(failing, reverse=True) and failing[-1] < 8 and len(failing) < 12, failing
+    assert steps_until_drafting(spec, req) == 4  # the pause, then one probe of at least one draft
+    spec.record(req, len(req.spec_token_ids), 0)  # a failed probe: twice as long
+    assert steps_until_drafting(spec, req) == 8
+
+
+def test_rows_that_cost_more_draft_less() -> None:
+    cfg = SpeculativeConfig(method="layer_skip", num_speculative_tokens=8)
+    cheap, dear = SpecDecoder(cfg, 4096), SpecDecoder(cfg, 4096)
+    for _ in range(30):
+        cheap.observe_step(1, 1, 0.010), cheap.observe_step(9, 1, 0.011)
+        dear.observe_step(1, 1, 0.010), dear.observe_step(9, 1, 0.050)
+        dear.observe_step(9, 3, 0.001)  # more requests than max_batch_size: not a step drafting sees
+    a, b = cheap.cost.row_cost(1), dear.cost.row_cost(1)
+    assert a < 0.05 and abs(b - 0.5) < 1e-6
+    reqs = []
+    for spec in (cheap, dear):
+        req = decoding()
+        req.spec_state = None
+        spec.propose([req])
+        reqs.append(len(req.spec_token_ids))
+    assert reqs[0] == 8 and 1 <= reqs[1] < 4

@@ -50,7 +50,7 @@ def run_spec(off: LLM, on: LLM, workload: str, concurrency: int, output_len: int
     for name, prompts in cases.items():
         t_off = t_on = 0.0
         n_off = n_on = 0
-        d0, a0 = spec.num_draft_tokens, spec.num_accepted_tokens
+        d0, a0, v0 = spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_drafts
         for r in range(repeats):  # alternate, so drift on a busy machine hits both
             for llm in ((off, on) if r % 2 == 0 else (on, off)):
                 dt, n = _run(llm, prompts, params)
@@ -58,9 +58,12 @@ def run_spec(off: LLM, on: LLM, workload: str, concurrency: int, output_len: int
                     t_off, n_off = t_off + dt, n_off + n
                 else:
                     t_on, n_on = t_on + dt, n_on + n
-        drafts, accepted = spec.num_draft_tokens - d0, spec.num_accepted_tokens - a0
+        drafts, accepted, runs = spec.num_draft_tokens - d0, spec.num_accepted_tokens - a0, spec.num_drafts - v0
         result["cases"][name] = {
             "off_tok_per_s": n_off / t_off, "on_tok_per_s": n_on / t_on, "speedup": (n_on / t_on) / (n_off / t_off),
             "output_tokens": n_on // repeats, "draft_tokens": drafts, "accepted_tokens": accepted,
-            "acceptance_rate": accepted / drafts if drafts else None}
+            "acceptance_rate": accepted / drafts if drafts else None,
+            "mean_draft_length": drafts / runs if runs else None,
+            # the rule's measured cost of one more row, as a fraction of a one-request decode step
+            "row_cost": spec.cost.row_cost(concurrency)}
     return result

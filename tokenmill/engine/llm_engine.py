@@ -218,6 +218,7 @@ class LLMEngine:
 
     # -- the step --------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             self._send_finished(sched.finished_req_ids)
@@ -275,6 +276,10 @@ class LLMEngine:
         if not self.requests:
             self._send_finished(self.scheduler.take_finished_req_ids())
         elif self.spec is not None:
+            # a step where every request decoded (its drafts included) teaches the rule what rows cost
+            if all(n == 1 + len(sched.spec_token_ids.get(rid, ())) for rid, n in sched.num_scheduled_tokens.items()):
+                self.spec.observe_step(sched.total_num_scheduled_tokens, len(sched.num_scheduled_tokens),
+                                       time.perf_counter() - t0)
             self.spec.propose(self.scheduler.running)
         return outputs
 

@@ -10,14 +10,20 @@ request under a grammar (whose mask rows need them) does not speculate with thos
 sampled token at each draft position either equals the draft, which is kept, or replaces it, ending the
 run); the engine then calls `record` with how many were accepted.
 
-The rule (measured on this project's 2-core CPU, README "Speculative decoding"): no drafts while more than
-`max_batch_size` requests run (a bigger batch is compute-bound and the extra positions cost as much as
-they save); a request whose acceptance rate (an exponential average over its drafts) falls below
-`min_acceptance_rate` drafts nothing for `backoff_steps` steps, then tries again with one probe: its
-average restarts just above the threshold, so one more failure pauses it again, each consecutive pause
-twice as long (up to 16x), and a probe that is accepted ends the doubling. A drafter that never agrees
-(layer_skip on a model not trained to exit early) then costs a few probes per request, not one in nine
-steps.
+The rule (engine/step_cost.py has the measurement it rests on):
+- no drafts while more than `max_batch_size` requests run (a big batch is compute-bound on a CPU and the
+  extra positions cost as much as they save);
+- the draft length (`draft_length` "adaptive", the default): each request keeps an estimate alpha of the
+  chance that a draft is accepted once the drafts before it were (decayed counts of accepted drafts and of
+  rejections, starting at 0.75), and the engine measures what one more row costs in a decode step
+  (StepCost, from its own steps). A request drafts the k <= num_speculative_tokens that gives the most
+  tokens per unit of time, (1 + alpha + ... + alpha^k) / (1 + row_cost k); none when no k pays. "fixed":
+  always num_speculative_tokens (vLLM's behaviour);
+- a pause: a request for which no draft pays, or whose alpha falls below `min_acceptance_rate`, drafts
+  nothing for `backoff_steps` steps, then probes with at least one draft; a failed probe pauses it again,
+  each consecutive pause twice as long (up to 16x), and an accepted probe ends the doubling and starts
+  its estimate over. A drafter that never agrees (layer_skip on a model not trained to exit early) then
+  costs a few probes per request, not one in nine steps.
 """
 
 from __future__ import annotations
@@ -27,37 +33,61 @@ from dataclasses import dataclass, field
 from tokenmill.config import SpeculativeConfig
 from tokenmill.engine.ngram_proposer import NgramIndex, propose
 from tokenmill.engine.request import Request
+from tokenmill.engine.step_cost import StepCost, best_draft_length
 from tokenmill.scheduler_output import DRAFT_PLACEHOLDER
 
-_EMA = 0.3  # weight of the latest draft in a request's acceptance average
+_DECAY = 0.7  # weight of a request's earlier verifications in its estimate, per verification
+_PRIOR_ACCEPTED, _PRIOR_REJECTED = 3.0, 1.0  # an estimate of 0.75 before any draft
 _MAX_DOUBLINGS = 4
+# what one more row costs, as a fraction of a one-row decode step, until the engine has measured it: the
+# default model's GGUF path on the 2-core EPYC (benchmarks/README.md, "adaptive draft length")
+ROW_COST_PRIOR = 0.25
 
 
 @dataclass
 class _SpecState:
     index: NgramIndex = field(default_factory=NgramIndex)
-    acceptance: float = 1.0  # exponential average of accepted / proposed
+    accepted: float = _PRIOR_ACCEPTED  # decayed count of accepted drafts
+    rejected: float = _PRIOR_REJECTED  # decayed count of verifications that rejected a draft
     num_drafts: int = 0
     backoff: int = 0  # steps left without drafting
     pauses: int = 0  # consecutive pauses (each twice the one before, up to _MAX_DOUBLINGS)
+    probe: bool = False  # the next draft follows a pause: it decides whether the request drafts on
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
 
 
 class SpecDecoder:
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
+        self.cost = StepCost(ROW_COST_PRIOR)
         self.num_drafts = 0  # verification runs (a request with drafts in a step)
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * config.num_speculative_tokens  # drafts accepted at position i
 
+    def observe_step(self, rows: int, num_requests: int, seconds: float) -> None:
+        """A step in which each of num_requests requests decoded (with its drafts: `rows` in all) took
+        `seconds`. Only steps where drafting is considered teach the cost."""
+        if num_requests <= self.config.max_batch_size:
+            self.cost.observe(rows, seconds)
+
+    def _pause(self, st: _SpecState) -> None:
+        st.backoff = self.config.backoff_steps << min(st.pauses, _MAX_DOUBLINGS)
+        st.pauses += 1
+        st.probe = True
+
     def propose(self, running: list[Request]) -> None:
         cfg = self.config
         if len(running) > cfg.max_batch_size:
             return
-        for req in running:
-            if req.is_finished or req.num_tokens - req.num_computed_tokens != 1:
-                continue  # drafts ride on a decode only
+        # drafts ride on a decode only
+        decoding = [r for r in running if not r.is_finished and r.num_tokens - r.num_computed_tokens == 1]
+        row_cost = self.cost.row_cost(len(decoding))
+        for req in decoding:
             st = req.spec_state
             if st is None:
                 st = req.spec_state = _SpecState()
@@ -69,6 +99,12 @@ class SpecDecoder:
                     self.max_model_len - req.num_tokens - 1)
             if k <= 0:
                 continue
+            if cfg.draft_length == "adaptive":
+                best = best_draft_length(st.acceptance, row_cost, k)
+                if best == 0 and not st.probe:
+                    self._pause(st)
+                    continue
+                k = max(1, best)
             if cfg.uses_model:
                 if req.grammar is None:
                     req.spec_token_ids = [DRAFT_PLACEHOLDER] * k
@@ -89,15 +125,17 @@ class SpecDecoder:
         if st is None:
             return
         st.num_drafts += 1
-        st.acceptance = (1 - _EMA) * st.acceptance + _EMA * (num_accepted / num_drafts)
-        floor = self.config.min_acceptance_rate
-        if st.acceptance < floor:
-            st.backoff = self.config.backoff_steps << min(st.pauses, _MAX_DOUBLINGS)
-            st.pauses += 1
-            # after the pause one probe decides: a probe with nothing accepted falls below the floor again
-            st.acceptance = min(1.0, floor / (1 - _EMA) - 1e-9) if floor > 0 else 1.0
-        elif st.pauses and num_accepted:
-            st.pauses = 0
+        if st.probe:
+            st.probe = False
+            if num_accepted == 0:  # a failed probe: pause again, twice as long
+                self._pause(st)
+                return
+            st.pauses = 0  # an accepted probe: the doubling ends and the estimate starts over
+            st.accepted, st.rejected = _PRIOR_ACCEPTED, _PRIOR_REJECTED
+        st.accepted = _DECAY * st.accepted + num_accepted
+        st.rejected = _DECAY * st.rejected + (num_accepted < num_drafts)
+        if st.acceptance < self.config.min_acceptance_rate:
+            self._pause(st)
 
     def stats(self) -> dict[str, float]:
         s: dict[str, float] = {"spec_decode_num_drafts": self.num_drafts,
