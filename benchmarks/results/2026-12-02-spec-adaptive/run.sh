@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 15, 2026-12-02: n-gram speculation at C=1 on the grounded prompts, the default GGUF model, after
+# (1) verification rows of one request attended as one run (kernels.cpp) and (2) the adaptive draft length
+# over a measured row cost (engine/step_cost.py). Every line is one `tokenmill bench spec` process (off and
+# on alternating A B B A inside it); the .log files hold the figures in the order they ran, with the load.
+# Run from the repository root: bash benchmarks/results/2026-12-02-spec-adaptive/run.sh
+#
+# (1) was measured with kernels.cpp at 00e6b4f ("old") and at 6021be0 ("new") swapped in place between
+#     processes (the library rebuilds from the source it finds): attention-runs-ab.log, abspec-{old,new}-*.json,
+#     speculation with the rule of that time (fixed length 4, pause below an average acceptance of 0.5).
+set -u
+D=benchmarks/results/2026-12-02-spec-adaptive
+TM=.venv/bin/tokenmill
+spec() { name=$1; shift; echo "== $name $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg)" >> $D/load.txt
+         timeout 1200 $TM bench spec "$@" --result-json $D/$name.json > /dev/null; }
+G="--workload grounded --concurrency 1 --repeats 4 --output-len 128"
+for i in 1 2; do  # (2): the fixed length with a 0.5 floor (the old defaults) against the adaptive default
+    spec rule-fixed-$i $G --speculative-config '{"method": "ngram", "draft_length": "fixed", "min_acceptance_rate": 0.5}'
+    spec rule-adaptive-$i $G --speculative-config '{"method": "ngram"}'
+done
+for i in 1 2; do  # the adaptive length capped at 4 (default) and at 8
+    spec adaptive-k4-$i $G --speculative-config '{"method": "ngram"}'
+    spec adaptive-k8-$i $G --speculative-config '{"method": "ngram", "num_speculative_tokens": 8}'
+done
+spec adaptive-random-c1 --workload random --concurrency 1 --repeats 4 --output-len 64
+spec adaptive-random-c16 --workload random --concurrency 16 --repeats 4 --output-len 64
