@@ -2,7 +2,8 @@
 # Issue 15, 2026-12-02: n-gram speculation at C=1 on the grounded prompts, the default GGUF model, after
 # (1) verification rows of one request attended as one run (kernels.cpp) and (2) the adaptive draft length
 # over a measured row cost (engine/step_cost.py). Every line is one `tokenmill bench spec` process (off and
-# on alternating A B B A inside it); the .log files hold the figures in the order they ran, with the load.
+# on alternating A B B A inside it); the .log files hold the figures in the order they ran, with the load
+# (this script writes the load to load.txt instead).
 # Run from the repository root: bash benchmarks/results/2026-12-02-spec-adaptive/run.sh
 #
 # (1) was measured with kernels.cpp at 00e6b4f ("old") and at 6021be0 ("new") swapped in place between
@@ -24,3 +25,5 @@ for i in 1 2; do  # the adaptive length capped at 4 (default) and at 8
 done
 spec adaptive-random-c1 --workload random --concurrency 1 --repeats 4 --output-len 64
 spec adaptive-random-c16 --workload random --concurrency 16 --repeats 4 --output-len 64
+spec adaptive-random-c64 --workload random --concurrency 64 --repeats 2 --output-len 64
+spec adaptive-grounded-c2 --workload grounded --concurrency 2 --repeats 2 --output-len 128
