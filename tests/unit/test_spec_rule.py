@@ -136,3 +136,22 @@ def test_rows_that_cost_more_draft_less() -> None:
         spec.propose([req])
         reqs.append(len(req.spec_token_ids))
     assert reqs[0] == 8 and 1 <= reqs[1] < 4
+
+
+def test_a_request_that_always_drafts_still_gets_the_cost_measured() -> None:
+    """Every draft accepted: each step has the same rows, which cannot tell what a row costs; one step in
+    8 then drafts nothing, until the fit holds."""
+    cfg = SpeculativeConfig(method="layer_skip", num_speculative_tokens=4)
+    spec, req = SpecDecoder(cfg, 4096), decoding()
+    skipped = []
+    for step in range(40):
+        req.spec_token_ids = []
+        spec.propose([req])
+        n = len(req.spec_token_ids)
+        spec.observe_step(1 + n, 1, 0.010 + 0.004 * n)  # t(R) = 6 ms + 4 ms R
+        if n:
+            spec.record(req, n, n)
+        else:
+            skipped.append(step)
+    assert 1 <= len(skipped) <= 3, skipped  # a step without drafts now and then, until the line is known
+    assert abs(spec.cost.row_cost(1) - 0.4) < 1e-6

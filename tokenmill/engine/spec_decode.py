@@ -17,8 +17,10 @@ The rule (engine/step_cost.py has the measurement it rests on):
   chance that a draft is accepted once the drafts before it were (decayed counts of accepted drafts and of
   rejections, starting at 0.75), and the engine measures what one more row costs in a decode step
   (StepCost, from its own steps). A request drafts the k <= num_speculative_tokens that gives the most
-  tokens per unit of time, (1 + alpha + ... + alpha^k) / (1 + row_cost k); none when no k pays. "fixed":
-  always num_speculative_tokens (vLLM's behaviour);
+  tokens per unit of time, (1 + alpha + ... + alpha^k) / (1 + row_cost k); none when no k pays. While
+  the steps seen all had the same number of rows (a drafter accepted every time drafts every step), one
+  step in 8 drafts nothing, so that the cost is measured rather than assumed. "fixed": always
+  num_speculative_tokens (vLLM's behaviour);
 - a pause: a request for which no draft pays, or whose alpha falls below `min_acceptance_rate`, drafts
   nothing for `backoff_steps` steps, then probes with at least one draft; a failed probe pauses it again,
   each consecutive pause twice as long (up to 16x), and an accepted probe ends the doubling and starts
@@ -39,6 +41,7 @@ from tokenmill.scheduler_output import DRAFT_PLACEHOLDER
 _DECAY = 0.7  # weight of a request's earlier verifications in its estimate, per verification
 _PRIOR_ACCEPTED, _PRIOR_REJECTED = 3.0, 1.0  # an estimate of 0.75 before any draft
 _MAX_DOUBLINGS = 4
+_EXPLORE_EVERY = 8  # while the steps seen cannot tell rows apart, one step in this many drafts nothing
 # what one more row costs, as a fraction of a one-row decode step, until the engine has measured it: the
 # default model's GGUF path on the 2-core EPYC (benchmarks/README.md, "adaptive draft length")
 ROW_COST_PRIOR = 0.25
@@ -64,6 +67,7 @@ class SpecDecoder:
         self.config = config
         self.max_model_len = max_model_len
         self.cost = StepCost(ROW_COST_PRIOR)
+        self._chances = 0  # steps in which drafting was considered
         self.num_drafts = 0  # verification runs (a request with drafts in a step)
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
@@ -86,6 +90,10 @@ class SpecDecoder:
             return
         # drafts ride on a decode only
         decoding = [r for r in running if not r.is_finished and r.num_tokens - r.num_computed_tokens == 1]
+        self._chances += 1
+        if (cfg.draft_length == "adaptive" and self._chances % _EXPLORE_EVERY == 0 and self.cost.observed
+                and self.cost.line() is None):
+            return  # every step so far had one size (say, all drafting): one without drafts measures the rows
         row_cost = self.cost.row_cost(len(decoding))
         for req in decoding:
             st = req.spec_state

@@ -40,6 +40,10 @@ class StepCost:
         self._xx = d * self._xx + rows * rows
         self._xy = d * self._xy + rows * seconds
 
+    @property
+    def observed(self) -> bool:
+        return self._w > 0.0
+
     def line(self) -> tuple[float, float] | None:
         """(a, b) of t(R) = a + b R, or None while the steps seen do not tell rows apart."""
         if self._w <= 0.0:

@@ -27,3 +27,10 @@ spec adaptive-random-c1 --workload random --concurrency 1 --repeats 4 --output-l
 spec adaptive-random-c16 --workload random --concurrency 16 --repeats 4 --output-len 64
 spec adaptive-random-c64 --workload random --concurrency 64 --repeats 2 --output-len 64
 spec adaptive-grounded-c2 --workload grounded --concurrency 2 --repeats 2 --output-len 128
+M=$(.venv/bin/python -c "from tokenmill.loader.model_source import default_model_path as d; print(d())")
+spec ngram-fp32-c1-grounded --workload grounded --concurrency 1 --repeats 2 --output-len 128 --quantization dequantize --dtype float32
+spec draft-q4-for-fp32-c1-grounded-explore --workload grounded --concurrency 1 --repeats 2 --output-len 128 \
+    --quantization dequantize --dtype float32 \
+    --speculative-config "{\"method\": \"draft_model\", \"model\": \"$M\", \"quantization\": \"auto\"}"
+spec layer-skip-8-c1-grounded --workload grounded --concurrency 1 --repeats 2 --output-len 128 \
+    --speculative-config '{"method": "layer_skip", "num_draft_layers": 8}'
