@@ -558,6 +558,8 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
     }
     const int64_t nruns = int64_t(run_first.size());
     run_first.push_back(num_seqs);
+    int64_t max_run = 1;  // the longest run: the thread buffers hold its query heads
+    for (int64_t u = 0; u < nruns; ++u) max_run = std::max(max_run, run_first[u + 1] - run_first[u]);
     // a run's partitions are its last sequence's; part_first[u]: index of run u's first among all runs'
     std::vector<int64_t> part_first(nruns + 1, 0);
     for (int64_t u = 0; u < nruns; ++u) {
@@ -642,10 +644,10 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
             for (int64_t c = 0; c < nc; ++c) vstore(o + 8 * c, vload(tmp + 8 * c) * inv);
         }
     };
-    // per thread: q scaled, acc, m, l for one item's query heads (at most all nh of kMaxRun rows)
+    // per thread: q scaled, acc, m, l for one item's query heads (at most all nh of the longest run's rows)
     auto thread_buffers = [&]() {
         thread_local std::vector<float> buf;
-        const int64_t heads = kMaxRun * a.nh;  // a run's rows
+        const int64_t heads = max_run * a.nh;
         const size_t floats = size_t(heads) * (2 * hd + 2);
         if (buf.size() < floats) buf.resize(floats);
         float* qs = buf.data();
