@@ -41,6 +41,10 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                         "weights run at the compute dtype. dequantize: GGUF weights dequantized at load; "
                         "q8_0, q4_k, ...: requantize unquantized weights at load (ggml's quantizer); int8: "
                         "torch's weight-only int8")
+    g.add_argument("--dense-copy", choices=["auto", "on", "off"], default="auto",
+                   help="GGUF blocks on CPU: also keep a dense copy of the matmul weights for batches past the "
+                        "block kernels' crossover (more memory, faster batches). auto (default): only with bf16 "
+                        "on an AMX CPU and when the copy takes at most 1/8 of RAM; `tokenmill plan` shows it")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 5}\', \'{"method": "draft_model", "model": "small.gguf"}\' or '
@@ -54,7 +58,7 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
         block_size=args.block_size, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, device=args.device, dtype=args.dtype, seed=args.seed,
         num_threads=args.num_threads, quantization=None if args.quantization == "auto" else args.quantization,
-        speculative_config=SpeculativeConfig.parse(args.speculative_config))
+        dense_copy=args.dense_copy, speculative_config=SpeculativeConfig.parse(args.speculative_config))
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:

@@ -16,6 +16,7 @@ The compute dtype (activations, norms, KV cache) is bf16 on CUDA and on CPUs wit
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,9 @@ class ComputeChoice:
     dtype: str  # float32 | bfloat16 | float16: activations, non-matmul weights and the KV cache
     linear_method: str  # one of LINEAR_METHODS
     requant_type: str | None = None  # gguf method: quantize unquantized weights at load to this type
+    # gguf method: also a dense copy of every matmul weight at the compute dtype (oneDNN-prepacked at bf16),
+    # multiplied by batches past the block kernels' crossover (choose_dense_copy)
+    dense_copy: bool = False
 
     @property
     def dtype_bytes(self) -> int:
@@ -77,6 +81,35 @@ def choose_compute(device_type: str, dtype: str = "auto", quantization: str | No
         if packable:
             return ComputeChoice(dtype, "prepacked")
     return ComputeChoice(dtype, "unquantized")
+
+
+DENSE_COPY_CHOICES = ("auto", "on", "off")
+DENSE_COPY_RAM_SHARE = 8  # auto keeps the dense copy only where it takes at most 1/8 of the machine's RAM
+
+
+def choose_dense_copy(setting: str, compute: ComputeChoice, copy_bytes: int, ram_bytes: int,
+                      packable: bool) -> ComputeChoice:
+    """`compute` with dense_copy decided (`--dense-copy`). Only the gguf method has one. Its blocks are
+    the fastest at a few rows (they are fewer bytes to read); past the crossover that `calibrate` measures,
+    the block kernels do integer work per row while a dense matmul does it on the matrix units. On a CPU
+    with AMX, oneDNN's prepacked bf16 matmul ran the default model's C=16 / C=64 serving at 1.6x the
+    blocks' dequantize-a-tile path (benchmarks/README.md, "AMX"). auto: on where that holds (bf16 compute
+    that oneDNN can prepack) and the copy (`copy_bytes`, memory_plan.dense_copy_bytes) takes at most
+    1/DENSE_COPY_RAM_SHARE of `ram_bytes`, so a model that must load in its own size still does; on: at
+    any dtype (fp32: a plain copy for F.linear), ValueError without the gguf method; off: never."""
+    if setting not in DENSE_COPY_CHOICES:
+        raise ValueError(f"dense_copy must be one of {', '.join(DENSE_COPY_CHOICES)}, got {setting!r}")
+    if setting == "off":
+        return compute
+    if compute.linear_method != "gguf":
+        if setting == "on":
+            raise ValueError(f"dense_copy on is for GGUF blocks on CPU (the gguf linear method); here the "
+                             f"method is {compute.linear_method}, whose weights are dense already")
+        return compute
+    if setting == "auto" and not (compute.dtype == "bfloat16" and packable
+                                  and copy_bytes * DENSE_COPY_RAM_SHARE <= ram_bytes):
+        return compute
+    return dataclasses.replace(compute, dense_copy=True)
 
 
 def linear_weight_bytes(method: str, out_features: int, in_features: int, dtype_bytes: int) -> int:

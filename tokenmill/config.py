@@ -144,6 +144,9 @@ class EngineConfig:
     # None: a GGUF file on CPU keeps its blocks (ggml), anything else is at the compute dtype; "dequantize":
     # GGUF dequantized at load; "int8": weight-only int8 (torch); "q8_0", "q4_k", ...: requantized by ggml
     quantization: str | None = None
+    # the gguf method's dense copy of the matmul weights for big batches: auto | on | off
+    # (compute.choose_dense_copy says when auto keeps it)
+    dense_copy: str = "auto"
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
 
     def __post_init__(self) -> None:
@@ -164,5 +167,7 @@ class EngineConfig:
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)} or unset, "
                              f"got {self.quantization!r}")
+        if self.dense_copy not in ("auto", "on", "off"):
+            raise ValueError(f"dense_copy must be auto, on or off, got {self.dense_copy!r}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")

@@ -29,7 +29,7 @@ class MemoryPlan:
     kv_cache_bytes: int  # the budget asked for
     num_blocks: int
     max_model_len: int
-    extra_weight_bytes: int = 0  # e.g. a prepacked copy of a tied output layer
+    extra_weight_bytes: int = 0  # a prepacked copy of a tied output layer; the gguf method's dense copy
     linear_method: str = "unquantized"
     sliding_window: int = 0  # W > 0: every layer windowed by W, so blocks older than the window are freed
     max_chunk_tokens: int = 0  # the scheduler's token budget (a prefill chunk's most); 0: not known
@@ -90,8 +90,10 @@ class MemoryPlan:
                if self.linear_method.startswith("gguf") else
                f"at {self.dtype_bytes * 8}-bit" + ("" if self.linear_method == "unquantized" else
                                                    f" ({self.linear_method} matmul weights)"))
-            + (f" + {format_size(self.extra_weight_bytes)} ({self.linear_method} copy of the tied output layer)"
-               if self.extra_weight_bytes else ""),
+            + ("" if not self.extra_weight_bytes else
+               f" + {format_size(self.extra_weight_bytes)} (a dense copy at {self.dtype_bytes * 8}-bit for batches "
+               "past the block kernels' crossover: --dense-copy)" if self.linear_method.startswith("gguf") else
+               f" + {format_size(self.extra_weight_bytes)} ({self.linear_method} copy of the tied output layer)"),
             *([f"draft model (speculative decoding): {format_size(self.draft_weight_bytes)} weights, "
                f"{format_size(self.draft_kv_bytes_per_token)} of the KV cache's per-token bytes below"]
               if self.draft_weight_bytes else []),
@@ -135,6 +137,25 @@ def available_ram() -> int:
     return 4 * 2**30
 
 
+def total_ram() -> int:
+    """MemTotal from /proc/meminfo; 0 if it cannot be read (then nothing that needs a share of it is kept)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def dense_copy_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    """Bytes of the gguf method's dense copy: every matmul weight (experts included) and the output layer,
+    tied or not, at the compute dtype."""
+    head = [(cfg.vocab_size, cfg.hidden_size)] if cfg.tie_word_embeddings else []
+    return sum(n * k for n, k in [*cfg.linear_shapes(), *head]) * dtype_bytes
+
+
 def default_kv_cache_bytes(is_cuda: bool, free_bytes: int) -> int:
     """A sensible share of free memory: on a GPU 90% of what is free after the weights, less 2 GiB for
     activations; on CPU a quarter of available RAM, at most 2 GiB (CPU decode is bandwidth-bound long
@@ -164,6 +185,7 @@ def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cach
         rest = (cfg.num_parameters() - sum(n * k for n, k, _ in mats)) * nbytes  # norms, biases
         return MemoryPlan(cfg.num_parameters(), stored + max(rest, 0), nbytes, per_token, block_size,
                           kv_cache_bytes, kv_cache_bytes // (per_token * block_size), max_model_len,
+                          extra_weight_bytes=dense_copy_bytes(cfg, nbytes) if compute.dense_copy else 0,
                           linear_method=method if compute.requant_type is None else f"gguf {compute.requant_type}",
                           sliding_window=cfg.uniform_window, max_chunk_tokens=max_chunk_tokens)
     shapes = cfg.linear_shapes()

@@ -103,6 +103,19 @@ def test_one_matmul_per_type_against_fp32(type_name: str, repack: bool) -> None:
     if not repacked:
         dense = layer(x)
         assert torch.allclose(dense, F.linear(x, w_deq), rtol=1e-5, atol=1e-5)
+    # with a dense copy (--dense-copy) every matrix has the dense path, a repacked one too (the copy is made
+    # from the plain blocks before repacking), exact against the same weight; the blocks stay for few rows
+    cmethod = GGUFLinearMethod(repack=repack, dense_copy=torch.float32)
+    clayer = Linear(k, n, cmethod, shards={"a": 128, "b": 256})
+    for shard, (a, b) in (("a", (0, 128)), ("b", (128, n))):
+        clayer.weight.weight_loader(clayer.weight, GGUFQuantized(blocks_np[a:b], qtype, (b - a, k)), shard)
+    clayer.finish_loading()
+    assert clayer.packed is not None and tuple(clayer.packed.shape) == (n, k)
+    assert any(w.repacked for w in clayer.matmul.weights) == repacked
+    cmethod.max_ggml_rows = 0
+    assert torch.allclose(clayer(x), F.linear(x, w_deq), rtol=1e-5, atol=1e-5), f"{type_name}: the dense copy"
+    cmethod.max_ggml_rows = 10**6
+    assert torch.equal(clayer(x), y), f"{type_name}: below the crossover the copy must not be used"
 
 
 def corpus_ids(tokenizer, n: int) -> list[list[int]]:
@@ -133,6 +146,31 @@ def test_dense_path_is_exactly_the_dequantized_engine(llm) -> None:
     ours = ggml_engine(max_rows=0)  # every matmul dequantizes a tile and runs F.linear
     ids = corpus_ids(llm.tokenizer, 250)[0]
     assert torch.equal(prompt_logits(llm, ids), prompt_logits(ours, ids))
+
+
+def test_dense_copy_is_exactly_the_dequantized_engine(llm) -> None:
+    """--dense-copy on: past the crossover (0 rows here) every matmul, the tied output layer included,
+    multiplies by the whole dense copy, the same values as the dequantize engine's weights."""
+    ours = ggml_engine(max_rows=0, dense_copy="on")
+    assert ours.engine.platform.compute.dense_copy
+    head = ours.engine.executor.worker.model.lm_head
+    assert head.packed is not None and tuple(head.packed.shape) == (head.out_features, head.in_features)
+    ids = corpus_ids(llm.tokenizer, 250)[0]
+    assert torch.equal(prompt_logits(llm, ids), prompt_logits(ours, ids))
+
+
+def test_dense_copy_at_bf16_is_the_dequantized_bf16_engine() -> None:
+    """At bf16 (auto's dtype on AMX) the copy is oneDNN-prepacked where the dequantize engine prepacks
+    too: the same bf16 weights through the same kernel, so the same logits."""
+    ref = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, dtype="bfloat16",
+              quantization="dequantize")
+    ours = ggml_engine(max_rows=0, dense_copy="on", dtype="bfloat16")
+    ids = corpus_ids(ref.tokenizer, 250)[0]
+    assert torch.equal(prompt_logits(ref, ids), prompt_logits(ours, ids))
+    # and it is refused where there are no blocks to copy
+    with pytest.raises(ValueError, match="dense_copy on is for GGUF blocks"):
+        LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, quantization="dequantize",
+            dense_copy="on")
 
 
 def test_batched_equals_alone_on_ggml_kernels(monkeypatch) -> None:

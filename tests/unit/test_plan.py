@@ -75,3 +75,26 @@ def test_plan_counts_the_gguf_blocks_a_gguf_file_keeps(capsys, default_model_pat
     out = capsys.readouterr().out
     from tokenmill.config import format_size
     assert f"{format_size(matrix_bytes + 4 * norms)} as ggml blocks" in out, out
+
+
+def test_plan_counts_the_dense_copy(capsys, monkeypatch) -> None:
+    """--dense-copy: the gguf method's dense copy of every matmul weight and of the tied output layer, at
+    the compute dtype, is in the plan. auto keeps it only at bf16 on an AMX CPU, and only where it takes
+    at most 1/8 of the RAM."""
+    import tokenmill.cpu_features as cf
+    import tokenmill.entrypoints.plan as plan_mod
+    from tokenmill.native import ggml
+
+    if not ggml.available():
+        pytest.skip(f"ggml not built here: {ggml.unavailable_reason()}")
+    amx, avx2 = frozenset({"avx2", "amx_tile", "amx_bf16"}), frozenset({"avx2"})
+    copy16, copy32 = "+ 256.5 MiB (a dense copy at 16-bit", "+ 513.0 MiB (a dense copy at 32-bit"  # 134.5M values
+    monkeypatch.setattr(plan_mod, "total_ram", lambda: 24 * 2**30)
+    for flags, setting, ram, want in ((amx, "auto", 24 * 2**30, copy16), (avx2, "auto", 24 * 2**30, None),
+                                      (amx, "off", 24 * 2**30, None), (amx, "auto", 1 * 2**30, None),
+                                      (avx2, "on", 1 * 2**30, copy32)):
+        monkeypatch.setattr(cf, "cpu_flags", lambda f=flags: f)
+        monkeypatch.setattr(plan_mod, "total_ram", lambda r=ram: r)
+        assert main(["plan", "--kv-cache-memory", "1GiB", "--dense-copy", setting]) == 0
+        out = capsys.readouterr().out
+        assert (want in out) if want else ("dense copy" not in out), (flags, setting, ram, out)

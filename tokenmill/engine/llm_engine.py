@@ -22,7 +22,7 @@ from tokenmill.engine.scheduler import Scheduler, SchedulerConfig
 from tokenmill.engine.spec_decode import SpecDecoder
 from tokenmill.engine.stop_checker import StopChecker
 from tokenmill.loader.model_source import ModelSource, resolve_model
-from tokenmill.memory_plan import MemoryPlan, make_plan
+from tokenmill.memory_plan import MemoryPlan, dense_copy_bytes, make_plan
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler_output import SchedulerOutput
@@ -79,6 +79,8 @@ class LLMEngine:
         self.platform = resolve_platform(config, weights=self.source.kind)
         self.model_config, self.tokenizer, matrices = read_model_header(self.source)
         cfg = self.model_config
+        self.platform = self.platform.with_dense_copy(config.dense_copy,
+                                                      dense_copy_bytes(cfg, self.platform.compute.dtype_bytes))
         get_model_class(cfg.architecture)  # an unsupported architecture fails now, before the plan
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()
@@ -94,7 +96,7 @@ class LLMEngine:
         self.executor = InProcessExecutor(WorkerConfig(
             engine_config=config, source=self.source, model_config=cfg, device=str(self.platform.device),
             dtype=compute.dtype, linear_method=compute.linear_method, requant_type=compute.requant_type,
-            attention_backend=backend,
+            dense_copy=compute.dense_copy, attention_backend=backend,
             decode_mirror_bytes=mirror_bytes, num_blocks=self.plan.num_blocks,
             max_model_len=self.max_model_len, eog_token_ids=frozenset(self.tokenizer.eog_token_ids),
             progress=progress, draft=draft))

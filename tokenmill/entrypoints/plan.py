@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tokenmill.compute import DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute
+from tokenmill.compute import DENSE_COPY_CHOICES, DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute, choose_dense_copy
+from tokenmill.cpu_features import cpu_has_amx_bf16
 from tokenmill.config import SpeculativeConfig, format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
-from tokenmill.memory_plan import CacheTooSmallError, MemoryPlan, available_ram, default_kv_cache_bytes, make_plan
+from tokenmill.memory_plan import (CacheTooSmallError, MemoryPlan, available_ram, default_kv_cache_bytes,
+                                   dense_copy_bytes, make_plan, total_ram)
 
 
 def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int, int, str]] | None]:
@@ -34,7 +36,7 @@ def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int
 
 def plan_model(model: str, device: str, dtype: str, quantization: str | None, block_size: int, kv_bytes: int,
                max_model_len: int | None, max_chunk_tokens: int,
-               spec: SpeculativeConfig | None = None) -> tuple[ModelConfig, int, MemoryPlan]:
+               spec: SpeculativeConfig | None = None, dense_copy: str = "auto") -> tuple[ModelConfig, int, MemoryPlan]:
     """(config, bytes on disk, memory plan) of a model from its header, as the engine will plan it: the
     compute rule serve uses (the CPU's flags, whether ggml is built here), and a draft model's weights and
     KV cache when `spec` names one. `device`: "cpu" or "cuda"; max_model_len None: the model's context."""
@@ -42,6 +44,8 @@ def plan_model(model: str, device: str, dtype: str, quantization: str | None, bl
 
     cfg, disk_bytes, kind, matrices = read_model_config(model)
     compute = choose_compute(device, dtype, quantization, weights=kind, ggml_available=ggml.available)
+    compute = choose_dense_copy(dense_copy, compute, dense_copy_bytes(cfg, compute.dtype_bytes), total_ram(),
+                                device == "cpu" and compute.dtype == "bfloat16" and cpu_has_amx_bf16())
     max_len = max_model_len or cfg.max_position_embeddings
     plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens)
     if spec is not None and spec.method == "draft_model" and spec.model:
@@ -63,6 +67,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="as for serve: a prefill chunk's most (what a sliding-window sequence adds to its window)")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES])
     p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None, help="as for serve")
+    p.add_argument("--dense-copy", choices=DENSE_COPY_CHOICES, default="auto", help="as for serve")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where it would run (default cpu; the GPU's free memory is not probed here)")
     p.add_argument("--seq-len", type=int, default=None, help="length for 'how many fit at once' (default: max_model_len)")
@@ -80,7 +85,7 @@ def run_plan(args: argparse.Namespace) -> int:
         kv = default_kv_cache_bytes(False, available_ram())
     cfg, disk_bytes, plan = plan_model(args.model, args.device, args.dtype, args.quantization, args.block_size, kv,
                                        args.max_model_len, args.max_num_batched_tokens,
-                                       SpeculativeConfig.parse(args.speculative_config))
+                                       SpeculativeConfig.parse(args.speculative_config), args.dense_copy)
     max_len = plan.max_model_len
     seq_len = args.seq_len or max_len
     print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "

@@ -18,7 +18,11 @@ Per call, by the number of rows M:
   compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
   compute-bound. Repacked matrices have no plain blocks left, so they always take ggml's path (its
   repacked kernels are the fast ones at large M); so do F32 ones (a MoE router), which ggml cannot
-  "dequantize".
+  "dequantize";
+- or, with a dense copy (`dense_copy`, compute.choose_dense_copy: on by default only with bf16 on an AMX
+  CPU, for models whose copy is small beside the RAM), above the crossover every matrix (repacked ones
+  too: the copy is made from the plain blocks before repacking) is multiplied by its whole dense copy,
+  oneDNN-prepacked at bf16, with nothing dequantized per call.
 `calibrate` measures the crossover once at start on this machine and logs it (TOKENMILL_GGML_MAX_ROWS
 overrides). Within one path each output row depends only on its own input row (checked by the tests);
 across the crossover results differ at the kernel-error level.
@@ -27,6 +31,7 @@ across the crossover results differ at the kernel-error level.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import time
@@ -42,6 +47,8 @@ from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.thread_choice import ThreadChooser
 from tokenmill.loader.weights import GGUFQuantized, nothing
 from tokenmill.native import block_matmul, ggml
+from tokenmill.platforms import can_prepack_here
+from tokenmill.platforms.onednn import packed_linear, prepack
 
 log = logging.getLogger("tokenmill")
 
@@ -81,7 +88,8 @@ class GGUFLinearMethod(LinearMethod):
     name = "gguf"
     keeps_blocks = True  # the embedding keeps its blocks too (layers/embedding.py)
 
-    def __init__(self, requant_type: str | None = None, repack: bool | None = None) -> None:
+    def __init__(self, requant_type: str | None = None, repack: bool | None = None,
+                 dense_copy: torch.dtype | None = None) -> None:
         if not ggml.available():
             raise RuntimeError(f"the gguf linear method needs ggml's kernels: {ggml.unavailable_reason()}")
         self.requant_type = requant_type
@@ -90,6 +98,8 @@ class GGUFLinearMethod(LinearMethod):
         self.max_ggml_rows: int = int(env) if env else 16  # until calibrate() measures it
         self._fixed_rows = env is not None
         self._scratch = _Scratch()
+        self.dense_copy = dense_copy  # keep each matrix dense at this dtype too (None: no copy)
+        self._onednn = dense_copy == torch.bfloat16 and can_prepack_here()  # the copy prepacked for oneDNN
         self._threads = ThreadChooser(1)  # one thread or all for each ggml call (layers/thread_choice.py)
 
     @property
@@ -109,6 +119,7 @@ class GGUFLinearMethod(LinearMethod):
         layer.matmul = None
         layer.block_mm = None  # [(ggml type, blocks' address, rows, first output column)] for block_matmul
         layer.dense = []  # (GgmlWeight with plain blocks, first output column) for the dense path
+        layer.packed = None  # the dense copy (out, in), prepacked for oneDNN at bf16, when the method keeps one
 
     def to_blocks(self, tensor: torch.Tensor | GGUFQuantized) -> GGUFQuantized:
         """A checkpoint matrix as ggml blocks: quantized ones as they are; dense ones at the requant type
@@ -143,8 +154,13 @@ class GGUFLinearMethod(LinearMethod):
                 groups[-1][1].append(part)
             else:
                 groups.append((a, [part]))
+        copy = None if self.dense_copy is None else torch.empty(layer.out_features, layer.in_features,
+                                                                  dtype=self.dense_copy)
         weights, offsets = [], []
         for offset, parts in groups:
+            if copy is not None:
+                for p, r0 in zip(parts, itertools.accumulate((q.shape[0] for q in parts), initial=offset)):
+                    self._dequantize_into(p, copy[r0: r0 + p.shape[0]])
             if len(parts) == 1:
                 data, release = parts[0].data, parts[0].release
             else:  # join the rows: a copy, after which the file's pages can go
@@ -167,6 +183,23 @@ class GGUFLinearMethod(LinearMethod):
             if block_matmul.available() and all(not w.repacked and block_matmul.supports(w.ggml_type)
                                                 for w in weights) else None
         layer.blocks = {}
+        if copy is not None:
+            layer.packed = prepack(copy) if self._onednn else copy
+
+    def _dequantize_into(self, part: GGUFQuantized, out: torch.Tensor) -> None:
+        """part's rows as `out`'s values (out: (rows, k) at the copy's dtype), a tile at a time."""
+        rows, k = part.shape
+        if part.ggml_type == GGMLQuantizationType.F32:
+            out.copy_(torch.from_numpy(np.array(part.data.view(np.float32).reshape(rows, k))))
+            return
+        row_bytes = ggml.row_size(int(part.ggml_type), k)
+        step = max(1, _TILE_ELEMS // k)
+        for r0 in range(0, rows, step):
+            r = min(step, rows - r0)
+            tile = self._scratch.get(r * k).view(r, k)
+            ggml.dequantize(int(part.ggml_type), part.data.ctypes.data + r0 * row_bytes, r, k, tile.data_ptr(),
+                            torch.get_num_threads())
+            out[r0: r0 + r].copy_(tile)
 
     def weight_bytes(self, out_features: int, in_features: int, dtype_bytes: int) -> int:
         raise NotImplementedError("the gguf method's bytes depend on the file's types (memory_plan.make_plan)")
@@ -175,7 +208,7 @@ class GGUFLinearMethod(LinearMethod):
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         """x (M, in) -> (M, out) at x's dtype."""
         m = x.shape[0]
-        if m > self.max_ggml_rows and layer.dense_ok:
+        if m > self.max_ggml_rows and (layer.dense_ok or layer.packed is not None):
             y = self._dense(layer, x)
         else:
             y = self._ggml(layer, x)
@@ -197,6 +230,10 @@ class GGUFLinearMethod(LinearMethod):
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def _dense(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        if layer.packed is not None:  # the dense copy
+            xc = x.to(self.dense_copy)
+            y = packed_linear(xc, layer.packed) if self._onednn else F.linear(xc, layer.packed)
+            return y.to(x.dtype)
         y = x.new_empty(x.shape[0], layer.out_features)
         k, threads = layer.in_features, torch.get_num_threads()
         for w, offset in layer.dense:
@@ -219,7 +256,7 @@ class GGUFLinearMethod(LinearMethod):
             mm = lyr.matmul
             if mm is None or len(mm.weights) != 1 or mm.weights[0].n != lyr.out_features or lyr.bias is not None:
                 return None
-            if n > self.max_ggml_rows and lyr.dense_ok:
+            if n > self.max_ggml_rows and (lyr.dense_ok or lyr.packed is not None):
                 return None
             weights.append(mm.weights[0])
         k, n_out = layers[0].in_features, layers[0].out_features
@@ -246,7 +283,7 @@ class GGUFLinearMethod(LinearMethod):
     def calibrate(self, layers: list[Linear], dtype: torch.dtype) -> None:
         """Measure, on the layer shape with the most bytes in all, from how many rows dequantize + F.linear beats ggml's
         kernels; log the figures. Skipped when TOKENMILL_GGML_MAX_ROWS fixes it or no layer can go dense."""
-        dense = [lyr for lyr in layers if getattr(lyr, "dense_ok", False)]
+        dense = [lyr for lyr in layers if getattr(lyr, "dense_ok", False) or lyr.packed is not None]
         if self._fixed_rows or not dense:
             log.info("gguf matmuls: ggml's kernels up to %d rows%s", self.max_ggml_rows,
                      " (TOKENMILL_GGML_MAX_ROWS)" if self._fixed_rows else " (every matrix repacked: always ggml)")
@@ -268,8 +305,10 @@ class GGUFLinearMethod(LinearMethod):
                 break
             best = m
         self.max_ggml_rows = max(best, 1)
-        log.info("gguf matmuls: block kernels up to %d rows, dequantize + F.linear above (measured on a "
-                 "(%d, %d) %s layer, %s/dense: %s)", self.max_ggml_rows, layer.out_features, layer.in_features,
+        log.info("gguf matmuls: block kernels up to %d rows, %s above (measured on a "
+                 "(%d, %d) %s layer, %s/dense: %s)", self.max_ggml_rows,
+                 "the dense copy" if layer.packed is not None else "dequantize + F.linear",
+                 layer.out_features, layer.in_features,
                  ggml.type_name(layer.matmul.weights[0].ggml_type),
                  "block_matmul" if layer.block_mm is not None else "ggml", ", ".join(figures))
 

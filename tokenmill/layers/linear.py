@@ -172,11 +172,15 @@ LINEAR_METHODS: dict[str, type[LinearMethod]] = {
 }
 
 
-def get_linear_method(name: str, requant_type: str | None = None) -> LinearMethod:
+def get_linear_method(name: str, requant_type: str | None = None,
+                      dense_copy: torch.dtype | None = None) -> LinearMethod:
+    """`dense_copy`: the gguf method also keeps each matmul weight dense at this dtype (for big batches)."""
     if name == "gguf":  # imported here: it needs the native library, the others do not
         from tokenmill.layers.ggml_linear import GGUFLinearMethod
 
-        return GGUFLinearMethod(requant_type)
+        return GGUFLinearMethod(requant_type, dense_copy=dense_copy)
+    if dense_copy is not None:
+        raise ValueError(f"a dense copy is the gguf method's; the {name} method's weights are dense already")
     if name not in LINEAR_METHODS:
         raise ValueError(f"unknown linear method {name!r}; known: {', '.join(LINEAR_METHODS)}, gguf")
     return LINEAR_METHODS[name]()

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenmill.compute import ComputeChoice, choose_compute
+from tokenmill.compute import ComputeChoice, choose_compute, choose_dense_copy
 from tokenmill.config import EngineConfig
-from tokenmill.memory_plan import available_ram, default_kv_cache_bytes
+from tokenmill.memory_plan import available_ram, default_kv_cache_bytes, total_ram
 from tokenmill.native import kernels as native_kernels
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,13 @@ class Platform:
             free, _total = torch.cuda.mem_get_info(self.device)
             return int(free)
         return available_ram()
+
+    def with_dense_copy(self, setting: str, copy_bytes: int) -> Platform:
+        """This platform with the gguf method's dense copy decided (compute.choose_dense_copy), against
+        this machine's RAM and whether oneDNN can prepack here."""
+        compute = choose_dense_copy(setting, self.compute, copy_bytes, total_ram(),
+                                    self.compute.dtype == "bfloat16" and not self.is_cuda and can_prepack_here())
+        return Platform(self.device, compute)
 
     def default_kv_cache_memory(self) -> int:
         return default_kv_cache_bytes(self.is_cuda, self.available_memory())

@@ -33,6 +33,7 @@ class WorkerConfig:
     dtype: str  # float32 | bfloat16 | float16
     linear_method: str  # compute.LINEAR_METHODS
     requant_type: str | None  # gguf method: quantize unquantized matrices at load to this ggml type
+    dense_copy: bool  # gguf method: also a dense copy of each matmul weight for big batches
     attention_backend: str  # attention/registry.py
     decode_mirror_bytes: int  # the decode_mirror backend's memory budget
     num_blocks: int  # KV cache blocks (the memory plan's)

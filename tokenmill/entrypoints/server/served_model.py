@@ -86,7 +86,7 @@ class ServedModel:
         device = _device(c.device)
         kv_bytes = c.kv_cache_memory or default_kv_cache_bytes(device != "cpu", available_ram())
         cfg, _, plan = plan_model(c.model, device, c.dtype, c.quantization, c.block_size, kv_bytes, c.max_model_len,
-                                  c.max_num_batched_tokens, c.speculative_config)
+                                  c.max_num_batched_tokens, c.speculative_config, c.dense_copy)
         max_len = plan.max_model_len
         try:
             plan.check()
