@@ -68,16 +68,16 @@ class Platform:
         """Which attention backend (attention/registry.py) and its memory. On CPU: `native`, the native
         decode kernel reading the paged cache in place, when the kernels are built and not switched off,
         in fp32 (measured 1.4-2.4x the decode mirror's SDPA on a 2-core Zen 3, batch 1-64, SmolLM2 and 7B
-        head shapes: benchmarks/results/2026-12-01-kernels) and in bf16 on CPUs without AMX (8-15x there,
-        where SDPA has no native bf16). bf16 on AMX keeps the decode mirror until the kernel is measured
-        there. Otherwise on CPU the decode mirror, where gathering every block of every decoding request
+        head shapes: benchmarks/results/2026-12-01-kernels) and in bf16 (8-15x on CPUs without AMX, where
+        SDPA has no native bf16; on an AMX Xeon the engine's one-stream decode 2x, since the whole decode
+        step then runs in one native call, and 64 x 200 -> 64 offline 1.1x: benchmarks/README.md, "AMX").
+        Otherwise on CPU the decode mirror, where gathering every block of every decoding request
         each step costs more than keeping a contiguous copy; the paged gather path on a GPU, or when the
         mirror is given no memory. TOKENMILL_ATTENTION_BACKEND names one instead, e.g. for A/B runs."""
         forced = os.environ.get("TOKENMILL_ATTENTION_BACKEND")
         if forced:
             return forced, self.decode_mirror_bytes() if forced == "decode_mirror" else 0
-        if not self.is_cuda and native_kernels.is_enabled() and (
-                self.dtype == torch.float32 or (self.dtype == torch.bfloat16 and not cpu_bf16_is_fast())):
+        if not self.is_cuda and native_kernels.is_enabled() and self.dtype in (torch.float32, torch.bfloat16):
             return "native", 0
         mirror_bytes = self.decode_mirror_bytes()
         return ("decode_mirror", mirror_bytes) if mirror_bytes > 0 else ("paged", 0)
