@@ -236,3 +236,42 @@ def test_requantize_an_unquantized_checkpoint(tmp_path: Path, llm) -> None:
         if qtype == "q8_0":
             n = ours.engine.model_config.num_parameters()
             assert ours.engine.plan.weight_bytes < 1.1 * n
+
+
+def test_decode_steps_stay_on_the_blocks_up_to_the_row_tile(monkeypatch) -> None:
+    """A calibrated crossover below 8 rows (bf16 on AMX measures 1) still lets decode-only steps of up to 8
+    rows run as one native call on the blocks (speculative verification, small batches); a fixed
+    TOKENMILL_GGML_MAX_ROWS is taken as it is, for A/B runs."""
+    from gguf import GGMLQuantizationType
+
+    from tokenmill.layers.ggml_linear import GGUFLinearMethod
+    from tokenmill.layers.linear import Linear
+    from tokenmill.loader.weights import GGUFQuantized
+
+    qtype = GGMLQuantizationType.Q4_1
+    n, k = 256, 256
+    w = torch.randn(n, k) * 0.05
+    blocks_np = np.empty((n, ggml.row_size(int(qtype), k)), dtype=np.uint8)
+    ggml.quantize(int(qtype), w.numpy().ctypes.data, blocks_np.ctypes.data, n, k)
+
+    def method_and_layers(fixed: str | None) -> tuple[GGUFLinearMethod, list[Linear]]:
+        if fixed is None:
+            monkeypatch.delenv("TOKENMILL_GGML_MAX_ROWS", raising=False)
+        else:
+            monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", fixed)
+        method = GGUFLinearMethod(repack=False, dense_copy=torch.float32)
+        layers = []
+        for _ in range(2):
+            lyr = Linear(k, n, method)
+            lyr.weight.weight_loader(lyr.weight, GGUFQuantized(blocks_np, qtype, (n, k)), None)
+            lyr.finish_loading()
+            layers.append(lyr)
+        return method, layers
+
+    method, layers = method_and_layers(None)
+    method.calibrate(layers, torch.float32)
+    assert method.max_ggml_rows >= 1
+    assert method.max_step_rows == max(method.max_ggml_rows, 8)
+    method, layers = method_and_layers("2")
+    method.calibrate(layers, torch.float32)
+    assert method.max_ggml_rows == 2 and method.max_step_rows == 2

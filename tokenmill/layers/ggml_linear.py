@@ -54,6 +54,7 @@ log = logging.getLogger("tokenmill")
 
 _TILE_ELEMS = 1 << 22  # dense path: dequantize at most 4M values (16 MB fp32) at a time
 _CALIBRATION_ROWS = (4, 8, 16, 32, 64, 128, 256)
+_STEP_ROWS = 8  # the block kernel's row tile: each weight block is unpacked once for up to 8 rows
 
 
 def to_blocks(tensor: torch.Tensor, type_name: str) -> GGUFQuantized:
@@ -97,10 +98,21 @@ class GGUFLinearMethod(LinearMethod):
         env = os.environ.get("TOKENMILL_GGML_MAX_ROWS")
         self.max_ggml_rows: int = int(env) if env else 16  # until calibrate() measures it
         self._fixed_rows = env is not None
+        self._step_rows = 0  # calibrate(): decode steps the native step keeps on the blocks past the crossover
         self._scratch = _Scratch()
         self.dense_copy = dense_copy  # keep each matrix dense at this dtype too (None: no copy)
         self._onednn = dense_copy == torch.bfloat16 and can_prepack_here()  # the copy prepacked for oneDNN
         self._threads = ThreadChooser(1)  # one thread or all for each ggml call (layers/thread_choice.py)
+
+    @property
+    def max_step_rows(self) -> int:
+        """Rows up to which a decode-only step may run as one native call (models/native_decode.py), whose
+        matmuls are the block kernels. That is at least the per-matmul crossover, and after calibrate() at
+        least _STEP_ROWS: one native call also saves the per-op dispatch of the layer path, which a
+        one-matmul calibration does not see (AMX, bf16, crossover measured at 1 row: n-gram speculation at
+        C=1 0.95-0.98x with verification on the layer path, 1.24-1.29x with it in the native step;
+        benchmarks/README.md, "AMX again")."""
+        return max(self.max_ggml_rows, self._step_rows)
 
     @property
     def threads(self) -> ThreadChooser:
@@ -305,8 +317,9 @@ class GGUFLinearMethod(LinearMethod):
                 break
             best = m
         self.max_ggml_rows = max(best, 1)
-        log.info("gguf matmuls: block kernels up to %d rows, %s above (measured on a "
-                 "(%d, %d) %s layer, %s/dense: %s)", self.max_ggml_rows,
+        self._step_rows = _STEP_ROWS
+        log.info("gguf matmuls: block kernels up to %d rows (decode-only steps up to %d), %s above (measured on a "
+                 "(%d, %d) %s layer, %s/dense: %s)", self.max_ggml_rows, self.max_step_rows,
                  "the dense copy" if layer.packed is not None else "dequantize + F.linear",
                  layer.out_features, layer.in_features,
                  ggml.type_name(layer.matmul.weights[0].ggml_type),

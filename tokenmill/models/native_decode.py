@@ -162,7 +162,7 @@ class NativeDecode:
         if (T == 0 or meta.num_decodes != T or meta.decode_context_lens is None or meta.decode_block_tables is None
                 or not isinstance(backend, NativePagedAttentionBackend) or not backend.use_kernel):
             return False
-        if T > self._method.max_ggml_rows or not decode_step.available():
+        if T > self._method.max_step_rows or not decode_step.available():
             return False
         k0 = attn.kv_caches[0][0]
         return k0.dtype == self.dtype and k0.is_contiguous()
