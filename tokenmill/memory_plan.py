@@ -125,28 +125,26 @@ class MemoryPlan:
                 f"{max(self.num_cache_tokens, 0)}.")
 
 
-def available_ram() -> int:
-    """MemAvailable from /proc/meminfo (no torch needed); 4 GiB if it cannot be read."""
+def _meminfo(key: str, default: int) -> int:
+    """One /proc/meminfo field in bytes (no torch needed); default if it cannot be read."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 4 * 2**30
+    return default
+
+
+def available_ram() -> int:
+    """MemAvailable; 4 GiB if it cannot be read."""
+    return _meminfo("MemAvailable", 4 * 2**30)
 
 
 def total_ram() -> int:
-    """MemTotal from /proc/meminfo; 0 if it cannot be read (then nothing that needs a share of it is kept)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    """MemTotal; 0 if it cannot be read (then nothing that needs a share of it is kept)."""
+    return _meminfo("MemTotal", 0)
 
 
 def dense_copy_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
