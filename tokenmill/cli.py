@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from tokenmill.compute import QUANTIZATION_CHOICES
+from tokenmill.compute import DENSE_COPY_CHOICES, QUANTIZATION_CHOICES
 import logging
 import sys
 from collections.abc import Callable
@@ -41,7 +41,7 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                         "weights run at the compute dtype. dequantize: GGUF weights dequantized at load; "
                         "q8_0, q4_k, ...: requantize unquantized weights at load (ggml's quantizer); int8: "
                         "torch's weight-only int8")
-    g.add_argument("--dense-copy", choices=["auto", "on", "off"], default="auto",
+    g.add_argument("--dense-copy", choices=DENSE_COPY_CHOICES, default="auto",
                    help="GGUF blocks on CPU: also keep a dense copy of the matmul weights for batches past the "
                         "block kernels' crossover (more memory, faster batches). auto (default): only with bf16 "
                         "on an AMX CPU and when the copy takes at most 1/8 of RAM; `tokenmill plan` shows it")

@@ -162,12 +162,12 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        from tokenmill.compute import QUANTIZATION_CHOICES
+        from tokenmill.compute import DENSE_COPY_CHOICES, QUANTIZATION_CHOICES
 
         if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)} or unset, "
                              f"got {self.quantization!r}")
-        if self.dense_copy not in ("auto", "on", "off"):
-            raise ValueError(f"dense_copy must be auto, on or off, got {self.dense_copy!r}")
+        if self.dense_copy not in DENSE_COPY_CHOICES:
+            raise ValueError(f"dense_copy must be one of {', '.join(DENSE_COPY_CHOICES)}, got {self.dense_copy!r}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
