@@ -44,6 +44,8 @@ def plan_model(model: str, device: str, dtype: str, quantization: str | None, bl
 
     cfg, disk_bytes, kind, matrices = read_model_config(model)
     compute = choose_compute(device, dtype, quantization, weights=kind, ggml_available=ggml.available)
+    # from the CPU's flags alone (plan imports no torch); serve also asks oneDNN whether it can prepack, so
+    # on an AMX CPU whose torch build cannot, serve keeps no copy where this plan counts one
     compute = choose_dense_copy(dense_copy, compute, dense_copy_bytes(cfg, compute.dtype_bytes), total_ram(),
                                 device == "cpu" and compute.dtype == "bfloat16" and cpu_has_amx_bf16())
     max_len = max_model_len or cfg.max_position_embeddings
