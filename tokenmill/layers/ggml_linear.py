@@ -13,7 +13,10 @@ Per call, by the number of rows M:
   relative error against the fp32 dequantized reference), except plain Q4_0 / Q4_1 / Q8_0 blocks, which our
   own multi-row kernel multiplies with 16-bit activations (native/block_matmul.cpp: ~1e-5 from x's rounding,
   so the result is the weights' own; each weight block unpacked once for up to 8 rows, 1.2-1.8x ggml's
-  speed at 2-16 rows, about its speed at one);
+  speed at 2-16 rows, about its speed at one); at bf16 compute on a CPU with AMX those blocks go to the
+  AMX kernel instead (native/amx_matmul.cpp: each block dequantized to bf16 in registers, as the dense bf16
+  copy holds it, and multiplied on the tile unit for up to 64 rows at a time: it reads the blocks' 4.5-8.5
+  bits a weight where the dense copy reads 16, and decode steps of a few to 64 rows are bound by that);
 - above: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
   compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
   compute-bound. Repacked matrices have no plain blocks left, so they always take ggml's path (its
@@ -35,6 +38,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -55,6 +59,7 @@ log = logging.getLogger("tokenmill")
 _TILE_ELEMS = 1 << 22  # dense path: dequantize at most 4M values (16 MB fp32) at a time
 _CALIBRATION_ROWS = (4, 8, 16, 32, 64, 128, 256)
 _STEP_ROWS = 8  # the block kernel's row tile: each weight block is unpacked once for up to 8 rows
+_STREAM_BYTES = 64 << 20  # calibration times layers until their blocks pass this (beyond the caches)
 
 
 def to_blocks(tensor: torch.Tensor, type_name: str) -> GGUFQuantized:
@@ -102,6 +107,7 @@ class GGUFLinearMethod(LinearMethod):
         self._scratch = _Scratch()
         self.dense_copy = dense_copy  # keep each matrix dense at this dtype too (None: no copy)
         self._onednn = dense_copy == torch.bfloat16 and can_prepack_here()  # the copy prepacked for oneDNN
+        self._amx = block_matmul.amx_available()  # plain blocks multiplied on AMX when x is bf16
         self._threads = ThreadChooser(1)  # one thread or all for each ggml call (layers/thread_choice.py)
 
     @property
@@ -194,6 +200,8 @@ class GGUFLinearMethod(LinearMethod):
         layer.block_mm = [(w.ggml_type, w.data_ptr, w.n, off) for w, off in zip(weights, offsets)] \
             if block_matmul.available() and all(not w.repacked and block_matmul.supports(w.ggml_type)
                                                 for w in weights) else None
+        layer.block_amx = self._amx and layer.block_mm is not None and all(
+            block_matmul.amx_supports(w.n) for w in weights)
         layer.blocks = {}
         if copy is not None:
             layer.packed = prepack(copy) if self._onednn else copy
@@ -204,19 +212,29 @@ class GGUFLinearMethod(LinearMethod):
         if part.ggml_type == GGMLQuantizationType.F32:
             out.copy_(torch.from_numpy(np.array(part.data.view(np.float32).reshape(rows, k))))
             return
-        row_bytes = ggml.row_size(int(part.ggml_type), k)
+        for r0, tile in self._tiles(int(part.ggml_type), part.data.ctypes.data, rows, k):
+            out[r0: r0 + tile.shape[0]].copy_(tile)
+
+    def _tiles(self, ggml_type: int, data_ptr: int, rows: int, k: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """A matrix of `rows` rows of ggml blocks at data_ptr, dequantized a tile at a time into the one
+        scratch buffer -> (first row, (r, k) fp32 tile), each valid until the next is made."""
+        row_bytes = ggml.row_size(ggml_type, k)
         step = max(1, _TILE_ELEMS // k)
         for r0 in range(0, rows, step):
             r = min(step, rows - r0)
             tile = self._scratch.get(r * k).view(r, k)
-            ggml.dequantize(int(part.ggml_type), part.data.ctypes.data + r0 * row_bytes, r, k, tile.data_ptr(),
-                            torch.get_num_threads())
-            out[r0: r0 + r].copy_(tile)
+            ggml.dequantize(ggml_type, data_ptr + r0 * row_bytes, r, k, tile.data_ptr(), torch.get_num_threads())
+            yield r0, tile
 
     def weight_bytes(self, out_features: int, in_features: int, dtype_bytes: int) -> int:
         raise NotImplementedError("the gguf method's bytes depend on the file's types (memory_plan.make_plan)")
 
     # -- compute ---------------------------------------------------------------------------------------
+    @staticmethod
+    def uses_amx(layer: Linear, dtype: torch.dtype) -> bool:
+        """The layer's block kernel at this compute dtype is the AMX one (bf16 only: it rounds x to bf16)."""
+        return layer.block_amx and dtype == torch.bfloat16
+
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         """x (M, in) -> (M, out) at x's dtype."""
         m = x.shape[0]
@@ -234,9 +252,10 @@ class GGUFLinearMethod(LinearMethod):
         if m:
             xp, yp = x32.data_ptr(), y.data_ptr()
             if layer.block_mm is not None:
+                amx = self.uses_amx(layer, x.dtype)
                 for qtype, wp, n, off in layer.block_mm:
                     self.threads.run(m * k * n, lambda t: block_matmul.matmul(qtype, wp, n, k, xp, m, yp + 4 * off,
-                                                                              n_out, t))
+                                                                              n_out, t, amx=amx))
             else:
                 self.threads.run(m * k * n_out, lambda t: mm(xp, m, yp, t))
         return y if x.dtype == torch.float32 else y.to(x.dtype)
@@ -247,15 +266,10 @@ class GGUFLinearMethod(LinearMethod):
             y = packed_linear(xc, layer.packed) if self._onednn else F.linear(xc, layer.packed)
             return y.to(x.dtype)
         y = x.new_empty(x.shape[0], layer.out_features)
-        k, threads = layer.in_features, torch.get_num_threads()
         for w, offset in layer.dense:
-            row_bytes = ggml.row_size(w.ggml_type, k)
-            step = max(1, _TILE_ELEMS // k)
-            for r0 in range(0, w.n, step):
-                r = min(step, w.n - r0)
-                tile = self._scratch.get(r * k).view(r, k)
-                ggml.dequantize(w.ggml_type, w.data_ptr + r0 * row_bytes, r, k, tile.data_ptr(), threads)
-                y[:, offset + r0 : offset + r0 + r] = F.linear(x, tile if x.dtype == torch.float32 else tile.to(x.dtype))
+            for r0, tile in self._tiles(w.ggml_type, w.data_ptr, w.n, layer.in_features):
+                c0 = offset + r0
+                y[:, c0 : c0 + tile.shape[0]] = F.linear(x, tile if x.dtype == torch.float32 else tile.to(x.dtype))
         return y
 
     def apply_grouped(self, layers: list[Linear], x: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
@@ -280,12 +294,16 @@ class GGUFLinearMethod(LinearMethod):
         mine = len(blocks) == len(layers) and len({b[0] for b in blocks}) == 1
         if not mine and any(lyr.block_mm is not None for lyr in layers):
             return None
+        amx = {self.uses_amx(lyr, x.dtype) for lyr in layers}
+        if len(amx) > 1:  # some on the AMX kernel, some not: one by one
+            return None
         if x.shape[0]:
             xp, yp = x32.data_ptr(), y.data_ptr()
             if mine:
                 qtype, ptrs = blocks[0][0], [b[1] for b in blocks]
+                on_amx = amx.pop()
                 self.threads.run(x.shape[0] * k * n_out, lambda t: block_matmul.matmul_grouped(
-                    qtype, ptrs, counts, n_out, k, xp, yp, t))
+                    qtype, ptrs, counts, n_out, k, xp, yp, t, amx=on_amx))
             else:
                 self.threads.run(x.shape[0] * k * n_out,
                                  lambda t: ggml.matmul_grouped(weights, counts, xp, k, yp, n_out, t))
@@ -293,8 +311,8 @@ class GGUFLinearMethod(LinearMethod):
 
     # -- the crossover -----------------------------------------------------------------------------------
     def calibrate(self, layers: list[Linear], dtype: torch.dtype) -> None:
-        """Measure, on the layer shape with the most bytes in all, from how many rows dequantize + F.linear beats ggml's
-        kernels; log the figures. Skipped when TOKENMILL_GGML_MAX_ROWS fixes it or no layer can go dense."""
+        """Measure, on the layer shape with the most bytes in all, from how many rows the dense path (the copy,
+        or dequantize + F.linear) beats the block kernels; log the figures. Skipped when TOKENMILL_GGML_MAX_ROWS fixes it or no layer can go dense."""
         dense = [lyr for lyr in layers if getattr(lyr, "dense_ok", False) or lyr.packed is not None]
         if self._fixed_rows or not dense:
             log.info("gguf matmuls: ggml's kernels up to %d rows%s", self.max_ggml_rows,
@@ -306,24 +324,36 @@ class GGUFLinearMethod(LinearMethod):
         # the decoder's shapes (those that repeat), not a one-off output head: a 262144-row head (Gemma 3)
         # took minutes to time and says little about the layers that do most of the work
         repeated = {k: v for k, v in shapes.items() if len(v) > 1} or shapes
-        layer = max(repeated.items(), key=lambda kv: len(kv[1]) * kv[0][0] * kv[0][1])[1][0]  # most bytes
+        same = max(repeated.items(), key=lambda kv: len(kv[1]) * kv[0][0] * kv[0][1])[1]  # most bytes
+        layer = same[0]
+        # the layers of that shape in turn, as a step runs them, until their blocks pass _STREAM_BYTES: their
+        # weights then stream from memory as in a step, where one layer timed over and over sits in the
+        # cache (which flattered the dense copy: at 4 rows on AMX one (3072, 576) layer timed 0.17-0.37 ms
+        # either way, while 30 of them took 13.5-16.5 ms dense against 8.6-10.8 on the AMX kernel)
+        group, nbytes = [], 0
+        for lyr in same:
+            group.append(lyr)
+            nbytes += sum(w.nbytes for w in lyr.matmul.weights)
+            if nbytes >= _STREAM_BYTES:
+                break
         figures, best = [], 0
         for m in _CALIBRATION_ROWS:
             x = torch.randn(m, layer.in_features, dtype=dtype)
-            t_g = _best_time(lambda: self._ggml(layer, x))
-            t_d = _best_time(lambda: self._dense(layer, x))
+            t_g = _best_time(lambda: [self._ggml(lyr, x) for lyr in group])
+            t_d = _best_time(lambda: [self._dense(lyr, x) for lyr in group])
             figures.append(f"M={m} {t_g * 1e3:.2f}/{t_d * 1e3:.2f} ms")
             if t_d < t_g:
                 break
             best = m
         self.max_ggml_rows = max(best, 1)
         self._step_rows = _STEP_ROWS
-        log.info("gguf matmuls: block kernels up to %d rows (decode-only steps up to %d), %s above (measured on a "
-                 "(%d, %d) %s layer, %s/dense: %s)", self.max_ggml_rows, self.max_step_rows,
-                 "the dense copy" if layer.packed is not None else "dequantize + F.linear",
+        log.info("gguf matmuls: block kernels up to %d rows (decode-only steps up to %d), %s above (measured on "
+                 "%d (%d, %d) %s layers, %s/dense: %s)", self.max_ggml_rows, self.max_step_rows,
+                 "the dense copy" if layer.packed is not None else "dequantize + F.linear", len(group),
                  layer.out_features, layer.in_features,
                  ggml.type_name(layer.matmul.weights[0].ggml_type),
-                 "block_matmul" if layer.block_mm is not None else "ggml", ", ".join(figures))
+                 ("amx_matmul" if self.uses_amx(layer, dtype) else "block_matmul") if layer.block_mm is not None
+                 else "ggml", ", ".join(figures))
 
 
 def _best_time(fn: object, reps: int = 3) -> float:

@@ -207,6 +207,7 @@ class Linear(nn.Module):
         self.dense: list[tuple[Any, int]] = []
         self.dense_ok = False
         self.block_mm: list[tuple[int, int, int, int]] | None = None  # plain blocks for native/block_matmul.cpp
+        self.block_amx = False  # block_mm's matrices also fit the AMX kernel (native/amx_matmul.cpp)
         self.weight: nn.Parameter
         method.create_weights(self)
         self.bias: nn.Parameter | None = None

@@ -84,8 +84,9 @@ def _layers(model: LlamaForCausalLM) -> list[Any]:
     return list(model.model.layers)
 
 
-def _linear(lin: Linear, keep: list[object]) -> TmLinear:
-    """The C struct for one gguf-method linear; the arrays it points to go into `keep`."""
+def _linear(lin: Linear, keep: list[object], dtype: torch.dtype) -> TmLinear:
+    """The C struct for one gguf-method linear at compute dtype `dtype`; the arrays it points to go into
+    `keep`. Its kernel is the one the layer path picks (GGUFLinearMethod.apply)."""
     bias = lin.bias.data_ptr() if lin.bias is not None else None
     if lin.block_mm is not None:  # [(ggml type, blocks' address, rows, first output column)]
         parts = lin.block_mm
@@ -93,7 +94,7 @@ def _linear(lin: Linear, keep: list[object]) -> TmLinear:
         arrays: tuple[ctypes.Array, ...] = (  # type: ignore[type-arg]
             (ctypes.c_int32 * n)(*(p[0] for p in parts)), (ctypes.c_void_p * n)(*(p[1] for p in parts)),
             (ctypes.c_int64 * n)(*(p[2] for p in parts)), (ctypes.c_int64 * n)(*(p[3] for p in parts)))
-        kind = 0
+        kind = 2 if GGUFLinearMethod.uses_amx(lin, dtype) else 0
     else:
         mm = lin.matmul
         assert mm is not None
@@ -141,8 +142,9 @@ class NativeDecode:
             k_cache, v_cache = caches[i]
             layers[i] = TmLayer(input_norm=layer.input_layernorm.weight.data_ptr(),
                                 post_norm=layer.post_attention_layernorm.weight.data_ptr(),
-                                qkv=_linear(a.qkv_proj, keep), o=_linear(a.o_proj, keep),
-                                gate_up=_linear(mlp.gate_up_proj, keep), down=_linear(mlp.down_proj, keep),
+                                qkv=_linear(a.qkv_proj, keep, self.dtype), o=_linear(a.o_proj, keep, self.dtype),
+                                gate_up=_linear(mlp.gate_up_proj, keep, self.dtype),
+                                down=_linear(mlp.down_proj, keep, self.dtype),
                                 k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), window=a.sliding_window)
         keep.append(layers)
         bs = caches[0][0].shape[1]

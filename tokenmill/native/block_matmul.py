@@ -1,5 +1,7 @@
 """ctypes binding to block_matmul.cpp: x (M, K) fp32 times a GGUF matrix kept in its Q4_0 / Q4_1 / Q8_0
-blocks, fp32 activations (see the C++ header for the layout and the invariants).
+blocks, fp32 activations (see the C++ header for the layout and the invariants); and to amx_matmul.cpp,
+the same product on Intel AMX at bf16 (weights dequantized to bf16 in registers, x rounded to bf16), for
+bf16 compute on a CPU that has the tile unit (`amx_available()`; TOKENMILL_AMX_MATMUL=0 turns it off).
 
 Built with g++ on first use and cached (compile.py), like kernels.cpp; `available()` is False when it
 cannot be built, or with TOKENMILL_BLOCK_MATMUL=0, and the caller then uses ggml's kernels.
@@ -18,9 +20,11 @@ from tokenmill.native.compile import NativeBuildError, build_library
 log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("block_matmul.cpp")
+AMX_SOURCE = Path(__file__).with_name("amx_matmul.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")
 ABI = 2
 ENV_SWITCH = "TOKENMILL_BLOCK_MATMUL"
+AMX_SWITCH = "TOKENMILL_AMX_MATMUL"
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
@@ -29,13 +33,15 @@ def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
     """The loaded library, built on first use (tests pass -DTM_PORTABLE for the plain C++ path); None,
     logged, when it cannot be built or loaded."""
     try:
-        path = build_library("tokenmill_block_matmul", [SOURCE], flags)
+        path = build_library("tokenmill_block_matmul", [SOURCE, AMX_SOURCE], flags)
         lib = ctypes.CDLL(str(path))
         if lib.tm_block_matmul_abi() != ABI:
             raise NativeBuildError(f"{path} answers ABI {lib.tm_block_matmul_abi()}, expected {ABI}")
         lib.tm_block_matmul.argtypes = [_I32, _P, _I64, _I64, _P, _I64, _I64, _P, _I64, _I32]
         lib.tm_block_matmul_supports.argtypes = [_I32]
         lib.tm_block_matmul_grouped.argtypes = [_I32, _P, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _I32]
+        lib.tm_amx_matmul.argtypes = lib.tm_block_matmul.argtypes
+        lib.tm_amx_matmul_grouped.argtypes = lib.tm_block_matmul_grouped.argtypes
     except (NativeBuildError, OSError, AttributeError) as e:
         log.warning("block matmul kernel unavailable, ggml's kernels multiply every GGUF matrix: %s", e)
         return None
@@ -46,32 +52,53 @@ def available() -> bool:
     return os.environ.get(ENV_SWITCH) != "0" and library() is not None
 
 
+@functools.cache
+def _amx_here() -> bool:
+    lib = library()
+    return lib is not None and bool(lib.tm_amx_available())
+
+
+def amx_available() -> bool:
+    """The AMX kernel runs here: built for a CPU with AMX-BF16 and AVX512-BF16, the OS grants this process
+    the tiles, and TOKENMILL_AMX_MATMUL is not 0."""
+    return available() and os.environ.get(AMX_SWITCH) != "0" and _amx_here()
+
+
+def amx_supports(n: int) -> bool:
+    """The AMX kernel takes a matrix of n output rows (multiples of 16; K is always a multiple of 32)."""
+    return n % 16 == 0
+
+
 def supports(ggml_type: int) -> bool:
     lib = library()
     return lib is not None and bool(lib.tm_block_matmul_supports(ggml_type))
 
 
 def matmul(ggml_type: int, w_ptr: int, n: int, k: int, x_ptr: int, m: int, y_ptr: int, ldy: int,
-           threads: int, lib: ctypes.CDLL | None = None) -> None:
-    """y[:, :n] (rows ldy apart) = x (m, k) fp32 contiguous . W^T, W (n, k) in blocks at w_ptr."""
+           threads: int, lib: ctypes.CDLL | None = None, amx: bool = False) -> None:
+    """y[:, :n] (rows ldy apart) = x (m, k) fp32 contiguous . W^T, W (n, k) in blocks at w_ptr. amx: on the
+    AMX kernel (bf16 products; only where amx_available() and amx_supports(n))."""
     lib = lib or library()
     assert lib is not None
-    rc = lib.tm_block_matmul(ggml_type, w_ptr, n, k, x_ptr, k, m, y_ptr, ldy, threads)
+    fn = lib.tm_amx_matmul if amx else lib.tm_block_matmul
+    rc = fn(ggml_type, w_ptr, n, k, x_ptr, k, m, y_ptr, ldy, threads)
     if rc:
         raise RuntimeError(f"block matmul failed (status {rc})")
 
 
 def matmul_grouped(ggml_type: int, w_ptrs: list[int], counts: list[int], n: int, k: int, x_ptr: int, y_ptr: int,
-                   threads: int) -> None:
+                   threads: int, amx: bool = False) -> None:
     """Weight g (n, k) times the next counts[g] rows of x (sum(counts), k) fp32 contiguous -> the same rows
-    of y (sum(counts), n) fp32, in one call; each group's rows are exactly what matmul() gives them."""
+    of y (sum(counts), n) fp32, in one call; each group's rows are exactly what matmul() gives them (with
+    the same `amx`)."""
     lib = library()
     assert lib is not None
     g = len(w_ptrs)
     starts = [0] * g
     for i in range(1, g):
         starts[i] = starts[i - 1] + counts[i - 1]
-    rc = lib.tm_block_matmul_grouped(ggml_type, (ctypes.c_void_p * g)(*w_ptrs), g, (ctypes.c_int64 * g)(*starts),
-                                     (ctypes.c_int64 * g)(*counts), n, k, x_ptr, sum(counts), y_ptr, threads)
+    fn = lib.tm_amx_matmul_grouped if amx else lib.tm_block_matmul_grouped
+    rc = fn(ggml_type, (ctypes.c_void_p * g)(*w_ptrs), g, (ctypes.c_int64 * g)(*starts),
+            (ctypes.c_int64 * g)(*counts), n, k, x_ptr, sum(counts), y_ptr, threads)
     if rc:
         raise RuntimeError(f"grouped block matmul failed (status {rc})")

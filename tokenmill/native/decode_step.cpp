@@ -62,6 +62,7 @@ extern "C" {
 // The kernels, as the libraries export them (the binding fills these from the loaded libraries).
 struct TmKernels {
     BlockMatmulFn block_matmul;  // NULL when no linear uses the block kernel
+    BlockMatmulFn amx_matmul;    // the same blocks on AMX at bf16 (amx_matmul.cpp); NULL when none uses it
     GgmlMatmulFn ggml_matmul;    // NULL when no linear uses ggml's
     AddRmsNormFn add_rms_norm;
     SiluMulFn silu_and_mul;
@@ -72,14 +73,15 @@ struct TmKernels {
 // One linear layer y (M, out) = x (M, in) . W^T (+ bias): its output columns in parts.
 //   kind 0: part i is a matrix of `rows[i]` rows in plain blocks of ggml type types[i] at ptrs[i], writing
 //           columns [offsets[i], offsets[i] + rows[i]) (the block kernel, one call per part);
-//   kind 1: ptrs are ggml weight handles, multiplied in one tm_matmul call with `offsets`.
+//   kind 1: ptrs are ggml weight handles, multiplied in one tm_matmul call with `offsets`;
+//   kind 2: as kind 0, on the AMX kernel (bf16 products: the gguf method's choice at bf16 on AMX).
 struct TmLinear {
     int32_t kind;
     int32_t n_parts;
     int64_t in_features, out_features;
-    const int32_t* types;      // (n_parts,), kind 0
+    const int32_t* types;      // (n_parts,), kinds 0 and 2
     const void* const* ptrs;   // (n_parts,)
-    const int64_t* rows;       // (n_parts,), kind 0
+    const int64_t* rows;       // (n_parts,), kinds 0 and 2
     const int64_t* offsets;    // (n_parts,)
     const void* bias;          // (out_features,) at the model's dtype, or NULL
 };
@@ -127,20 +129,21 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 2; }
+int tm_decode_step_abi() { return 3; }
 
 }  // extern "C"
 
 namespace {
 
 int matmul(const TmKernels& k, const TmLinear& L, const float* x, int64_t M, float* y, int nthreads) {
-    if (L.kind != 0)
+    if (L.kind == 1)
         return k.ggml_matmul(const_cast<void**>(L.ptrs), L.offsets, L.n_parts, x, M, L.in_features, y,
                              L.out_features, nthreads);
+    const BlockMatmulFn fn = L.kind == 2 ? k.amx_matmul : k.block_matmul;
     int rc = 0;
     for (int i = 0; i < L.n_parts && rc == 0; ++i)
-        rc = k.block_matmul(L.types[i], L.ptrs[i], L.rows[i], L.in_features, x, L.in_features, M, y + L.offsets[i],
-                            L.out_features, nthreads);
+        rc = fn(L.types[i], L.ptrs[i], L.rows[i], L.in_features, x, L.in_features, M, y + L.offsets[i],
+                L.out_features, nthreads);
     return rc;
 }
 

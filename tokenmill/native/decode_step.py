@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 2
+ABI = 3
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -32,7 +32,7 @@ _PI32, _PI64 = ctypes.POINTER(_I32), ctypes.POINTER(_I64)
 
 
 class TmKernels(ctypes.Structure):
-    _fields_ = [("block_matmul", _P), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
+    _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
                 ("rotary", _P), ("attention", _P)]
 
 
@@ -88,8 +88,9 @@ def kernel_table() -> TmKernels:
     """The entry points of the loaded kernel libraries (NULL for a library that is not built: the step
     then must not have a linear of that kind)."""
     k = kernels.library()
-    return TmKernels(block_matmul=_address(block_matmul.library() if block_matmul.available() else None,
-                                           "tm_block_matmul"),
+    blocks = block_matmul.library() if block_matmul.available() else None
+    return TmKernels(block_matmul=_address(blocks, "tm_block_matmul"),
+                     amx_matmul=_address(blocks if block_matmul.amx_available() else None, "tm_amx_matmul"),
                      ggml_matmul=_address(ggml.lib(), "tm_matmul"),
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
                      rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_decode_attention"))

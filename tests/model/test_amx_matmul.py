@@ -1,0 +1,94 @@
+"""native/amx_matmul.cpp, plain Q4_0 / Q4_1 / Q8_0 blocks on Intel AMX at bf16: against the reference it
+claims (x rounded to bf16 times the blocks dequantized by gguf-py and rounded to bf16, in fp64: only the
+fp32 accumulation differs), row by row independent of the batch, the 16-row tiling and the thread count;
+refused where it cannot run. Skips on CPUs without AMX-BF16 (the AVX2 kind)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenmill.native import block_matmul, ggml
+
+pytestmark = pytest.mark.skipif(not (ggml.available() and block_matmul.amx_available()),
+                                reason="needs ggml (the quantizer) and a CPU with AMX-BF16 and AVX512-BF16")
+TYPES = ["Q4_0", "Q4_1", "Q8_0"]
+
+
+def quantized(type_name: str, n: int, k: int, seed: int) -> tuple[int, np.ndarray, torch.Tensor]:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = int(GGMLQuantizationType[type_name])
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[0] = 0.0  # an all-zero row: scale 0
+    blocks = np.empty((n, ggml.row_size(qtype, k)), dtype=np.uint8)
+    ggml.quantize(qtype, w.numpy().ctypes.data, blocks.ctypes.data, n, k)
+    wd = torch.from_numpy(dequantize(blocks, GGMLQuantizationType(qtype)).reshape(n, k).astype(np.float32))
+    return qtype, blocks, wd
+
+
+def run(qtype: int, blocks: np.ndarray, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
+    n, (m, k) = blocks.shape[0], x.shape
+    y = torch.full((m, n + 5), float("nan"))  # rows n + 5 apart: the kernel writes only its n columns
+    block_matmul.matmul(qtype, blocks.ctypes.data, n, k, x.contiguous().data_ptr(), m, y.data_ptr(), n + 5, threads,
+                        amx=True)
+    assert torch.isnan(y[:, n:]).all()
+    return y[:, :n]
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("n, k", [(16, 32), (48, 576), (96, 1536)])
+def test_against_the_bf16_reference_and_row_independent(type_name: str, n: int, k: int) -> None:
+    qtype, blocks, w = quantized(type_name, n, k, seed=n + k)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(70, k, generator=g)  # 70 rows: a full 64-row pass of 4 tiles, then 6 rows
+    x[3] = 0.0
+    x[4] *= 100.0
+    y = run(qtype, blocks, x, threads=2)
+    ref = F.linear(x.to(torch.bfloat16).double(), w.to(torch.bfloat16).double())
+    assert torch.equal(y[3], torch.zeros(n))
+    for i in range(x.shape[0]):
+        if i == 3:
+            continue
+        err = float((y[i].double() - ref[i]).norm() / ref[i].norm())
+        assert err < 1e-5, f"{type_name} row {i}: relative error {err:.2e} against bf16 x . bf16 W in fp64"
+    # every batch size (1 to 4 tiles of 16, and past 64), every row offset, one thread or two: the same bits
+    for m in (1, 2, 15, 16, 17, 33, 64, 65):
+        for start in {0, x.shape[0] - m}:
+            for threads in (1, 2):
+                part = run(qtype, blocks, x[start:start + m], threads)
+                assert torch.equal(part, y[start:start + m]), (type_name, m, start, threads)
+
+
+def test_refuses_what_it_cannot_take() -> None:
+    qtype, blocks, _ = quantized("Q4_1", 40, 32, seed=0)  # 40 rows: not a multiple of 16
+    assert not block_matmul.amx_supports(40) and block_matmul.amx_supports(48)
+    x = torch.randn(2, 32)
+    with pytest.raises(RuntimeError, match="status -2"):
+        run(qtype, blocks, x)
+    from gguf import GGMLQuantizationType
+
+    q5, blocks5, _ = quantized("Q5_0", 48, 32, seed=0)  # a type the kernel does not take
+    assert q5 == int(GGMLQuantizationType.Q5_0)
+    with pytest.raises(RuntimeError, match="status -1"):
+        run(q5, blocks5, x)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_grouped_equals_one_call_per_group(type_name: str) -> None:
+    k, n = 64, 32
+    mats = [quantized(type_name, n, k, seed=s) for s in range(3)]
+    counts = [5, 0, 20]
+    x = torch.randn(sum(counts), k)
+    y = torch.full((sum(counts), n), float("nan"))
+    block_matmul.matmul_grouped(mats[0][0], [m[1].ctypes.data for m in mats], counts, n, k, x.data_ptr(),
+                                y.data_ptr(), 2, amx=True)
+    r0 = 0
+    for (qtype, blocks, _), c in zip(mats, counts):
+        if c:
+            assert torch.equal(y[r0:r0 + c], run(qtype, blocks, x[r0:r0 + c]))
+        r0 += c
