@@ -272,6 +272,11 @@ def test_decode_steps_stay_on_the_blocks_up_to_the_row_tile(monkeypatch) -> None
     method.calibrate(layers, torch.float32)
     assert method.max_ggml_rows >= 1
     assert method.max_step_rows == max(method.max_ggml_rows, 8)
+    from tokenmill.native import block_matmul
+    if block_matmul.amx_available() and block_matmul.amx_supports(n):  # bf16 on AMX: the AMX kernel's 64 rows
+        method, layers = method_and_layers(None)
+        method.calibrate(layers, torch.bfloat16)
+        assert method.max_step_rows == max(method.max_ggml_rows, 64)
     method, layers = method_and_layers("2")
     method.calibrate(layers, torch.float32)
     assert method.max_ggml_rows == 2 and method.max_step_rows == 2

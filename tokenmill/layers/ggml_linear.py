@@ -59,6 +59,7 @@ log = logging.getLogger("tokenmill")
 _TILE_ELEMS = 1 << 22  # dense path: dequantize at most 4M values (16 MB fp32) at a time
 _CALIBRATION_ROWS = (4, 8, 16, 32, 64, 128, 256)
 _STEP_ROWS = 8  # the block kernel's row tile: each weight block is unpacked once for up to 8 rows
+_AMX_STEP_ROWS = 64  # the AMX kernel's: each dequantized tile serves up to 64 rows (4 tiles of 16)
 _STREAM_BYTES = 64 << 20  # calibration times layers until their blocks pass this (beyond the caches)
 
 
@@ -117,7 +118,7 @@ class GGUFLinearMethod(LinearMethod):
         least _STEP_ROWS: one native call also saves the per-op dispatch of the layer path, which a
         one-matmul calibration does not see (AMX, bf16, crossover measured at 1 row: n-gram speculation at
         C=1 0.95-0.98x with verification on the layer path, 1.24-1.29x with it in the native step;
-        benchmarks/README.md, "AMX again")."""
+        benchmarks/README.md, "AMX again"); on the AMX kernel (bf16 on AMX), at least _AMX_STEP_ROWS."""
         return max(self.max_ggml_rows, self._step_rows)
 
     @property
@@ -346,7 +347,10 @@ class GGUFLinearMethod(LinearMethod):
                 break
             best = m
         self.max_ggml_rows = max(best, 1)
-        self._step_rows = _STEP_ROWS
+        # decode-only steps in the native step up to the kernel's row tile, whatever the per-matmul figure:
+        # on AMX at 48 and 64 rows (crossover 32) the native step on the AMX kernel took 88-95 / 108-147 ms
+        # against the layer path's 109-113 / 128-154 on the dense copy (offline decode, interleaved)
+        self._step_rows = _AMX_STEP_ROWS if self.uses_amx(layer, dtype) else _STEP_ROWS
         log.info("gguf matmuls: block kernels up to %d rows (decode-only steps up to %d), %s above (measured on "
                  "%d (%d, %d) %s layers, %s/dense: %s)", self.max_ggml_rows, self.max_step_rows,
                  "the dense copy" if layer.packed is not None else "dequantize + F.linear", len(group),
