@@ -80,15 +80,22 @@ def test_refuses_what_it_cannot_take() -> None:
 
 @pytest.mark.parametrize("type_name", TYPES)
 def test_grouped_equals_one_call_per_group(type_name: str) -> None:
+    """A mixture of experts' call: each group as the method would multiply it alone (AMX from
+    AMX_MIN_ROWS rows, the integer block kernel below)."""
     k, n = 64, 32
-    mats = [quantized(type_name, n, k, seed=s) for s in range(3)]
-    counts = [5, 0, 20]
+    mats = [quantized(type_name, n, k, seed=s) for s in range(4)]
+    counts = [5, 0, 20, block_matmul.AMX_MIN_ROWS - 1]  # the last group under the AMX kernel's rows
     x = torch.randn(sum(counts), k)
     y = torch.full((sum(counts), n), float("nan"))
     block_matmul.matmul_grouped(mats[0][0], [m[1].ctypes.data for m in mats], counts, n, k, x.data_ptr(),
                                 y.data_ptr(), 2, amx=True)
     r0 = 0
     for (qtype, blocks, _), c in zip(mats, counts):
-        if c:
+        if c >= block_matmul.AMX_MIN_ROWS:
             assert torch.equal(y[r0:r0 + c], run(qtype, blocks, x[r0:r0 + c]))
+        elif c:  # what the method gives such a group alone: the integer block kernel
+            alone = torch.empty(c, n)
+            block_matmul.matmul(qtype, blocks.ctypes.data, n, k, x[r0:r0 + c].contiguous().data_ptr(), c,
+                                alone.data_ptr(), n, 1)
+            assert torch.equal(y[r0:r0 + c], alone)
         r0 += c

@@ -10,7 +10,7 @@
 // without AMX-BF16 and AVX512-BF16 the entry points exist and answer "unavailable".
 //
 //   tm_amx_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads)   as tm_block_matmul; N % 16 == 0, K % 32 == 0
-//   tm_amx_matmul_grouped(...)                                    as tm_block_matmul_grouped
+//   tm_amx_matmul_grouped(..., min_rows)   as tm_block_matmul_grouped; groups under min_rows on that kernel
 //   tm_amx_available()   1 when the CPU has the units and the OS lets this process use the tiles
 //
 // Layout (the tile multiply C[16][16] += A[16][32] . B[32][16], bf16 pairs along K):
@@ -300,15 +300,20 @@ int tm_amx_matmul(int type, const void* W, int64_t N, int64_t K, const float* x,
 #endif
 }
 
-// Rows [starts[g], starts[g] + counts[g]) of x (M, K) times W[g] (N, K), into the same rows of y (M, N):
-// each group exactly what tm_amx_matmul on its rows gives.
+int tm_block_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y,
+                    int64_t ldy, int nthreads);  // block_matmul.cpp, in the same library
+
+// Rows [starts[g], starts[g] + counts[g]) of x (M, K) times W[g] (N, K), into the same rows of y (M, N): a
+// group of at least min_rows rows exactly what tm_amx_matmul on its rows gives, a smaller one what
+// tm_block_matmul gives (the callers' rule for one matrix: block_matmul.AMX_MIN_ROWS).
 int tm_amx_matmul_grouped(int type, const void* const* W, int64_t groups, const int64_t* starts,
                           const int64_t* counts, int64_t N, int64_t K, const float* x, int64_t M, float* y,
-                          int nthreads) {
+                          int nthreads, int64_t min_rows) {
     (void)M;
     for (int64_t g = 0; g < groups; ++g) {
         if (counts[g] <= 0) continue;
-        const int rc = tm_amx_matmul(type, W[g], N, K, x + starts[g] * K, K, counts[g], y + starts[g] * N, N, nthreads);
+        const auto fn = counts[g] >= min_rows ? tm_amx_matmul : tm_block_matmul;
+        const int rc = fn(type, W[g], N, K, x + starts[g] * K, K, counts[g], y + starts[g] * N, N, nthreads);
         if (rc) return rc;
     }
     return 0;

@@ -25,6 +25,10 @@ FLAGS = ("-fopenmp", "-ffp-contract=off")
 ABI = 2
 ENV_SWITCH = "TOKENMILL_BLOCK_MATMUL"
 AMX_SWITCH = "TOKENMILL_AMX_MATMUL"
+# Below this many rows the integer kernel's one pass over the blocks beats the AMX kernel's dequantization:
+# 30 (3072, 576) Q4_1 layers at 1 row, 2 threads: 6.0-6.4 ms against 9.7-12.1 (AMX Xeon, 2026-12-03). The
+# layer path (GGUFLinearMethod) and the native decode step both take it from here.
+AMX_MIN_ROWS = 4
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
@@ -41,7 +45,7 @@ def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
         lib.tm_block_matmul_supports.argtypes = [_I32]
         lib.tm_block_matmul_grouped.argtypes = [_I32, _P, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _I32]
         lib.tm_amx_matmul.argtypes = lib.tm_block_matmul.argtypes
-        lib.tm_amx_matmul_grouped.argtypes = lib.tm_block_matmul_grouped.argtypes
+        lib.tm_amx_matmul_grouped.argtypes = [*lib.tm_block_matmul_grouped.argtypes, _I64]
     except (NativeBuildError, OSError, AttributeError) as e:
         log.warning("block matmul kernel unavailable, ggml's kernels multiply every GGUF matrix: %s", e)
         return None
@@ -89,16 +93,16 @@ def matmul(ggml_type: int, w_ptr: int, n: int, k: int, x_ptr: int, m: int, y_ptr
 def matmul_grouped(ggml_type: int, w_ptrs: list[int], counts: list[int], n: int, k: int, x_ptr: int, y_ptr: int,
                    threads: int, amx: bool = False) -> None:
     """Weight g (n, k) times the next counts[g] rows of x (sum(counts), k) fp32 contiguous -> the same rows
-    of y (sum(counts), n) fp32, in one call; each group's rows are exactly what matmul() gives them (with
-    the same `amx`)."""
+    of y (sum(counts), n) fp32, in one call; each group's rows are exactly what matmul() gives them (amx:
+    with amx=True for groups of at least AMX_MIN_ROWS rows, amx=False below, as the method picks)."""
     lib = library()
     assert lib is not None
     g = len(w_ptrs)
     starts = [0] * g
     for i in range(1, g):
         starts[i] = starts[i - 1] + counts[i - 1]
-    fn = lib.tm_amx_matmul_grouped if amx else lib.tm_block_matmul_grouped
-    rc = fn(ggml_type, (ctypes.c_void_p * g)(*w_ptrs), g, (ctypes.c_int64 * g)(*starts),
+    args = (ggml_type, (ctypes.c_void_p * g)(*w_ptrs), g, (ctypes.c_int64 * g)(*starts),
             (ctypes.c_int64 * g)(*counts), n, k, x_ptr, sum(counts), y_ptr, threads)
+    rc = lib.tm_amx_matmul_grouped(*args, AMX_MIN_ROWS) if amx else lib.tm_block_matmul_grouped(*args)
     if rc:
         raise RuntimeError(f"grouped block matmul failed (status {rc})")

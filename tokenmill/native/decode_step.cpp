@@ -63,6 +63,7 @@ extern "C" {
 struct TmKernels {
     BlockMatmulFn block_matmul;  // NULL when no linear uses the block kernel
     BlockMatmulFn amx_matmul;    // the same blocks on AMX at bf16 (amx_matmul.cpp); NULL when none uses it
+    int64_t amx_min_rows;        // kind 2 takes the AMX kernel from this many rows, the block kernel below
     GgmlMatmulFn ggml_matmul;    // NULL when no linear uses ggml's
     AddRmsNormFn add_rms_norm;
     SiluMulFn silu_and_mul;
@@ -74,7 +75,8 @@ struct TmKernels {
 //   kind 0: part i is a matrix of `rows[i]` rows in plain blocks of ggml type types[i] at ptrs[i], writing
 //           columns [offsets[i], offsets[i] + rows[i]) (the block kernel, one call per part);
 //   kind 1: ptrs are ggml weight handles, multiplied in one tm_matmul call with `offsets`;
-//   kind 2: as kind 0, on the AMX kernel (bf16 products: the gguf method's choice at bf16 on AMX).
+//   kind 2: as kind 0, on the AMX kernel from amx_min_rows rows (bf16 products: the gguf method's choice at
+//           bf16 on AMX), on the block kernel below.
 struct TmLinear {
     int32_t kind;
     int32_t n_parts;
@@ -139,7 +141,7 @@ int matmul(const TmKernels& k, const TmLinear& L, const float* x, int64_t M, flo
     if (L.kind == 1)
         return k.ggml_matmul(const_cast<void**>(L.ptrs), L.offsets, L.n_parts, x, M, L.in_features, y,
                              L.out_features, nthreads);
-    const BlockMatmulFn fn = L.kind == 2 ? k.amx_matmul : k.block_matmul;
+    const BlockMatmulFn fn = L.kind == 2 && M >= k.amx_min_rows ? k.amx_matmul : k.block_matmul;
     int rc = 0;
     for (int i = 0; i < L.n_parts && rc == 0; ++i)
         rc = fn(L.types[i], L.ptrs[i], L.rows[i], L.in_features, x, L.in_features, M, y + L.offsets[i],

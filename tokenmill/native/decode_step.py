@@ -32,7 +32,7 @@ _PI32, _PI64 = ctypes.POINTER(_I32), ctypes.POINTER(_I64)
 
 
 class TmKernels(ctypes.Structure):
-    _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
+    _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
                 ("rotary", _P), ("attention", _P)]
 
 
@@ -91,6 +91,7 @@ def kernel_table() -> TmKernels:
     blocks = block_matmul.library() if block_matmul.available() else None
     return TmKernels(block_matmul=_address(blocks, "tm_block_matmul"),
                      amx_matmul=_address(blocks if block_matmul.amx_available() else None, "tm_amx_matmul"),
+                     amx_min_rows=block_matmul.AMX_MIN_ROWS,
                      ggml_matmul=_address(ggml.lib(), "tm_matmul"),
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
                      rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_decode_attention"))
