@@ -5,6 +5,9 @@ refused where it cannot run. Skips on CPUs without AMX-BF16 (the AVX2 kind)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,23 +15,12 @@ import torch.nn.functional as F
 
 from tokenmill.native import block_matmul, ggml
 
+sys.path.insert(0, str(Path(__file__).parent))
+from gguf_blocks import quantized  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not (ggml.available() and block_matmul.amx_available()),
                                 reason="needs ggml (the quantizer) and a CPU with AMX-BF16 and AVX512-BF16")
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
-
-
-def quantized(type_name: str, n: int, k: int, seed: int) -> tuple[int, np.ndarray, torch.Tensor]:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    qtype = int(GGMLQuantizationType[type_name])
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * 0.05
-    w[0] = 0.0  # an all-zero row: scale 0
-    blocks = np.empty((n, ggml.row_size(qtype, k)), dtype=np.uint8)
-    ggml.quantize(qtype, w.numpy().ctypes.data, blocks.ctypes.data, n, k)
-    wd = torch.from_numpy(dequantize(blocks, GGMLQuantizationType(qtype)).reshape(n, k).astype(np.float32))
-    return qtype, blocks, wd
 
 
 def run(qtype: int, blocks: np.ndarray, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
@@ -49,7 +41,7 @@ def test_against_the_bf16_reference_and_row_independent(type_name: str, n: int, 
     x[3] = 0.0
     x[4] *= 100.0
     y = run(qtype, blocks, x, threads=2)
-    ref = F.linear(x.to(torch.bfloat16).double(), w.to(torch.bfloat16).double())
+    ref = F.linear(x.to(torch.bfloat16).double(), w.float().to(torch.bfloat16).double())
     assert torch.equal(y[3], torch.zeros(n))
     for i in range(x.shape[0]):
         if i == 3:

@@ -4,6 +4,9 @@ and the thread count; the plain C++ build (-DTM_PORTABLE) agrees with the AVX2 o
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -11,22 +14,12 @@ import torch.nn.functional as F
 
 from tokenmill.native import block_matmul, ggml
 
+sys.path.insert(0, str(Path(__file__).parent))
+from gguf_blocks import quantized  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not (ggml.available() and block_matmul.available()),
                                 reason="needs ggml (the quantizer) and the block matmul kernel")
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
-
-
-def quantized(type_name: str, n: int, k: int, seed: int) -> tuple[int, np.ndarray, torch.Tensor]:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    qtype = int(GGMLQuantizationType[type_name])
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * 0.05
-    w[0] = 0.0  # an all-zero row: scale 0
-    blocks = np.empty((n, ggml.row_size(qtype, k)), dtype=np.uint8)
-    ggml.quantize(qtype, w.numpy().ctypes.data, blocks.ctypes.data, n, k)
-    return qtype, blocks, torch.from_numpy(dequantize(blocks, GGMLQuantizationType(qtype)).reshape(n, k).astype(np.float64))
 
 
 def run(qtype: int, blocks: np.ndarray, x: torch.Tensor, threads: int = 1, lib=None) -> torch.Tensor:
