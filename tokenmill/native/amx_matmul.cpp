@@ -18,7 +18,8 @@
 //   B = x's rows m0..m0+15 over the same 32 columns, in pairs: B row k holds (x[m][2k], x[m][2k+1]) for the
 //       16 m, a 16x16 transpose of 32-bit pairs, made once per call for every (block, 16 rows of x);
 //   C = y^T tile (16 n x 16 m), fp32, transposed into y's rows at the end.
-// Up to 4 C tiles (64 rows of x) share each dequantized A tile; more rows go 64 at a time.
+// Up to 4 C tiles (64 rows of x) share each dequantized A tile; past 64 rows each weight row's blocks are
+// dequantized once per call into a panel that every 64-row pass reads.
 //
 // Invariant: y[m, n] depends only on x[m, :] and W[n, :]: one accumulator per (m, n), the blocks in order
 // of K, whatever M, the row tiling or the thread count. So a row gives the same bits alone or in a batch.
@@ -153,75 +154,102 @@ inline void store_c(float* y, int64_t ldy, int64_t n0, int64_t m0, int64_t mv, c
     for (int j = 0; j < mv; ++j) _mm512_storeu_si512(y + (m0 + j) * ldy + n0, r[j]);
 }
 
-// Weight rows [16 c0, 16 c1) against x rows [m0, m0 + 16 NT) (NT C tiles)
-template <int TYPE, int NT>
-void rows_amx(const uint8_t* W, int64_t K, int64_t c0, int64_t c1, const uint32_t* xb, int64_t MT, int64_t mt0,
-              int64_t M, float* y, int64_t ldy) {
-    const int64_t nb = K / 32, row_bytes = nb * block_bytes(TYPE);
-    alignas(64) uint16_t abuf[2][16 * 32];  // alternate: a block's dequantization need not wait for the
-    alignas(64) float cbuf[256];             // tile load of the one before
-    for (int64_t c = c0; c < c1; ++c) {
-        const int64_t n0 = 16 * c;
-        _tile_zero(0);
-        if constexpr (NT > 1) _tile_zero(1);
-        if constexpr (NT > 2) _tile_zero(2);
-        if constexpr (NT > 3) _tile_zero(3);
-        const uint8_t* wr = W + n0 * row_bytes;
-        for (int64_t kb = 0; kb < nb; ++kb) {
-            uint16_t* a = abuf[kb & 1];
-            for (int i = 0; i < 16; ++i) dequant_block<TYPE>(wr + i * row_bytes + kb * block_bytes(TYPE), a + 32 * i);
-            TM_MEMORY_BARRIER();
-            _tile_loadd(4, a, 64);
-            const uint32_t* b = xb + (kb * MT + mt0) * 256;
-            _tile_loadd(5, b, 64);
-            _tile_dpbf16ps(0, 4, 5);
-            if constexpr (NT > 1) {
-                _tile_loadd(6, b + 256, 64);
-                _tile_dpbf16ps(1, 4, 6);
-            }
-            if constexpr (NT > 2) {
-                _tile_loadd(7, b + 512, 64);
-                _tile_dpbf16ps(2, 4, 7);
-            }
-            if constexpr (NT > 3) {
-                _tile_loadd(5, b + 768, 64);
-                _tile_dpbf16ps(3, 4, 5);
-            }
-        }
-        const int64_t m0 = 16 * mt0;
-        auto valid = [&](int t) { const int64_t v = M - m0 - 16 * t; return v < 16 ? v : 16; };
-        // the tile number is part of the instruction (the intrinsics are macros over it): one line per tile
-        _tile_stored(0, cbuf, 64);
+// C tiles 0..NT-1 = sum over the K blocks kb of A(kb) . B(kb, mt0 + t): A(kb) = a_of(kb), the 16 weight
+// rows from n0 at block kb (16 x 32 bf16, rows 64 bytes apart); then into y's rows 16 mt0.. (transposed)
+template <int NT, typename AOf>
+inline void tile_pass(AOf a_of, int64_t nb, const uint32_t* xb, int64_t MT, int64_t mt0, int64_t M, float* y,
+                      int64_t ldy, int64_t n0) {
+    alignas(64) float cbuf[256];
+    _tile_zero(0);
+    if constexpr (NT > 1) _tile_zero(1);
+    if constexpr (NT > 2) _tile_zero(2);
+    if constexpr (NT > 3) _tile_zero(3);
+    for (int64_t kb = 0; kb < nb; ++kb) {
+        const uint16_t* a = a_of(kb);
         TM_MEMORY_BARRIER();
-        store_c(y, ldy, n0, m0, valid(0), cbuf);
+        _tile_loadd(4, a, 64);
+        const uint32_t* b = xb + (kb * MT + mt0) * 256;
+        _tile_loadd(5, b, 64);
+        _tile_dpbf16ps(0, 4, 5);
         if constexpr (NT > 1) {
-            _tile_stored(1, cbuf, 64);
-            TM_MEMORY_BARRIER();
-            store_c(y, ldy, n0, m0 + 16, valid(1), cbuf);
+            _tile_loadd(6, b + 256, 64);
+            _tile_dpbf16ps(1, 4, 6);
         }
         if constexpr (NT > 2) {
-            _tile_stored(2, cbuf, 64);
-            TM_MEMORY_BARRIER();
-            store_c(y, ldy, n0, m0 + 32, valid(2), cbuf);
+            _tile_loadd(7, b + 512, 64);
+            _tile_dpbf16ps(2, 4, 7);
         }
         if constexpr (NT > 3) {
-            _tile_stored(3, cbuf, 64);
-            TM_MEMORY_BARRIER();
-            store_c(y, ldy, n0, m0 + 48, valid(3), cbuf);
+            _tile_loadd(5, b + 768, 64);
+            _tile_dpbf16ps(3, 4, 5);
         }
+    }
+    const int64_t m0 = 16 * mt0;
+    auto valid = [&](int t) { const int64_t v = M - m0 - 16 * t; return v < 16 ? v : 16; };
+    // the tile number is part of the instruction (the intrinsics are macros over it): one line per tile
+    _tile_stored(0, cbuf, 64);
+    TM_MEMORY_BARRIER();
+    store_c(y, ldy, n0, m0, valid(0), cbuf);
+    if constexpr (NT > 1) {
+        _tile_stored(1, cbuf, 64);
+        TM_MEMORY_BARRIER();
+        store_c(y, ldy, n0, m0 + 16, valid(1), cbuf);
+    }
+    if constexpr (NT > 2) {
+        _tile_stored(2, cbuf, 64);
+        TM_MEMORY_BARRIER();
+        store_c(y, ldy, n0, m0 + 32, valid(2), cbuf);
+    }
+    if constexpr (NT > 3) {
+        _tile_stored(3, cbuf, 64);
+        TM_MEMORY_BARRIER();
+        store_c(y, ldy, n0, m0 + 48, valid(3), cbuf);
     }
 }
 
+template <int NT, typename AOf>
+inline void tile_pass_any(int nt, AOf a_of, int64_t nb, const uint32_t* xb, int64_t MT, int64_t mt0, int64_t M,
+                          float* y, int64_t ldy, int64_t n0) {
+    switch (nt) {
+        case 4: tile_pass<4>(a_of, nb, xb, MT, mt0, M, y, ldy, n0); break;
+        case 3: tile_pass<3>(a_of, nb, xb, MT, mt0, M, y, ldy, n0); break;
+        case 2: tile_pass<2>(a_of, nb, xb, MT, mt0, M, y, ldy, n0); break;
+        default: tile_pass<1>(a_of, nb, xb, MT, mt0, M, y, ldy, n0); break;
+    }
+}
+
+// Weight rows [16 c0, 16 c1) against all M rows of x (MT tiles of 16). Up to 64 rows (one pass of at most
+// 4 C tiles) each block is dequantized just before its multiply, alternating two A buffers so that one
+// block's dequantization need not wait for the tile load of the one before; past 64 rows the 16 weight
+// rows are dequantized once into a panel (K/32 tiles) that every 64-row pass reads. Same values, same
+// order of accumulation either way.
 template <int TYPE>
 void rows_any(const uint8_t* W, int64_t K, int64_t c0, int64_t c1, const uint32_t* xb, int64_t MT, int64_t M,
               float* y, int64_t ldy) {
-    for (int64_t mt0 = 0; mt0 < MT; mt0 += 4) {
-        switch (MT - mt0 < 4 ? MT - mt0 : 4) {
-            case 4: rows_amx<TYPE, 4>(W, K, c0, c1, xb, MT, mt0, M, y, ldy); break;
-            case 3: rows_amx<TYPE, 3>(W, K, c0, c1, xb, MT, mt0, M, y, ldy); break;
-            case 2: rows_amx<TYPE, 2>(W, K, c0, c1, xb, MT, mt0, M, y, ldy); break;
-            default: rows_amx<TYPE, 1>(W, K, c0, c1, xb, MT, mt0, M, y, ldy); break;
+    const int64_t nb = K / 32, bb = block_bytes(TYPE), row_bytes = nb * bb;
+    alignas(64) uint16_t abuf[2][16 * 32];
+    thread_local std::vector<uint16_t> panel;
+    if (MT > 4) panel.resize(size_t(nb * 512));
+    for (int64_t c = c0; c < c1; ++c) {
+        const int64_t n0 = 16 * c;
+        const uint8_t* wr = W + n0 * row_bytes;
+        auto dequant = [&](int64_t kb, uint16_t* a) {
+            for (int i = 0; i < 16; ++i) dequant_block<TYPE>(wr + i * row_bytes + kb * bb, a + 32 * i);
+        };
+        if (MT <= 4) {
+            auto fused = [&](int64_t kb) {
+                uint16_t* a = abuf[kb & 1];
+                dequant(kb, a);
+                return static_cast<const uint16_t*>(a);
+            };
+            tile_pass_any<4>(int(MT), fused, nb, xb, MT, 0, M, y, ldy, n0);
+            continue;
         }
+        uint16_t* p = panel.data();
+        for (int64_t kb = 0; kb < nb; ++kb) dequant(kb, p + kb * 512);
+        auto from_panel = [&](int64_t kb) { return static_cast<const uint16_t*>(p + kb * 512); };
+        for (int64_t mt0 = 0; mt0 < MT; mt0 += 4)
+            tile_pass_any<4>(int(MT - mt0 < 4 ? MT - mt0 : 4), from_panel, nb, xb, MT, mt0, M, y, ldy, n0);
     }
 }
 
