@@ -10,3 +10,4 @@ PEERS="vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$D/compare benchmarks/compare.sh
 TOKENMILL_AMX_MATMUL=0 PEERS="" LEVELS=1,16,64 RESULTS_DIR=$D/kernel-off benchmarks/compare.sh
 # round 2, after AMX_MIN_ROWS (round 1's C=1 ran one-row steps on the AMX kernel: 22.1 tok/s)
 PEERS="vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$D/compare-2 benchmarks/compare.sh
+PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$D/compare-3 benchmarks/compare.sh  # round 3, at the final commit
