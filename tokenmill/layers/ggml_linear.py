@@ -232,10 +232,11 @@ class GGUFLinearMethod(LinearMethod):
 
     # -- compute ---------------------------------------------------------------------------------------
     @staticmethod
-    def uses_amx(layer: Linear, dtype: torch.dtype) -> bool:
+    def uses_amx(layer: Linear, dtype: torch.dtype, rows: int | None = None) -> bool:
         """The layer's block kernel at this compute dtype is the AMX one (bf16 only: it rounds x to bf16),
-        for calls of at least block_matmul.AMX_MIN_ROWS rows."""
-        return layer.block_amx and dtype == torch.bfloat16
+        for a call of `rows` rows (at least block_matmul.AMX_MIN_ROWS; None: for the calls that have them,
+        the rule the native step and the grouped call apply in C++)."""
+        return layer.block_amx and dtype == torch.bfloat16 and (rows is None or rows >= block_matmul.AMX_MIN_ROWS)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         """x (M, in) -> (M, out) at x's dtype."""
@@ -254,7 +255,7 @@ class GGUFLinearMethod(LinearMethod):
         if m:
             xp, yp = x32.data_ptr(), y.data_ptr()
             if layer.block_mm is not None:
-                amx = self.uses_amx(layer, x.dtype) and m >= block_matmul.AMX_MIN_ROWS
+                amx = self.uses_amx(layer, x.dtype, m)
                 for qtype, wp, n, off in layer.block_mm:
                     self.threads.run(m * k * n, lambda t: block_matmul.matmul(qtype, wp, n, k, xp, m, yp + 4 * off,
                                                                               n_out, t, amx=amx))
