@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from tokenmill.config import SpeculativeConfig
 from tokenmill.engine.request import Request
-from tokenmill.engine.spec_decode import SpecDecoder
-from tokenmill.engine.step_cost import StepCost, best_draft_length, expected_tokens
+from tokenmill.engine.spec_decode import _GAIN_WINDOW, SpecDecoder
+from tokenmill.engine.step_cost import StepCost, best_draft_length, expected_tokens, linear_ratios
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler_output import DRAFT_PLACEHOLDER
 
@@ -85,15 +85,42 @@ def test_step_cost_fits_the_line_of_the_steps_it_sees() -> None:
 
 
 def test_best_draft_length_weighs_tokens_against_rows() -> None:
+    def best(alpha: float, row_cost: float, k: int) -> int:
+        return best_draft_length(alpha, linear_ratios(row_cost, k), k)
+
     assert expected_tokens(0.5, 2) == 1.75 and expected_tokens(1.0, 4) == 5.0
-    assert best_draft_length(0.2, 0.25, 4) == 0  # a draft is accepted less often than a row costs
-    assert best_draft_length(0.95, 0.02, 8) == 8  # rows nearly free: draft all
-    assert 1 <= best_draft_length(0.6, 0.25, 8) < best_draft_length(0.9, 0.25, 8)
-    assert best_draft_length(0.9, 0.25, 8) < best_draft_length(0.9, 0.05, 8)
+    assert best(0.2, 0.25, 4) == 0  # a draft is accepted less often than a row costs
+    assert best(0.95, 0.02, 8) == 8  # rows nearly free: draft all
+    assert 1 <= best(0.6, 0.25, 8) < best(0.9, 0.25, 8)
+    assert best(0.9, 0.25, 8) < best(0.9, 0.05, 8)
     for alpha in (0.3, 0.6, 0.9):  # the choice is the best of all k
-        k = best_draft_length(alpha, 0.25, 8)
+        k = best(alpha, 0.25, 8)
         rates = [expected_tokens(alpha, j) / (1 + 0.25 * j) for j in range(9)]
         assert rates[k] == max(rates)
+    # a cost that jumps at 4 rows and then stays flat (the AMX tile): 3 drafts cost as much as 8
+    flat = [1.0, 1.3, 1.6, 1.6, 1.6, 1.6, 1.6, 1.6, 1.6]
+    assert best_draft_length(0.8, flat, 8) == 8
+    assert best_draft_length(0.8, flat, 2) == 2
+
+
+def test_step_cost_table_answers_the_sizes_it_has_seen() -> None:
+    """Step times that jump at 4 rows and then stay flat: the table answers each size seen twice lately,
+    the line the others; sizes not seen for a long while fall back to the line."""
+    cost = StepCost(prior=0.25)
+    times = {1: 0.010, 2: 0.013, 3: 0.016, 4: 0.016, 5: 0.016}
+    assert cost.time(1) is None
+    for r, t in times.items():
+        cost.observe(r, t)
+    assert not cost.knows(1)  # once is not enough
+    for _ in range(2):
+        for r, t in times.items():
+            cost.observe(r, t)
+    assert all(abs((cost.time(r) or 0.0) - t) < 1e-12 for r, t in times.items())
+    a, b = cost.line() or (0.0, 0.0)
+    assert not cost.knows(9) and abs((cost.time(9) or 0.0) - (a + 9 * b)) < 1e-12
+    for _ in range(300):  # sizes not seen for a long while are no longer trusted
+        cost.observe(1, 0.010)
+    assert not cost.knows(5) and cost.knows(1)
 
 
 def test_adaptive_length_follows_acceptance_and_pauses_when_nothing_pays() -> None:
@@ -120,22 +147,37 @@ def test_adaptive_length_follows_acceptance_and_pauses_when_nothing_pays() -> No
     assert steps_until_drafting(spec, req) == 8
 
 
+def run_steps(spec: SpecDecoder, req: Request, seconds, accepted, steps: int) -> list[int]:
+    """Drive the rule for `steps` steps: a step of R rows takes seconds(R); `accepted(step, k)` of its k
+    drafts are kept. -> the draft length of each step."""
+    lengths = []
+    for step in range(steps):
+        req.spec_token_ids = []
+        spec.propose([req])
+        k = len(req.spec_token_ids)
+        if k:
+            spec.record(req, k, accepted(step, k))
+        spec.observe_step(1 + k, 1, seconds(1 + k))
+        lengths.append(k)
+    return lengths
+
+
 def test_rows_that_cost_more_draft_less() -> None:
+    """A request whose drafts are all accepted 3 steps in 4: where rows are nearly free it drafts all 8,
+    where each row costs half a step it keeps to short drafts (2-5, after each failure from 2 up)."""
     cfg = SpeculativeConfig(method="layer_skip", num_speculative_tokens=8)
     cheap, dear = SpecDecoder(cfg, 4096), SpecDecoder(cfg, 4096)
-    for _ in range(30):
-        cheap.observe_step(1, 1, 0.010), cheap.observe_step(9, 1, 0.011)
-        dear.observe_step(1, 1, 0.010), dear.observe_step(9, 1, 0.050)
-        dear.observe_step(9, 3, 0.001)  # more requests than max_batch_size: not a step drafting sees
-    a, b = cheap.cost.row_cost(1), dear.cost.row_cost(1)
-    assert a < 0.05 and abs(b - 0.5) < 1e-6
-    reqs = []
-    for spec in (cheap, dear):
-        req = decoding()
-        req.spec_state = None
-        spec.propose([req])
-        reqs.append(len(req.spec_token_ids))
-    assert reqs[0] == 8 and 1 <= reqs[1] < 4
+    def accept(step: int, k: int) -> int:
+        return k if step % 4 else 0
+    tail_cheap = run_steps(cheap, decoding(), lambda r: 0.010 + 0.0001 * (r - 1), accept, 200)[-40:]
+    tail_dear = run_steps(dear, decoding(), lambda r: 0.010 + 0.005 * (r - 1), accept, 200)[-40:]
+    drafted_cheap = [k for k in tail_cheap if k]
+    drafted_dear = [k for k in tail_dear if k]
+    assert drafted_cheap and sum(k == 8 for k in drafted_cheap) >= 0.8 * len(drafted_cheap), tail_cheap
+    assert drafted_dear and sum(drafted_dear) / len(drafted_dear) <= 4.0 and max(drafted_dear) <= 6, tail_dear
+    big = SpecDecoder(cfg, 4096)
+    big.observe_step(9, 3, 0.001)  # more requests than max_batch_size: not a step drafting sees
+    assert not big.cost.observed
 
 
 def test_a_request_that_always_drafts_still_gets_the_cost_measured() -> None:
@@ -155,3 +197,39 @@ def test_a_request_that_always_drafts_still_gets_the_cost_measured() -> None:
             skipped.append(step)
     assert 1 <= len(skipped) <= 3, skipped  # a step without drafts now and then, until the line is known
     assert abs(spec.cost.row_cost(1) - 0.4) < 1e-6
+
+
+def test_a_window_of_drafting_that_loses_time_pauses_everybody() -> None:
+    """Steps with drafts that give fewer tokens per second than steps without (whatever the per-request
+    estimates said): after a window of _GAIN_WINDOW of them nobody drafts for backoff_steps, then twice as
+    long after another losing window; a window that pays ends the doubling."""
+    cfg = SpeculativeConfig(method="layer_skip", num_speculative_tokens=4, backoff_steps=10)
+    spec, req = SpecDecoder(cfg, 4096), decoding()
+    for _ in range(3):
+        spec.observe_step(1, 1, 0.010)  # plain steps: a token per 10 ms
+
+    def window(accepted: int) -> None:
+        for _ in range(_GAIN_WINDOW):  # 4 drafts, `accepted` kept, in 30 ms
+            spec.record(req, 4, accepted)
+            spec.observe_step(5, 1, 0.030)
+
+    def steps_without_drafts() -> int:
+        n = 0
+        while True:
+            req.spec_token_ids, req.spec_state = [], None  # a fresh request state: only the window pauses
+            spec.propose([req])
+            if req.spec_token_ids:
+                return n
+            n += 1
+            spec.observe_step(1, 1, 0.010)
+
+    assert steps_without_drafts() == 0
+    window(1)  # 2 tokens in 30 ms, against 3 in 30 ms without drafts
+    assert abs(spec.gain - 2 / 3) < 1e-9 and spec.num_pauses == 1
+    assert steps_without_drafts() == 10
+    window(1)
+    assert steps_without_drafts() == 20  # a second losing window in a row: twice as long
+    window(4)  # 5 tokens in 30 ms: pays
+    assert spec.gain > 1.6 and spec.num_pauses == 2 and steps_without_drafts() == 0
+    window(1)
+    assert steps_without_drafts() == 10  # the doubling started over

@@ -278,11 +278,12 @@ class LLMEngine:
         if not self.requests:
             self._send_finished(self.scheduler.take_finished_req_ids())
         elif self.spec is not None:
-            # a step where every request decoded (its drafts included) teaches the rule what rows cost
+            self.spec.propose(self.scheduler.running)
+            # a step where every request decoded (its drafts included) teaches the rule what rows cost; its
+            # time includes proposing the next step's drafts (what a drafting step costs on top of the rows)
             if all(n == 1 + len(sched.spec_token_ids.get(rid, ())) for rid, n in sched.num_scheduled_tokens.items()):
                 self.spec.observe_step(sched.total_num_scheduled_tokens, len(sched.num_scheduled_tokens),
                                        time.perf_counter() - t0)
-            self.spec.propose(self.scheduler.running)
         return outputs
 
     def _fill_grammar_bitmask(self, sched: SchedulerOutput) -> None:

@@ -18,14 +18,20 @@ The rule (engine/step_cost.py has the measurement it rests on):
   rejections, starting at 0.75), and the engine measures what one more row costs in a decode step
   (StepCost, from its own steps). A request drafts the k <= num_speculative_tokens that gives the most
   tokens per unit of time, (1 + alpha + ... + alpha^k) / (1 + row_cost k); none when no k pays. While
-  the steps seen all had the same number of rows (a drafter accepted every time drafts every step), one
-  step in 8 drafts nothing, so that the cost is measured rather than assumed. "fixed": always
-  num_speculative_tokens (vLLM's behaviour);
+  the steps seen cannot tell rows apart, or no step without drafts was timed lately (a drafter accepted
+  every time drafts every step), one step in 8 drafts nothing, so that the cost is measured rather than
+  assumed. "fixed": always num_speculative_tokens (vLLM's behaviour);
 - a pause: a request for which no draft pays, or whose alpha falls below `min_acceptance_rate`, drafts
   nothing for `backoff_steps` steps, then probes with at least one draft; a failed probe pauses it again,
   each consecutive pause twice as long (up to 16x), and an accepted probe ends the doubling and starts
   its estimate over. A drafter that never agrees (layer_skip on a model not trained to exit early) then
-  costs a few probes per request, not one in nine steps.
+  costs a few probes per request, not one in nine steps;
+- the check on what drafting gave (adaptive only): over each window of _GAIN_WINDOW steps with
+  drafts, the tokens they produced are valued at what steps without drafts take per token (time(B) / B,
+  the mean of the recent steps of B rows), against the time those steps took. Below _MIN_GAIN (the estimates above were wrong: an
+  acceptance that comes in bursts, a step that costs more than its rows said) nobody drafts for
+  `backoff_steps` steps, each consecutive pause twice as long (up to 16x); a window that pays ends the
+  doubling.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from dataclasses import dataclass, field
 from tokenmill.config import SpeculativeConfig
 from tokenmill.engine.ngram_proposer import NgramIndex, propose
 from tokenmill.engine.request import Request
-from tokenmill.engine.step_cost import StepCost, best_draft_length
+from tokenmill.engine.step_cost import StepCost, best_draft_length, linear_ratios
 from tokenmill.scheduler_output import DRAFT_PLACEHOLDER
 
 _DECAY = 0.7  # weight of a request's earlier verifications in its estimate, per verification
@@ -45,6 +51,8 @@ _EXPLORE_EVERY = 8  # while the steps seen cannot tell rows apart, one step in t
 # what one more row costs, as a fraction of a one-row decode step, until the engine has measured it: the
 # default model's GGUF path on the 2-core EPYC (benchmarks/README.md, "adaptive draft length")
 ROW_COST_PRIOR = 0.25
+_GAIN_WINDOW = 16  # steps with drafts per check of what they gave
+_MIN_GAIN = 0.95  # below this, the window's drafting lost time: everybody pauses
 
 
 @dataclass
@@ -72,12 +80,37 @@ class SpecDecoder:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * config.num_speculative_tokens  # drafts accepted at position i
+        self._step_accepted = 0  # drafts accepted in the step being recorded
+        self._gain_value = self._gain_time = 0.0  # this window: drafting steps' tokens at the plain rate, time
+        self._gain_steps = 0
+        self.gain = 1.0  # the last window's gain (reported)
+        self.num_pauses = 0  # windows that lost time
+        self._backoff = 0  # steps left in which nobody drafts
+        self._pauses = 0  # consecutive losing windows
 
     def observe_step(self, rows: int, num_requests: int, seconds: float) -> None:
         """A step in which each of num_requests requests decoded (with its drafts: `rows` in all) took
-        `seconds`. Only steps where drafting is considered teach the cost."""
-        if num_requests <= self.config.max_batch_size:
-            self.cost.observe(rows, seconds)
+        `seconds`, the drafts recorded (`record`) before. Only steps where drafting is considered teach
+        the cost."""
+        accepted, self._step_accepted = self._step_accepted, 0
+        if num_requests > self.config.max_batch_size or num_requests <= 0:
+            return
+        plain = self.cost.time(num_requests) if self.cost.knows(num_requests) else None
+        self.cost.observe(rows, seconds)
+        if rows > num_requests and plain is not None and self.config.draft_length == "adaptive":
+            self._gain_value += plain * (num_requests + accepted) / num_requests
+            self._gain_time += min(seconds, 3.0 * (self.cost.time(rows) or seconds))
+            self._gain_steps += 1
+            if self._gain_steps >= _GAIN_WINDOW:
+                self.gain = self._gain_value / self._gain_time
+                self._gain_value = self._gain_time = 0.0
+                self._gain_steps = 0
+                if self.gain < _MIN_GAIN:
+                    self._backoff = self.config.backoff_steps << min(self._pauses, _MAX_DOUBLINGS)
+                    self._pauses += 1
+                    self.num_pauses += 1
+                else:
+                    self._pauses = 0
 
     def _pause(self, st: _SpecState) -> None:
         st.backoff = self.config.backoff_steps << min(st.pauses, _MAX_DOUBLINGS)
@@ -88,13 +121,16 @@ class SpecDecoder:
         cfg = self.config
         if len(running) > cfg.max_batch_size:
             return
+        if self._backoff:  # the last window's drafting lost time
+            self._backoff -= 1
+            return
         # drafts ride on a decode only
         decoding = [r for r in running if not r.is_finished and r.num_tokens - r.num_computed_tokens == 1]
         self._chances += 1
         if (cfg.draft_length == "adaptive" and self._chances % _EXPLORE_EVERY == 0 and self.cost.observed
-                and self.cost.line() is None):
-            return  # every step so far had one size (say, all drafting): one without drafts measures the rows
-        row_cost = self.cost.row_cost(len(decoding))
+                and (self.cost.line() is None or not self.cost.knows(len(decoding)))):
+            return  # every step lately had drafts (say, all accepted): one without them measures the rows
+        ratios = linear_ratios(self.cost.row_cost(len(decoding)), cfg.num_speculative_tokens)
         for req in decoding:
             st = req.spec_state
             if st is None:
@@ -108,7 +144,7 @@ class SpecDecoder:
             if k <= 0:
                 continue
             if cfg.draft_length == "adaptive":
-                best = best_draft_length(st.acceptance, row_cost, k)
+                best = best_draft_length(st.acceptance, ratios, k)
                 if best == 0 and not st.probe:
                     self._pause(st)
                     continue
@@ -127,6 +163,7 @@ class SpecDecoder:
         self.num_drafts += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
+        self._step_accepted += num_accepted
         for i in range(num_accepted):
             self.accepted_per_pos[i] += 1
         st = req.spec_state
