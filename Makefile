@@ -8,6 +8,9 @@ TORCH ?= torch==2.13.0
 ARGS ?=
 # NATIVE=0 skips building ggml and the native kernels (GGUF weights are then dequantized, torch paths run)
 NATIVE ?= 1
+# test processes (pytest-xdist, whole files each): every test process, and every server a test starts, gets
+# cores / (2 x this) threads (tests/conftest.py); TEST_WORKERS=0 runs the tests in one process
+TEST_WORKERS ?= 2
 
 .PHONY: install install-test serve generate chat test compare clean
 
@@ -38,7 +41,7 @@ chat: install
 
 test: install-test
 	$(VENV)/bin/python -m mypy tokenmill
-	$(VENV)/bin/python -m pytest -q --durations=25 $(ARGS)
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
 
 # Outside the default test run: serve the same weights with tokenmill, llama-server and vLLM's CPU build in
 # turn, run one concurrency sweep against each, print the ratios (benchmarks/compare.sh lists the knobs).

@@ -9,16 +9,19 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _half_the_cores() -> str:
+def _threads_per_process() -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
-    return str(max(1, cores // 2))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)  # pytest-xdist's test processes
+    return str(max(1, cores // (2 * workers)))
 
 
 # The test process (a client, or a reference model) and a server process often compute side by side. With
 # every OpenMP team as wide as the machine, they wait on each other at every barrier: on 2 cores the server
-# tests ran 2-3x slower (the soak 100 s instead of 51 s). So each process gets half the cores, unless the
+# tests ran 2-3x slower (the soak 100 s instead of 51 s). So each process gets half the cores, divided among
+# pytest-xdist's test processes (`make test` runs two: on 2 cores one thread each, and the suite took 15 min
+# instead of 25 on the AMX Xeon, since a one-thread test process left the other core idle), unless the
 # environment says otherwise; server subprocesses inherit this. Set before anything imports torch.
-os.environ.setdefault("OMP_NUM_THREADS", _half_the_cores())
+os.environ.setdefault("OMP_NUM_THREADS", _threads_per_process())
 os.environ.setdefault("TOKENMILL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
 
 
