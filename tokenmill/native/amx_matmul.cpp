@@ -234,7 +234,15 @@ void rows_any(const uint8_t* W, int64_t K, int64_t c0, int64_t c1, const uint32_
         const int64_t n0 = 16 * c;
         const uint8_t* wr = W + n0 * row_bytes;
         auto dequant = [&](int64_t kb, uint16_t* a) {
-            for (int i = 0; i < 16; ++i) dequant_block<TYPE>(wr + i * row_bytes + kb * bb, a + 32 * i);
+            // the 16 rows are 16 streams (row_bytes apart) that the hardware prefetcher does not keep ahead
+            // of: asking for each row's block 6 ahead made the calls 1.10-1.20x faster at 1-16 rows (the
+            // (3072, 576) Q4_1 layers, 30 or 120 of them, 1 or 2 threads, in one process against the
+            // kernel without it; 0.96-1.15x at 64 rows; distances 3-24 alike). A prefetch never faults, so
+            // one past the end of W is harmless.
+            for (int i = 0; i < 16; ++i) {
+                _mm_prefetch(reinterpret_cast<const char*>(wr + i * row_bytes + (kb + 6) * bb), _MM_HINT_T0);
+                dequant_block<TYPE>(wr + i * row_bytes + kb * bb, a + 32 * i);
+            }
         };
         if (MT <= 4) {
             auto fused = [&](int64_t kb) {
