@@ -28,10 +28,10 @@ The rule (engine/step_cost.py has the measurement it rests on):
   costs a few probes per request, not one in nine steps;
 - the check on what drafting gave (adaptive only): over each window of _GAIN_WINDOW steps with
   drafts, the tokens they produced are valued at what steps without drafts take per token (time(B) / B,
-  the mean of the recent steps of B rows), against the time those steps took. Below _MIN_GAIN (the estimates above were wrong: an
-  acceptance that comes in bursts, a step that costs more than its rows said) nobody drafts for
-  `backoff_steps` steps, each consecutive pause twice as long (up to 16x); a window that pays ends the
-  doubling.
+  the mean of the recent steps of B rows), against the time those steps took. Below _MIN_GAIN (the
+  estimates above were wrong: an acceptance that comes in bursts, a step that costs more than its rows
+  said) nobody drafts for `backoff_steps` steps, each consecutive pause twice as long (up to 16x); a
+  window that pays ends the doubling.
 """
 
 from __future__ import annotations
