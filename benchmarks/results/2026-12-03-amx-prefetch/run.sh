@@ -26,3 +26,7 @@ run new-spec-grounded "$PWD" spec --workload grounded --concurrency 1 --repeats 
 #       throughput --input-len 200 --output-len 64 --num-prompts 16 --max-num-seqs 16
 # Kernel alone (kernel-ab.txt): /tmp/ab_amx.py's loop, kept as benchmarks/experiments/amx_ab.py:
 #   .venv/bin/python benchmarks/experiments/amx_ab.py OLD_LIB.so NEW_LIB.so   (T=threads, L=layers)
+# Serving, at the final code of the stop (compare/, compare-2/, compare-3/: three rounds back to back):
+#   for d in compare compare-2 compare-3; do
+#       PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=benchmarks/results/2026-12-03-amx-prefetch/$d benchmarks/compare.sh
+#   done
