@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from tokenmill.config import SpeculativeConfig  # noqa: E402
 from tokenmill.engine.ngram_proposer import propose  # noqa: E402
 from tokenmill.engine.spec_decode import _DECAY, _PRIOR_ACCEPTED, _PRIOR_REJECTED  # noqa: E402
-from tokenmill.engine.step_cost import best_draft_length, linear_ratios  # noqa: E402
+from tokenmill.engine.step_cost import best_draft_length  # noqa: E402
 
 
 def accepted_runs(prompt: list[int], output: list[int], k: int, min_n: int, max_n: int) -> list[tuple[int, int]]:
@@ -55,7 +55,7 @@ def replay(runs: list[tuple[int, int]], row_cost: float, policy: str, k_max: int
         if policy == "oracle":
             k = good
         elif policy == "adaptive":
-            k = best_draft_length(acc_w / (acc_w + rej_w), linear_ratios(row_cost, k_max), k_max)
+            k = best_draft_length(acc_w / (acc_w + rej_w), row_cost, k_max)
         else:
             k = int(policy)
         k = min(k, offered, T - t - 1)

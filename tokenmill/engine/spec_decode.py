@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from tokenmill.config import SpeculativeConfig
 from tokenmill.engine.ngram_proposer import NgramIndex, propose
 from tokenmill.engine.request import Request
-from tokenmill.engine.step_cost import StepCost, best_draft_length, linear_ratios
+from tokenmill.engine.step_cost import StepCost, best_draft_length
 from tokenmill.scheduler_output import DRAFT_PLACEHOLDER
 
 _DECAY = 0.7  # weight of a request's earlier verifications in its estimate, per verification
@@ -96,10 +96,10 @@ class SpecDecoder:
         if num_requests > self.config.max_batch_size or num_requests <= 0:
             return
         plain = self.cost.time(num_requests) if self.cost.knows(num_requests) else None
-        self.cost.observe(rows, seconds)
+        recorded = self.cost.observe(rows, seconds)
         if rows > num_requests and plain is not None and self.config.draft_length == "adaptive":
             self._gain_value += plain * (num_requests + accepted) / num_requests
-            self._gain_time += min(seconds, 3.0 * (self.cost.time(rows) or seconds))
+            self._gain_time += recorded
             self._gain_steps += 1
             if self._gain_steps >= _GAIN_WINDOW:
                 self.gain = self._gain_value / self._gain_time
@@ -130,7 +130,7 @@ class SpecDecoder:
         if (cfg.draft_length == "adaptive" and self._chances % _EXPLORE_EVERY == 0 and self.cost.observed
                 and (self.cost.line() is None or not self.cost.knows(len(decoding)))):
             return  # every step lately had drafts (say, all accepted): one without them measures the rows
-        ratios = linear_ratios(self.cost.row_cost(len(decoding)), cfg.num_speculative_tokens)
+        row_cost = self.cost.row_cost(len(decoding))
         for req in decoding:
             st = req.spec_state
             if st is None:
@@ -144,7 +144,7 @@ class SpecDecoder:
             if k <= 0:
                 continue
             if cfg.draft_length == "adaptive":
-                best = best_draft_length(st.acceptance, ratios, k)
+                best = best_draft_length(st.acceptance, row_cost, k)
                 if best == 0 and not st.probe:
                     self._pause(st)
                     continue

@@ -37,10 +37,11 @@ class StepCost:
         # R -> [decayed weight, decayed seconds, steps seen, the observation that last refreshed it]
         self._table: dict[int, list[float]] = {}
 
-    def observe(self, rows: int, seconds: float) -> None:
-        """A step of `rows` decode rows took `seconds` (the whole step: schedule, forward, sample, outputs)."""
+    def observe(self, rows: int, seconds: float) -> float:
+        """A step of `rows` decode rows took `seconds` (the whole step: schedule, forward, sample, outputs).
+        -> the seconds recorded (a stall counted as 3x the estimate at most; 0 for a step not recorded)."""
         if rows <= 0 or not seconds > 0.0:
-            return
+            return 0.0
         est = self.time(rows)
         if est is not None:  # one stall (a busy host, a GC) counts as 3x at most
             seconds = min(seconds, 3.0 * est)
@@ -53,6 +54,7 @@ class StepCost:
         self._n += 1
         e = self._table.setdefault(rows, [0.0, 0.0, 0.0, 0.0])
         e[0], e[1], e[2], e[3] = e[0] * _ENTRY_DECAY + 1.0, e[1] * _ENTRY_DECAY + seconds, e[2] + 1, self._n
+        return seconds
 
     def knows(self, rows: int) -> bool:
         """Whether the table holds `rows`: seen at least twice, the last time within _STALE steps."""
@@ -102,18 +104,12 @@ def expected_tokens(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def linear_ratios(row_cost: float, k: int) -> list[float]:
-    """[1 + row_cost j for j in 0..k]: step costs that grow by row_cost of a step per row."""
-    return [1.0 + row_cost * j for j in range(k + 1)]
-
-
-def best_draft_length(alpha: float, ratios: list[float], k_max: int) -> int:
-    """The k in [0, k_max] with the most tokens per unit of time, expected_tokens(alpha, k) / ratios[k]
-    (ratios[k]: a step with k more rows, in steps without them); the smaller k on a tie. 0 when no draft
-    pays."""
+def best_draft_length(alpha: float, row_cost: float, k_max: int) -> int:
+    """The k in [0, k_max] with the most tokens per unit of time, expected_tokens / (1 + row_cost k); the
+    smaller k on a tie. 0 when no draft pays (alpha <= row_cost, roughly)."""
     best, best_rate = 0, 1.0
-    for k in range(1, min(k_max, len(ratios) - 1) + 1):
-        rate = expected_tokens(alpha, k) / ratios[k]
+    for k in range(1, k_max + 1):
+        rate = expected_tokens(alpha, k) / (1.0 + row_cost * k)
         if rate > best_rate * (1.0 + 1e-9):
             best, best_rate = k, rate
     return best
