@@ -32,7 +32,7 @@ os.environ.setdefault("TOKENMILL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
 # `make test` hands whole files to two processes as each frees up, so a long file left for last kept one
 # process busy while the other sat idle. A scheduling hint only: the order of tests within a file is kept.
 _SLOW_FILES = {
-    "tests/engine/test_spec_decode_models.py": 178, "tests/engine/test_spec_decode.py": 118,
+    "tests/engine/test_spec_decode_models.py": 140, "tests/engine/test_spec_decode.py": 80,
     "tests/server/test_server_lifecycle.py": 95, "tests/model/test_invariance.py": 82,
     "tests/model/test_gemma3.py": 79, "tests/server/test_server_soak.py": 65,
     "tests/server/test_structured_output_api.py": 64, "tests/model/test_gguf_method.py": 58,

@@ -11,6 +11,7 @@ import json
 import math
 import random
 from collections import Counter
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -133,16 +134,56 @@ def test_structured_output_under_speculation(plain: LLM, spec: LLM) -> None:
     assert outs[0].outputs[0].token_ids == plain.generate(prompts[0], greedy)[0].outputs[0].token_ids
 
 
-def _chains(llm: LLM, prompt: list[int], top_k: int) -> dict[tuple[int, ...], float]:
-    """The exact probability of every 3-token continuation under temperature 1 and top_k, from the
-    model's raw logprobs (top-k renormalised), without speculation."""
+# The distribution tests run on a tiny random model with a small vocabulary (the default tokenizer stopped
+# at 512 tokens): logits and sampling cost little, so thousands of samples take seconds. std=1.0 makes its
+# next-token distributions peaked, as a trained model's are (the top token 0.4-0.9 at temperature 1).
+SMALL = dict(hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1, vocab=512)
+
+
+def small_vocab_model(path: Path, mix: str = "f32") -> Path:
+    """The tiny target (mix "f32"); the same seed in a quantized mix is its quantized copy."""
+    from tokenmill.benchmarks.random_gguf import Shape, write_random_gguf
+
+    return write_random_gguf(path, Shape(**SMALL), mix, std=1.0)  # type: ignore[arg-type]
+
+
+def test_a_small_vocabulary_is_the_default_tokenizer_stopped_early(tmp_path: Path) -> None:
+    from tokenmill.loader.model_source import default_model_path
+    from tokenmill.tokenizer import Tokenizer
+
+    small = Tokenizer.from_gguf_file(small_vocab_model(tmp_path / "s.gguf"))
+    full = Tokenizer.from_gguf_file(default_model_path())
+    for text in ("red green blue", "héllo wörld 😀\n\tdef f(x): return x", "<|im_start|>user"):
+        ids = small.encode(text)
+        assert max(ids) < SMALL["vocab"] and small.decode(ids, skip_special_tokens=False) == text
+        assert len(ids) >= len(full.encode(text))
+    assert small.encode("<|im_start|>") == full.encode("<|im_start|>")  # specials keep their ids
+
+
+def lookup_prompt(llm: LLM, text: str) -> list[int]:
+    """`text`'s tokens with its second and third set to the model's two greedy next tokens after the whole
+    prompt: when the first sampled token is the likeliest, prompt lookup drafts the likeliest second one,
+    so drafts are accepted often but not always. Found as a fixed point: set the two tokens until they
+    are what greedy decoding continues with."""
+    prompt = llm.tokenizer.encode(text)
+    for _ in range(8):
+        nxt = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=2))[0].outputs[0].token_ids
+        if prompt[1:3] == nxt and prompt.count(nxt[0]) == 1:
+            return prompt
+        prompt[1:3] = nxt
+    raise AssertionError("no fixed point: pick another text")
+
+
+def _chains(llm: LLM, prompt: list[int], top_k: int, temperature: float) -> dict[tuple[int, ...], float]:
+    """The exact probability of every 3-token continuation under `temperature` and top_k, from the
+    model's raw logprobs (top-k, then the temperature, renormalised), without speculation."""
     def step(prefixes: list[list[int]]) -> list[dict[int, float]]:
         outs = llm.generate(prefixes, SamplingParams(temperature=0, max_tokens=1, logprobs=top_k))
         dists = []
         for o in outs:
             top = o.outputs[0].logprobs[0].top  # type: ignore[index]
-            z = sum(math.exp(t.logprob) for t in top)
-            dists.append({t.token_id: math.exp(t.logprob) / z for t in top})
+            z = sum(math.exp(t.logprob / temperature) for t in top)
+            dists.append({t.token_id: math.exp(t.logprob / temperature) / z for t in top})
         return dists
 
     probs: dict[tuple[int, ...], float] = {(): 1.0}
@@ -172,26 +213,32 @@ def _chi2_pvalue(samples: Counter[tuple[int, ...]], probs: dict[tuple[int, ...],
     return float(chi2.sf(stat, df))
 
 
-def test_rejection_sampling_keeps_the_distribution(plain: LLM) -> None:
-    """800 sampled 3-token continuations with speculation on (one draft, then the bonus token) follow the
+def test_rejection_sampling_keeps_the_distribution(tmp_path: Path) -> None:
+    """4000 sampled 3-token continuations with speculation on (two drafts, then the bonus token) follow the
     exact distribution the model gives without it: a chi-square goodness-of-fit test, p > 0.001. A
     verifier that keeps a wrong draft half the time (a biased acceptance) fails the same test."""
-    top_k, n_samples = 6, 800
-    # 33 tokens: n = 16 siblings share two full blocks and each computes one token (a batched decode)
-    prompt = plain.tokenizer.encode("red green blue " * 12)[:33]
-    probs = _chains(plain, prompt, top_k)
-    llm = LLM(**BASE, speculative_config=SpeculativeConfig(num_speculative_tokens=2, prompt_lookup_min=1,
-                                                            max_batch_size=1024, draft_length="fixed"),
+    top_k, temperature, n_samples = 6, 2.0, 4000
+    model = str(small_vocab_model(tmp_path / "small.gguf"))
+    plain = LLM(model=model, **BASE)
+    # n = 16 siblings share the prompt's full blocks, and each writes its own after them
+    prompt = lookup_prompt(plain, "red green blue, then yellow and a little purple; grey at the end")
+    probs = _chains(plain, prompt, top_k, temperature)
+    llm = LLM(model=model, **BASE, speculative_config=SpeculativeConfig(num_speculative_tokens=2, prompt_lookup_min=1,
+                                                                         max_batch_size=1024, draft_length="fixed"),
               max_num_seqs=256)
-    params = [SamplingParams(n=16, temperature=1.0, top_k=top_k, max_tokens=3, seed=i) for i in range(n_samples // 16)]
+    # ignore_eos: the small vocabulary keeps <|endoftext|>, and a chain it ended would be shorter than 3
+    params = [SamplingParams(n=16, temperature=temperature, top_k=top_k, max_tokens=3, seed=i, ignore_eos=True)
+              for i in range(n_samples // 16)]
+    spec = llm.engine.spec
+    assert spec is not None
 
     def sample() -> Counter[tuple[int, ...]]:
         outs = llm.generate([prompt] * len(params), params)
         return Counter(tuple(c.token_ids) for o in outs for c in o.outputs)
 
-    drafts0 = llm.engine.spec.num_draft_tokens  # type: ignore[union-attr]
     good = _chi2_pvalue(sample(), probs)
-    assert llm.engine.spec.num_draft_tokens - drafts0 > n_samples // 2  # type: ignore[union-attr]  # drafts ran
+    assert spec.num_draft_tokens > n_samples // 2  # drafts ran, and both branches did:
+    assert 0.1 * spec.num_draft_tokens < spec.num_accepted_tokens < 0.9 * spec.num_draft_tokens
     assert good > 1e-3, f"speculative sampling departs from the target distribution (p = {good:.2g})"
 
     rng = random.Random(0)

@@ -21,7 +21,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from test_spec_decode import BASE, CODE, PROMPTS, _chains, _chi2_pvalue, chat
+from test_spec_decode import BASE, CODE, PROMPTS, _chains, _chi2_pvalue, chat, small_vocab_model
 from tokenmill import LLM, SamplingParams
 from tokenmill.config import SpeculativeConfig
 from tokenmill.loader.model_source import default_model_path
@@ -119,18 +119,21 @@ def test_prefix_cache_off_and_preemption_identical(plain: LLM, tiny_draft: Path)
     assert tiny.engine.block_manager.usage == 0
 
 
-def test_rejection_sampling_keeps_the_distribution(plain: LLM) -> None:
-    """480 sampled 3-token continuations with a draft model (the quantized copy, whose greedy proposals are
-    accepted often enough at temperature 1 to exercise both branches) follow the exact distribution of the
-    target alone: chi-square goodness of fit, p > 0.001 (the same test fails a biased verifier:
-    tests/engine/test_spec_decode.py). A short prompt: every sequence's draft first catches up on it."""
-    top_k, n_samples = 6, 480
+def test_rejection_sampling_keeps_the_distribution(tmp_path: Path) -> None:
+    """4000 sampled 3-token continuations with a draft model (the small target's Q4_0 copy, whose greedy
+    proposals are accepted often enough at temperature 2 to exercise both branches) follow the exact
+    distribution of the target alone: chi-square goodness of fit, p > 0.001 (the same test fails a biased
+    verifier: tests/engine/test_spec_decode.py). A short prompt: every sequence's draft first catches up on it."""
+    top_k, temperature, n_samples = 6, 2.0, 4000
+    target, draft = small_vocab_model(tmp_path / "t.gguf"), small_vocab_model(tmp_path / "d.gguf", "q4_0")
+    plain = LLM(model=str(target), **BASE)
     prompt = plain.tokenizer.encode("red green blue red green blue red")
-    probs = _chains(plain, prompt, top_k)
-    cfg = SpeculativeConfig(method="draft_model", model=str(default_model_path()), quantization="auto",
+    probs = _chains(plain, prompt, top_k, temperature)
+    cfg = SpeculativeConfig(method="draft_model", model=str(draft), quantization="auto",
                             num_speculative_tokens=2, max_batch_size=1024, draft_length="fixed")
-    llm = LLM(**{**BASE, "kv_cache_memory": KV}, speculative_config=cfg, max_num_seqs=256)
-    params = [SamplingParams(n=16, temperature=1.0, top_k=top_k, max_tokens=3, seed=i) for i in range(n_samples // 16)]
+    llm = LLM(model=str(target), **{**BASE, "kv_cache_memory": KV}, speculative_config=cfg, max_num_seqs=256)
+    params = [SamplingParams(n=16, temperature=temperature, top_k=top_k, max_tokens=3, seed=i, ignore_eos=True)
+              for i in range(n_samples // 16)]
     outs = llm.generate([prompt] * len(params), params)
     samples = Counter(tuple(c.token_ids) for o in outs for c in o.outputs)
     s = llm.engine.spec

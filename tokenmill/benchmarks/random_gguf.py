@@ -71,27 +71,42 @@ def tensor_type(name: str, layer: int, n_layers: int, mix: str) -> str:
 
 
 def add_default_tokenizer(w: Any, vocab: int) -> None:
-    """Write the default model's tokenizer into the gguf.GGUFWriter `w`, padded with unused tokens to
-    `vocab` entries."""
+    """Write the default model's tokenizer into the gguf.GGUFWriter `w` with `vocab` entries: padded with
+    unused tokens when larger; when smaller, its first `vocab` tokens and the merges that make them (a
+    byte-level BPE's token ids follow its merge order, so this is the same tokenizer stopped early; every
+    text still encodes, in more tokens). A small vocabulary keeps a tiny model's logits and sampling cheap."""
     from tokenmill.loader.gguf import GGUFFile
     from tokenmill.loader.model_source import default_model_path
 
     src = GGUFFile(default_model_path()).metadata
     tokens = list(src["tokenizer.ggml.tokens"])
     types = [int(t) for t in src["tokenizer.ggml.token_type"]]
+    merges = list(src["tokenizer.ggml.merges"])
     if vocab < len(tokens):
-        raise ValueError(f"vocab {vocab} is smaller than the default tokenizer's {len(tokens)}")
+        kept, full = set(tokens[:vocab]), set(tokens)
+        missing = [chr(c) for c in _byte_alphabet() if chr(c) in full and chr(c) not in kept]
+        if missing:
+            raise ValueError(f"vocab {vocab} drops byte tokens of the default tokenizer ({len(missing)} missing)")
+        tokens, types = tokens[:vocab], types[:vocab]
+        merges = [m for m in merges if m.replace(" ", "") in kept and all(p in kept for p in m.split(" "))]
     tokens += [f"<unused_{i}>" for i in range(vocab - len(tokens))]
     types += [5] * (vocab - len(types))  # 5: unused
     w.add_tokenizer_model(str(src["tokenizer.ggml.model"]))
     w.add_tokenizer_pre(str(src["tokenizer.ggml.pre"]))
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges(list(src["tokenizer.ggml.merges"]))
+    w.add_token_merges(merges)
     w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
     w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
     w.add_add_bos_token(False)
     w.add_chat_template(str(src["tokenizer.chat_template"]))
+
+
+def _byte_alphabet() -> list[int]:
+    """The 256 code points byte-level BPE uses for the bytes 0-255 (GPT-2's printable mapping)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = [256 + i for i in range(256 - len(printable))]
+    return printable + extra
 
 
 def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.05, seed: int = 0,
