@@ -10,7 +10,9 @@
 # benchmarks/results/<date>-big-model/): summary.md, each server's log and the bench JSONs.
 # Knobs: INPUT_LEN / OUTPUT_LEN (default 128 / 32), NUM_PROMPTS (default 3), KV (default 1GiB),
 # MAX_MODEL_LEN (default 1024), LOAD_C (concurrency of the RSS-under-load run, default 16, 0 skips it),
-# PEERS (default "llama-server"; "" runs tokenmill alone), PORT (default 8331).
+# PEERS (default "llama-server"; "" runs tokenmill alone), PORT (default 8331), LLAMA_SERVER_ARGS (extra
+# flags; default --no-repack on a CPU with AMX, where llama-server's AMX kernels segfault at the first
+# step, as in compare.sh: its other repacked layouts go too, since llama-server has no flag for AMX alone).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -25,6 +27,7 @@ MAX_MODEL_LEN="${MAX_MODEL_LEN:-1024}"
 LOAD_C="${LOAD_C:-16}"
 PEERS="${PEERS-llama-server}"
 PORT="${PORT:-8331}"
+LLAMA_SERVER_ARGS="${LLAMA_SERVER_ARGS-$(grep -qw amx_tile /proc/cpuinfo && echo --no-repack || true)}"
 THREADS="${THREADS:-$(nproc)}"
 RESULTS_DIR="${RESULTS_DIR:-$ROOT/benchmarks/results/$(date +%Y-%m-%d)-big-model}"
 mkdir -p "$RESULTS_DIR"
@@ -86,7 +89,7 @@ for peer in $PEERS; do
     BIN="$(benchmarks/peers/build_llama_server.sh | tail -1)"
     measure llama-server llama-server "$BIN" -m "$MODEL" --port "$PORT" --parallel "$((LOAD_C > 4 ? LOAD_C : 4))" \
         --ctx-size "$(( (LOAD_C > 4 ? LOAD_C : 4) * 256 > MAX_MODEL_LEN ? (LOAD_C > 4 ? LOAD_C : 4) * 256 : MAX_MODEL_LEN ))" \
-        --threads "$THREADS" --threads-batch "$THREADS" --alias "$(basename "$MODEL" .gguf)"
+        --threads "$THREADS" --threads-batch "$THREADS" --alias "$(basename "$MODEL" .gguf)" $LLAMA_SERVER_ARGS
 done
 
 {
@@ -95,7 +98,7 @@ done
     echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; flags:" \
          "$(for f in avx2 avx512f amx_bf16; do grep -qw $f /proc/cpuinfo && printf '%s yes ' $f || printf '%s no ' $f; done)"
     echo "Model: $(basename "$MODEL"), $(( SIZE / 1024 / 1024 )) MiB on disk. Command: benchmarks/big_model.sh" \
-         "(INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN NUM_PROMPTS=$NUM_PROMPTS KV=$KV LOAD_C=$LOAD_C)"
+         "(INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN NUM_PROMPTS=$NUM_PROMPTS KV=$KV LOAD_C=$LOAD_C LLAMA_SERVER_ARGS=$LLAMA_SERVER_ARGS)"
     echo
     echo '`tokenmill plan` says:'
     echo '```'
