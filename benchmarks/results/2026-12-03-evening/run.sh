@@ -18,3 +18,4 @@ for i in 1 2; do
     spec random-c16-r8-$i --workload random --concurrency 16 --repeats 8 --output-len 64
     spec random-c64-r4-$i --workload random --concurrency 64 --repeats 4 --output-len 64
 done
+# serving at the stop's final code, two rounds: for d in compare compare-2; do PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=benchmarks/results/2026-12-03-evening/$d benchmarks/compare.sh; done
