@@ -85,15 +85,13 @@ def test_step_cost_fits_the_line_of_the_steps_it_sees() -> None:
 
 
 def test_best_draft_length_weighs_tokens_against_rows() -> None:
-    best = best_draft_length
-
     assert expected_tokens(0.5, 2) == 1.75 and expected_tokens(1.0, 4) == 5.0
-    assert best(0.2, 0.25, 4) == 0  # a draft is accepted less often than a row costs
-    assert best(0.95, 0.02, 8) == 8  # rows nearly free: draft all
-    assert 1 <= best(0.6, 0.25, 8) < best(0.9, 0.25, 8)
-    assert best(0.9, 0.25, 8) < best(0.9, 0.05, 8)
+    assert best_draft_length(0.2, 0.25, 4) == 0  # a draft is accepted less often than a row costs
+    assert best_draft_length(0.95, 0.02, 8) == 8  # rows nearly free: draft all
+    assert 1 <= best_draft_length(0.6, 0.25, 8) < best_draft_length(0.9, 0.25, 8)
+    assert best_draft_length(0.9, 0.25, 8) < best_draft_length(0.9, 0.05, 8)
     for alpha in (0.3, 0.6, 0.9):  # the choice is the best of all k
-        k = best(alpha, 0.25, 8)
+        k = best_draft_length(alpha, 0.25, 8)
         rates = [expected_tokens(alpha, j) / (1 + 0.25 * j) for j in range(9)]
         assert rates[k] == max(rates)
 

@@ -83,8 +83,10 @@ def add_default_tokenizer(w: Any, vocab: int) -> None:
     types = [int(t) for t in src["tokenizer.ggml.token_type"]]
     merges = list(src["tokenizer.ggml.merges"])
     if vocab < len(tokens):
+        from tokenizers.pre_tokenizers import ByteLevel
+
         kept, full = set(tokens[:vocab]), set(tokens)
-        missing = [chr(c) for c in _byte_alphabet() if chr(c) in full and chr(c) not in kept]
+        missing = [c for c in ByteLevel.alphabet() if c in full and c not in kept]  # the 256 byte symbols
         if missing:
             raise ValueError(f"vocab {vocab} drops byte tokens of the default tokenizer ({len(missing)} missing)")
         tokens, types = tokens[:vocab], types[:vocab]
@@ -100,13 +102,6 @@ def add_default_tokenizer(w: Any, vocab: int) -> None:
     w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
     w.add_add_bos_token(False)
     w.add_chat_template(str(src["tokenizer.chat_template"]))
-
-
-def _byte_alphabet() -> list[int]:
-    """The 256 code points byte-level BPE uses for the bytes 0-255 (GPT-2's printable mapping)."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    extra = [256 + i for i in range(256 - len(printable))]
-    return printable + extra
 
 
 def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.05, seed: int = 0,
