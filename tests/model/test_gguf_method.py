@@ -13,9 +13,13 @@ So the kernels are held to error bounds, not equality:
   1.3e-2 to 2e-2), top-1 >= 85% (random models' logits are flat, so near-ties are common).
 Exact where the arithmetic is the same: the dense path (dequantize + F.linear) equals the `dequantize`
 engine bit for bit, and within ggml's path on plain blocks each output row depends only on its own input
-row, so batched == alone holds exactly while every step stays on one path. ggml's repacked kernels (Q4_0,
-Q4_K, IQ4_NL on AVX2) compute 4-row tiles and single rows differently: not row-independent.
+row, so batched == alone holds exactly while every step stays on one path, except as follows (found here,
+and stated in the README). ggml's repacked kernels (Q4_0, Q4_K, IQ4_NL on AVX2) compute 4-row tiles and
+single rows differently: not row-independent. Since ggml 0.25, plain K-quant blocks (Q2_K-Q6_K) are
+multiplied in tiles once a batch has rows enough (ggml-cpu/tiled/) and one row at a time otherwise, which
+sum in another order: not row-independent either (measured 1e-7 to 3e-7 of the row's largest output; bound 1e-5).
 """
+
 
 from __future__ import annotations
 
@@ -34,6 +38,9 @@ from tokenmill.native import ggml
 pytestmark = pytest.mark.skipif(not ggml.available(), reason=f"ggml not built here: {ggml.unavailable_reason()}")
 
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL"]
+
+# plain-block types that ggml multiplies in tiles for a big enough batch and row by row for a small one
+TILED_PLAIN = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 
 
 def ggml_engine(model: str | None = None, max_rows: int = 10**6, **kw) -> LLM:
@@ -90,12 +97,17 @@ def test_one_matmul_per_type_against_fp32(type_name: str, repack: bool) -> None:
             outs.append(out)
         assert all(torch.equal(outs[0], o) for o in outs[1:]), f"{type_name}: result depends on the thread count"
     # row independence: on plain blocks each row alone gives exactly its row of the batch; ggml's repacked
-    # kernels run 4-row tiles and a 1-row path that round differently, so there only closeness holds
+    # kernels run 4-row tiles and a 1-row path that round differently, so there only closeness holds; on
+    # plain K-quant blocks a batch runs in tiles and a row alone by itself, the same products summed in
+    # another order, so they must agree to float rounding
     repacked = any(w.repacked for w in layer.matmul.weights)
     for i in (0, 5, 16):
         alone = layer(x[i : i + 1].contiguous())[0]
         if repacked:
             assert torch.allclose(alone, y[i], rtol=2e-2, atol=2e-2 * float(y[i].abs().max()))
+        elif type_name in TILED_PLAIN:
+            diff = float((alone - y[i]).abs().max()) / float(y[i].abs().max())
+            assert diff <= 1e-5, f"{type_name}: row {i} alone differs from its batch row by {diff:.1e}"
         else:
             assert torch.equal(alone, y[i]), f"{type_name}: row {i} depends on the batch"
     # the dense path (dequantize + F.linear) is exact against the same dequantized weight, unless repacked

@@ -1,16 +1,24 @@
-"""libggml (the CPU backend only) built from the pinned ggml-python sdist, plus tokenmill's shim over it.
+"""libggml (the CPU backend only) built from a pinned PyPI sdist that vendors it, plus tokenmill's shim over it.
 
     python -m tokenmill.native.build      (what `make install` runs)
 
-1. `pip download ggml-python==GGML_PYTHON_VERSION --no-binary :all:` into the cache (PyPI, at install
-   time only: at run time nothing is downloaded; a missing build means the torch path, and the log says so);
-2. cmake builds its vendored ggml with -march=native (GGML_NATIVE), OpenMP and no other backend, into a
-   directory keyed by the CPU flags (a cache copied to another CPU rebuilds, never dies on an illegal
-   instruction);
+1. `pip download llama-cpp-python==SDIST_VERSION --no-binary :all: --no-deps` into the cache (PyPI, at
+   install time only: at run time nothing is downloaded; a missing build means the torch path, and the log
+   says so). Only its vendored `vendor/llama.cpp/ggml/` is unpacked and built; nothing of llama.cpp or of
+   the Python package is used.
+2. cmake builds that ggml with -march=native (GGML_NATIVE), OpenMP and no other backend, into a directory
+   keyed by the CPU flags (a cache copied to another CPU rebuilds, never dies on an illegal instruction);
 3. g++ builds ggml_shim.cpp against those headers and libraries (compile.build_library).
 
+Why this sdist and not ggml-python's: ggml-python 0.0.45 (the newest on PyPI) vendors ggml 0.15.3, whose
+K-quant matmul is one row-by-column dot product at a time; llama-cpp-python 0.3.36 vendors ggml 0.25.3,
+which multiplies K- and IQ-quant blocks in tiles once a batch has rows enough (ggml-cpu/tiled/): a
+(18944, 3584) Q4_K matrix at 128 rows runs at 218 GFLOPS on plain blocks against 50, and a 7B file's prompt
+at 15 tokens/s against 8 (benchmarks/README.md). The cost: that tiled kernel is not row-independent, so
+batched == alone holds only approximately (~1e-5 relative) for plain K-quant blocks (tests state it).
+
 ggml makes no ABI promise, so the version is pinned and the shim is compiled against its own headers.
-MIT licence (ggml and ggml-python).
+MIT licence (ggml, llama.cpp and llama-cpp-python).
 """
 
 from __future__ import annotations
@@ -28,8 +36,11 @@ from tokenmill.native.compile import MISSING_TOOLS_HINT, NativeBuildError, build
 
 log = logging.getLogger("tokenmill.native")
 
-GGML_PYTHON_VERSION = "0.0.45"  # vendors ggml 0.15.3
-SDIST = f"ggml_python-{GGML_PYTHON_VERSION}.tar.gz"
+SDIST_PACKAGE = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+GGML_VERSION = "0.25.3"  # what SDIST_VERSION vendors
+SDIST = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+_GGML_DIR = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/ggml/"  # the part of the sdist that is built
 _HERE = Path(__file__).parent
 
 
@@ -55,17 +66,17 @@ def _sdist(download: bool) -> Path:
         raise NativeBuildError(f"ggml is not built here (no {SDIST} in {_ggml_root()}); run "
                                "`python -m tokenmill.native.build` (make install does)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "-q", f"ggml-python=={GGML_PYTHON_VERSION}",
+    cmd = [sys.executable, "-m", "pip", "download", "-q", f"{SDIST_PACKAGE}=={SDIST_VERSION}",
            "--no-binary", ":all:", "--no-deps", "-d", str(path.parent)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0 or not path.exists():
-        raise NativeBuildError(f"could not download the ggml-python sdist:\n{' '.join(cmd)}\n{res.stderr[-2000:]}")
+        raise NativeBuildError(f"could not download the {SDIST_PACKAGE} sdist:\n{' '.join(cmd)}\n{res.stderr[-2000:]}")
     return path
 
 
 def ggml_build(download: bool = False) -> GgmlBuild:
     """The cached build for this CPU, building it (from a cached or downloaded sdist) if needed."""
-    key = build_key("ggml", GGML_PYTHON_VERSION)
+    key = build_key("ggml", GGML_VERSION, SDIST_VERSION)
     out = _ggml_root() / f"build-{key}"
     build = GgmlBuild(out / "include", out / "lib")
     if all(p.exists() for p in build.libraries):
@@ -83,15 +94,19 @@ def ggml_build(download: bool = False) -> GgmlBuild:
         shutil.rmtree(out, ignore_errors=True)
         src.mkdir(parents=True)
         with tarfile.open(sdist) as tf:
-            tf.extractall(src, filter="data")
-        ggml_src = src / f"ggml_python-{GGML_PYTHON_VERSION}" / "vendor" / "ggml"
+            tf.extractall(src, members=[m for m in tf.getmembers() if m.name.startswith(_GGML_DIR)], filter="data")
+        ggml_src = src / _GGML_DIR
+        # ggml's CMakeLists configures a pkg-config file from ggml.pc.in, which the sdist leaves out; an empty
+        # template gives an empty ggml.pc, which nothing here reads
+        (ggml_src / "ggml.pc.in").touch()
         bdir = out / "cmake"
         flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DGGML_OPENMP=ON",
                  "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF", "-DGGML_METAL=OFF", "-DGGML_CUDA=OFF",
                  "-DGGML_VULKAN=OFF", "-DGGML_BLAS=OFF", f"-DCMAKE_INSTALL_PREFIX={out}",
                  "-DCMAKE_INSTALL_LIBDIR=lib", "-DCMAKE_INSTALL_RPATH=$ORIGIN"]
         jobs = str(max(1, os.cpu_count() or 1))
-        log.info("building ggml %s for this CPU (about a minute)", GGML_PYTHON_VERSION)
+        log.info("building ggml %s (from the %s %s sdist) for this CPU (about two minutes)", GGML_VERSION,
+                 SDIST_PACKAGE, SDIST_VERSION)
         for cmd in (["cmake", "-S", str(ggml_src), "-B", str(bdir), *flags],
                     ["cmake", "--build", str(bdir), "-j", jobs],
                     ["cmake", "--install", str(bdir)]):

@@ -1,5 +1,5 @@
 // tokenmill's bridge to ggml's CPU matmuls, through ggml's public C API only (built against the pinned
-// ggml of ggml-python's sdist; see ggml_build.py). One call per linear layer from Python (ctypes), so the
+// ggml vendored in llama-cpp-python's sdist; see ggml_build.py). One call per linear layer from Python (ctypes), so the
 // per-call overhead is one foreign call, not one per ggml function.
 //
 // A weight is an (N rows x K) matrix of one ggml type: either the file's own bytes (zero copy: `data`
