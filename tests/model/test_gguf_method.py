@@ -110,11 +110,13 @@ def test_one_matmul_per_type_against_fp32(type_name: str, repack: bool) -> None:
             assert diff <= 1e-5, f"{type_name}: row {i} alone differs from its batch row by {diff:.1e}"
         else:
             assert torch.equal(alone, y[i]), f"{type_name}: row {i} depends on the batch"
-    # the dense path (dequantize + F.linear) is exact against the same dequantized weight, unless repacked
+    # the dense path (dequantize + F.linear) is exact against the same dequantized weight: plain blocks, and
+    # ggml's repacked Q4_K, which the shim reads back into plain blocks; other repacked layouts have none
     method.max_ggml_rows = 0
-    if not repacked:
-        dense = layer(x)
-        assert torch.allclose(dense, F.linear(x, w_deq), rtol=1e-5, atol=1e-5)
+    if repacked and type_name == "Q4_K":
+        assert layer.dense_ok, "a repacked Q4_K matrix must still have the dense path"
+    if layer.dense_ok:
+        assert torch.allclose(layer(x), F.linear(x, w_deq), rtol=1e-5, atol=1e-5), f"{type_name}: the dense path"
     # with a dense copy (--dense-copy) every matrix has the dense path, a repacked one too (the copy is made
     # from the plain blocks before repacking), exact against the same weight; the blocks stay for few rows
     cmethod = GGUFLinearMethod(repack=repack, dense_copy=torch.float32)
@@ -128,6 +130,33 @@ def test_one_matmul_per_type_against_fp32(type_name: str, repack: bool) -> None:
     assert torch.allclose(clayer(x), F.linear(x, w_deq), rtol=1e-5, atol=1e-5), f"{type_name}: the dense copy"
     cmethod.max_ggml_rows = 10**6
     assert torch.equal(clayer(x), y), f"{type_name}: below the crossover the copy must not be used"
+
+
+def test_repacked_q4_k_reads_back_as_the_file_blocks() -> None:
+    """ggml's repacked Q4_K (8 rows interleaved) read back by the shim: byte for byte the blocks that went in,
+    and dequantized rows equal to gguf-py's dequantizer on them, for any 8-row-aligned span."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType.Q4_K
+    torch.manual_seed(1)
+    n, k = 72, 768
+    w = torch.randn(n, k) * torch.logspace(-3, 0, k)  # columns of very different sizes: all scale bits used
+    blocks = np.empty((n, ggml.row_size(int(qtype), k)), dtype=np.uint8)
+    ggml.quantize(int(qtype), w.numpy().ctypes.data, blocks.ctypes.data, n, k)
+    gw = ggml.GgmlWeight(int(qtype), k, n, blocks.ctypes.data, True, blocks)
+    if not gw.repacked:
+        pytest.skip("this CPU has no repacked Q4_K layout")
+    assert gw.dequantizable, f"ggml repacked Q4_K as {gw.layout!r}, which the shim cannot read back"
+    assert np.array_equal(gw.plain_blocks(0, n), blocks)
+    assert np.array_equal(gw.plain_blocks(16, 24), blocks[16:40])
+    ref = torch.from_numpy(dequantize(blocks, qtype).reshape(n, k).astype(np.float32))
+    for r0, rows in ((0, n), (8, 16), (64, 8)):
+        out = torch.empty(rows, k)
+        gw.dequantize_rows(r0, rows, out.data_ptr(), 2)
+        assert torch.equal(out, ref[r0 : r0 + rows]), f"rows {r0}..{r0 + rows}"
+    with pytest.raises(ValueError, match="cannot dequantize"):
+        gw.dequantize_rows(4, 8, torch.empty(8, k).data_ptr())  # not 8-row aligned
 
 
 def corpus_ids(tokenizer, n: int) -> list[list[int]]:

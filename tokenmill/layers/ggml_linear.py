@@ -19,9 +19,11 @@ Per call, by the number of rows M:
   bits a weight where the dense copy reads 16, and decode steps of a few to 64 rows are bound by that);
 - above: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
   compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
-  compute-bound. Repacked matrices have no plain blocks left, so they always take ggml's path (its
-  repacked kernels are the fast ones at large M); so do F32 ones (a MoE router), which ggml cannot
-  "dequantize";
+  compute-bound. Repacked matrices have no plain blocks left; the shim reads ggml's repacked Q4_K back
+  into plain blocks a tile at a time (ggml_shim.cpp, tm_weight_dequantize), so those take this path too
+  (a 7B Q4_K_M file on AMX: a 128-token prompt in 3.8 s instead of 6.4 on ggml's repacked kernel);
+  other repacked layouts (Q4_0, IQ4_NL) always take ggml's path, as do F32 matrices (a MoE router),
+  which ggml cannot "dequantize";
 - or, with a dense copy (`dense_copy`, compute.choose_dense_copy: on by default only with bf16 on an AMX
   CPU, for models whose copy is small beside the RAM), above the crossover every matrix (repacked ones
   too: the copy is made from the plain blocks before repacking) is multiplied by its whole dense copy,
@@ -140,7 +142,7 @@ class GGUFLinearMethod(LinearMethod):
         layer.blocks = {}  # shard (or None) -> GGUFQuantized, until finish_loading
         layer.matmul = None
         layer.block_mm = None  # [(ggml type, blocks' address, rows, first output column)] for block_matmul
-        layer.dense = []  # (GgmlWeight with plain blocks, first output column) for the dense path
+        layer.dense = []  # (GgmlWeight it can dequantize, first output column) for the dense path
         layer.packed = None  # the dense copy (out, in), prepacked for oneDNN at bf16, when the method keeps one
 
     def to_blocks(self, tensor: torch.Tensor | GGUFQuantized) -> GGUFQuantized:
@@ -194,7 +196,7 @@ class GGUFLinearMethod(LinearMethod):
             w = ggml.GgmlWeight(int(parts[0].ggml_type), layer.in_features, n, data.ctypes.data, self.repack, data)
             if w.repacked:
                 release()
-            elif parts[0].ggml_type != GGMLQuantizationType.F32:  # ggml has no f32 to_float: ggml's path only
+            if w.dequantizable:  # plain blocks (not F32: ggml has no f32 to_float), or repacked Q4_K read back
                 layer.dense.append((w, offset))
             weights.append(w)
             offsets.append(offset)
@@ -228,6 +230,16 @@ class GGUFLinearMethod(LinearMethod):
             r = min(step, rows - r0)
             tile = self._scratch.get(r * k).view(r, k)
             ggml.dequantize(ggml_type, data_ptr + r0 * row_bytes, r, k, tile.data_ptr(), torch.get_num_threads())
+            yield r0, tile
+
+    def _weight_tiles(self, w: ggml.GgmlWeight, k: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """As _tiles, for a weight's rows however it holds them (plain or repacked blocks); tiles of a
+        multiple of w.row_align rows."""
+        step = max(w.row_align, _TILE_ELEMS // k // w.row_align * w.row_align)
+        for r0 in range(0, w.n, step):
+            r = min(step, w.n - r0)
+            tile = self._scratch.get(r * k).view(r, k)
+            w.dequantize_rows(r0, r, tile.data_ptr(), torch.get_num_threads())
             yield r0, tile
 
     def weight_bytes(self, out_features: int, in_features: int, dtype_bytes: int) -> int:
@@ -273,7 +285,7 @@ class GGUFLinearMethod(LinearMethod):
             return y.to(x.dtype)
         y = x.new_empty(x.shape[0], layer.out_features)
         for w, offset in layer.dense:
-            for r0, tile in self._tiles(w.ggml_type, w.data_ptr, w.n, layer.in_features):
+            for r0, tile in self._weight_tiles(w, layer.in_features):
                 c0 = offset + r0
                 y[:, c0 : c0 + tile.shape[0]] = F.linear(x, tile if x.dtype == torch.float32 else tile.to(x.dtype))
         return y

@@ -14,6 +14,8 @@ import functools
 import logging
 import os
 
+import numpy as np
+
 from tokenmill.native.compile import NativeBuildError
 
 log = logging.getLogger("tokenmill.native")
@@ -33,6 +35,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_weight_layout": (ctypes.c_char_p, [vp]),
         "tm_weight_repacked": (i32, [vp]),
         "tm_weight_free": (None, [vp]),
+        "tm_weight_dequantizable": (i32, [vp]),
+        "tm_weight_dequantize": (i32, [vp, i64, i64, vp, i32]),
+        "tm_weight_plain_blocks": (i32, [vp, i64, i64, vp]),
         "tm_matmul": (i32, [ctypes.POINTER(vp), _c_i64p, i32, vp, i64, i64, vp, i64, i32]),
         "tm_matmul_grouped": (i32, [ctypes.POINTER(vp), i32, _c_i64p, _c_i64p, vp, i64, vp, i64, i32]),
         "tm_get_rows": (None, [i32, vp, i64, vp, i64, vp]),
@@ -140,6 +145,24 @@ class GgmlWeight:
         self.nbytes = int(self._lib.tm_weight_nbytes(h))
         self.data_ptr = data_ptr if not self.repacked else 0  # the plain blocks, if kept
         self._keepalive = None if self.repacked else keepalive
+        # rows can be dequantized (dequantize_rows): plain blocks, or a repacked layout the shim reads back
+        # (ggml's repacked Q4_K), in tiles of `row_align` rows
+        self.dequantizable = bool(self._lib.tm_weight_dequantizable(h))
+        self.row_align = 8 if self.repacked else 1
+
+    def dequantize_rows(self, r0: int, rows: int, out_ptr: int, n_threads: int = 1) -> None:
+        """Rows [r0, r0 + rows) -> (rows, k) fp32 at out_ptr (r0 and rows multiples of row_align)."""
+        if self._lib.tm_weight_dequantize(self.handle, r0, rows, out_ptr, n_threads):
+            raise ValueError(f"cannot dequantize rows {r0}..{r0 + rows} of a {type_name(self.ggml_type)} weight "
+                             f"in layout {self.layout!r}")
+
+    def plain_blocks(self, r0: int, rows: int) -> np.ndarray:
+        """Rows [r0, r0 + rows) as the file's plain blocks, (rows, row_size) uint8 (read back from a repacked
+        layout where the shim can)."""
+        out = np.empty((rows, row_size(self.ggml_type, self.k)), dtype=np.uint8)
+        if self._lib.tm_weight_plain_blocks(self.handle, r0, rows, out.ctypes.data):
+            raise ValueError(f"cannot read plain blocks back from layout {self.layout!r}")
+        return out
 
     def __del__(self) -> None:
         h, self.handle = getattr(self, "handle", 0), 0

@@ -81,6 +81,79 @@ ggml_backend_buffer_type_t pick_extra_buft(ggml_tensor* w, bool allow_amx) {
     return found;
 }
 
+// ggml's repacked Q4_K (block_q4_Kx8 in ggml-cpu/repack.h, "q4_K_8x8" / "q4_K_8x4"): 8 rows' blocks of one
+// 256-column span interleaved into one 1152-byte block: d[8], dmin[8] (fp16), scales[96] (for each
+// sub-block sb of 32 columns, 12 bytes holding the 8 rows' 6-bit scale and min packed as a plain Q4_K block
+// packs its 8 sub-blocks: row j read as sub-block j), qs[1024] (the rows' 128 quant bytes, B at a time in
+// turn, B = the interleave). Which interleave ggml chose is not in its public API, so it is derived as ggml
+// derives it (repack.cpp, ggml_repack_get_optimal_repack_type): 8 with AVX2, or NEON with int8 matmul; 4
+// with NEON dot products only; 0 (none we can read) otherwise.
+constexpr int kQK = 256;
+struct PlainQ4K {  // block_q4_K
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qs[kQK / 2];
+};
+struct RepackedQ4K {  // block_q4_Kx8
+    uint16_t d[8], dmin[8];
+    uint8_t scales[96];
+    uint8_t qs[kQK * 4];
+};
+static_assert(sizeof(PlainQ4K) == 144 && sizeof(RepackedQ4K) == 1152, "Q4_K block sizes");
+
+int q4k_interleave() {
+    if (ggml_cpu_has_avx2()) return 8;
+    if (ggml_cpu_has_neon() && ggml_cpu_has_matmul_int8()) return 8;
+    if (ggml_cpu_has_neon() && ggml_cpu_has_dotprod()) return 4;
+    return 0;
+}
+
+// 0, or the interleave of w's layout if it is ggml's repacked Q4_K and we can read it back as plain blocks.
+int readable_repack(const Weight* w) {
+    if (!w->buf || w->t->type != GGML_TYPE_Q4_K || std::strcmp(w->layout, "CPU_REPACK") != 0) return 0;
+    if (w->t->ne[1] % 8 != 0) return 0;
+    return q4k_interleave();
+}
+
+// The plain blocks of rows [8g, 8g + 8) from the repacked ones: `in` the group's nb repacked blocks, `out`
+// (8, nb) plain blocks. The exact inverse of ggml's make_block_q4_Kx8 (the tests check the round trip).
+void unrepack_q4k_group(const RepackedQ4K* in, int64_t nb, int interleave, PlainQ4K* out) {
+    for (int64_t x = 0; x < nb; ++x) {
+        const RepackedQ4K& r = in[x];
+        for (int j = 0; j < 8; ++j) {
+            PlainQ4K& p = out[j * nb + x];
+            p.d = r.d[j];
+            p.dmin = r.dmin[j];
+            // row j's byte o sits at ((o / B) * 8 + j) * B + o % B: chunks of B bytes, constant-size copies
+            if (interleave == 8) {
+                for (int c = 0; c < kQK / 2 / 8; ++c) std::memcpy(p.qs + c * 8, r.qs + (c * 8 + j) * 8, 8);
+            } else {
+                for (int c = 0; c < kQK / 2 / 4; ++c) std::memcpy(p.qs + c * 4, r.qs + (c * 8 + j) * 4, 4);
+            }
+            std::memset(p.scales, 0, sizeof p.scales);
+            for (int sb = 0; sb < 8; ++sb) {
+                const uint8_t* b = r.scales + sb * 12;  // row j's (scale, min) for sub-block sb, as "sub-block" j
+                uint8_t sc, mn;
+                if (j < 4) {
+                    sc = b[j] & 63;
+                    mn = b[j + 4] & 63;
+                } else {
+                    sc = (b[j + 4] & 15) | ((b[j - 4] >> 6) << 4);
+                    mn = (b[j + 4] >> 4) | ((b[j] >> 6) << 4);
+                }
+                if (sb < 4) {  // packed as ggml's Q4_K quantizer packs them
+                    p.scales[sb] |= sc;
+                    p.scales[sb + 4] |= mn;
+                } else {
+                    p.scales[sb + 4] = (sc & 15) | ((mn & 15) << 4);
+                    p.scales[sb - 4] |= (sc >> 4) << 6;
+                    p.scales[sb] |= (mn >> 4) << 6;
+                }
+            }
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -251,5 +324,61 @@ size_t tm_quantize(int type, const float* src, void* dst, int64_t rows, int64_t 
 }
 
 int tm_quantize_requires_imatrix(int type) { return ggml_quantize_requires_imatrix((ggml_type)type); }
+
+// Whether tm_weight_dequantize can read this weight: plain blocks (not F32), or ggml's repacked Q4_K.
+int tm_weight_dequantizable(void* h) {
+    auto* w = (Weight*)h;
+    if (!w->buf) return w->t->type != GGML_TYPE_F32;
+    return readable_repack(w) != 0;
+}
+
+// Rows [r0, r0 + rows) of the weight as fp32 (rows, K) at out, from its plain blocks or, for a repacked
+// Q4_K weight (r0 and rows multiples of 8), from the plain blocks read back out of the repacked ones.
+// So a repacked matrix can still take the dense path (dequantize a tile, multiply by oneDNN) for big
+// batches. Returns 0, or -1 where the weight's layout cannot be read (tm_weight_dequantizable).
+int tm_weight_dequantize(void* h, int64_t r0, int64_t rows, float* out, int n_threads) {
+    auto* w = (Weight*)h;
+    const int64_t k = w->t->ne[0];
+    if (!w->buf) {
+        if (w->t->type == GGML_TYPE_F32) return -1;
+        tm_dequantize(w->t->type, (const uint8_t*)w->t->data + r0 * ggml_row_size(w->t->type, k), rows, k, out,
+                      n_threads);
+        return 0;
+    }
+    const int interleave = readable_repack(w);
+    if (!interleave || r0 % 8 || rows % 8) return -1;
+    const int64_t nb = k / kQK, groups = rows / 8;
+    const ggml_type_traits* tr = ggml_get_type_traits(GGML_TYPE_Q4_K);
+    const auto* src = (const RepackedQ4K*)w->t->data + (r0 / 8) * nb;
+    int nt = rows * k >= (1 << 17) ? n_threads : 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        std::vector<PlainQ4K> plain(8 * nb);
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; ++g) {
+            unrepack_q4k_group(src + g * nb, nb, interleave, plain.data());
+            tr->to_float(plain.data(), out + g * 8 * k, 8 * k);
+        }
+    }
+    return 0;
+}
+
+// The weight's plain blocks for rows [r0, r0 + rows) into out (rows x tm_row_size bytes): a repacked Q4_K
+// weight read back (r0, rows multiples of 8), or a copy of plain ones. -1 where unreadable. For the tests.
+int tm_weight_plain_blocks(void* h, int64_t r0, int64_t rows, void* out) {
+    auto* w = (Weight*)h;
+    const int64_t k = w->t->ne[0];
+    const size_t row = ggml_row_size(w->t->type, k);
+    if (!w->buf) {
+        std::memcpy(out, (const uint8_t*)w->t->data + r0 * row, rows * row);
+        return 0;
+    }
+    const int interleave = readable_repack(w);
+    if (!interleave || r0 % 8 || rows % 8) return -1;
+    const int64_t nb = k / kQK;
+    const auto* src = (const RepackedQ4K*)w->t->data + (r0 / 8) * nb;
+    for (int64_t g = 0; g < rows / 8; ++g) unrepack_q4k_group(src + g * nb, nb, interleave, (PlainQ4K*)out + g * 8 * nb);
+    return 0;
+}
 
 }  // extern "C"
