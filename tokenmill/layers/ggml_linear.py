@@ -40,7 +40,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -218,28 +218,21 @@ class GGUFLinearMethod(LinearMethod):
         if part.ggml_type == GGMLQuantizationType.F32:
             out.copy_(torch.from_numpy(np.array(part.data.view(np.float32).reshape(rows, k))))
             return
-        for r0, tile in self._tiles(int(part.ggml_type), part.data.ctypes.data, rows, k):
+        ggml_type, data_ptr, row_bytes = int(part.ggml_type), part.data.ctypes.data, ggml.row_size(part.ggml_type, k)
+        for r0, tile in self._tiles(rows, k, 1, lambda r0, r, out, t: ggml.dequantize(
+                ggml_type, data_ptr + r0 * row_bytes, r, k, out, t)):
             out[r0: r0 + tile.shape[0]].copy_(tile)
 
-    def _tiles(self, ggml_type: int, data_ptr: int, rows: int, k: int) -> Iterator[tuple[int, torch.Tensor]]:
-        """A matrix of `rows` rows of ggml blocks at data_ptr, dequantized a tile at a time into the one
-        scratch buffer -> (first row, (r, k) fp32 tile), each valid until the next is made."""
-        row_bytes = ggml.row_size(ggml_type, k)
-        step = max(1, _TILE_ELEMS // k)
+    def _tiles(self, rows: int, k: int, align: int,
+               dequantize: Callable[[int, int, int, int], None]) -> Iterator[tuple[int, torch.Tensor]]:
+        """A matrix of `rows` rows dequantized a tile at a time into the one scratch buffer -> (first row,
+        (r, k) fp32 tile), each valid until the next is made. dequantize(r0, r, out_ptr, threads) fills a
+        tile; tiles start at multiples of `align` rows (8 for ggml's repacked Q4_K)."""
+        step = max(align, _TILE_ELEMS // k // align * align)
         for r0 in range(0, rows, step):
             r = min(step, rows - r0)
             tile = self._scratch.get(r * k).view(r, k)
-            ggml.dequantize(ggml_type, data_ptr + r0 * row_bytes, r, k, tile.data_ptr(), torch.get_num_threads())
-            yield r0, tile
-
-    def _weight_tiles(self, w: ggml.GgmlWeight, k: int) -> Iterator[tuple[int, torch.Tensor]]:
-        """As _tiles, for a weight's rows however it holds them (plain or repacked blocks); tiles of a
-        multiple of w.row_align rows."""
-        step = max(w.row_align, _TILE_ELEMS // k // w.row_align * w.row_align)
-        for r0 in range(0, w.n, step):
-            r = min(step, w.n - r0)
-            tile = self._scratch.get(r * k).view(r, k)
-            w.dequantize_rows(r0, r, tile.data_ptr(), torch.get_num_threads())
+            dequantize(r0, r, tile.data_ptr(), torch.get_num_threads())
             yield r0, tile
 
     def weight_bytes(self, out_features: int, in_features: int, dtype_bytes: int) -> int:
@@ -285,7 +278,7 @@ class GGUFLinearMethod(LinearMethod):
             return y.to(x.dtype)
         y = x.new_empty(x.shape[0], layer.out_features)
         for w, offset in layer.dense:
-            for r0, tile in self._weight_tiles(w, layer.in_features):
+            for r0, tile in self._tiles(w.n, layer.in_features, w.row_align, w.dequantize_rows):
                 c0 = offset + r0
                 y[:, c0 : c0 + tile.shape[0]] = F.linear(x, tile if x.dtype == torch.float32 else tile.to(x.dtype))
         return y

@@ -35,7 +35,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_weight_layout": (ctypes.c_char_p, [vp]),
         "tm_weight_repacked": (i32, [vp]),
         "tm_weight_free": (None, [vp]),
-        "tm_weight_dequantizable": (i32, [vp]),
+        "tm_weight_row_align": (i32, [vp]),
         "tm_weight_dequantize": (i32, [vp, i64, i64, vp, i32]),
         "tm_weight_plain_blocks": (i32, [vp, i64, i64, vp]),
         "tm_matmul": (i32, [ctypes.POINTER(vp), _c_i64p, i32, vp, i64, i64, vp, i64, i32]),
@@ -145,10 +145,13 @@ class GgmlWeight:
         self.nbytes = int(self._lib.tm_weight_nbytes(h))
         self.data_ptr = data_ptr if not self.repacked else 0  # the plain blocks, if kept
         self._keepalive = None if self.repacked else keepalive
-        # rows can be dequantized (dequantize_rows): plain blocks, or a repacked layout the shim reads back
-        # (ggml's repacked Q4_K), in tiles of `row_align` rows
-        self.dequantizable = bool(self._lib.tm_weight_dequantizable(h))
-        self.row_align = 8 if self.repacked else 1
+        # dequantize_rows takes spans of row_align rows: 1 on plain blocks, 8 on ggml's repacked Q4_K (which
+        # the shim reads back); 0 where it cannot read the layout (other repacked ones, F32)
+        self.row_align = int(self._lib.tm_weight_row_align(h))
+
+    @property
+    def dequantizable(self) -> bool:
+        return self.row_align > 0
 
     def dequantize_rows(self, r0: int, rows: int, out_ptr: int, n_threads: int = 1) -> None:
         """Rows [r0, r0 + rows) -> (rows, k) fp32 at out_ptr (r0 and rows multiples of row_align)."""

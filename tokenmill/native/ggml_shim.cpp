@@ -117,19 +117,17 @@ int readable_repack(const Weight* w) {
 
 // The plain blocks of rows [8g, 8g + 8) from the repacked ones: `in` the group's nb repacked blocks, `out`
 // (8, nb) plain blocks. The exact inverse of ggml's make_block_q4_Kx8 (the tests check the round trip).
-void unrepack_q4k_group(const RepackedQ4K* in, int64_t nb, int interleave, PlainQ4K* out) {
+// B, the interleave, is a template argument so the copies are of constant size.
+template <int B>
+void unrepack_q4k_group_b(const RepackedQ4K* in, int64_t nb, PlainQ4K* out) {
     for (int64_t x = 0; x < nb; ++x) {
         const RepackedQ4K& r = in[x];
         for (int j = 0; j < 8; ++j) {
             PlainQ4K& p = out[j * nb + x];
             p.d = r.d[j];
             p.dmin = r.dmin[j];
-            // row j's byte o sits at ((o / B) * 8 + j) * B + o % B: chunks of B bytes, constant-size copies
-            if (interleave == 8) {
-                for (int c = 0; c < kQK / 2 / 8; ++c) std::memcpy(p.qs + c * 8, r.qs + (c * 8 + j) * 8, 8);
-            } else {
-                for (int c = 0; c < kQK / 2 / 4; ++c) std::memcpy(p.qs + c * 4, r.qs + (c * 8 + j) * 4, 4);
-            }
+            // row j's byte o sits at ((o / B) * 8 + j) * B + o % B: chunks of B bytes
+            for (int c = 0; c < kQK / 2 / B; ++c) std::memcpy(p.qs + c * B, r.qs + (c * 8 + j) * B, B);
             std::memset(p.scales, 0, sizeof p.scales);
             for (int sb = 0; sb < 8; ++sb) {
                 const uint8_t* b = r.scales + sb * 12;  // row j's (scale, min) for sub-block sb, as "sub-block" j
@@ -152,6 +150,11 @@ void unrepack_q4k_group(const RepackedQ4K* in, int64_t nb, int interleave, Plain
             }
         }
     }
+}
+
+void unrepack_q4k_group(const RepackedQ4K* in, int64_t nb, int interleave, PlainQ4K* out) {
+    if (interleave == 8) unrepack_q4k_group_b<8>(in, nb, out);
+    else unrepack_q4k_group_b<4>(in, nb, out);
 }
 
 }  // namespace
@@ -325,17 +328,18 @@ size_t tm_quantize(int type, const float* src, void* dst, int64_t rows, int64_t 
 
 int tm_quantize_requires_imatrix(int type) { return ggml_quantize_requires_imatrix((ggml_type)type); }
 
-// Whether tm_weight_dequantize can read this weight: plain blocks (not F32), or ggml's repacked Q4_K.
-int tm_weight_dequantizable(void* h) {
+// The row spans tm_weight_dequantize reads this weight in: 1 for plain blocks, 8 for ggml's repacked Q4_K
+// (8 rows interleaved), 0 where it cannot read it (F32, other repacked layouts).
+int tm_weight_row_align(void* h) {
     auto* w = (Weight*)h;
     if (!w->buf) return w->t->type != GGML_TYPE_F32;
-    return readable_repack(w) != 0;
+    return readable_repack(w) ? 8 : 0;
 }
 
 // Rows [r0, r0 + rows) of the weight as fp32 (rows, K) at out, from its plain blocks or, for a repacked
 // Q4_K weight (r0 and rows multiples of 8), from the plain blocks read back out of the repacked ones.
 // So a repacked matrix can still take the dense path (dequantize a tile, multiply by oneDNN) for big
-// batches. Returns 0, or -1 where the weight's layout cannot be read (tm_weight_dequantizable).
+// batches. Returns 0, or -1 where the weight's layout cannot be read (tm_weight_row_align 0).
 int tm_weight_dequantize(void* h, int64_t r0, int64_t rows, float* out, int n_threads) {
     auto* w = (Weight*)h;
     const int64_t k = w->t->ne[0];
