@@ -8,10 +8,11 @@ all ask the same function.
     cpu     any      int8          ->  (below)    int8           weight-only int8, bf16 activations (torch)
     cuda    any      -             ->  bfloat16   unquantized    GGUF dequantized (no CUDA kernels for blocks yet)
     cpu     any      dequantize    ->  (below)    prepacked / unquantized, as for an unquantized checkpoint
-    cpu     HF       -             ->  bfloat16   prepacked      CPU lists AMX (and oneDNN can prepack)
-    cpu     HF       -             ->  float32    unquantized    no AMX: bf16 matmul is far slower there
+    cpu     HF       -             ->  bfloat16   prepacked      CPU has native bf16 (and oneDNN can prepack)
+    cpu     HF       -             ->  float32    unquantized    no native bf16: bf16 matmul is far slower there
 
-The compute dtype (activations, norms, KV cache) is bf16 on CUDA and on CPUs with AMX, else fp32.
+The compute dtype (activations, norms, KV cache) is bf16 on CUDA and on CPUs with native bf16 arithmetic
+(AMX, or AVX512_BF16 as on AMD Zen 4: cpu_features), else fp32.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tokenmill.cpu_features import cpu_has_amx_bf16
+from tokenmill.cpu_features import cpu_has_native_bf16
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LINEAR_METHODS = ("unquantized", "prepacked", "int8", "gguf")
@@ -54,7 +55,7 @@ def choose_compute(device_type: str, dtype: str = "auto", quantization: str | No
         if device_type == "cuda":
             dtype = "bfloat16"
         else:
-            fast = cpu_has_amx_bf16() and (bf16_is_fast() if bf16_is_fast is not None else True)
+            fast = cpu_has_native_bf16() and (bf16_is_fast() if bf16_is_fast is not None else True)
             dtype = "bfloat16" if fast else "float32"
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
@@ -77,7 +78,7 @@ def choose_compute(device_type: str, dtype: str = "auto", quantization: str | No
                              "use it with --device cpu")
         return ComputeChoice(dtype, "int8")
     if device_type == "cpu" and dtype == "bfloat16":
-        packable = can_prepack() if can_prepack is not None else cpu_has_amx_bf16()
+        packable = can_prepack() if can_prepack is not None else cpu_has_native_bf16()
         if packable:
             return ComputeChoice(dtype, "prepacked")
     return ComputeChoice(dtype, "unquantized")

@@ -1,9 +1,14 @@
 """What the host CPU computes fast, read from /proc/cpuinfo (no torch, so `tokenmill plan` can use it).
 
-The compute dtype on CPU hinges on one fact: with AMX (Intel Sapphire Rapids and later), oneDNN runs
-bf16 matmuls on tile units, measured here at 5-7x fp32 for batches of 64-512 rows and equal at one row
-(benchmarks/README.md, "bf16 on AMX"). Without AMX, bf16 matmul falls back to slow paths (~300x slower
-than fp32 on an AVX2-only CPU), so such CPUs compute in fp32.
+The compute dtype on CPU hinges on one fact: whether oneDNN has native bf16 arithmetic here.
+- AMX (Intel Sapphire Rapids and later): bf16 matmuls on tile units, measured at 5-7x fp32 for batches of
+  64-512 rows and equal at one row (benchmarks/README.md, "bf16 on AMX").
+- AVX512_BF16 without AMX (AMD Zen 4 and later, Intel Cooper Lake): `vdpbf16ps`, oneDNN's
+  avx512_core_bf16 kernels; measured on a 2-core Zen 4 EPYC at 2.1-3.3x fp32 for 16-512 rows on the default
+  model's layer shapes with prepacked weights, and the engine's offline throughput 2.1x (benchmarks/README.md,
+  "bf16 on AVX512_BF16").
+- Neither (AVX2-only CPUs such as Zen 3): bf16 matmul falls back to slow paths (~300x slower than fp32), so
+  such CPUs compute in fp32.
 """
 
 from __future__ import annotations
@@ -24,6 +29,15 @@ def cpu_flags() -> frozenset[str]:
 
 def cpu_has_amx_bf16() -> bool:
     return {"amx_bf16", "amx_tile"} <= cpu_flags()
+
+
+def cpu_has_native_bf16() -> bool:
+    """oneDNN multiplies bf16 natively here: AMX tiles, or AVX-512's bf16 dot product (`avx512_bf16`)."""
+    return cpu_has_amx_bf16() or cpu_has_avx512_bf16()
+
+
+def cpu_has_avx512_bf16() -> bool:
+    return {"avx512f", "avx512_bf16"} <= cpu_flags()
 
 
 def auto_dtype(device_type: str) -> str:

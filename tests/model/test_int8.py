@@ -14,7 +14,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=["float32", pytest.param(
-    "bfloat16", marks=pytest.mark.skipif(not cpu_bf16_is_fast(), reason="bf16 is slow without AMX"))])
+    "bfloat16", marks=pytest.mark.skipif(not cpu_bf16_is_fast(), reason="bf16 is slow without AMX or AVX512_BF16"))])
 def int8_llm(request) -> LLM:
     """int8 weights under both compute dtypes (the int8 kernel itself always takes bf16 activations)."""
     return LLM(progress=False, kv_cache_memory=64 * 2**20, max_model_len=512, quantization="int8",

@@ -47,10 +47,13 @@ def test_plan_imports_no_torch() -> None:
 
 
 def test_plan_auto_dtype_follows_the_cpu(capsys, monkeypatch) -> None:
-    """--dtype auto: bf16 where the CPU has AMX (half the KV bytes), fp32 elsewhere; serve decides alike."""
+    """--dtype auto: bf16 where the CPU multiplies bf16 natively, AMX or AVX512_BF16 (half the KV bytes), fp32
+    elsewhere (AVX2 only; AVX-512 without its bf16 instructions); serve decides alike."""
     import tokenmill.cpu_features as cf
 
-    for flags, per_token in ((frozenset({"avx2"}), "45.0 KiB"), (frozenset({"avx2", "amx_tile", "amx_bf16"}), "22.5 KiB")):
+    for flags, per_token in ((frozenset({"avx2"}), "45.0 KiB"), (frozenset({"avx2", "avx512f"}), "45.0 KiB"),
+                             (frozenset({"avx2", "amx_tile", "amx_bf16"}), "22.5 KiB"),
+                             (frozenset({"avx2", "avx512f", "avx512_bf16"}), "22.5 KiB")):
         monkeypatch.setattr(cf, "cpu_flags", lambda f=flags: f)
         args = ["plan", "--kv-cache-memory", "1GiB", "--max-model-len", "4096", "--quantization", "dequantize"]
         assert main(args) == 0
@@ -79,8 +82,8 @@ def test_plan_counts_the_gguf_blocks_a_gguf_file_keeps(capsys, default_model_pat
 
 def test_plan_counts_the_dense_copy(capsys, monkeypatch) -> None:
     """--dense-copy: the gguf method's dense copy of every matmul weight and of the tied output layer, at
-    the compute dtype, is in the plan. auto keeps it only at bf16 on an AMX CPU, and only where it takes
-    at most 1/8 of the RAM."""
+    the compute dtype, is in the plan. auto keeps it only at bf16 on a CPU with native bf16 (AMX or
+    AVX512_BF16), and only where it takes at most 1/8 of the RAM."""
     import tokenmill.cpu_features as cf
     import tokenmill.entrypoints.plan as plan_mod
     from tokenmill.native import ggml
@@ -88,11 +91,12 @@ def test_plan_counts_the_dense_copy(capsys, monkeypatch) -> None:
     if not ggml.available():
         pytest.skip(f"ggml not built here: {ggml.unavailable_reason()}")
     amx, avx2 = frozenset({"avx2", "amx_tile", "amx_bf16"}), frozenset({"avx2"})
+    zen4 = frozenset({"avx2", "avx512f", "avx512_bf16"})
     copy16, copy32 = "+ 256.5 MiB (a dense copy at 16-bit", "+ 513.0 MiB (a dense copy at 32-bit"  # 134.5M values
     monkeypatch.setattr(plan_mod, "total_ram", lambda: 24 * 2**30)
     for flags, setting, ram, want in ((amx, "auto", 24 * 2**30, copy16), (avx2, "auto", 24 * 2**30, None),
                                       (amx, "off", 24 * 2**30, None), (amx, "auto", 1 * 2**30, None),
-                                      (avx2, "on", 1 * 2**30, copy32)):
+                                      (avx2, "on", 1 * 2**30, copy32), (zen4, "auto", 24 * 2**30, copy16)):
         monkeypatch.setattr(cf, "cpu_flags", lambda f=flags: f)
         monkeypatch.setattr(plan_mod, "total_ram", lambda r=ram: r)
         assert main(["plan", "--kv-cache-memory", "1GiB", "--dense-copy", setting]) == 0

@@ -87,8 +87,11 @@ SCHEMAS: list[tuple[str, S]] = [
     ("an open object of settings", {"type": "object", "properties": {"theme": {"enum": ["light", "dark"]}},
                                     "required": ["theme"], "maxProperties": 3,
                                     "additionalProperties": {"type": "boolean"}}),
-    ("a key-value map of counts", {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
-                                   "maxProperties": 3}),
+    # keys bounded by a pattern (llguidance has no propertyNames): an unbounded key let a sampled answer spend
+    # all of max_tokens inside one key name
+    ("a key-value map of counts", {"type": "object", "patternProperties": {
+        "^[A-Za-z_]{1,16}$": {"type": "integer", "minimum": 0, "maximum": 10000}},
+        "additionalProperties": False, "maxProperties": 3}),
     ("a version string", _obj({"version": {"type": "string", "pattern": "^[0-9]{1,2}\\.[0-9]{1,2}\\.[0-9]{1,3}$"}})),
     ("a hex colour", _obj({"hex": {"type": "string", "pattern": "^#[0-9a-f]{6}$"}})),
     ("a rectangle", _obj({"width": {"type": "integer", "minimum": 1, "maximum": 1000},

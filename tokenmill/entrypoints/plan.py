@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from tokenmill.compute import DENSE_COPY_CHOICES, DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute, choose_dense_copy
-from tokenmill.cpu_features import cpu_has_amx_bf16
+from tokenmill.cpu_features import cpu_has_native_bf16
 from tokenmill.config import SpeculativeConfig, format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
@@ -45,9 +45,9 @@ def plan_model(model: str, device: str, dtype: str, quantization: str | None, bl
     cfg, disk_bytes, kind, matrices = read_model_config(model)
     compute = choose_compute(device, dtype, quantization, weights=kind, ggml_available=ggml.available)
     # from the CPU's flags alone (plan imports no torch); serve also asks oneDNN whether it can prepack, so
-    # on an AMX CPU whose torch build cannot, serve keeps no copy where this plan counts one
+    # on a bf16 CPU whose torch build cannot, serve keeps no copy where this plan counts one
     compute = choose_dense_copy(dense_copy, compute, dense_copy_bytes(cfg, compute.dtype_bytes), total_ram(),
-                                device == "cpu" and compute.dtype == "bfloat16" and cpu_has_amx_bf16())
+                                device == "cpu" and compute.dtype == "bfloat16" and cpu_has_native_bf16())
     max_len = max_model_len or cfg.max_position_embeddings
     plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens)
     if spec is not None and spec.method == "draft_model" and spec.model:

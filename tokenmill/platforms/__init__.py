@@ -92,12 +92,15 @@ def can_prepack_here() -> bool:
 
 
 def cpu_bf16_is_fast() -> bool:
-    """The CPU lists AMX (cpu_features) and PyTorch may use the tiles (the OS grants them; a private
-    API, so a missing function counts as yes: the flag check already passed)."""
-    from tokenmill.cpu_features import cpu_has_amx_bf16
+    """oneDNN has native bf16 arithmetic here (cpu_features.cpu_has_native_bf16): AMX that PyTorch may use
+    (the OS grants the tiles; a private API, so a missing function counts as yes: the flag check already
+    passed), or AVX512_BF16 with oneDNN in this torch build."""
+    from tokenmill.cpu_features import cpu_has_amx_bf16, cpu_has_avx512_bf16
 
     check = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return cpu_has_amx_bf16() and (bool(check()) if check is not None else True)
+    if cpu_has_amx_bf16() and (bool(check()) if check is not None else True):
+        return True
+    return cpu_has_avx512_bf16() and torch.backends.mkldnn.is_available()
 
 
 def ggml_available() -> bool:
