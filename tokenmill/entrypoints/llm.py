@@ -26,7 +26,29 @@ from tokenmill.entrypoints.openai.tool_prompt import ToolPrompt
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import ParamError, SamplingParams
 
-Prompt = str | list[int] | ProcessedPrompt  # a ProcessedPrompt: made by llm.engine.input_processor already
+# a ProcessedPrompt: made by llm.engine.input_processor already; a dict: vLLM's TextPrompt {"prompt": text} or
+# TokensPrompt {"prompt_token_ids": ids}
+Prompt = str | list[int] | ProcessedPrompt | dict[str, Any]
+
+
+def _unwrap(prompt: Any) -> str | list[int] | ProcessedPrompt:
+    """A prompt in one of the forms `generate` takes -> text, token ids or a ProcessedPrompt. vLLM's prompt
+    dicts are read by their one key; any other key (multi-modal data, ...) is refused by name, not ignored."""
+    if isinstance(prompt, dict):
+        keys = set(prompt)
+        if keys == {"prompt"} and isinstance(prompt["prompt"], str):
+            return prompt["prompt"]
+        if keys == {"prompt_token_ids"} and isinstance(prompt["prompt_token_ids"], (list, tuple)):
+            return list(prompt["prompt_token_ids"])
+        raise ParamError("prompt", f"a prompt dict takes exactly one of 'prompt' (text) or 'prompt_token_ids' "
+                                   f"(a list of token ids); got the keys {sorted(keys)}")
+    if isinstance(prompt, (str, ProcessedPrompt)):
+        return prompt
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    raise ParamError("prompt", f"a prompt is text, a list of token ids, or a dict with 'prompt' or "
+                               f"'prompt_token_ids'; got {type(prompt).__name__}"
+                               + (" with items that are not token ids" if isinstance(prompt, (list, tuple)) else ""))
 
 
 class LLM:
@@ -53,12 +75,14 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool | None = None) -> list[RequestOutput]:
-        """Generate for every prompt (text, token ids, or a ProcessedPrompt); outputs come back in input order.
+        """Generate for every prompt (text, token ids, vLLM's {"prompt": ...} or {"prompt_token_ids": ...}, or a
+        ProcessedPrompt); outputs come back in input order.
 
         Every prompt is checked before any is queued: a bad one raises ParamError and leaves nothing behind."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict, ProcessedPrompt)) or (
+                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        prompts = [_unwrap(p) for p in prompts]  # type: ignore[union-attr]
         if params is None:
             params = SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
