@@ -159,6 +159,51 @@ def test_repacked_q4_k_reads_back_as_the_file_blocks() -> None:
         gw.dequantize_rows(4, 8, torch.empty(8, k).data_ptr())  # not 8-row aligned
 
 
+def test_repacked_q4_k_on_the_plain_kernel_is_the_plain_weights_result(monkeypatch) -> None:
+    """Big batches of a repacked Q4_K matrix may run on ggml's plain-block kernel, its rows read back a tile at
+    a time (ggml_linear._plain): exactly what a plain weight of the same blocks gives, whatever the tile
+    (scratch of 3 x 8 rows here: tiles of 24, 24, 24 rows and a last one of 8), in a fused layer whose other
+    part (Q6_K, as in a Q4_K_M file) is plain; and within ggml's 8-bit rounding of the fp32 product."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    import tokenmill.layers.ggml_linear as gl
+    from tokenmill.layers.linear import Linear
+    from tokenmill.loader.weights import GGUFQuantized
+
+    torch.manual_seed(2)
+    k, parts = 512, {"a": (GGMLQuantizationType.Q4_K, 80), "b": (GGMLQuantizationType.Q6_K, 32)}
+    blocks, deq = {}, []
+    for name, (qtype, rows) in parts.items():
+        w = torch.randn(rows, k) * 0.05
+        blocks[name] = np.empty((rows, ggml.row_size(int(qtype), k)), dtype=np.uint8)
+        ggml.quantize(int(qtype), w.numpy().ctypes.data, blocks[name].ctypes.data, rows, k)
+        deq.append(torch.from_numpy(dequantize(blocks[name], qtype).reshape(rows, k).astype(np.float32)))
+
+    def layer(repack: bool) -> Linear:
+        lyr = Linear(k, 112, gl.GGUFLinearMethod(repack=repack), shards={"a": 80, "b": 32})
+        for name, (qtype, rows) in parts.items():
+            lyr.weight.weight_loader(lyr.weight, GGUFQuantized(blocks[name], qtype, (rows, k)), name)
+        lyr.finish_loading()
+        return lyr
+
+    repacked, plain = layer(True), layer(False)
+    if repacked.plain is None:
+        pytest.skip("this CPU has no repacked Q4_K layout")
+    assert plain.plain is None  # nothing to read back
+    monkeypatch.setattr(gl, "_TILE_ELEMS", 3 * 8 * ggml.row_size(int(GGMLQuantizationType.Q4_K), k) // 4)
+    x = torch.randn(40, k)
+    y = repacked.method._plain(repacked, x)
+    plain.method.max_ggml_rows = 10**6
+    assert torch.equal(y, plain(x))
+    ref = F.linear(x.double(), torch.cat(deq).double()).float()
+    assert float((y - ref).norm() / ref.norm()) < 2e-2
+    # apply() takes it past the crossover once calibration chose it, not before
+    repacked.method.max_ggml_rows = 8
+    repacked.method._big_plain = True
+    assert torch.equal(repacked(x), y)
+
+
 def corpus_ids(tokenizer, n: int) -> list[list[int]]:
     root = Path(__file__).resolve().parents[2]
     text = (root / "README.md").read_text() + (root / "tokenmill" / "engine" / "scheduler.py").read_text()

@@ -110,6 +110,9 @@ class GGUFLinearMethod(LinearMethod):
         self.max_ggml_rows: int = int(env) if env else 16  # until calibrate() measures it
         self._fixed_rows = env is not None
         self._step_rows = 0  # calibrate(): decode steps the native step keeps on the blocks past the crossover
+        # calibrate(): past the crossover, layers with repacked Q4_K take ggml's plain-block kernel (read back a
+        # tile at a time: _plain) rather than dequantize + F.linear, where that measured faster
+        self._big_plain = False
         self._scratch = _Scratch()
         self.dense_copy = dense_copy  # keep each matrix dense at this dtype too (None: no copy)
         self._onednn = dense_copy == torch.bfloat16 and can_prepack_here()  # the copy prepacked for oneDNN
@@ -144,6 +147,7 @@ class GGUFLinearMethod(LinearMethod):
         layer.block_mm = None  # [(ggml type, blocks' address, rows, first output column)] for block_matmul
         layer.dense = []  # (GgmlWeight it can dequantize, first output column) for the dense path
         layer.packed = None  # the dense copy (out, in), prepacked for oneDNN at bf16, when the method keeps one
+        layer.plain = None
 
     def to_blocks(self, tensor: torch.Tensor | GGUFQuantized) -> GGUFQuantized:
         """A checkpoint matrix as ggml blocks: quantized ones as they are; dense ones at the requant type
@@ -201,6 +205,8 @@ class GGUFLinearMethod(LinearMethod):
             weights.append(w)
             offsets.append(offset)
         layer.matmul = ggml.GgmlMatmul(weights, offsets, layer.out_features)
+        if any(w.plain_matmul for w in weights):
+            layer.plain = [(w, off, ggml.GgmlMatmul([w], [off], layer.out_features)) for w, off in zip(weights, offsets)]
         layer.dense_ok = len(layer.dense) == len(weights)
         # plain Q4_0 / Q4_1 / Q8_0 blocks: our multi-row kernel (native/block_matmul.cpp) instead of ggml's
         layer.block_mm = [(w.ggml_type, w.data_ptr, w.n, off) for w, off in zip(weights, offsets)] \
@@ -249,7 +255,9 @@ class GGUFLinearMethod(LinearMethod):
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         """x (M, in) -> (M, out) at x's dtype."""
         m = x.shape[0]
-        if m > self.max_ggml_rows and (layer.dense_ok or layer.packed is not None):
+        if m > self.max_ggml_rows and self._big_plain and layer.plain is not None and layer.packed is None:
+            y = self._plain(layer, x)
+        elif m > self.max_ggml_rows and (layer.dense_ok or layer.packed is not None):
             y = self._dense(layer, x)
         else:
             y = self._ggml(layer, x)
@@ -282,6 +290,22 @@ class GGUFLinearMethod(LinearMethod):
                 c0 = offset + r0
                 y[:, c0 : c0 + tile.shape[0]] = F.linear(x, tile if x.dtype == torch.float32 else tile.to(x.dtype))
         return y
+
+    def _plain(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        """x (M, in) -> (M, out) at x's dtype on ggml's plain-block kernels: a repacked Q4_K weight read back
+        into the file's blocks a tile at a time (into the dense path's scratch), any other as it is."""
+        assert layer.plain is not None
+        x32 = x.to(torch.float32).contiguous()
+        m, t = x.shape[0], torch.get_num_threads()
+        y = torch.empty(m, layer.out_features, dtype=torch.float32)
+        xp, yp = x32.data_ptr(), y.data_ptr()
+        for w, off, one in layer.plain:
+            if w.plain_matmul:
+                scratch = self._scratch.get(_TILE_ELEMS)
+                w.matmul_plain(xp, m, yp, layer.out_features, off, scratch.data_ptr(), 4 * scratch.numel(), t)
+            else:
+                one(xp, m, yp, t)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def apply_grouped(self, layers: list[Linear], x: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
         """Layer i on the next counts[i] rows of x (sum(counts), in), all in one ggml call (a mixture of
@@ -347,13 +371,18 @@ class GGUFLinearMethod(LinearMethod):
             nbytes += sum(w.nbytes for w in lyr.matmul.weights)
             if nbytes >= _STREAM_BYTES:
                 break
+        # a layer with repacked Q4_K and no dense copy has two big-batch paths: dequantize + F.linear, and ggml's
+        # plain-block kernel on the blocks read back (_plain); both are timed, the faster at the crossover kept
+        plain = layer.plain is not None and layer.packed is None
         figures, best = [], 0
         for m in _CALIBRATION_ROWS:
             x = torch.randn(m, layer.in_features, dtype=dtype)
             t_g = _best_time(lambda: [self._ggml(lyr, x) for lyr in group])
             t_d = _best_time(lambda: [self._dense(lyr, x) for lyr in group])
-            figures.append(f"M={m} {t_g * 1e3:.2f}/{t_d * 1e3:.2f} ms")
-            if t_d < t_g:
+            t_p = _best_time(lambda: [self._plain(lyr, x) for lyr in group]) if plain else float("inf")
+            figures.append(f"M={m} {t_g * 1e3:.2f}/{t_d * 1e3:.2f}" + (f"/{t_p * 1e3:.2f}" if plain else "") + " ms")
+            if min(t_d, t_p) < t_g:
+                self._big_plain = t_p < t_d
                 break
             best = m
         self.max_ggml_rows = max(best, 1)
@@ -362,12 +391,14 @@ class GGUFLinearMethod(LinearMethod):
         # against the layer path's 109-113 / 128-154 on the dense copy (offline decode, interleaved)
         self._step_rows = _AMX_STEP_ROWS if self.uses_amx(layer, dtype) else _STEP_ROWS
         log.info("gguf matmuls: block kernels up to %d rows (decode-only steps up to %d), %s above (measured on "
-                 "%d (%d, %d) %s layers, %s/dense: %s)", self.max_ggml_rows, self.max_step_rows,
-                 "the dense copy" if layer.packed is not None else "dequantize + F.linear", len(group),
+                 "%d (%d, %d) %s layers, %s/dense%s: %s)", self.max_ggml_rows, self.max_step_rows,
+                 "the dense copy" if layer.packed is not None else
+                 "ggml's plain-block kernel (repacked Q4_K read back)" if self._big_plain else "dequantize + F.linear",
+                 len(group),
                  layer.out_features, layer.in_features,
                  ggml.type_name(layer.matmul.weights[0].ggml_type),
                  ("amx_matmul" if self.uses_amx(layer, dtype) else "block_matmul") if layer.block_mm is not None
-                 else "ggml", ", ".join(figures))
+                 else "ggml", "/plain" if plain else "", ", ".join(figures))
 
 
 def _best_time(fn: object, reps: int = 3) -> float:

@@ -38,6 +38,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_weight_row_align": (i32, [vp]),
         "tm_weight_dequantize": (i32, [vp, i64, i64, vp, i32]),
         "tm_weight_plain_blocks": (i32, [vp, i64, i64, vp]),
+        "tm_weight_matmul_plain": (i32, [vp, vp, i64, vp, i64, i64, vp, sz, i32]),
         "tm_matmul": (i32, [ctypes.POINTER(vp), _c_i64p, i32, vp, i64, i64, vp, i64, i32]),
         "tm_matmul_grouped": (i32, [ctypes.POINTER(vp), i32, _c_i64p, _c_i64p, vp, i64, vp, i64, i32]),
         "tm_get_rows": (None, [i32, vp, i64, vp, i64, vp]),
@@ -166,6 +167,21 @@ class GgmlWeight:
         if self._lib.tm_weight_plain_blocks(self.handle, r0, rows, out.ctypes.data):
             raise ValueError(f"cannot read plain blocks back from layout {self.layout!r}")
         return out
+
+    @property
+    def plain_matmul(self) -> bool:
+        """A repacked layout that matmul_plain can multiply on ggml's plain-block kernel (read back a tile at a
+        time): repacked Q4_K."""
+        return self.repacked and self.row_align == 8
+
+    def matmul_plain(self, x_ptr: int, m: int, y_ptr: int, ldy: int, col0: int, scratch_ptr: int,
+                     scratch_bytes: int, n_threads: int) -> None:
+        """y[:, col0 : col0 + n] = x (m, k) fp32 . W^T on ggml's plain-block kernel, the rows read back from the
+        repacked layout into `scratch` a tile at a time (only where plain_matmul). y: (m, ldy) fp32."""
+        rc = self._lib.tm_weight_matmul_plain(self.handle, x_ptr, m, y_ptr, ldy, col0, scratch_ptr, scratch_bytes,
+                                              n_threads)
+        if rc:
+            raise RuntimeError(f"ggml plain-block matmul of a {self.layout!r} weight failed (status {rc})")
 
     def __del__(self) -> None:
         h, self.handle = getattr(self, "handle", 0), 0

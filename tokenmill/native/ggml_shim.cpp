@@ -10,6 +10,7 @@
 // tm_matmul computes y[m, off_i : off_i + N_i] = x[m, :] . W_i[n, :] for every weight i of a fused layer
 // (q|k|v, gate|up), all in one ggml graph. x: (M, K) fp32 row-major; y: (M, ldy) fp32 row-major.
 // Like llama.cpp, ggml quantizes x per row to 8 bits (Q8_0 / Q8_K) before the integer dot products.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -382,6 +383,37 @@ int tm_weight_plain_blocks(void* h, int64_t r0, int64_t rows, void* out) {
     const int64_t nb = k / kQK;
     const auto* src = (const RepackedQ4K*)w->t->data + (r0 / 8) * nb;
     for (int64_t g = 0; g < rows / 8; ++g) unrepack_q4k_group(src + g * nb, nb, interleave, (PlainQ4K*)out + g * 8 * nb);
+    return 0;
+}
+
+// y[:, col0 : col0 + N] = x . W^T for a repacked Q4_K weight, on ggml's plain-block Q4_K matmul: rows are
+// read back into the file's blocks a tile at a time (as many whole 8-row groups as fit in `scratch_bytes`),
+// and each tile is multiplied as a zero-copy plain weight over `scratch`. ggml's repacked Q4_K kernel is the
+// faster one for decode batches, its plain tiled one for prompts (on a Zen 4 EPYC, a 7B file's prefill:
+// 26-28 against 12-14 tok/s; benchmarks/README.md): this gives a repacked matrix the plain one for big
+// batches with one layout in memory. The result is exactly what a plain weight of the same blocks gives.
+// Returns 0, -1 where the layout cannot be read back or scratch holds no 8-row group, else tm_matmul's status.
+int tm_weight_matmul_plain(void* h, const float* x, int64_t m, float* y, int64_t ldy, int64_t col0,
+                           void* scratch, size_t scratch_bytes, int n_threads) {
+    auto* w = (Weight*)h;
+    const int interleave = readable_repack(w);
+    const int64_t k = w->t->ne[0], n = w->t->ne[1], nb = k / kQK;
+    const size_t row = ggml_row_size(GGML_TYPE_Q4_K, k);
+    const int64_t step = (int64_t)(scratch_bytes / row) / 8 * 8;
+    if (!interleave || step == 0) return -1;
+    const auto* src = (const RepackedQ4K*)w->t->data;
+    for (int64_t r0 = 0; r0 < n; r0 += step) {
+        const int64_t rows = std::min(step, n - r0), groups = rows / 8;
+        int nt = rows * k >= (1 << 17) ? n_threads : 1;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+        for (int64_t g = 0; g < groups; ++g)
+            unrepack_q4k_group(src + (r0 / 8 + g) * nb, nb, interleave, (PlainQ4K*)scratch + g * 8 * nb);
+        void* tile = tm_weight_create(GGML_TYPE_Q4_K, k, rows, scratch, 0);
+        const int64_t off = col0 + r0;
+        int status = tile ? tm_matmul(&tile, &off, 1, x, m, k, y, ldy, n_threads) : -1;
+        tm_weight_free(tile);
+        if (status) return status;
+    }
     return 0;
 }
 
