@@ -40,6 +40,15 @@ def cpu_has_avx512_bf16() -> bool:
     return {"avx512f", "avx512_bf16"} <= cpu_flags()
 
 
+def bf16_reason() -> str:
+    """Why `--dtype auto` is what it is on this CPU, in a few words (for `tokenmill plan`)."""
+    if cpu_has_amx_bf16():
+        return "this CPU has AMX"
+    if cpu_has_avx512_bf16():
+        return "this CPU has AVX512_BF16"
+    return "no AMX or AVX512_BF16 here, where bf16 matmul is far slower than fp32"
+
+
 def auto_dtype(device_type: str) -> str:
     """What `--dtype auto` means here, by the CPU flags alone (the rule is compute.choose_compute)."""
     from tokenmill.compute import choose_compute

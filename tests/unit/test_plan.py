@@ -59,6 +59,9 @@ def test_plan_auto_dtype_follows_the_cpu(capsys, monkeypatch) -> None:
         assert main(args) == 0
         out = capsys.readouterr().out
         assert f"{per_token} per token" in out
+        dtype, why = ("bfloat16", "AVX512_BF16" if "avx512_bf16" in flags else "AMX") if per_token == "22.5 KiB" \
+            else ("float32", "no AMX or AVX512_BF16")
+        assert f"compute: {dtype} on cpu (--dtype auto: " in out and why in out, out
         # bf16 on AMX prepacks the weights: SmolLM2's tied 49152 x 576 output layer gets a second copy
         assert ("+ 54.0 MiB (prepacked copy of the tied output layer)" in out) == (per_token == "22.5 KiB")
 

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from tokenmill.compute import DENSE_COPY_CHOICES, DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute, choose_dense_copy
-from tokenmill.cpu_features import cpu_has_native_bf16
+from tokenmill.cpu_features import auto_dtype, bf16_reason, cpu_has_native_bf16
 from tokenmill.config import SpeculativeConfig, format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
@@ -93,6 +93,12 @@ def run_plan(args: argparse.Namespace) -> int:
     print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
           f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads of {cfg.head_dim}), context {cfg.max_position_embeddings}")
     print(f"on disk: {format_size(disk_bytes)} ({cfg.quantization})")
+    if args.dtype == "auto":
+        dtype = auto_dtype(args.device)
+        why = "CUDA" if args.device == "cuda" else bf16_reason()
+        print(f"compute: {dtype} on {args.device} (--dtype auto: {why})")
+    else:
+        print(f"compute: {args.dtype} on {args.device} (--dtype {args.dtype})")
     for line in plan.lines():
         print(line)
     per_seq_blocks = -(-min(seq_len, plan.max_seq_tokens) // args.block_size)  # a window frees the rest
