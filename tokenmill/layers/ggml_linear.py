@@ -206,7 +206,8 @@ class GGUFLinearMethod(LinearMethod):
             offsets.append(offset)
         layer.matmul = ggml.GgmlMatmul(weights, offsets, layer.out_features)
         if any(w.plain_matmul for w in weights):
-            layer.plain = [(w, off, ggml.GgmlMatmul([w], [off], layer.out_features)) for w, off in zip(weights, offsets)]
+            layer.plain = [(w, off, None if w.plain_matmul else ggml.GgmlMatmul([w], [off], layer.out_features))
+                           for w, off in zip(weights, offsets)]
         layer.dense_ok = len(layer.dense) == len(weights)
         # plain Q4_0 / Q4_1 / Q8_0 blocks: our multi-row kernel (native/block_matmul.cpp) instead of ggml's
         layer.block_mm = [(w.ggml_type, w.data_ptr, w.n, off) for w, off in zip(weights, offsets)] \
@@ -300,11 +301,11 @@ class GGUFLinearMethod(LinearMethod):
         y = torch.empty(m, layer.out_features, dtype=torch.float32)
         xp, yp = x32.data_ptr(), y.data_ptr()
         for w, off, one in layer.plain:
-            if w.plain_matmul:
+            if one is not None:  # plain blocks, or a layout ggml multiplies itself
+                one(xp, m, yp, t)
+            else:
                 scratch = self._scratch.get(_TILE_ELEMS)
                 w.matmul_plain(xp, m, yp, layer.out_features, off, scratch.data_ptr(), 4 * scratch.numel(), t)
-            else:
-                one(xp, m, yp, t)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def apply_grouped(self, layers: list[Linear], x: torch.Tensor, counts: list[int]) -> torch.Tensor | None:

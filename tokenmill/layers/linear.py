@@ -208,8 +208,8 @@ class Linear(nn.Module):
         self.dense_ok = False
         self.block_mm: list[tuple[int, int, int, int]] | None = None  # plain blocks for native/block_matmul.cpp
         self.block_amx = False  # block_mm's matrices also fit the AMX kernel (native/amx_matmul.cpp)
-        # (weight, first output column, its one-weight matmul) where a weight is ggml's repacked Q4_K, whose big
-        # batches may run on the plain-block kernel, read back a tile at a time (GGUFLinearMethod._plain)
+        # where a weight is ggml's repacked Q4_K: (weight, first output column, its one-weight matmul, or None for
+        # the repacked Q4_K ones, whose big batches run on the plain-block kernel read back: GGUFLinearMethod._plain)
         self.plain: list[tuple[Any, int, Any]] | None = None
         self.weight: nn.Parameter
         method.create_weights(self)

@@ -158,6 +158,19 @@ void unrepack_q4k_group(const RepackedQ4K* in, int64_t nb, int interleave, Plain
     else unrepack_q4k_group_b<4>(in, nb, out);
 }
 
+// Rows [r0, r0 + rows) of a repacked Q4_K weight as the file's plain blocks at out (r0, rows multiples of
+// 8; groups of 8 rows spread over n_threads when big). 0, or -1 where the layout cannot be read back.
+int read_back_q4k(const Weight* w, int64_t r0, int64_t rows, void* out, int n_threads) {
+    const int interleave = readable_repack(w);
+    if (!interleave || r0 % 8 || rows % 8) return -1;
+    const int64_t k = w->t->ne[0], nb = k / kQK, groups = rows / 8;
+    const auto* src = (const RepackedQ4K*)w->t->data + (r0 / 8) * nb;
+    const int nt = rows * k >= (1 << 17) ? n_threads : 1;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t g = 0; g < groups; ++g) unrepack_q4k_group(src + g * nb, nb, interleave, (PlainQ4K*)out + g * 8 * nb);
+    return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -372,18 +385,12 @@ int tm_weight_dequantize(void* h, int64_t r0, int64_t rows, float* out, int n_th
 // weight read back (r0, rows multiples of 8), or a copy of plain ones. -1 where unreadable. For the tests.
 int tm_weight_plain_blocks(void* h, int64_t r0, int64_t rows, void* out) {
     auto* w = (Weight*)h;
-    const int64_t k = w->t->ne[0];
-    const size_t row = ggml_row_size(w->t->type, k);
     if (!w->buf) {
+        const size_t row = ggml_row_size(w->t->type, w->t->ne[0]);
         std::memcpy(out, (const uint8_t*)w->t->data + r0 * row, rows * row);
         return 0;
     }
-    const int interleave = readable_repack(w);
-    if (!interleave || r0 % 8 || rows % 8) return -1;
-    const int64_t nb = k / kQK;
-    const auto* src = (const RepackedQ4K*)w->t->data + (r0 / 8) * nb;
-    for (int64_t g = 0; g < rows / 8; ++g) unrepack_q4k_group(src + g * nb, nb, interleave, (PlainQ4K*)out + g * 8 * nb);
-    return 0;
+    return read_back_q4k(w, r0, rows, out, 1);
 }
 
 // y[:, col0 : col0 + N] = x . W^T for a repacked Q4_K weight, on ggml's plain-block Q4_K matmul: rows are
@@ -397,17 +404,13 @@ int tm_weight_matmul_plain(void* h, const float* x, int64_t m, float* y, int64_t
                            void* scratch, size_t scratch_bytes, int n_threads) {
     auto* w = (Weight*)h;
     const int interleave = readable_repack(w);
-    const int64_t k = w->t->ne[0], n = w->t->ne[1], nb = k / kQK;
+    const int64_t k = w->t->ne[0], n = w->t->ne[1];
     const size_t row = ggml_row_size(GGML_TYPE_Q4_K, k);
     const int64_t step = (int64_t)(scratch_bytes / row) / 8 * 8;
     if (!interleave || step == 0) return -1;
-    const auto* src = (const RepackedQ4K*)w->t->data;
     for (int64_t r0 = 0; r0 < n; r0 += step) {
-        const int64_t rows = std::min(step, n - r0), groups = rows / 8;
-        int nt = rows * k >= (1 << 17) ? n_threads : 1;
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-        for (int64_t g = 0; g < groups; ++g)
-            unrepack_q4k_group(src + (r0 / 8 + g) * nb, nb, interleave, (PlainQ4K*)scratch + g * 8 * nb);
+        const int64_t rows = std::min(step, n - r0);
+        read_back_q4k(w, r0, rows, scratch, n_threads);
         void* tile = tm_weight_create(GGML_TYPE_Q4_K, k, rows, scratch, 0);
         const int64_t off = col0 + r0;
         int status = tile ? tm_matmul(&tile, &off, 1, x, m, k, y, ldy, n_threads) : -1;
