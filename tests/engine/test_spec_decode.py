@@ -59,7 +59,17 @@ def plain() -> LLM:
 
 @pytest.fixture(scope="module")
 def spec() -> LLM:
-    return LLM(**BASE, speculative_config=SPEC)
+    # as vLLM's LLM takes it: a dict of the config's fields
+    llm = LLM(**BASE, speculative_config=dict(vars(SPEC)))
+    assert llm.engine.config.speculative_config == SPEC
+    return llm
+
+
+def test_offline_speculative_config_is_checked_before_loading() -> None:
+    with pytest.raises(ValueError, match="unknown speculative-config field.*num_tokens"):
+        LLM(**BASE, speculative_config={"method": "ngram", "num_tokens": 4})
+    with pytest.raises(ValueError):
+        LLM(**BASE, speculative_config='{"method": "medusa"}')
 
 
 def chat(llm: LLM, text: str) -> list[int]:

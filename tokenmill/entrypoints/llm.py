@@ -15,7 +15,7 @@ from typing import Any, Sequence, TypeVar
 import pydantic
 from tqdm.auto import tqdm
 
-from tokenmill.config import EngineConfig, parse_size
+from tokenmill.config import EngineConfig, SpeculativeConfig, parse_size
 from tokenmill.engine.beam_search import BeamSearch, BeamSearchParams, Hypothesis
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.engine.llm_engine import LLMEngine
@@ -67,6 +67,8 @@ class LLM:
             raise TypeError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
         if "kv_cache_memory" in kwargs:
             kwargs["kv_cache_memory"] = parse_size(kwargs["kv_cache_memory"])
+        if isinstance(kwargs.get("speculative_config"), (dict, str)):  # vLLM's LLM takes the dict
+            kwargs["speculative_config"] = SpeculativeConfig.parse(kwargs["speculative_config"])
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs), progress=progress)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
