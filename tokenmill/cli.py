@@ -44,12 +44,16 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
     g.add_argument("--dense-copy", choices=DENSE_COPY_CHOICES, default="auto",
                    help="GGUF blocks on CPU: also keep a dense copy of the matmul weights for batches past the "
                         "block kernels' crossover (more memory, faster batches). auto (default): only with bf16 "
-                        "on an AMX CPU and when the copy takes at most 1/8 of RAM; `tokenmill plan` shows it")
+                        "compute oneDNN can prepack (CPUs with AMX or AVX512_BF16) and when the copy takes at most "
+                        "1/8 of RAM; `tokenmill plan` shows it")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 5}\', \'{"method": "draft_model", "model": "small.gguf"}\' or '
                         '\'{"method": "layer_skip", "num_draft_layers": 8}\' (README "Speculative decoding"; off '
                         'by default)')
+    g.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                   help="a Jinja chat template (a file's path, or the template text itself) to use instead of the "
+                        "model's: for a GGUF without one, or to change how chats are rendered")
 
 
 def engine_config_from_args(args: argparse.Namespace, model: str | None = None) -> EngineConfig:
@@ -58,7 +62,8 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
         block_size=args.block_size, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, device=args.device, dtype=args.dtype, seed=args.seed,
         num_threads=args.num_threads, quantization=None if args.quantization == "auto" else args.quantization,
-        dense_copy=args.dense_copy, speculative_config=SpeculativeConfig.parse(args.speculative_config))
+        dense_copy=args.dense_copy, speculative_config=SpeculativeConfig.parse(args.speculative_config),
+        chat_template=getattr(args, "chat_template", None))
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:

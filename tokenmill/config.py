@@ -148,6 +148,8 @@ class EngineConfig:
     # (compute.choose_dense_copy says when auto keeps it)
     dense_copy: str = "auto"
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
+    # vLLM's --chat-template: a Jinja file's path or the template itself, replacing the model's own
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -54,3 +54,37 @@ def test_vllm_prompt_dicts_are_read_and_other_shapes_refused(llm: Any) -> None:
             llm.generate(["Hello", bad], params)  # type: ignore[list-item]
         assert e.value.field == "prompt"
         assert not llm.engine.has_unfinished_requests()
+
+
+def test_vllm_offline_signatures_and_chat_template_options(llm: Any) -> None:
+    """vLLM's keyword names (generate(prompts, sampling_params=), chat(messages, sampling_params=)),
+    get_tokenizer(), and chat's continue_final_message, chat_template and chat_template_kwargs."""
+    params = SamplingParams(temperature=0, max_tokens=3)
+    by_keyword = llm.generate(prompts=["The capital of France is"], sampling_params=params)[0]
+    assert by_keyword.outputs[0].token_ids == llm.generate("The capital of France is", params)[0].outputs[0].token_ids
+    tok = llm.get_tokenizer()
+    assert tok.encode("hello") == llm.tokenizer.encode("hello")
+
+    conv = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+    cont = llm.chat(messages=conv, sampling_params=params, continue_final_message=True)[0]
+    want = llm.engine.input_processor.render_chat(conv, False, continue_final_message=True)
+    assert cont.prompt_token_ids == tok.encode(want) and want.rstrip().endswith("The colour is")
+    with pytest.raises(ParamError, match="Cannot set both") as e:
+        llm.chat(conv, params, continue_final_message=True, add_generation_prompt=True)
+    assert e.value.field == "continue_final_message"
+
+    # a template of our own that reads a variable: the kwargs reach it, and change the prompt
+    template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}"
+                "[no thinking]{% endif %}{% endif %}")
+    user = [{"role": "user", "content": "hi"}]
+    on, off = (llm.chat(user, params, chat_template=template, chat_template_kwargs=kw)[0]
+               for kw in (None, {"enable_thinking": False}))
+    assert on.prompt_token_ids == tok.encode("<user>hi<assistant>")
+    assert off.prompt_token_ids == tok.encode("<user>hi<assistant>[no thinking]")
+    for bad, match in (({"messages": []}, "messages cannot be set"), ({"not a name": 1}, "must be identifiers"),
+                       (["enable_thinking"], "must be an object")):
+        with pytest.raises(ParamError, match=match) as e:
+            llm.chat(user, params, chat_template_kwargs=bad)  # type: ignore[arg-type]
+        assert e.value.field == "chat_template_kwargs"
+    assert not llm.engine.has_unfinished_requests()

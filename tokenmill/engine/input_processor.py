@@ -45,6 +45,29 @@ class ProcessedPrompt:
     max_tokens: int  # resolved: the request's max_tokens, or the rest of the context when it had none
 
 
+# the variables a render sets itself: a chat_template_kwargs entry may not replace them
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt",
+                                         "continue_final_message", "bos_token", "eos_token", "chat_template",
+                                         "raise_exception", "strftime_now"})
+
+
+def check_template_kwargs(kwargs: Any) -> dict[str, Any]:
+    """vLLM's chat_template_kwargs as a fresh dict of further template variables: an object of names that
+    are not the render's own, or a ParamError naming chat_template_kwargs."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise ParamError("chat_template_kwargs", f"must be an object, got {type(kwargs).__name__}")
+    clash = sorted(k for k in kwargs if k in RESERVED_TEMPLATE_VARIABLES)
+    if clash:
+        raise ParamError("chat_template_kwargs", f"{', '.join(clash)} cannot be set here (the request's own fields "
+                                                 "and the template's helpers set them)")
+    bad = sorted(repr(k) for k in kwargs if not isinstance(k, str) or not k.isidentifier())
+    if bad:
+        raise ParamError("chat_template_kwargs", f"template variable names must be identifiers, got {', '.join(bad)}")
+    return dict(kwargs)
+
+
 class InputProcessor:
     """Turns prompts into ProcessedPrompts for one model: its tokenizer, vocabulary and context length."""
 
@@ -65,15 +88,23 @@ class InputProcessor:
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     tools: list[dict[str, Any]] | None = None, field: str = "messages", *,
-                    continue_final_message: bool = False) -> str:
-        """The chat template applied to `messages`; `continue_final_message` leaves the final message open.
+                    continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+                    template: str | None = None) -> str:
+        """The chat template (`template`, else the model's) applied to `messages`; `continue_final_message`
+        leaves the final message open; `template_kwargs` are further variables for the template (vLLM's
+        chat_template_kwargs, e.g. {"enable_thinking": false}).
 
         A template that rejects the conversation (its `raise_exception`, a missing template) is a ParamError
-        on `field`; ChatTemplateSecurityError (the sandbox refused the template: the model's fault, not the
-        request's) passes through as it is."""
+        on `field`, a kwarg that would replace one of the render's own variables a ParamError on
+        chat_template_kwargs; ChatTemplateSecurityError (the sandbox refused the template: the model's
+        fault, not the request's) passes through as it is."""
+        extra = check_template_kwargs(template_kwargs)
+        if template is not None:
+            extra["chat_template"] = template
         try:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                      tools=tools, continue_final_message=continue_final_message)
+                                                      tools=tools, continue_final_message=continue_final_message,
+                                                      **extra)
         except ChatTemplateSecurityError:
             raise
         except ChatTemplateError as e:
@@ -81,10 +112,12 @@ class InputProcessor:
 
     def render_chat_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                         tools: list[dict[str, Any]] | None = None, field: str = "messages", *,
-                        continue_final_message: bool = False) -> list[int]:
+                        continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+                        template: str | None = None) -> list[int]:
         """`render_chat`, then tokenize."""
         return self.tokenize(self.render_chat(messages, add_generation_prompt, tools, field,
-                                              continue_final_message=continue_final_message))
+                                              continue_final_message=continue_final_message,
+                                              template_kwargs=template_kwargs, template=template))
 
     @staticmethod
     def truncate(prompt_ids: list[int], params: SamplingParams) -> list[int]:

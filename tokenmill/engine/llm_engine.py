@@ -27,6 +27,7 @@ from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler_output import SchedulerOutput
 from tokenmill.structured_output import StructuredOutputManager
+from tokenmill.tokenizer.chat_template import load_chat_template
 
 if TYPE_CHECKING:
     from tokenmill.worker.worker_config import DraftConfig
@@ -78,6 +79,8 @@ class LLMEngine:
         # device, dtype and linear method: decided once, here
         self.platform = resolve_platform(config, weights=self.source.kind)
         self.model_config, self.tokenizer, matrices = read_model_header(self.source)
+        if config.chat_template is not None:
+            self.tokenizer.chat_template = load_chat_template(config.chat_template)
         cfg = self.model_config
         self.platform = self.platform.with_dense_copy(config.dense_copy,
                                                       dense_copy_bytes(cfg, self.platform.compute.dtype_bytes))

@@ -1,4 +1,4 @@
-"""The offline Python API: `LLM(model=...).generate(prompts, params)` and `.chat(conversations, params)`.
+"""The offline Python API: `LLM(model=...).generate(prompts, sampling_params)` and `.chat(messages, sampling_params)`.
 
 Tool calling offline is the chat endpoint's: `chat(..., tools=..., tool_choice=...)` renders the tools (or
 the fallback prompt) and constrains a forced choice; `parse_tool_calls(text, tools, tool_choice)` reads an
@@ -75,12 +75,15 @@ class LLM:
         self._tool_call_parser = tool_call_parser
         self._tool_prompt: ToolPrompt | None = None  # made on first use (it probes the template, logs once)
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool | None = None) -> list[RequestOutput]:
         """Generate for every prompt (text, token ids, vLLM's {"prompt": ...} or {"prompt_token_ids": ...}, or a
-        ProcessedPrompt); outputs come back in input order.
+        ProcessedPrompt); outputs come back in input order. vLLM's signature: `generate(prompts,
+        sampling_params)`, one SamplingParams for all or one per prompt.
 
         Every prompt is checked before any is queued: a bad one raises ParamError and leaves nothing behind."""
+        params = sampling_params
         if isinstance(prompts, (str, dict, ProcessedPrompt)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
@@ -117,17 +120,29 @@ class LLM:
             bar.close()
         return [done[r] for r in ids]
 
-    def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
-             params: SamplingParams | Sequence[SamplingParams] | None = None, add_generation_prompt: bool = True,
-             tools: list[dict[str, Any]] | None = None, use_tqdm: bool | None = None, *,
-             tool_choice: str | dict[str, Any] | None = None,
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool | None = None,
+             *, add_generation_prompt: bool | None = None, continue_final_message: bool = False,
+             chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+             tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, Any] | None = None,
              parallel_tool_calls: bool | None = None) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation, then generate.
+        """Apply the model's chat template to each conversation (one, or a list of them), then generate:
+        vLLM's `LLM.chat(messages, sampling_params)`.
 
+        `continue_final_message` leaves the final (assistant) message open for the model to continue (then
+        `add_generation_prompt`, otherwise true, defaults to false; both true is a ParamError, as on the server);
+        `chat_template` replaces the model's template (Jinja, rendered in the same sandbox);
+        `chat_template_kwargs` are further template variables (e.g. {"enable_thinking": False} for Qwen3).
         `tools` (OpenAI tool objects), `tool_choice` ("none", "auto" (the default with tools), "required" or
         {"type": "function", "function": {"name": ...}}) and `parallel_tool_calls` mean what they mean on
         /v1/chat/completions: a forced choice puts its JSON schema on every SamplingParams. Read the answers
         with `parse_tool_calls`. Messages are OpenAI's (assistant `tool_calls`, `tool` results)."""
+        if continue_final_message and add_generation_prompt:
+            raise ParamError("continue_final_message",
+                             "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        add_generation_prompt = not continue_final_message if add_generation_prompt is None else add_generation_prompt
+        params = sampling_params
+        conversations = messages
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
         calling = self.tool_calling(tools, tool_choice, parallel_tool_calls)
@@ -139,8 +154,14 @@ class LLM:
         prompts: list[Prompt] = []
         for c in conversations:
             messages, offered = self._tools().prepare(list(c), calling)  # type: ignore[arg-type]
-            prompts.append(processor.render_chat_ids(messages, add_generation_prompt, offered))
+            prompts.append(processor.render_chat_ids(messages, add_generation_prompt, offered,
+                                                     continue_final_message=continue_final_message,
+                                                     template_kwargs=chat_template_kwargs, template=chat_template))
         return self.generate(prompts, params, use_tqdm)
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer (tokenmill's: encode, decode, apply_chat_template), as vLLM's LLM has it."""
+        return self.tokenizer
 
     def tool_calling(self, tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None = None,
                      parallel_tool_calls: bool | None = None) -> ToolCalling | None:

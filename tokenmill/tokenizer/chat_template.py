@@ -160,6 +160,28 @@ def _make_environment() -> _StrictSandbox:
 _ENV = _make_environment()
 
 
+def load_chat_template(value: str) -> str:
+    """`--chat-template` as vLLM reads it: the path of a Jinja file, or the template text itself. The
+    template is compiled here, so a bad one fails at start with the reason (ValueError), not on the first
+    chat request."""
+    from pathlib import Path
+
+    path = Path(value).expanduser()
+    looks_like_template = "{{" in value or "{%" in value
+    if not looks_like_template and path.is_file():
+        text = path.read_text(encoding="utf-8")
+    elif looks_like_template:
+        text = value
+    else:
+        raise ValueError(f"--chat-template {value!r} is neither a readable file nor a Jinja template "
+                         "(no {{ ... }} or {% ... %} in it)")
+    try:
+        compile_chat_template(text)
+    except ChatTemplateError as e:
+        raise ValueError(f"--chat-template does not compile: {e}") from None
+    return text
+
+
 @lru_cache(maxsize=64)
 def compile_chat_template(template: str) -> jinja2.Template:
     """Compile ``template`` once (results are cached by template text).

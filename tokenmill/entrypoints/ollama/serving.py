@@ -124,7 +124,7 @@ class OllamaServing(OpenAIServing):
         else:
             messages = [*([{"role": "system", "content": system}] if system else []),
                         {"role": "user", "content": prompt}]
-            ids = await self.encode(await self._render(messages, "prompt"), special)
+            ids = await self.encode(await self._render(messages, "prompt", think=req.think), special)
         return [*req.context, *ids] if req.context else ids
 
     async def _fill_in_middle(self, prompt: str, suffix: str, system: str | None, special: bool) -> list[int]:
@@ -139,12 +139,15 @@ class OllamaServing(OpenAIServing):
         return [*bos, pre, *await self.encode(prompt, False), suf, *await self.encode(suffix, False), mid]
 
     async def _render(self, messages: list[dict[str, Any]], field: str, is_continued: bool = False,
-                      tools: list[dict[str, Any]] | None = None) -> str:
+                      tools: list[dict[str, Any]] | None = None, think: Any = None) -> str:
         """The model's chat template over `messages` (and `tools`), on a worker thread. A template that
-        rejects the conversation is a 400; one the sandbox refused is the model's fault: a 500 that says so."""
+        rejects the conversation is a 400; one the sandbox refused is the model's fault: a 500 that says so.
+        `think: false` renders with enable_thinking false, as Ollama does for a template that can think
+        (Qwen3's); other templates do not read it."""
+        kwargs = {"enable_thinking": False} if think is False else None
         try:
             return await asyncio.to_thread(self.input_processor.render_chat, messages, not is_continued, tools, field,
-                                           continue_final_message=is_continued)
+                                           continue_final_message=is_continued, template_kwargs=kwargs)
         except ChatTemplateSecurityError as e:
             raise APIError(500, f"the model's chat template was refused and nothing it attempted ran ({e}); chat "
                                 "cannot be served with this template, raw generate still works") from None
@@ -192,7 +195,7 @@ class OllamaServing(OpenAIServing):
         if calling is not None and not calling.format.skip_special_tokens:
             ro.params.skip_special_tokens = False  # the format's markers are special tokens
         messages, tools = self.tool_prompt.prepare(_plain_messages(req.messages), calling)
-        text = await self._render(messages, "messages", is_continued, tools)
+        text = await self._render(messages, "messages", is_continued, tools, think=req.think)
         prompt = self._fit(await self.encode(text), ro, "messages")
         return await self._answer(req, prompt, ro, raw_request, received, load_seconds, is_chat=True, calling=calling)
 

@@ -208,6 +208,8 @@ class ChatCompletionRequest(SamplingFields):
     # None: true, unless continue_final_message (the two cannot both be true)
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = False  # vLLM's: the model continues the final (assistant) message
+    # vLLM's: further variables for the chat template, e.g. {"enable_thinking": false} (Qwen3)
+    chat_template_kwargs: dict[str, Any] | None = None
     echo: bool | None = False  # vLLM's: the answer starts with the final message's content, if it is the assistant's
     tools: list[ChatCompletionTool] | None = None
     # None: "auto" with tools, "none" without; "required": at least one call; a NamedToolChoice: that call
@@ -225,6 +227,7 @@ class TokenizeRequest(_Request):
     add_special_tokens: bool | None = True
     add_generation_prompt: bool | None = None  # as in chat: None means true unless continue_final_message
     continue_final_message: bool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None  # with messages: as in chat
     return_token_strs: bool | None = False  # vLLM's: also the vocabulary string of each token
 
 

@@ -76,9 +76,11 @@ def build_router(ctx: ServerContext) -> APIRouter:
                 raise bad_request("give exactly one of prompt and messages", "prompt")
             if req.tools is not None and req.messages is None:
                 raise bad_request("tools go with messages", "tools")
+            if req.chat_template_kwargs is not None and req.messages is None:
+                raise bad_request("chat_template_kwargs go with messages", "chat_template_kwargs")
             if req.messages is not None:
                 ids = await chat.render(req.messages, req.add_generation_prompt, req.continue_final_message,
-                                        chat.tool_calling(req.tools))
+                                        chat.tool_calling(req.tools), req.chat_template_kwargs)
             else:
                 ids = await completions.encode(req.prompt or "", req.add_special_tokens is not False)
             tokenizer = completions.tokenizer

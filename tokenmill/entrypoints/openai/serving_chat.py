@@ -27,7 +27,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from tokenmill.engine.beam_search import BeamSearchParams
-from tokenmill.engine.input_processor import ProcessedPrompt
+from tokenmill.engine.input_processor import ProcessedPrompt, check_template_kwargs
 from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                                    ChatCompletionRequest, ChatCompletionResponse,
                                                    ChatCompletionTool, ChatDelta,
@@ -94,7 +94,8 @@ class OpenAIServingChat(OpenAIServing):
         if not req.messages:
             raise bad_request("messages must not be empty", "messages")
         prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt,
-                                                       req.continue_final_message, calling), params, "messages")
+                                                       req.continue_final_message, calling,
+                                                       req.chat_template_kwargs), params, "messages")
         self.check_admission()
         request_id = self.new_id("chatcmpl")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages])
@@ -114,15 +115,18 @@ class OpenAIServingChat(OpenAIServing):
         return result if result is not None else Response(status_code=499)
 
     async def render(self, messages: list[ChatMessage], add_generation_prompt: bool | None = None,
-                     continue_final_message: bool | None = False, calling: ToolCalling | None = None) -> list[int]:
+                     continue_final_message: bool | None = False, calling: ToolCalling | None = None,
+                     template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Chat template + tokenize (the engine's InputProcessor), on a worker thread; the tools and the
         history's calls as the template takes them (ToolPrompt).
 
         `add_generation_prompt` None means true unless `continue_final_message`; both true is a 400 (vLLM's
         wording), and so is continuing a final message that is not the assistant's. A template that rejects
         the conversation (e.g. its `raise_exception`) is a 400 on `messages`; one the sandbox refused is the
-        model's fault, not the request's: a 500 that says so.
+        model's fault, not the request's: a 500 that says so. `template_kwargs` (vLLM's chat_template_kwargs)
+        are further template variables; one that would replace the render's own is a 400 naming the field.
         """
+        check_template_kwargs(template_kwargs)
         is_continued = bool(continue_final_message)
         if is_continued and add_generation_prompt:
             raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
@@ -135,7 +139,7 @@ class OpenAIServingChat(OpenAIServing):
 
         try:
             return await asyncio.to_thread(self.input_processor.render_chat_ids, plain, add_generation_prompt, tools,
-                                           continue_final_message=is_continued)
+                                           continue_final_message=is_continued, template_kwargs=template_kwargs)
         except ChatTemplateSecurityError as e:
             raise APIError(500, f"the model's chat template was refused and nothing it attempted ran ({e}); "
                                 "chat cannot be served with this template, completions still work") from None
