@@ -493,6 +493,7 @@ void attend_range(const AttnArgs& a, int64_t nc_rt, const float* q, int64_t G, c
     const T* kp[kTile];
     const T* vp[kTile];
     tile_rows(p0, int(p1 - p0 < kTile ? p1 - p0 : kTile), nrk, nrv);
+    int pf_n = 0;
     for (int64_t pos = p0; pos < p1; pos += kTile) {
         const int n = int(p1 - pos < kTile ? p1 - pos : kTile);
         std::memcpy(rk, nrk, sizeof(rk));
@@ -502,17 +503,21 @@ void attend_range(const AttnArgs& a, int64_t nc_rt, const float* q, int64_t G, c
         if (pos + kTile < p1) {
             const int nn = int(p1 - pos - kTile < kTile ? p1 - pos - kTile : kTile);
             tile_rows(pos + kTile, nn, nrk, nrv);
-            for (int j = 0; j < nn; ++j)
-                for (int64_t b = 0; b < span_bytes; b += 64) {
-                    __builtin_prefetch(reinterpret_cast<const char*>(nrk[j]) + b, 0, 3);
-                    __builtin_prefetch(reinterpret_cast<const char*>(nrv[j]) + b, 0, 3);
-                }
+            pf_n = nn;
+        } else {
+            pf_n = 0;
         }
         for (int64_t r = 0; r < R; ++r) {
             const int64_t e = ends[r] - pos, nr = e < 0 ? 0 : e < kTile ? e : kTile;
             for (int64_t g = 0; g < G / R; ++g) ns[size_t(r * (G / R) + g)] = int(nr);
         }
         for (int64_t h = 0; h < h1 - h0; ++h) {
+            // the next tile's lines of this head, requested into L2 while this one is worked on
+            for (int j = 0; j < pf_n; ++j)
+                for (int64_t b = h * hd * int64_t(sizeof(T)); b < (h + 1) * hd * int64_t(sizeof(T)); b += 64) {
+                    __builtin_prefetch(reinterpret_cast<const char*>(nrk[j]) + b, 0, 2);
+                    __builtin_prefetch(reinterpret_cast<const char*>(nrv[j]) + b, 0, 2);
+                }
             for (int j = 0; j < kTile; ++j) kp[j] = rk[j] + h * hd, vp[j] = rv[j] + h * hd;
             const int64_t q0 = h * G;
             attend_tile_heads<T, NCT>(NC, G, q + q0 * hd, kp, vp, n, ns.data(), m + q0, l + q0, acc + q0 * hd);
