@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenmill.config import EngineConfig, SpeculativeConfig, parse_size
+from tokenmill.entrypoints.openai.reasoning import PARSERS as REASONING_PARSERS
 from tokenmill.entrypoints.openai.tool_parsers.registry import PARSER_CHOICES
 
 
@@ -222,6 +223,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="the format chat reads tool calls in (tool_choice auto): hermes (Hermes, Qwen), llama3_json "
                         "(Llama 3.1+), mistral; auto (default): detected from the chat template, hermes when the "
                         "template renders no tools")
+    g.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                   help="split a thinking model's <think> ... </think> text from its answer: chat returns it as "
+                        "reasoning_content (Ollama: thinking). qwen3 (Qwen3, QwQ) and deepseek_r1 (DeepSeek-R1 and "
+                        "its distills) read the same tags; default: off, the text stays in the content")
     g.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"])
 
 

@@ -70,7 +70,7 @@ def test_ollama_think_false_turns_thinking_off(app: Any) -> None:
     assert r.json()["prompt_eval_count"] == with_kwargs.json()["count"]
     r = call(app, "POST", "/api/chat", {"model": "SmolLM2-135M-Instruct", "messages": CHAT, "stream": False,
                                         "think": True})
-    assert r.status_code == 400 and "thinking" in r.json()["error"]
+    assert r.status_code == 400 and "--reasoning-parser" in r.json()["error"]
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [

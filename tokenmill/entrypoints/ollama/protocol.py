@@ -85,7 +85,9 @@ class GenerationFields(_Request):
     format: Literal["", "json"] | dict[str, Any] | None = None  # "json", or a JSON schema the output follows
     options: Options | None = None
     keep_alive: str | float | None = None  # "5m", "1h30m", seconds; 0 unload now, negative never
-    think: bool | Literal["high", "medium", "low"] | None = None  # only false is accepted: no thinking models
+    # true: the reasoning comes back as `thinking` (needs --reasoning-parser); false: the template's
+    # enable_thinking is false; the levels (gpt-oss's) are refused
+    think: bool | Literal["high", "medium", "low"] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None  # alternatives per token, with logprobs
     truncate: bool | None = None  # only false: a prompt that does not fit is a 400, never cut
@@ -172,6 +174,7 @@ class _Final(_Response):
 
 class GenerateResponse(_Final):
     response: str
+    thinking: str | None = None  # with think: true, the reasoning before the response
     context: list[int] | None = None  # prompt and answer token ids: send back as `context` to continue
 
 
@@ -188,6 +191,7 @@ class ToolCallAnswer(_Response):
 class AssistantMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str
+    thinking: str | None = None  # with think: true, the reasoning before the content
     tool_calls: list[ToolCallAnswer] | None = None  # the calls the model made (the done object of a stream)
 
 

@@ -45,6 +45,8 @@ from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest
                                                    GenerateResponse, GenerationFields, Message, TokenLogprob,
                                                    ToolCallAnswer, ToolCallFunctionAnswer, TopLogprob)
 from tokenmill.entrypoints.openai.protocol import ChatCompletionTool
+from tokenmill.entrypoints.openai.reasoning import ReasoningStream, prompt_opens_reasoning
+from tokenmill.entrypoints.openai.reasoning import split as split_reasoning
 from tokenmill.entrypoints.openai.serving_engine import OpenAIServing
 from tokenmill.entrypoints.openai.tool_calling import ToolCalling
 from tokenmill.entrypoints.openai.tool_parsers import ToolCallStream
@@ -70,6 +72,7 @@ class OllamaServing(OpenAIServing):
         self.card = ModelCard.of(self.engine, model.name)
         self.options = OptionsMapper(self.max_model_len, self.vocab_size)
         self.tool_prompt = ToolPrompt(self.tokenizer, ctx.config.tool_call_parser, announce=False)
+        self.reasoning_parser = ctx.config.reasoning_parser
 
     # -- checks ----------------------------------------------------------------------------------------
     def check_ollama_model(self, name: str | None) -> None:
@@ -82,8 +85,11 @@ class OllamaServing(OpenAIServing):
     def _request_options(self, req: GenerationFields) -> RequestOptions:
         """The checks generate and chat share, then the options as SamplingParams."""
         self.check_ollama_model(req.model)
-        if req.think not in (None, False):
-            raise bad_request(f'"{req.model}" does not support thinking', "think")
+        if req.think not in (None, False, True):
+            raise bad_request("think levels (high, medium, low) are gpt-oss's; send true or false", "think")
+        if req.think is True and self.reasoning_parser is None:
+            raise bad_request(f'"{req.model}" does not support thinking (Ollama\'s words): this server splits the '
+                              "thinking out only when started with --reasoning-parser (qwen3 or deepseek_r1)", "think")
         for name, what in (("truncate", "cuts a prompt"), ("shift", "shifts the context")):
             if getattr(req, name):
                 raise bad_request(f"{name}: this server never {what}; a prompt that does not fit in the context is an "
@@ -142,9 +148,9 @@ class OllamaServing(OpenAIServing):
                       tools: list[dict[str, Any]] | None = None, think: Any = None) -> str:
         """The model's chat template over `messages` (and `tools`), on a worker thread. A template that
         rejects the conversation is a 400; one the sandbox refused is the model's fault: a 500 that says so.
-        `think: false` renders with enable_thinking false, as Ollama does for a template that can think
-        (Qwen3's); other templates do not read it."""
-        kwargs = {"enable_thinking": False} if think is False else None
+        `think` true / false renders with enable_thinking true / false, as Ollama does for a template that can
+        think (Qwen3's); other templates do not read it."""
+        kwargs = {"enable_thinking": think} if isinstance(think, bool) else None
         try:
             return await asyncio.to_thread(self.input_processor.render_chat, messages, not is_continued, tools, field,
                                            continue_final_message=is_continued, template_kwargs=kwargs)
@@ -229,7 +235,11 @@ class OllamaServing(OpenAIServing):
         request_id = self.new_id("ollama")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages or []]
                               if isinstance(req, ChatRequest) else req.prompt)
-        answer = _Answer(req.model, is_chat, prompt, received, load_seconds, calling)
+        reasoning = None
+        if req.think is True:  # the answer starts inside the block when the prompt left one open
+            reasoning = ro.params.structured_outputs is None and prompt_opens_reasoning(
+                self.tokenizer.decode(prompt.prompt_token_ids[-32:], skip_special_tokens=False))
+        answer = _Answer(req.model, is_chat, prompt, received, load_seconds, calling, reasoning)
         if req.stream is not False:
             return StreamingResponse(self._stream(request_id, prompt, ro, answer), media_type=NDJSON)
         whole = await self.until_disconnect(self._collect(request_id, prompt, ro, answer), raw_request)
@@ -261,9 +271,9 @@ class OllamaServing(OpenAIServing):
                     if c.logprobs is not None and c.delta_token_ids:
                         lps = self._logprobs(c.delta_token_ids, c.logprobs[num_sent:num_sent + len(c.delta_token_ids)])
                     num_sent += len(c.delta_token_ids)
-                    text = answer.streamed_text(c.delta_text, is_final=out.finished)
-                    if text or lps:
-                        yield answer.piece(text, lps)
+                    thought, text = answer.streamed_text(c.delta_text, is_final=out.finished)
+                    if text or thought or lps:
+                        yield answer.piece(text, lps, thought)
                     if out.finished:
                         yield _line(answer.final(out, "", None))
         except APIError as e:  # headers are sent: the error goes in the stream, as Ollama's does
@@ -286,7 +296,7 @@ class _Answer:
     calls read from the text when the request has tools)."""
 
     def __init__(self, model: str, is_chat: bool, prompt: ProcessedPrompt, received: float, load_seconds: float,
-                 calling: ToolCalling | None = None) -> None:
+                 calling: ToolCalling | None = None, reasoning: bool | None = None) -> None:
         self.model = model
         self.is_chat = is_chat
         self.prompt = prompt
@@ -295,19 +305,26 @@ class _Answer:
         self.calling = calling
         # a stream with tools: the text goes through the parser, which holds back what may become a call
         self.tool_stream = ToolCallStream(calling.parser(), calling.format.new_call_id) if calling else None
+        # think: true: the reasoning split from the text first (`reasoning`: the answer starts inside it)
+        self.reasoning = reasoning
+        self.thinking = ReasoningStream(reasoning) if reasoning is not None else None
 
-    def streamed_text(self, delta_text: str, is_final: bool) -> str:
-        """The content a stream sends for `delta_text` (all of it without tools)."""
+    def streamed_text(self, delta_text: str, is_final: bool) -> tuple[str, str]:
+        """(thinking, content) a stream sends for `delta_text` (all of it content without tools or think)."""
+        thought = ""
+        if self.thinking is not None:
+            thought, delta_text = self.thinking.feed(delta_text, is_final)
         if self.tool_stream is None:
-            return delta_text
-        return self.tool_stream.feed(delta_text, is_final).content
+            return thought, delta_text
+        return thought, self.tool_stream.feed(delta_text, is_final).content
 
-    def _object(self, text: str, tool_calls: list[ToolCallAnswer] | None = None,
+    def _object(self, text: str, tool_calls: list[ToolCallAnswer] | None = None, thinking: str | None = None,
                 **fields: Any) -> GenerateResponse | ChatResponse:
         if self.is_chat:
             return ChatResponse(model=self.model, created_at=timestamp(),
-                                message=AssistantMessage(content=text, tool_calls=tool_calls), **fields)
-        return GenerateResponse(model=self.model, created_at=timestamp(), response=text, **fields)
+                                message=AssistantMessage(content=text, thinking=thinking, tool_calls=tool_calls),
+                                **fields)
+        return GenerateResponse(model=self.model, created_at=timestamp(), response=text, thinking=thinking, **fields)
 
     def _content_and_calls(self, text: str) -> tuple[str, list[ToolCallAnswer] | None]:
         """The done object's content and calls. `text` is the whole answer, or "" at the end of a stream,
@@ -320,8 +337,9 @@ class _Answer:
                  for i, c in enumerate(parsed.tool_calls)]  # a parser's arguments are a JSON object's text
         return ("" if streamed else parsed.content), calls or None
 
-    def piece(self, text: str, logprobs: list[TokenLogprob] | None) -> bytes:
-        return _line(self._object(text, done=False, logprobs=logprobs).model_dump(exclude_none=True))
+    def piece(self, text: str, logprobs: list[TokenLogprob] | None, thinking: str = "") -> bytes:
+        return _line(self._object(text, thinking=thinking or None, done=False,
+                                  logprobs=logprobs).model_dump(exclude_none=True))
 
     def final(self, out: RequestOutput, text: str, logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
         """The done object: why it ended, the counts, the durations (ns) and, for generate, the context."""
@@ -331,8 +349,11 @@ class _Answer:
         scheduled = m.first_scheduled_time if m and m.first_scheduled_time else finished
         first_token = m.first_token_time if m and m.first_token_time else finished
         context = None if self.is_chat else [*self.prompt.prompt_token_ids, *c.token_ids]
+        thought = None
+        if self.reasoning is not None and text:  # the whole answer (a stream's went out in pieces)
+            thought, text = split_reasoning(text, self.reasoning)
         content, calls = self._content_and_calls(text)
-        obj = self._object(content, calls, done=True, done_reason=c.finish_reason.value if c.finish_reason else "stop",
+        obj = self._object(content, calls, thought, done=True, done_reason=c.finish_reason.value if c.finish_reason else "stop",
                            total_duration=_ns(finished - self.received), load_duration=_ns(self.load_seconds),
                            prompt_eval_count=len(self.prompt.prompt_token_ids),
                            prompt_eval_duration=_ns(first_token - scheduled), eval_count=len(c.token_ids),

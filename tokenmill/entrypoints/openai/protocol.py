@@ -315,6 +315,8 @@ class ToolCall(_Response):
 class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None  # None when the answer is only tool calls
+    # with --reasoning-parser: the text the model thought before its answer (vLLM's field)
+    reasoning_content: str | None = _omitted_when_none()
     tool_calls: list[ToolCall] | None = _omitted_when_none()  # the calls the answer makes, in order
 
 
@@ -356,6 +358,7 @@ class ChatCompletionResponse(_Response):
 class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = _omitted_when_none()  # with --reasoning-parser
     tool_calls: list[DeltaToolCall] | None = _omitted_when_none()
 
 

@@ -43,6 +43,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
         def make(m: LoadedModel) -> OpenAIServingChat:
             chat = OpenAIServingChat(m.async_engine, m.name, ctx.metrics.model(m.name), ctx.state,
                                      ctx.config.max_waiting_requests, tool_call_parser=ctx.config.tool_call_parser,
+                                     reasoning_parser=ctx.config.reasoning_parser,
                                      accepts=pool.accepts(m.name), **options)
             template_problem = chat.check_template()
             if template_problem:

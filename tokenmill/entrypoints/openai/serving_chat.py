@@ -35,6 +35,8 @@ from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, 
                                                    ChatTopLogprob, DeltaFunctionCall, DeltaToolCall,
                                                    NamedToolChoice, ToolCall, ToolCallFunction)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, AnswerOptions, OpenAIServing, sse, sse_error
+from tokenmill.entrypoints.openai.reasoning import ReasoningStream, prompt_opens_reasoning
+from tokenmill.entrypoints.openai.reasoning import split as split_reasoning
 from tokenmill.entrypoints.openai.tool_calling import ToolCalling
 from tokenmill.entrypoints.openai.tool_parsers import StreamDelta, ToolCallStream
 from tokenmill.entrypoints.openai.tool_prompt import ToolPrompt
@@ -68,10 +70,22 @@ def messages_for_template(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, *args: Any, tool_call_parser: str = "auto", **kwargs: Any) -> None:
-        """OpenAIServing's arguments; `tool_call_parser`: --tool-call-parser (a format name, or "auto")."""
+    def __init__(self, *args: Any, tool_call_parser: str = "auto", reasoning_parser: str | None = None,
+                 **kwargs: Any) -> None:
+        """OpenAIServing's arguments; `tool_call_parser`: --tool-call-parser (a format name, or "auto");
+        `reasoning_parser`: --reasoning-parser (None: reasoning stays in the content)."""
         super().__init__(*args, **kwargs)
         self.tool_prompt = ToolPrompt(self.tokenizer, tool_call_parser)
+        self.reasoning_parser = reasoning_parser
+
+    def starts_in_reasoning(self, prompt_ids: list[int], params: SamplingParams) -> bool | None:
+        """None without a reasoning parser; else whether the answer starts inside a <think> block: the
+        prompt left one open, and no grammar writes the answer from its first token (reasoning.py)."""
+        if self.reasoning_parser is None:
+            return None
+        if params.structured_outputs is not None:
+            return False
+        return prompt_opens_reasoning(self.tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False))
 
     async def create_chat_completion(self, req: ChatCompletionRequest,
                                      raw_request: Request) -> Response | ChatCompletionResponse:
@@ -101,17 +115,18 @@ class OpenAIServingChat(OpenAIServing):
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages])
         echo = self._echo(req)
         options = AnswerOptions.of(req)
+        reasoning = self.starts_in_reasoning(prompt.prompt_token_ids, params)
         if beams is not None:
-            collect = self._collect_beams(request_id, prompt, beams, echo, options)
+            collect = self._collect_beams(request_id, prompt, beams, echo, options, reasoning)
             if req.stream:
                 return StreamingResponse(self._stream_whole(collect, options), media_type="text/event-stream")
             result = await self.until_disconnect(collect, raw_request)
             return result if result is not None else Response(status_code=499)
         if req.stream:
-            return StreamingResponse(self._stream(request_id, prompt, params, echo, options, calling),
+            return StreamingResponse(self._stream(request_id, prompt, params, echo, options, calling, reasoning),
                                      media_type="text/event-stream")
-        result = await self.until_disconnect(self._collect(request_id, prompt, params, echo, options, calling),
-                                             raw_request)
+        result = await self.until_disconnect(self._collect(request_id, prompt, params, echo, options, calling,
+                                                           reasoning), raw_request)
         return result if result is not None else Response(status_code=499)
 
     async def render(self, messages: list[ChatMessage], add_generation_prompt: bool | None = None,
@@ -190,11 +205,11 @@ class OpenAIServingChat(OpenAIServing):
         return calling
 
     async def _collect_beams(self, request_id: str, prompt: ProcessedPrompt, bp: BeamSearchParams, echo: str,
-                             options: AnswerOptions) -> ChatCompletionResponse:
+                             options: AnswerOptions, reasoning: bool | None) -> ChatCompletionResponse:
         """use_beam_search: the `n` best hypotheses are the choices, best first."""
         hyps = await self.beam_search(request_id, prompt, bp)
         ids = options.return_token_ids
-        choices = [ChatChoice(index=i, message=ChatResponseMessage(content=echo + h.text),
+        choices = [ChatChoice(index=i, message=self._message(h.text, echo, None, None, reasoning)[0],
                               finish_reason="stop" if h.finished_by_eos else "length",
                               token_ids=h.token_ids if ids else None) for i, h in enumerate(hyps)]
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
@@ -208,7 +223,9 @@ class OpenAIServingChat(OpenAIServing):
         try:
             whole = await collect
             for c in whole.choices:
-                for delta, finish in ((ChatDelta(role="assistant", content=c.message.content), None),
+                first = ChatDelta(role="assistant", content=c.message.content,
+                                  reasoning_content=c.message.reasoning_content)
+                for delta, finish in ((first, None),
                                       (ChatDelta(), c.finish_reason)):
                     yield sse(ChatCompletionChunk(id=whole.id, created=whole.created, model=whole.model, choices=[
                         ChatChunkChoice(index=c.index, delta=delta, finish_reason=finish,
@@ -221,7 +238,8 @@ class OpenAIServingChat(OpenAIServing):
         yield SSE_DONE
 
     async def _collect(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
-                       options: AnswerOptions, calling: ToolCalling | None) -> ChatCompletionResponse:
+                       options: AnswerOptions, calling: ToolCalling | None,
+                       reasoning: bool | None) -> ChatCompletionResponse:
         final: RequestOutput | None = None
         async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
             async for out in outputs:
@@ -232,7 +250,8 @@ class OpenAIServingChat(OpenAIServing):
         ids = options.return_token_ids
         choices = []
         for c in final.outputs:
-            message, finish = self._message(c.text, echo, c.finish_reason.value if c.finish_reason else None, calling)
+            message, finish = self._message(c.text, echo, c.finish_reason.value if c.finish_reason else None, calling,
+                                            reasoning)
             choices.append(ChatChoice(index=c.index, message=message, finish_reason=finish, stop_reason=c.stop_reason,
                                       logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None
                                       else None, token_ids=c.token_ids if ids else None))
@@ -244,21 +263,27 @@ class OpenAIServingChat(OpenAIServing):
                                       prompt_token_ids=prompt.prompt_token_ids if ids else None)
 
     @staticmethod
-    def _message(text: str, echo: str, finish: str | None,
-                 calling: ToolCalling | None) -> tuple[ChatResponseMessage, str | None]:
-        """A choice's message and finish_reason: its text read as content and calls when it has tools."""
+    def _message(text: str, echo: str, finish: str | None, calling: ToolCalling | None,
+                 reasoning: bool | None = None) -> tuple[ChatResponseMessage, str | None]:
+        """A choice's message and finish_reason: its text read as reasoning (`reasoning` not None: the
+        parser is on, and True: the answer starts inside the block), then content and calls when it has
+        tools."""
+        thought = None
+        if reasoning is not None:
+            thought, text = split_reasoning(text, reasoning)
         if calling is None or calling.mode == "none":
-            return ChatResponseMessage(content=echo + text), finish
+            return ChatResponseMessage(content=echo + text, reasoning_content=thought), finish
         parsed = calling.parse(text)
         calls = [ToolCall(id=calling.format.new_call_id(), function=ToolCallFunction(name=c.name, arguments=c.arguments))
                  for c in parsed.tool_calls]
         if not calls:
-            return ChatResponseMessage(content=echo + parsed.content), finish
-        return (ChatResponseMessage(content=echo + parsed.content or None, tool_calls=calls),
+            return ChatResponseMessage(content=echo + parsed.content, reasoning_content=thought), finish
+        return (ChatResponseMessage(content=echo + parsed.content or None, reasoning_content=thought, tool_calls=calls),
                 "tool_calls" if finish == "stop" else finish)
 
     async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
-                      options: AnswerOptions, calling: ToolCalling | None) -> AsyncIterator[bytes]:
+                      options: AnswerOptions, calling: ToolCalling | None,
+                      reasoning: bool | None) -> AsyncIterator[bytes]:
         created = int(time.time())
         num_prompt = len(prompt.prompt_token_ids)
         num_sent_tokens = [0] * params.n  # choice -> generated tokens already reported (logprob slices, usage)
@@ -275,6 +300,7 @@ class OpenAIServingChat(OpenAIServing):
         num_completion = 0
         streams = ([ToolCallStream(calling.parser(), calling.format.new_call_id) for _ in range(params.n)]
                    if calling is not None and calling.mode != "none" else None)
+        thinking = [ReasoningStream(reasoning) for _ in range(params.n)] if reasoning is not None else None
         try:
             role_sent = False
             async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
@@ -296,14 +322,19 @@ class OpenAIServingChat(OpenAIServing):
                         if c.logprobs is not None and new_ids:
                             lps = self._logprobs(new_ids, c.logprobs[start:start + len(new_ids)])
                         finish = c.finish_reason.value if c.finish_reason else None
+                        text, thought = c.delta_text, None
+                        if thinking is not None:  # the reasoning first: only the rest is content (and calls)
+                            thought, text = thinking[c.index].feed(text, is_final=finish is not None)
                         if streams is None:
-                            delta = ChatDelta(content=c.delta_text) if c.delta_text else ChatDelta()
+                            delta = ChatDelta(content=text) if text else ChatDelta()
                         else:
                             stream = streams[c.index]
-                            delta = self._tool_delta(stream.feed(c.delta_text, is_final=finish is not None))
+                            delta = self._tool_delta(stream.feed(text, is_final=finish is not None))
                             finish = "tool_calls" if finish == "stop" and stream.num_calls else finish
+                        delta.reasoning_content = thought or None
                         # a chunk for news only; new ids alone are news when the client asked for them
-                        if delta.content or delta.tool_calls or lps is not None or finish is not None or (ids and new_ids):
+                        if (delta.content or delta.tool_calls or delta.reasoning_content or lps is not None
+                                or finish is not None or (ids and new_ids)):
                             yield chunk(ChatChunkChoice(
                                 index=c.index, delta=delta, logprobs=lps, finish_reason=finish,
                                 stop_reason=c.stop_reason if finish else None, token_ids=new_ids if ids else None))

@@ -27,6 +27,7 @@ class ServerConfig:
     log_requests: bool = True
     log_prompts: bool = False  # prompt text in the log, only when asked for
     tool_call_parser: str = "auto"  # the tool-call format chat reads (tool_parsers/); auto: from the template
+    reasoning_parser: str | None = None  # qwen3 / deepseek_r1: <think> text split out as reasoning (reasoning.py)
     # the models (model_pool.py)
     keep_alive: str | None = None  # an idle model's stay (Ollama's durations); None: keep_alive_seconds' rule
     models_memory: int | None = None  # bytes the loaded models may take together; None: RAM available at start
@@ -75,7 +76,8 @@ class ServerConfig:
             cors_origins=cors,
             max_waiting_requests=args.max_waiting_requests, max_request_bytes=args.max_request_bytes or None,
             request_timeout=args.request_timeout, log_prompts=args.log_prompts,
-            tool_call_parser=getattr(args, "tool_call_parser", "auto"), keep_alive=getattr(args, "keep_alive", None),
+            tool_call_parser=getattr(args, "tool_call_parser", "auto"),
+            reasoning_parser=getattr(args, "reasoning_parser", None), keep_alive=getattr(args, "keep_alive", None),
             models_memory=getattr(args, "models_memory", None), default_model=getattr(args, "default_model", None),
             host=args.host, port=args.port,
             log_level=args.log_level, access_log=args.access_log, shutdown_timeout=args.shutdown_timeout,

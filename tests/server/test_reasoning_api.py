@@ -1,0 +1,101 @@
+"""--reasoning-parser over HTTP: a thinking answer's <think> text comes back as `reasoning_content` (chat,
+streamed or not, the pieces joining to the whole) or Ollama's `thinking`, the rest as the content.
+
+The default model does not think, so the tests make it: a chat template that opens a <think> block when
+enable_thinking is true (as DeepSeek-R1's and the Qwen3 thinking models' do), and a regex constraint that
+writes a whole <think> ... </think> answer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgi_app import call
+
+MODEL = "SmolLM2-135M-Instruct"
+TEMPLATE = ("{% for m in messages %}### {{ m.role }}\n{{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}### assistant\n{% if enable_thinking %}<think>\n{% endif %}{% endif %}")
+CHAT = [{"role": "user", "content": "What is two plus two?"}]
+THINK = {"chat_template_kwargs": {"enable_thinking": True}}
+# a whole thinking answer, written by the grammar (a constrained answer starts outside the block)
+FORCED = {"structured_outputs": {"regex": "<think>\\nI add two and two\\.\\n</think>\\n\\nFour\\."}}
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tokenmill.config import EngineConfig
+    from tokenmill.engine.async_engine import AsyncEngine
+    from tokenmill.engine.llm_engine import LLMEngine
+    from tokenmill.entrypoints.ollama import router as ollama_router
+    from tokenmill.entrypoints.openai import router as openai_router
+    from tokenmill.entrypoints.server import app as server_app
+    from tokenmill.entrypoints.server.config import ServerConfig
+
+    config = EngineConfig(max_model_len=256, kv_cache_memory=32 * 2**20, dtype="float32", quantization="dequantize",
+                          chat_template=TEMPLATE)
+    engine = AsyncEngine(LLMEngine(config, progress=False))
+    yield server_app.build_app(engine, ServerConfig(log_requests=False, reasoning_parser="deepseek_r1"),
+                               routers=[openai_router.build_router, ollama_router.build_router])
+    assert not engine.is_dead, engine.dead_reason
+    engine.shutdown()
+
+
+def chat(app: Any, **body: Any) -> dict[str, Any]:
+    r = call(app, "POST", "/v1/chat/completions", {"messages": CHAT, "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def streamed(app: Any, **body: Any) -> tuple[str, str, str | None]:
+    """(reasoning, content, finish_reason) joined from a stream's deltas."""
+    r = call(app, "POST", "/v1/chat/completions", {"messages": CHAT, "temperature": 0, "stream": True, **body})
+    assert r.status_code == 200, r.text
+    reasoning, content, finish = [], [], None
+    for line in r.text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            for c in json.loads(line[6:])["choices"]:
+                reasoning.append(c["delta"].get("reasoning_content") or "")
+                content.append(c["delta"].get("content") or "")
+                finish = c["finish_reason"] or finish
+    return "".join(reasoning), "".join(content), finish
+
+
+def test_a_written_think_block_is_the_reasoning(app: Any) -> None:
+    whole = chat(app, max_tokens=64, **FORCED)
+    assert whole["message"]["reasoning_content"] == "\nI add two and two.\n"
+    assert whole["message"]["content"] == "Four." and whole["finish_reason"] == "stop"
+    assert streamed(app, max_tokens=64, **FORCED) == ("\nI add two and two.\n", "Four.", "stop")
+
+
+def test_a_block_the_template_opened_holds_the_whole_unfinished_answer(app: Any) -> None:
+    ids = call(app, "POST", "/tokenize", {"messages": CHAT, **THINK}).json()["tokens"]
+    plain = call(app, "POST", "/v1/completions", {"prompt": ids, "max_tokens": 6, "temperature": 0}).json()
+    text = plain["choices"][0]["text"]
+    assert "</think>" not in text  # the premise: it does not close the block in 6 tokens
+    whole = chat(app, max_tokens=6, **THINK)
+    assert whole["message"]["reasoning_content"] == text and whole["message"]["content"] == ""
+    assert streamed(app, max_tokens=6, **THINK) == (text, "", "length")
+
+
+def test_an_answer_without_a_block_is_all_content(app: Any) -> None:
+    whole = chat(app, max_tokens=6)
+    assert "reasoning_content" not in whole["message"] and whole["message"]["content"]
+    assert streamed(app, max_tokens=6) == ("", whole["message"]["content"], "length")
+
+
+def test_ollama_think_true_returns_the_thinking(app: Any) -> None:
+    ids = call(app, "POST", "/tokenize", {"messages": CHAT, **THINK}).json()["tokens"]
+    text = call(app, "POST", "/v1/completions", {"prompt": ids, "max_tokens": 6, "temperature": 0}).json()
+    body = {"model": MODEL, "messages": CHAT, "think": True, "options": {"num_predict": 6, "temperature": 0}}
+    r = call(app, "POST", "/api/chat", {**body, "stream": False})
+    assert r.status_code == 200, r.text
+    assert r.json()["message"]["thinking"] == text["choices"][0]["text"] and r.json()["message"]["content"] == ""
+    lines = [json.loads(x) for x in call(app, "POST", "/api/chat", body).text.splitlines()]
+    assert "".join(x["message"].get("thinking") or "" for x in lines) == r.json()["message"]["thinking"]
+    # think false: the template's block stays closed, nothing is thinking
+    r = call(app, "POST", "/api/chat", {**body, "think": False, "stream": False})
+    assert r.status_code == 200 and "thinking" not in r.json()["message"]
+    r = call(app, "POST", "/api/chat", {**body, "think": "high", "stream": False})
+    assert r.status_code == 400 and "gpt-oss" in r.json()["error"]
