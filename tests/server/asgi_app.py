@@ -10,16 +10,23 @@ from typing import Any
 import httpx
 
 
-def in_process_app(**config: Any) -> Iterator[Any]:
+def in_process_app(server: Any = None, **config: Any) -> Iterator[Any]:
     """For a fixture: `yield from in_process_app(max_model_len=256, ...)` yields the app (EngineConfig
-    fields as keywords), then checks that the engine is still alive and shuts it down."""
+    fields as keywords), then checks that the engine is still alive and shuts it down. `server`: a
+    ServerConfig, served with the Ollama routes beside the OpenAI ones (as `tokenmill serve` does)."""
     from tokenmill.config import EngineConfig
     from tokenmill.engine.async_engine import AsyncEngine
     from tokenmill.engine.llm_engine import LLMEngine
+    from tokenmill.entrypoints.ollama import router as ollama_router
+    from tokenmill.entrypoints.openai import router as openai_router
     from tokenmill.entrypoints.openai.api_server import build_app
+    from tokenmill.entrypoints.server import app as server_app
 
     async_engine = AsyncEngine(LLMEngine(EngineConfig(**config), progress=False))
-    yield build_app(async_engine, log_requests=False)
+    if server is None:
+        yield build_app(async_engine, log_requests=False)
+    else:
+        yield server_app.build_app(async_engine, server, routers=[openai_router.build_router, ollama_router.build_router])
     assert not async_engine.is_dead, async_engine.dead_reason
     async_engine.shutdown()
 

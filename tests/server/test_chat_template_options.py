@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from asgi_app import call
+from asgi_app import call, in_process_app
 
 from tokenmill import LLM
+from tokenmill.entrypoints.server.config import ServerConfig
 
 # renders "[no thinking]" after the assistant header when enable_thinking is false, as Qwen3's does
 TEMPLATE = ("{% for m in messages %}### {{ m.role }}\n{{ m.content }}\n{% endfor %}"
@@ -24,21 +25,8 @@ CHAT = [{"role": "user", "content": "Say hi."}]
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     path = tmp_path_factory.mktemp("template") / "chat.jinja"
     path.write_text(TEMPLATE)
-    from tokenmill.config import EngineConfig
-    from tokenmill.engine.async_engine import AsyncEngine
-    from tokenmill.engine.llm_engine import LLMEngine
-    from tokenmill.entrypoints.ollama import router as ollama_router
-    from tokenmill.entrypoints.openai import router as openai_router
-    from tokenmill.entrypoints.server import app as server_app
-    from tokenmill.entrypoints.server.config import ServerConfig
-
-    config = EngineConfig(max_model_len=256, kv_cache_memory=32 * 2**20, dtype="float32", quantization="dequantize",
-                          chat_template=str(path))
-    engine = AsyncEngine(LLMEngine(config, progress=False))
-    yield server_app.build_app(engine, ServerConfig(log_requests=False),
-                               routers=[openai_router.build_router, ollama_router.build_router])
-    assert not engine.is_dead, engine.dead_reason
-    engine.shutdown()
+    yield from in_process_app(ServerConfig(log_requests=False), max_model_len=256, kv_cache_memory=32 * 2**20,
+                              dtype="float32", quantization="dequantize", chat_template=str(path))
 
 
 def text_of(app: Any, body: dict[str, Any]) -> str:

@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from asgi_app import call
+from asgi_app import call, in_process_app
+
+from tokenmill.entrypoints.server.config import ServerConfig
 
 MODEL = "SmolLM2-135M-Instruct"
 TEMPLATE = ("{% for m in messages %}### {{ m.role }}\n{{ m.content }}\n{% endfor %}"
@@ -24,22 +26,10 @@ FORCED = {"structured_outputs": {"regex": "<think>\\nI add two and two\\.\\n</th
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tokenmill.config import EngineConfig
-    from tokenmill.engine.async_engine import AsyncEngine
-    from tokenmill.engine.llm_engine import LLMEngine
-    from tokenmill.entrypoints.ollama import router as ollama_router
-    from tokenmill.entrypoints.openai import router as openai_router
-    from tokenmill.entrypoints.server import app as server_app
-    from tokenmill.entrypoints.server.config import ServerConfig
-
-    config = EngineConfig(max_model_len=256, kv_cache_memory=32 * 2**20, dtype="float32", quantization="dequantize",
-                          chat_template=TEMPLATE)
-    engine = AsyncEngine(LLMEngine(config, progress=False))
-    yield server_app.build_app(engine, ServerConfig(log_requests=False, reasoning_parser="deepseek_r1"),
-                               routers=[openai_router.build_router, ollama_router.build_router])
-    assert not engine.is_dead, engine.dead_reason
-    engine.shutdown()
+def app() -> Iterator[Any]:
+    yield from in_process_app(ServerConfig(log_requests=False, reasoning_parser="deepseek_r1"), max_model_len=256,
+                              kv_cache_memory=32 * 2**20, dtype="float32", quantization="dequantize",
+                              chat_template=TEMPLATE)
 
 
 def chat(app: Any, **body: Any) -> dict[str, Any]:
