@@ -17,7 +17,8 @@ from asgi_app import call, in_process_app
 from tokenmill.entrypoints.server.config import ServerConfig
 
 MODEL = "SmolLM2-135M-Instruct"
-TEMPLATE = ("{% for m in messages %}### {{ m.role }}\n{{ m.content }}\n{% endfor %}"
+TEMPLATE = ("{% for m in messages %}### {{ m.role }}\n"
+            "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}\n{% endfor %}"
             "{% if add_generation_prompt %}### assistant\n{% if enable_thinking %}<think>\n{% endif %}{% endif %}")
 CHAT = [{"role": "user", "content": "What is two plus two?"}]
 THINK = {"chat_template_kwargs": {"enable_thinking": True}}
@@ -46,6 +47,7 @@ def streamed(app: Any, **body: Any) -> tuple[str, str, str | None]:
     for line in r.text.splitlines():
         if line.startswith("data: ") and line != "data: [DONE]":
             for c in json.loads(line[6:])["choices"]:
+                assert c["delta"].get("reasoning") == c["delta"].get("reasoning_content")
                 reasoning.append(c["delta"].get("reasoning_content") or "")
                 content.append(c["delta"].get("content") or "")
                 finish = c["finish_reason"] or finish
@@ -54,7 +56,8 @@ def streamed(app: Any, **body: Any) -> tuple[str, str, str | None]:
 
 def test_a_written_think_block_is_the_reasoning(app: Any) -> None:
     whole = chat(app, max_tokens=64, **FORCED)
-    assert whole["message"]["reasoning_content"] == "\nI add two and two.\n"
+    # under vLLM's current name and its older one (SGLang's, llama.cpp's)
+    assert whole["message"]["reasoning"] == whole["message"]["reasoning_content"] == "\nI add two and two.\n"
     assert whole["message"]["content"] == "Four." and whole["finish_reason"] == "stop"
     assert streamed(app, max_tokens=64, **FORCED) == ("\nI add two and two.\n", "Four.", "stop")
 
@@ -71,7 +74,7 @@ def test_a_block_the_template_opened_holds_the_whole_unfinished_answer(app: Any)
 
 def test_an_answer_without_a_block_is_all_content(app: Any) -> None:
     whole = chat(app, max_tokens=6)
-    assert "reasoning_content" not in whole["message"] and whole["message"]["content"]
+    assert not {"reasoning", "reasoning_content"} & set(whole["message"]) and whole["message"]["content"]
     assert streamed(app, max_tokens=6) == ("", whole["message"]["content"], "length")
 
 
@@ -89,3 +92,17 @@ def test_ollama_think_true_returns_the_thinking(app: Any) -> None:
     assert r.status_code == 200 and "thinking" not in r.json()["message"]
     r = call(app, "POST", "/api/chat", {**body, "think": "high", "stream": False})
     assert r.status_code == 400 and "gpt-oss" in r.json()["error"]
+
+
+def test_an_answer_sent_back_keeps_its_reasoning_for_the_template(app: Any) -> None:
+    """A client that appends the assistant message as it came (reasoning and all) is not refused, and a
+    template that renders past reasoning gets it as reasoning_content, whichever name it came under."""
+    message = chat(app, max_tokens=64, **FORCED)["message"]
+    history = [*CHAT, message, {"role": "user", "content": "And three plus three?"}]
+    text = call(app, "POST", "/detokenize", {"tokens": call(app, "POST", "/tokenize", {"messages": history}).json()[
+        "tokens"]}).json()["prompt"]
+    assert "### assistant\n<think>\nI add two and two.\n</think>Four.\n" in text
+    for name in ("reasoning", "reasoning_content"):
+        turn = {"role": "assistant", "content": "Four.", name: "I add."}
+        r = call(app, "POST", "/tokenize", {"messages": [*CHAT, turn, CHAT[0]]})
+        assert r.status_code == 200, r.text

@@ -162,6 +162,10 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_call_id: str | None = None  # tool messages: the call this is the result of
     tool_calls: list[ChatMessageToolCall] | None = None  # assistant turns in the history
+    # an assistant turn's reasoning, as a reasoning parser returned it (either name): the template gets it
+    # as `reasoning_content` (Qwen3's renders it for the turns after the last user message)
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -315,7 +319,9 @@ class ToolCall(_Response):
 class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None  # None when the answer is only tool calls
-    # with --reasoning-parser: the text the model thought before its answer (vLLM's field)
+    # with --reasoning-parser: the text the model thought before its answer, under both names clients
+    # read: vLLM's `reasoning` (since 0.18) and `reasoning_content` (vLLM's before, SGLang's, llama.cpp's)
+    reasoning: str | None = _omitted_when_none()
     reasoning_content: str | None = _omitted_when_none()
     tool_calls: list[ToolCall] | None = _omitted_when_none()  # the calls the answer makes, in order
 
@@ -358,7 +364,8 @@ class ChatCompletionResponse(_Response):
 class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
-    reasoning_content: str | None = _omitted_when_none()  # with --reasoning-parser
+    reasoning: str | None = _omitted_when_none()  # with --reasoning-parser, under both names (as the message)
+    reasoning_content: str | None = _omitted_when_none()
     tool_calls: list[DeltaToolCall] | None = _omitted_when_none()
 
 

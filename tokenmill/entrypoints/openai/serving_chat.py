@@ -65,6 +65,9 @@ def messages_for_template(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 msg[key] = getattr(m, key)
         if m.tool_calls:
             msg["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        thought = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if thought is not None and m.role == "assistant":
+            msg["reasoning_content"] = thought
         out.append(msg)
     return out
 
@@ -223,7 +226,7 @@ class OpenAIServingChat(OpenAIServing):
         try:
             whole = await collect
             for c in whole.choices:
-                first = ChatDelta(role="assistant", content=c.message.content,
+                first = ChatDelta(role="assistant", content=c.message.content, reasoning=c.message.reasoning,
                                   reasoning_content=c.message.reasoning_content)
                 for delta, finish in ((first, None),
                                       (ChatDelta(), c.finish_reason)):
@@ -272,13 +275,13 @@ class OpenAIServingChat(OpenAIServing):
         if reasoning is not None:
             thought, text = split_reasoning(text, reasoning)
         if calling is None or calling.mode == "none":
-            return ChatResponseMessage(content=echo + text, reasoning_content=thought), finish
+            return ChatResponseMessage(content=echo + text, reasoning=thought, reasoning_content=thought), finish
         parsed = calling.parse(text)
         calls = [ToolCall(id=calling.format.new_call_id(), function=ToolCallFunction(name=c.name, arguments=c.arguments))
                  for c in parsed.tool_calls]
         if not calls:
-            return ChatResponseMessage(content=echo + parsed.content, reasoning_content=thought), finish
-        return (ChatResponseMessage(content=echo + parsed.content or None, reasoning_content=thought, tool_calls=calls),
+            return ChatResponseMessage(content=echo + parsed.content, reasoning=thought, reasoning_content=thought), finish
+        return (ChatResponseMessage(content=echo + parsed.content or None, reasoning=thought, reasoning_content=thought, tool_calls=calls),
                 "tool_calls" if finish == "stop" else finish)
 
     async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
@@ -331,7 +334,7 @@ class OpenAIServingChat(OpenAIServing):
                             stream = streams[c.index]
                             delta = self._tool_delta(stream.feed(text, is_final=finish is not None))
                             finish = "tool_calls" if finish == "stop" and stream.num_calls else finish
-                        delta.reasoning_content = thought or None
+                        delta.reasoning = delta.reasoning_content = thought or None
                         # a chunk for news only; new ids alone are news when the client asked for them
                         if (delta.content or delta.tool_calls or delta.reasoning_content or lps is not None
                                 or finish is not None or (ids and new_ids)):
