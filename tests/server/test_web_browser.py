@@ -139,3 +139,40 @@ def test_chat_page_in_a_browser(server: ServerProcess, browser: Any, tmp_path: P
         context.close()
     assert not page_errors, page_errors
     assert all(url.startswith(server.url + "/") or url.startswith("data:") for url in requested), requested
+
+
+def test_a_thinking_answer_shows_its_reasoning_apart(server: ServerProcess, browser: Any) -> None:
+    """With --reasoning-parser the stream carries `reasoning` deltas before the content: the page shows them
+    in a "Thinking" box above the answer, not in it. The stream is the server's shape, played by the browser's
+    router (the shared server's model does not think)."""
+    import json
+
+    expect = playwright_api.expect
+    expect.set_options(timeout=TIMEOUT_MS)
+    deltas = [{"role": "assistant", "content": ""}, {"reasoning": "Two and ", "reasoning_content": "Two and "},
+              {"reasoning": "two make four.", "reasoning_content": "two make four."}, {"content": "It is **4**."}]
+    chunks = [{"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+               "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page_errors: list[str] = []
+    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(status=200, body=body,
+                                                                      headers={"Content-Type": "text/event-stream"}))
+    try:
+        page.goto(server.url)
+        expect(page.locator("#key-dialog")).to_be_visible()
+        page.fill("#key-input", API_KEY)
+        page.keyboard.press("Enter")
+        expect(page.locator("#model option")).to_have_count(1)
+        page.fill("#input", "What is two plus two?")
+        page.keyboard.press("Enter")
+        answer = page.locator(".message.assistant").last
+        expect(answer.locator(".body")).to_have_text("It is 4.")
+        expect(answer.locator("details.reasoning .thought")).to_have_text("Two and two make four.")
+        expect(answer.locator("details.reasoning summary")).to_have_text("Thinking")
+    finally:
+        context.close()
+    assert not page_errors, page_errors

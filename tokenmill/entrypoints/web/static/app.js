@@ -179,10 +179,11 @@
         if (chunk.error) throw new Error(chunk.error.message || JSON.stringify(chunk.error));
         for (const choice of chunk.choices || []) {
           const text = choice.delta && choice.delta.content;
-          if (text) {
-            if (firstTokenAt === null) firstTokenAt = performance.now();
-            reply.content += text;
-          }
+          // a thinking model's reasoning (--reasoning-parser), shown apart from the answer
+          const thought = choice.delta && (choice.delta.reasoning || choice.delta.reasoning_content);
+          if ((text || thought) && firstTokenAt === null) firstTokenAt = performance.now();
+          if (text) reply.content += text;
+          if (thought) reply.reasoning = (reply.reasoning || "") + thought;
         }
         if (chunk.usage) usage = chunk.usage;
         scheduleUpdate(reply);
@@ -344,6 +345,19 @@
     } else {
       body.innerHTML = window.TokenmillMarkdown.renderMarkdown(message.content);  // escaped by the renderer
       for (const pre of body.querySelectorAll("pre")) pre.append(copyButton(pre));
+      if (message.reasoning) {  // collapsed once the answer starts; the element keeps what the user chose
+        let details = element.querySelector("details.reasoning");
+        if (!details) {
+          details = document.createElement("details");
+          details.className = "reasoning";
+          details.open = !message.content;
+          const summary = document.createElement("summary");
+          summary.textContent = "Thinking";
+          details.append(summary, textDiv("thought", ""));
+          body.before(details);
+        }
+        details.querySelector(".thought").textContent = message.reasoning;
+      }
     }
     for (const extra of element.querySelectorAll(".stats, .error")) extra.remove();
     const line = message.role === "assistant" ? statsText(message) : "";
