@@ -57,7 +57,7 @@ def test_list_show_ps_version(server: ServerProcess, client: Any) -> None:
         assert info["general.architecture"] == "llama" and info["llama.context_length"] == 8192
         assert info["llama.block_count"] == 30 and info["general.parameter_count"] > 10**8
         assert info["tokenizer.ggml.tokens"] is None  # the vocabulary only with verbose
-        assert "<|im_start|>" in show.template and show.capabilities == ["completion"]
+        assert "<|im_start|>" in show.template and show.capabilities == ["completion", "tools"]
         assert re.search(r"^temperature\s+0.8$", show.parameters, re.M)
         assert re.search(r"^num_ctx\s+2048$", show.parameters, re.M)
     verbose = post(server, "/api/show", {"model": MODEL, "verbose": True})["model_info"]

@@ -92,6 +92,8 @@ def test_ollama_think_true_returns_the_thinking(app: Any) -> None:
     assert r.status_code == 200 and "thinking" not in r.json()["message"]
     r = call(app, "POST", "/api/chat", {**body, "think": "high", "stream": False})
     assert r.status_code == 400 and "gpt-oss" in r.json()["error"]
+    # the clients that ask before they send think: this model thinks (apart) here
+    assert "thinking" in call(app, "POST", "/api/show", {"model": MODEL}).json()["capabilities"]
 
 
 def test_an_answer_sent_back_keeps_its_reasoning_for_the_template(app: Any) -> None:

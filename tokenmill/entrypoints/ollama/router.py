@@ -167,7 +167,11 @@ def build_router(ctx: ServerContext) -> APIRouter:
             path = str(pool.served(m.name).source.path)
             return ShowResponse(license=card.license, modelfile=_modelfile(card, path), parameters=_parameters(card),
                                 template=card.template, details=card.details,
-                                model_info=card.model_info(bool(req.verbose)), capabilities=card.capabilities,
+                                model_info=card.model_info(bool(req.verbose)),
+                                # every model takes tools (its template's way or the fallback prompt); it
+                                # thinks apart when the server reads reasoning (--reasoning-parser)
+                                capabilities=[*card.capabilities, "tools",
+                                              *(["thinking"] if ctx.config.reasoning_parser else [])],
                                 modified_at=card.modified_at)
         return await held.answer(run)
 
