@@ -60,6 +60,10 @@ def test_a_written_think_block_is_the_reasoning(app: Any) -> None:
     assert whole["message"]["reasoning"] == whole["message"]["reasoning_content"] == "\nI add two and two.\n"
     assert whole["message"]["content"] == "Four." and whole["finish_reason"] == "stop"
     assert streamed(app, max_tokens=64, **FORCED) == ("\nI add two and two.\n", "Four.", "stop")
+    # vLLM's include_reasoning false: the reasoning is left out, and still not content
+    quiet = chat(app, max_tokens=64, include_reasoning=False, **FORCED)["message"]
+    assert quiet["content"] == "Four." and not {"reasoning", "reasoning_content"} & set(quiet)
+    assert streamed(app, max_tokens=64, include_reasoning=False, **FORCED) == ("", "Four.", "stop")
 
 
 def test_a_block_the_template_opened_holds_the_whole_unfinished_answer(app: Any) -> None:

@@ -214,6 +214,8 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool | None = False  # vLLM's: the model continues the final (assistant) message
     # vLLM's: further variables for the chat template, e.g. {"enable_thinking": false} (Qwen3)
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: with --reasoning-parser, false leaves the reasoning out of the answer (it is still not content)
+    include_reasoning: bool | None = True
     echo: bool | None = False  # vLLM's: the answer starts with the final message's content, if it is the assistant's
     tools: list[ChatCompletionTool] | None = None
     # None: "auto" with tools, "none" without; "required": at least one call; a NamedToolChoice: that call

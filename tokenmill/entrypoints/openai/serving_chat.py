@@ -212,7 +212,8 @@ class OpenAIServingChat(OpenAIServing):
         """use_beam_search: the `n` best hypotheses are the choices, best first."""
         hyps = await self.beam_search(request_id, prompt, bp)
         ids = options.return_token_ids
-        choices = [ChatChoice(index=i, message=self._message(h.text, echo, None, None, reasoning)[0],
+        choices = [ChatChoice(index=i, message=self._message(h.text, echo, None, None,
+                                                             reasoning if options.include_reasoning else None)[0],
                               finish_reason="stop" if h.finished_by_eos else "length",
                               token_ids=h.token_ids if ids else None) for i, h in enumerate(hyps)]
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
@@ -255,6 +256,8 @@ class OpenAIServingChat(OpenAIServing):
         for c in final.outputs:
             message, finish = self._message(c.text, echo, c.finish_reason.value if c.finish_reason else None, calling,
                                             reasoning)
+            if not options.include_reasoning:
+                message.reasoning = message.reasoning_content = None
             choices.append(ChatChoice(index=c.index, message=message, finish_reason=finish, stop_reason=c.stop_reason,
                                       logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None
                                       else None, token_ids=c.token_ids if ids else None))
@@ -334,7 +337,7 @@ class OpenAIServingChat(OpenAIServing):
                             stream = streams[c.index]
                             delta = self._tool_delta(stream.feed(text, is_final=finish is not None))
                             finish = "tool_calls" if finish == "stop" and stream.num_calls else finish
-                        delta.reasoning = delta.reasoning_content = thought or None
+                        delta.reasoning = delta.reasoning_content = (thought or None) if options.include_reasoning else None
                         # a chunk for news only; new ids alone are news when the client asked for them
                         if (delta.content or delta.tool_calls or delta.reasoning_content or lps is not None
                                 or finish is not None or (ids and new_ids)):

@@ -47,13 +47,15 @@ class AnswerOptions:
     include_usage: bool = False  # streamed: a last chunk with the whole request's usage
     continuous_usage: bool = False  # streamed: every choice chunk carries its choice's usage so far
     return_token_ids: bool = False  # prompt_token_ids, and each choice's token_ids
+    include_reasoning: bool = True  # chat with --reasoning-parser: the reasoning in the answer (vLLM's field)
 
     @classmethod
     def of(cls, req: SamplingFields) -> AnswerOptions:
         """vLLM's rule: continuous_usage_stats counts only together with include_usage."""
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
-        return cls(include_usage, continuous, bool(req.return_token_ids))
+        return cls(include_usage, continuous, bool(req.return_token_ids),
+                   getattr(req, "include_reasoning", True) is not False)
 
 
 class OpenAIServing:
