@@ -56,6 +56,16 @@ def aborted(server: ServerProcess) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
+def sign_in(page: Any, server: ServerProcess) -> None:
+    """Open the page without the key; its first /v1 call meets the 401 and asks for the key, once."""
+    expect = playwright_api.expect
+    page.goto(server.url)
+    expect(page.locator("#key-dialog")).to_be_visible()
+    page.fill("#key-input", API_KEY)
+    page.keyboard.press("Enter")
+    expect(page.locator("#model option")).to_have_count(1)
+
+
 def test_chat_page_in_a_browser(server: ServerProcess, browser: Any, tmp_path: Path) -> None:
     expect = playwright_api.expect
     expect.set_options(timeout=TIMEOUT_MS)
@@ -67,12 +77,7 @@ def test_chat_page_in_a_browser(server: ServerProcess, browser: Any, tmp_path: P
     page.on("request", lambda r: requested.append(r.url))
     page.on("pageerror", lambda e: page_errors.append(str(e)))
     try:
-        # the page loads without the key; its first /v1 call meets the 401 and asks for the key, once
-        page.goto(server.url)
-        expect(page.locator("#key-dialog")).to_be_visible()
-        page.fill("#key-input", API_KEY)
-        page.keyboard.press("Enter")
-        expect(page.locator("#model option")).to_have_count(1)
+        sign_in(page, server)
         assert page.locator("#model").input_value()  # the served model, from /v1/models
         page.click("#settings-toggle")
         page.fill("#temperature", "0")
@@ -162,11 +167,7 @@ def test_a_thinking_answer_shows_its_reasoning_apart(server: ServerProcess, brow
     page.route("**/v1/chat/completions", lambda route: route.fulfill(status=200, body=body,
                                                                       headers={"Content-Type": "text/event-stream"}))
     try:
-        page.goto(server.url)
-        expect(page.locator("#key-dialog")).to_be_visible()
-        page.fill("#key-input", API_KEY)
-        page.keyboard.press("Enter")
-        expect(page.locator("#model option")).to_have_count(1)
+        sign_in(page, server)
         page.fill("#input", "What is two plus two?")
         page.keyboard.press("Enter")
         answer = page.locator(".message.assistant").last
