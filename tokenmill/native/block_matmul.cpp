@@ -116,14 +116,19 @@ inline float hsum8(__m256 a) {
 }
 #endif
 
-// rows [0, R) of the quantized x (row stride K) against weight row `wrow` -> y[r * ldy]
+// rows [0, R) of the quantized x (row stride K) against weight row `wrow` -> y[r * ldy]. For R > 1 the
+// AVX2 path reads the rows' scales from dT, sT (xd, xs block-major, 8 lanes a block: lane r is row r), so
+// a block's scale and offset terms for all the rows are one vector multiply and one fma: the same products,
+// and the same per-row order of the offset sums, as one scalar per row (so the same bits); one row keeps
+// the scalars (the vector forms measured slower there).
 template <int TYPE, int R>
 inline void dot_rows(const uint8_t* wrow, int64_t nb, const int16_t* xq, const float* xd, const float* xs,
-                     int64_t K, float* y, int64_t ldy) {
+                     const float* dT, const float* sT, int64_t K, float* y, int64_t ldy) {
 #ifdef TM_AVX2
     __m256 acc[R];
-    float off[R];  // the blocks' offset terms (Q4_1's min, Q4_0's -8), summed in block order
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), off[r] = 0.0f;
+    __m256 off = _mm256_setzero_ps();  // lane r: row r's offset terms (Q4_1's min, Q4_0's -8), in block order
+    float off1 = 0.0f;  // the same, for one row
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = wrow + b * block_bytes<TYPE>();
         const float dw = half_to_float(load_u16(blk));
@@ -140,6 +145,14 @@ inline void dot_rows(const uint8_t* wrow, int64_t nb, const int16_t* xq, const f
             w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));
             mw = TYPE == kQ4_1 ? half_to_float(load_u16(blk + 2)) : -8.0f * dw;
         }
+        __m256 scales;  // lane r: row r's
+        if constexpr (R == 1) {  // one row: scalars, from xd, xs (dT, sT are not made for a one-row call)
+            scales = _mm256_set1_ps(dw * xd[b]);
+            if constexpr (TYPE != kQ8_0) off1 = std::fma(mw, xs[b], off1);
+        } else {
+            scales = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(dT + 8 * b));
+            if constexpr (TYPE != kQ8_0) off = _mm256_fmadd_ps(_mm256_set1_ps(mw), _mm256_loadu_ps(sT + 8 * b), off);
+        }
         for (int r = 0; r < R; ++r) {
             const int16_t* xb = xq + r * K + 32 * b;
             const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
@@ -151,13 +164,20 @@ inline void dot_rows(const uint8_t* wrow, int64_t nb, const int16_t* xq, const f
 #else
             const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
 #endif
-            const float scale = dw * xd[r * nb + b];
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale), acc[r]);
-            if constexpr (TYPE != kQ8_0) off[r] = std::fma(mw, xs[r * nb + b], off[r]);
+            const __m256 scale = R == 1 ? scales : _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(r));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r]);
         }
     }
-    for (int r = 0; r < R; ++r) y[r * ldy] = hsum8(acc[r]) + off[r];
+    if constexpr (R == 1) {
+        (void)off;
+        y[0] = hsum8(acc[0]) + off1;
+    } else {
+        alignas(32) float offs[8];
+        _mm256_store_ps(offs, off);
+        for (int r = 0; r < R; ++r) y[r * ldy] = hsum8(acc[r]) + offs[r];
+    }
 #else
+    (void)dT, (void)sT;
     float acc[R][8], off[R];
     for (int r = 0; r < R; ++r) {
         off[r] = 0.0f;
@@ -197,25 +217,28 @@ inline void dot_rows(const uint8_t* wrow, int64_t nb, const int16_t* xq, const f
 }
 
 // weight rows [n0, n1) of W against the M quantized rows of x -> y[:, n] (rows ldy apart)
+// tr: the M rows' scales as dot_rows reads them, per 8 rows (8 lanes a block: d for nb blocks, then s)
 template <int TYPE>
 void rows_block(const uint8_t* W, int64_t n0, int64_t n1, int64_t K, const int16_t* xq, const float* xd,
-                const float* xs, int64_t M, float* y, int64_t ldy) {
+                const float* xs, const float* tr, int64_t M, float* y, int64_t ldy) {
     const int64_t nb = K / 32, row_bytes = nb * block_bytes<TYPE>();
     for (int64_t n = n0; n < n1; ++n) {
         const uint8_t* wrow = W + n * row_bytes;
         for (int64_t r = 0; r < M; r += 8) {
             const int16_t* xr = xq + r * K;
             const float *dr = xd + r * nb, *sr = xs + r * nb;
+            const float* dT = tr + (r / 8) * 16 * nb;
+            const float* sT = dT + 8 * nb;
             float* yr = y + r * ldy + n;
             switch (M - r < 8 ? M - r : 8) {
-                case 8: dot_rows<TYPE, 8>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
-                case 7: dot_rows<TYPE, 7>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
-                case 6: dot_rows<TYPE, 6>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
-                case 5: dot_rows<TYPE, 5>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
-                case 4: dot_rows<TYPE, 4>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
-                case 3: dot_rows<TYPE, 3>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
-                case 2: dot_rows<TYPE, 2>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
-                default: dot_rows<TYPE, 1>(wrow, nb, xr, dr, sr, K, yr, ldy); break;
+                case 8: dot_rows<TYPE, 8>(wrow, nb, xr, dr, sr, dT, sT, K, yr, ldy); break;
+                case 7: dot_rows<TYPE, 7>(wrow, nb, xr, dr, sr, dT, sT, K, yr, ldy); break;
+                case 6: dot_rows<TYPE, 6>(wrow, nb, xr, dr, sr, dT, sT, K, yr, ldy); break;
+                case 5: dot_rows<TYPE, 5>(wrow, nb, xr, dr, sr, dT, sT, K, yr, ldy); break;
+                case 4: dot_rows<TYPE, 4>(wrow, nb, xr, dr, sr, dT, sT, K, yr, ldy); break;
+                case 3: dot_rows<TYPE, 3>(wrow, nb, xr, dr, sr, dT, sT, K, yr, ldy); break;
+                case 2: dot_rows<TYPE, 2>(wrow, nb, xr, dr, sr, dT, sT, K, yr, ldy); break;
+                default: dot_rows<TYPE, 1>(wrow, nb, xr, dr, sr, dT, sT, K, yr, ldy); break;
             }
         }
     }
@@ -233,12 +256,31 @@ void block_matmul(const uint8_t* const* W, int64_t groups, const int64_t* starts
     quantize_rows(x, ldx, M, K, qx);
     const int16_t* xq = qx.q.data();
     const float *xd = qx.d.data(), *xs = qx.s.data();
+    // each group's rows' scales, 8 rows at a time, block-major (rows_block's `tr`)
+    thread_local std::vector<float> tr;
+    thread_local std::vector<int64_t> toff;
+    toff.assign(size_t(groups + 1), 0);
+    for (int64_t g = 0; g < groups; ++g)  // none for a one-row call: dot_rows<1> reads xd, xs
+        toff[g + 1] = toff[g] + (M > 1 ? (std::max<int64_t>(counts[g], 0) + 7) / 8 * 16 * nb : 0);
+    tr.assign(size_t(toff[groups]), 0.0f);
+    for (int64_t g = 0; g < groups && M > 1; ++g)
+        for (int64_t i = 0; i < counts[g]; ++i) {
+            float* dT = tr.data() + toff[g] + (i / 8) * 16 * nb;
+            const int64_t row = starts[g] + i;
+            for (int64_t b = 0; b < nb; ++b) {
+                dT[8 * b + i % 8] = xd[row * nb + b];
+                dT[8 * nb + 8 * b + i % 8] = xs[row * nb + b];
+            }
+        }
+    // plain pointers for the threads (a thread_local named in the lambda would be each thread's own)
+    const float* trp = tr.data();
+    const int64_t* toffp = toff.data();
     const int64_t chunks = (N + 15) / 16, items = groups * chunks;
     auto item = [&](int64_t it) {
         const int64_t g = it / chunks, c = it % chunks, r0 = starts[g], m = counts[g];
         if (m <= 0) return;
         rows_block<TYPE>(W[g], 16 * c, std::min<int64_t>(N, 16 * c + 16), K, xq + r0 * K, xd + r0 * nb,
-                         xs + r0 * nb, m, y + r0 * ldy, ldy);
+                         xs + r0 * nb, trp + toffp[g], m, y + r0 * ldy, ldy);
     };
 #if defined(_OPENMP)
     if (nthreads > 1 && items > 1) {
