@@ -74,6 +74,11 @@ def test_a_block_the_template_opened_holds_the_whole_unfinished_answer(app: Any)
     whole = chat(app, max_tokens=6, **THINK)
     assert whole["message"]["reasoning_content"] == text and whole["message"]["content"] == ""
     assert streamed(app, max_tokens=6, **THINK) == (text, "", "length")
+    # beam search reads its answers the same way; include_reasoning false leaves the thinking out, not in
+    beams = call(app, "POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 6, "use_beam_search": True,
+                                                      "n": 2, "include_reasoning": False, **THINK})
+    assert beams.status_code == 200, beams.text
+    assert all(c["message"]["content"] == "" and "reasoning" not in c["message"] for c in beams.json()["choices"])
 
 
 def test_an_answer_without_a_block_is_all_content(app: Any) -> None:

@@ -45,7 +45,7 @@ from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest
                                                    GenerateResponse, GenerationFields, Message, TokenLogprob,
                                                    ToolCallAnswer, ToolCallFunctionAnswer, TopLogprob)
 from tokenmill.entrypoints.openai.protocol import ChatCompletionTool
-from tokenmill.entrypoints.openai.reasoning import ReasoningStream, prompt_opens_reasoning
+from tokenmill.entrypoints.openai.reasoning import ReasoningStream, starts_inside
 from tokenmill.entrypoints.openai.reasoning import split as split_reasoning
 from tokenmill.entrypoints.openai.serving_engine import OpenAIServing
 from tokenmill.entrypoints.openai.tool_calling import ToolCalling
@@ -235,10 +235,9 @@ class OllamaServing(OpenAIServing):
         request_id = self.new_id("ollama")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages or []]
                               if isinstance(req, ChatRequest) else req.prompt)
-        reasoning = None
-        if req.think is True:  # the answer starts inside the block when the prompt left one open
-            reasoning = ro.params.structured_outputs is None and prompt_opens_reasoning(
-                self.tokenizer.decode(prompt.prompt_token_ids[-32:], skip_special_tokens=False))
+        reasoning = None  # think: true splits the thinking out (reasoning.py)
+        if req.think is True:
+            reasoning = starts_inside(self.tokenizer, prompt.prompt_token_ids, ro.params.structured_outputs is not None)
         answer = _Answer(req.model, is_chat, prompt, received, load_seconds, calling, reasoning)
         if req.stream is not False:
             return StreamingResponse(self._stream(request_id, prompt, ro, answer), media_type=NDJSON)

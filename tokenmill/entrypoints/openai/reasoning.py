@@ -19,6 +19,8 @@ held back until it is whole; an answer cut off inside its reasoning (max_tokens)
 
 from __future__ import annotations
 
+from typing import Any
+
 START, END = "<think>", "</think>"
 PARSERS = ("qwen3", "deepseek_r1")  # vLLM's names; both read START ... END
 
@@ -27,6 +29,12 @@ def prompt_opens_reasoning(prompt_tail: str) -> bool:
     """Whether a prompt ending in `prompt_tail` leaves a <think> block open: the answer starts inside it."""
     start = prompt_tail.rfind(START)
     return start >= 0 and prompt_tail.rfind(END) < start
+
+
+def starts_inside(tokenizer: Any, prompt_ids: list[int], constrained: bool) -> bool:
+    """Whether the answer to `prompt_ids` starts inside a <think> block: the prompt's end (its last 32
+    tokens, special ones included) left one open, and no grammar writes the answer from its first token."""
+    return not constrained and prompt_opens_reasoning(tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False))
 
 
 def _held(text: str, tag: str) -> int:

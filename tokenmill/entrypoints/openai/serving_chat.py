@@ -27,7 +27,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from tokenmill.engine.beam_search import BeamSearchParams
-from tokenmill.engine.input_processor import ProcessedPrompt, check_template_kwargs
+from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                                    ChatCompletionRequest, ChatCompletionResponse,
                                                    ChatCompletionTool, ChatDelta,
@@ -35,7 +35,7 @@ from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, 
                                                    ChatTopLogprob, DeltaFunctionCall, DeltaToolCall,
                                                    NamedToolChoice, ToolCall, ToolCallFunction)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, AnswerOptions, OpenAIServing, sse, sse_error
-from tokenmill.entrypoints.openai.reasoning import ReasoningStream, prompt_opens_reasoning
+from tokenmill.entrypoints.openai.reasoning import ReasoningStream, starts_inside
 from tokenmill.entrypoints.openai.reasoning import split as split_reasoning
 from tokenmill.entrypoints.openai.tool_calling import ToolCalling
 from tokenmill.entrypoints.openai.tool_parsers import StreamDelta, ToolCallStream
@@ -82,13 +82,10 @@ class OpenAIServingChat(OpenAIServing):
         self.reasoning_parser = reasoning_parser
 
     def starts_in_reasoning(self, prompt_ids: list[int], params: SamplingParams) -> bool | None:
-        """None without a reasoning parser; else whether the answer starts inside a <think> block: the
-        prompt left one open, and no grammar writes the answer from its first token (reasoning.py)."""
+        """None without a reasoning parser; else whether the answer starts inside a <think> block."""
         if self.reasoning_parser is None:
             return None
-        if params.structured_outputs is not None:
-            return False
-        return prompt_opens_reasoning(self.tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False))
+        return starts_inside(self.tokenizer, prompt_ids, params.structured_outputs is not None)
 
     async def create_chat_completion(self, req: ChatCompletionRequest,
                                      raw_request: Request) -> Response | ChatCompletionResponse:
@@ -144,7 +141,6 @@ class OpenAIServingChat(OpenAIServing):
         model's fault, not the request's: a 500 that says so. `template_kwargs` (vLLM's chat_template_kwargs)
         are further template variables; one that would replace the render's own is a 400 naming the field.
         """
-        check_template_kwargs(template_kwargs)
         is_continued = bool(continue_final_message)
         if is_continued and add_generation_prompt:
             raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
@@ -161,8 +157,8 @@ class OpenAIServingChat(OpenAIServing):
         except ChatTemplateSecurityError as e:
             raise APIError(500, f"the model's chat template was refused and nothing it attempted ran ({e}); "
                                 "chat cannot be served with this template, completions still work") from None
-        except ValueError as e:  # the template's ParamError on messages
-            raise bad_request(str(e), "messages") from None
+        except ParamError as e:  # the template's on messages, or a bad chat_template_kwargs
+            raise bad_request(e.message, e.field) from None
 
     def check_template(self) -> str | None:
         """Render a one-message conversation once at start: the problem, if the sandbox refuses the template."""
@@ -212,8 +208,8 @@ class OpenAIServingChat(OpenAIServing):
         """use_beam_search: the `n` best hypotheses are the choices, best first."""
         hyps = await self.beam_search(request_id, prompt, bp)
         ids = options.return_token_ids
-        choices = [ChatChoice(index=i, message=self._message(h.text, echo, None, None,
-                                                             reasoning if options.include_reasoning else None)[0],
+        choices = [ChatChoice(index=i, message=self._message(h.text, echo, None, None, reasoning,
+                                                             options.include_reasoning)[0],
                               finish_reason="stop" if h.finished_by_eos else "length",
                               token_ids=h.token_ids if ids else None) for i, h in enumerate(hyps)]
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
@@ -255,9 +251,7 @@ class OpenAIServingChat(OpenAIServing):
         choices = []
         for c in final.outputs:
             message, finish = self._message(c.text, echo, c.finish_reason.value if c.finish_reason else None, calling,
-                                            reasoning)
-            if not options.include_reasoning:
-                message.reasoning = message.reasoning_content = None
+                                            reasoning, options.include_reasoning)
             choices.append(ChatChoice(index=c.index, message=message, finish_reason=finish, stop_reason=c.stop_reason,
                                       logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None
                                       else None, token_ids=c.token_ids if ids else None))
@@ -270,22 +264,26 @@ class OpenAIServingChat(OpenAIServing):
 
     @staticmethod
     def _message(text: str, echo: str, finish: str | None, calling: ToolCalling | None,
-                 reasoning: bool | None = None) -> tuple[ChatResponseMessage, str | None]:
+                 reasoning: bool | None = None, include_reasoning: bool = True) -> tuple[ChatResponseMessage, str | None]:
         """A choice's message and finish_reason: its text read as reasoning (`reasoning` not None: the
-        parser is on, and True: the answer starts inside the block), then content and calls when it has
-        tools."""
+        parser is on, and True: the answer starts inside the block; shown under both names unless not
+        `include_reasoning`), then content and calls when it has tools."""
         thought = None
         if reasoning is not None:
             thought, text = split_reasoning(text, reasoning)
+        shown = thought if include_reasoning else None
+
+        def message(content: str | None, tool_calls: list[ToolCall] | None = None) -> ChatResponseMessage:
+            return ChatResponseMessage(content=content, reasoning=shown, reasoning_content=shown, tool_calls=tool_calls)
+
         if calling is None or calling.mode == "none":
-            return ChatResponseMessage(content=echo + text, reasoning=thought, reasoning_content=thought), finish
+            return message(echo + text), finish
         parsed = calling.parse(text)
         calls = [ToolCall(id=calling.format.new_call_id(), function=ToolCallFunction(name=c.name, arguments=c.arguments))
                  for c in parsed.tool_calls]
         if not calls:
-            return ChatResponseMessage(content=echo + parsed.content, reasoning=thought, reasoning_content=thought), finish
-        return (ChatResponseMessage(content=echo + parsed.content or None, reasoning=thought, reasoning_content=thought, tool_calls=calls),
-                "tool_calls" if finish == "stop" else finish)
+            return message(echo + parsed.content), finish
+        return message(echo + parsed.content or None, calls), "tool_calls" if finish == "stop" else finish
 
     async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
                       options: AnswerOptions, calling: ToolCalling | None,
