@@ -38,7 +38,8 @@ def timed(mod: Any, name: str, key: str) -> None:
 for name, key in (("paged_decode_attention", "decode attention"), ("add_rms_norm", "norms"),
                   ("silu_and_mul", "silu*mul"), ("rotary_", "rotary")):
     timed(native_paged.kernels, name, key)
-timed(ggml_linear, "packed_linear", "matmuls, dense copy")
+# the dense path: the dense copy (oneDNN at bf16), or dequantize a tile + F.linear (fp32 without a copy)
+timed(ggml_linear.GGUFLinearMethod, "_dense", "matmuls, dense path")
 timed(ggml_linear.block_matmul, "matmul", "matmuls, blocks")
 timed(paged, "prefill_attention", "prefill attention")
 timed(paged, "write_kv", "KV writes")
