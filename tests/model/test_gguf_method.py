@@ -272,6 +272,40 @@ def test_batched_equals_alone_on_ggml_kernels(monkeypatch) -> None:
     assert batched == alone
 
 
+def test_panel_kernel_against_the_dequantized_reference(llm, monkeypatch) -> None:
+    """TOKENMILL_PANEL_MIN_ROWS=1: every matmul on plain blocks (the Q4_1 layers, the Q8_0 head) takes the fp32
+    panel kernel, the dequantize engine's own fp32 weights summed in another order: fp32 rounding apart."""
+    monkeypatch.setenv("TOKENMILL_PANEL_MIN_ROWS", "1")
+    ours = ggml_engine()
+    method = ours.engine.executor.worker.model.lm_head.method
+    assert method.panel_min_rows == 1
+    for ids in corpus_ids(llm.tokenizer, 500):
+        ref, got = prompt_logits(llm, ids), prompt_logits(ours, ids)
+        rel = (ref - got).norm(dim=-1) / ref.norm(dim=-1)
+        assert float(rel.max()) < 1e-4, float(rel.max())
+        assert float((ref.argmax(-1) == got.argmax(-1)).float().mean()) >= 0.99
+
+
+def test_batched_equals_alone_on_the_panel_kernel(monkeypatch) -> None:
+    """Every step on the panel kernel, decode steps included (the native step's kernel table takes it from
+    panel_min_rows rows): each output row is one fma chain over its own input row, so batched == alone
+    exactly."""
+    monkeypatch.setenv("TOKENMILL_GGML_REPACK", "0")
+    monkeypatch.setenv("TOKENMILL_PANEL_MIN_ROWS", "1")
+    ours = ggml_engine()
+    prompts = [f"Write two sentences about {s}." for s in ("the ocean", "a violin", "bread", "Mars", "chess",
+                                                           "winter", "a river", "jazz")]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    batched = [o.outputs[0].token_ids for o in ours.generate(prompts, greedy)]
+    alone = [ours.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
+    assert batched == alone
+    # and the panel kernel's greedy text is the block kernels' (16-bit x) on these prompts
+    monkeypatch.delenv("TOKENMILL_PANEL_MIN_ROWS")
+    blocks = ggml_engine()
+    assert blocks.engine.executor.worker.model.lm_head.method.panel_min_rows is None
+    assert [o.outputs[0].token_ids for o in blocks.generate(prompts, greedy)] == batched
+
+
 @pytest.fixture(scope="module")
 def random_files(tmp_path_factory) -> dict[str, Path]:
     from tokenmill.benchmarks.random_gguf import Shape, write_random_gguf

@@ -17,7 +17,12 @@ Per call, by the number of rows M:
   AMX kernel instead (native/amx_matmul.cpp: each block dequantized to bf16 in registers, as the dense bf16
   copy holds it, and multiplied on the tile unit for up to 64 rows at a time: it reads the blocks' 4.5-8.5
   bits a weight where the dense copy reads 16, and decode steps of a few to 64 rows are bound by that);
-- above: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
+- from panel_min_rows rows (where calibrate measured it faster than the block kernel; fp32 CPUs without AMX:
+  16-32 rows on a 2-core AVX2 EPYC), plain Q4_0 / Q4_1 / Q8_0 blocks go to the fp32 panel kernel instead
+  (native/panel_matmul.cpp: 16 weight rows at a time dequantized into an L2-sized fp32 panel, every row of
+  x multiplied into it by an FMA register tile: 150-190 GFLOPS at 64-512 rows there, against ~90 for the
+  integer kernel and ~155 for dequantize + F.linear), x unrounded;
+- above max_ggml_rows: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
   compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
   compute-bound. Repacked matrices have no plain blocks left; the shim reads ggml's repacked Q4_K back
   into plain blocks a tile at a time (ggml_shim.cpp, tm_weight_dequantize), so those take this path too
@@ -60,6 +65,7 @@ log = logging.getLogger("tokenmill")
 
 _TILE_ELEMS = 1 << 22  # dense path: dequantize at most 4M values (16 MB fp32) at a time
 _CALIBRATION_ROWS = (4, 8, 16, 32, 64, 128, 256)
+_UNBOUNDED_ROWS = 1 << 40  # max_ggml_rows when no batch measured goes to the dense path
 _STEP_ROWS = 8  # the block kernel's row tile: each weight block is unpacked once for up to 8 rows
 _AMX_STEP_ROWS = 64  # the AMX kernel's: each dequantized tile serves up to 64 rows (4 tiles of 16)
 _STREAM_BYTES = 64 << 20  # calibration times layers until their blocks pass this (beyond the caches; at 16 MiB
@@ -110,6 +116,12 @@ class GGUFLinearMethod(LinearMethod):
         self.max_ggml_rows: int = int(env) if env else 16  # until calibrate() measures it
         self._fixed_rows = env is not None
         self._step_rows = 0  # calibrate(): decode steps the native step keeps on the blocks past the crossover
+        # plain blocks take the fp32 panel kernel from this many rows (None: never); calibrate() measures it,
+        # TOKENMILL_PANEL_MIN_ROWS fixes it (TOKENMILL_PANEL_MATMUL=0 turns the kernel off)
+        panel_env = os.environ.get("TOKENMILL_PANEL_MIN_ROWS")
+        self.panel_min_rows: int | None = (int(panel_env) if panel_env and block_matmul.panel_available()
+                                           else None)
+        self._fixed_panel = panel_env is not None
         # calibrate(): past the crossover, layers with repacked Q4_K take ggml's plain-block kernel (read back a
         # tile at a time: _plain) rather than dequantize + F.linear, where that measured faster
         self._big_plain = False
@@ -264,7 +276,9 @@ class GGUFLinearMethod(LinearMethod):
             y = self._ggml(layer, x)
         return y if layer.bias is None else y + layer.bias
 
-    def _ggml(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    def _ggml(self, layer: Linear, x: torch.Tensor, panel: bool | None = None) -> torch.Tensor:
+        """ggml's kernels, or ours on plain blocks: the block kernel, the AMX one, or from panel_min_rows rows
+        the fp32 panel kernel (panel: force it on or off, for calibrate)."""
         assert layer.matmul is not None, "finish_loading() builds the matmul"
         x32 = x.to(torch.float32).contiguous()
         y = torch.empty(x.shape[0], layer.out_features, dtype=torch.float32)
@@ -273,9 +287,12 @@ class GGUFLinearMethod(LinearMethod):
             xp, yp = x32.data_ptr(), y.data_ptr()
             if layer.block_mm is not None:
                 amx = self.uses_amx(layer, x.dtype, m)
+                if panel is None:
+                    panel = self.panel_min_rows is not None and m >= self.panel_min_rows
+                pan = panel and not amx
                 for qtype, wp, n, off in layer.block_mm:
                     self.threads.run(m * k * n, lambda t: block_matmul.matmul(qtype, wp, n, k, xp, m, yp + 4 * off,
-                                                                              n_out, t, amx=amx))
+                                                                              n_out, t, amx=amx, panel=pan))
             else:
                 self.threads.run(m * k * n_out, lambda t: mm(xp, m, yp, t))
         return y if x.dtype == torch.float32 else y.to(x.dtype)
@@ -375,31 +392,57 @@ class GGUFLinearMethod(LinearMethod):
         # a layer with repacked Q4_K and no dense copy has two big-batch paths: dequantize + F.linear, and ggml's
         # plain-block kernel on the blocks read back (_plain); both are timed, the faster at the crossover kept
         plain = layer.plain is not None and layer.packed is None
-        figures, best = [], 0
+        # plain blocks at fp32 (not on AMX) have two kernels of ours: the integer block kernel and the fp32 panel
+        # kernel; both are timed, and the panel takes over from the first row count where it is the faster.
+        # Once it has won twice the block kernel is not timed again (it stays near one rate as rows grow, the
+        # panel's rises: 90 against 115 -> 185 GFLOPS from 32 to 512 rows on a 2-core AVX2 EPYC)
+        timing_panel = (not self._fixed_panel and layer.block_mm is not None and block_matmul.panel_available()
+                        and not self.uses_amx(layer, dtype))
+        if timing_panel:
+            self.panel_min_rows = None
+        figures, best, panel_wins, panel_last = [], 0, 0, False
         for m in _CALIBRATION_ROWS:
             x = torch.randn(m, layer.in_features, dtype=dtype)
-            t_g = _best_time(lambda: [self._ggml(lyr, x) for lyr in group])
-            t_d = _best_time(lambda: [self._dense(lyr, x) for lyr in group])
-            t_p = _best_time(lambda: [self._plain(lyr, x) for lyr in group]) if plain else float("inf")
-            figures.append(f"M={m} {t_g * 1e3:.2f}/{t_d * 1e3:.2f}" + (f"/{t_p * 1e3:.2f}" if plain else "") + " ms")
-            if min(t_d, t_p) < t_g:
+            # from 128 rows every path is bound by arithmetic, not by the weights' bytes: a quarter of the group
+            # says the same in a quarter of the time (the load spends ~1 s less here)
+            g = group if m < 128 else group[: max(1, len(group) // 4)]
+            t_g = (_best_time(lambda: [self._ggml(lyr, x, panel=False) for lyr in g]) if panel_wins < 2
+                   else float("inf"))
+            t_q = _best_time(lambda: [self._ggml(lyr, x, panel=True) for lyr in g]) if timing_panel else float("inf")
+            t_d = _best_time(lambda: [self._dense(lyr, x) for lyr in g])
+            t_p = _best_time(lambda: [self._plain(lyr, x) for lyr in g]) if plain else float("inf")
+            figures.append(f"M={m} " + "/".join(f"{t * 1e3:.2f}" if t < float("inf") else "-" for t in
+                                                (t_g, *((t_q,) if timing_panel else ()), t_d,
+                                                 *((t_p,) if plain else ()))) + " ms")
+            if t_q < t_g:
+                panel_wins += 1
+                if self.panel_min_rows is None:
+                    self.panel_min_rows = m
+            if min(t_d, t_p) < min(t_g, t_q):
                 self._big_plain = t_p < t_d
                 break
-            best = m
+            best, panel_last = m, t_q < t_g
+        else:
+            if panel_last:  # the panel beat the dense path at the most rows timed: it keeps every size above
+                best = _UNBOUNDED_ROWS
         self.max_ggml_rows = max(best, 1)
         # decode-only steps in the native step up to the kernel's row tile, whatever the per-matmul figure:
         # on AMX at 48 and 64 rows (crossover 32) the native step on the AMX kernel took 88-95 / 108-147 ms
         # against the layer path's 109-113 / 128-154 on the dense copy (offline decode, interleaved)
         self._step_rows = _AMX_STEP_ROWS if self.uses_amx(layer, dtype) else _STEP_ROWS
-        log.info("gguf matmuls: block kernels up to %d rows (decode-only steps up to %d), %s above (measured on "
-                 "%d (%d, %d) %s layers, %s/dense%s: %s)", self.max_ggml_rows, self.max_step_rows,
-                 "the dense copy" if layer.packed is not None else
-                 "ggml's plain-block kernel (repacked Q4_K read back)" if self._big_plain else "dequantize + F.linear",
-                 len(group),
-                 layer.out_features, layer.in_features,
+        bounded = self.max_ggml_rows < _UNBOUNDED_ROWS
+        above = ("the dense copy" if layer.packed is not None else
+                 "ggml's plain-block kernel (repacked Q4_K read back)" if self._big_plain else "dequantize + F.linear")
+        log.info("gguf matmuls: block kernels %s%s, decode-only steps %s in one native call; %s (measured on %d "
+                 "(%d, %d) %s layers, %s%s/dense%s: %s)",
+                 f"up to {self.max_ggml_rows} rows" if bounded else "at any number of rows",
+                 f" (the fp32 panel kernel from {self.panel_min_rows})" if self.panel_min_rows is not None else "",
+                 f"up to {self.max_step_rows} rows" if self.max_step_rows < _UNBOUNDED_ROWS else "of any size",
+                 f"{above} above" if bounded else f"{above} never measured faster",
+                 len(group), layer.out_features, layer.in_features,
                  ggml.type_name(layer.matmul.weights[0].ggml_type),
                  ("amx_matmul" if self.uses_amx(layer, dtype) else "block_matmul") if layer.block_mm is not None
-                 else "ggml", "/plain" if plain else "", ", ".join(figures))
+                 else "ggml", "/panel_matmul" if timing_panel else "", "/plain" if plain else "", ", ".join(figures))
 
 
 def _best_time(fn: object, reps: int = 3) -> float:

@@ -116,7 +116,8 @@ class NativeDecode:
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
-        self._plan: tuple[int, TmModel, list[object]] | None = None  # (id of the caches, struct, what it points to)
+        # (id of the caches and the method's panel_min_rows, struct, what it points to)
+        self._plan: tuple[tuple[int, int | None], TmModel, list[object]] | None = None
         self._threads = ThreadChooser(torch.get_num_threads())  # a new one when torch's team changes
         layers = _layers(model)
         self._method: GGUFLinearMethod = layers[0].self_attn.qkv_proj.method
@@ -132,7 +133,8 @@ class NativeDecode:
 
     def _model_struct(self, attn: AttentionContext) -> TmModel:
         caches = attn.kv_caches
-        if self._plan is not None and self._plan[0] == id(caches):
+        key = (id(caches), self._method.panel_min_rows)
+        if self._plan is not None and self._plan[0] == key:
             return self._plan[1]
         m, cfg = self.model, self.model.cfg
         keep: list[object] = []
@@ -153,8 +155,9 @@ class NativeDecode:
                          hd=cfg.head_dim, I=cfg.intermediate_size, block_size=bs,
                          partition=kernels.DEFAULT_PARTITION, eps=cfg.rms_norm_eps,
                          scale=_layers(m)[0].self_attn.scale, layers=layers,
-                         final_norm=m.model.norm.weight.data_ptr(), k=decode_step.kernel_table())
-        self._plan = (id(caches), struct, [caches, keep])
+                         final_norm=m.model.norm.weight.data_ptr(),
+                         k=decode_step.kernel_table(self._method.panel_min_rows))
+        self._plan = (key, struct, [caches, keep])
         return struct
 
     def fits(self, T: int, attn: AttentionContext) -> bool:

@@ -1,7 +1,9 @@
 """ctypes binding to block_matmul.cpp: x (M, K) fp32 times a GGUF matrix kept in its Q4_0 / Q4_1 / Q8_0
 blocks, fp32 activations (see the C++ header for the layout and the invariants); and to amx_matmul.cpp,
 the same product on Intel AMX at bf16 (weights dequantized to bf16 in registers, x rounded to bf16), for
-bf16 compute on a CPU that has the tile unit (`amx_available()`; TOKENMILL_AMX_MATMUL=0 turns it off).
+bf16 compute on a CPU that has the tile unit (`amx_available()`; TOKENMILL_AMX_MATMUL=0 turns it off); and to
+panel_matmul.cpp, the same product at fp32 for batches of rows (weights dequantized into an L2-sized panel,
+x unrounded; TOKENMILL_PANEL_MATMUL=0 turns it off).
 
 Built with g++ on first use and cached (compile.py), like kernels.cpp; `available()` is False when it
 cannot be built, or with TOKENMILL_BLOCK_MATMUL=0, and the caller then uses ggml's kernels.
@@ -21,10 +23,12 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("block_matmul.cpp")
 AMX_SOURCE = Path(__file__).with_name("amx_matmul.cpp")
+PANEL_SOURCE = Path(__file__).with_name("panel_matmul.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")
 ABI = 2
 ENV_SWITCH = "TOKENMILL_BLOCK_MATMUL"
 AMX_SWITCH = "TOKENMILL_AMX_MATMUL"
+PANEL_SWITCH = "TOKENMILL_PANEL_MATMUL"
 # Below this many rows the integer kernel's one pass over the blocks beats the AMX kernel's dequantization:
 # 30 (3072, 576) Q4_1 layers at 1 row, 2 threads: 6.0-6.4 ms against 9.7-12.1 (AMX Xeon, 2026-12-03). The
 # layer path (GGUFLinearMethod) and the native decode step both take it from here.
@@ -37,7 +41,7 @@ def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
     """The loaded library, built on first use (tests pass -DTM_PORTABLE for the plain C++ path); None,
     logged, when it cannot be built or loaded."""
     try:
-        path = build_library("tokenmill_block_matmul", [SOURCE, AMX_SOURCE], flags)
+        path = build_library("tokenmill_block_matmul", [SOURCE, AMX_SOURCE, PANEL_SOURCE], flags)
         lib = ctypes.CDLL(str(path))
         if lib.tm_block_matmul_abi() != ABI:
             raise NativeBuildError(f"{path} answers ABI {lib.tm_block_matmul_abi()}, expected {ABI}")
@@ -45,6 +49,8 @@ def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
         lib.tm_block_matmul_supports.argtypes = [_I32]
         lib.tm_block_matmul_grouped.argtypes = [_I32, _P, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _I32]
         lib.tm_amx_matmul.argtypes = lib.tm_block_matmul.argtypes
+        lib.tm_panel_matmul.argtypes = lib.tm_block_matmul.argtypes
+        lib.tm_panel_matmul_supports.argtypes = [_I32]
         lib.tm_amx_matmul_grouped.argtypes = [*lib.tm_block_matmul_grouped.argtypes, _I64]
     except (NativeBuildError, OSError, AttributeError) as e:
         log.warning("block matmul kernel unavailable, ggml's kernels multiply every GGUF matrix: %s", e)
@@ -78,13 +84,19 @@ def supports(ggml_type: int) -> bool:
     return lib is not None and bool(lib.tm_block_matmul_supports(ggml_type))
 
 
+def panel_available() -> bool:
+    """The fp32 panel kernel (panel_matmul.cpp) may be used: the library built, TOKENMILL_PANEL_MATMUL is not 0."""
+    return available() and os.environ.get(PANEL_SWITCH) != "0"
+
+
 def matmul(ggml_type: int, w_ptr: int, n: int, k: int, x_ptr: int, m: int, y_ptr: int, ldy: int,
-           threads: int, lib: ctypes.CDLL | None = None, amx: bool = False) -> None:
+           threads: int, lib: ctypes.CDLL | None = None, amx: bool = False, panel: bool = False) -> None:
     """y[:, :n] (rows ldy apart) = x (m, k) fp32 contiguous . W^T, W (n, k) in blocks at w_ptr. amx: on the
-    AMX kernel (bf16 products; only where amx_available() and amx_supports(n))."""
+    AMX kernel (bf16 products; only where amx_available() and amx_supports(n)); panel: on the fp32 panel
+    kernel (panel_matmul.cpp)."""
     lib = lib or library()
     assert lib is not None
-    fn = lib.tm_amx_matmul if amx else lib.tm_block_matmul
+    fn = lib.tm_amx_matmul if amx else lib.tm_panel_matmul if panel else lib.tm_block_matmul
     rc = fn(ggml_type, w_ptr, n, k, x_ptr, k, m, y_ptr, ldy, threads)
     if rc:
         raise RuntimeError(f"block matmul failed (status {rc})")

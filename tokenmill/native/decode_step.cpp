@@ -64,6 +64,8 @@ struct TmKernels {
     BlockMatmulFn block_matmul;  // NULL when no linear uses the block kernel
     BlockMatmulFn amx_matmul;    // the same blocks on AMX at bf16 (amx_matmul.cpp); NULL when none uses it
     int64_t amx_min_rows;        // kind 2 takes the AMX kernel from this many rows, the block kernel below
+    BlockMatmulFn panel_matmul;  // the same blocks at fp32 for batches of rows (panel_matmul.cpp); NULL: never
+    int64_t panel_min_rows;      // kind 0 takes the panel kernel from this many rows, the block kernel below
     GgmlMatmulFn ggml_matmul;    // NULL when no linear uses ggml's
     AddRmsNormFn add_rms_norm;
     SiluMulFn silu_and_mul;
@@ -131,7 +133,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 3; }
+int tm_decode_step_abi() { return 4; }
 
 }  // extern "C"
 
@@ -141,7 +143,9 @@ int matmul(const TmKernels& k, const TmLinear& L, const float* x, int64_t M, flo
     if (L.kind == 1)
         return k.ggml_matmul(const_cast<void**>(L.ptrs), L.offsets, L.n_parts, x, M, L.in_features, y,
                              L.out_features, nthreads);
-    const BlockMatmulFn fn = L.kind == 2 && M >= k.amx_min_rows ? k.amx_matmul : k.block_matmul;
+    const BlockMatmulFn fn = L.kind == 2 && M >= k.amx_min_rows                               ? k.amx_matmul
+                             : L.kind == 0 && k.panel_matmul != nullptr && M >= k.panel_min_rows ? k.panel_matmul
+                                                                                                 : k.block_matmul;
     int rc = 0;
     for (int i = 0; i < L.n_parts && rc == 0; ++i)
         rc = fn(L.types[i], L.ptrs[i], L.rows[i], L.in_features, x, L.in_features, M, y + L.offsets[i],

@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 3
+ABI = 4
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -32,7 +32,8 @@ _PI32, _PI64 = ctypes.POINTER(_I32), ctypes.POINTER(_I64)
 
 
 class TmKernels(ctypes.Structure):
-    _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
+    _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_min_rows", _I64), ("panel_matmul", _P),
+                ("panel_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
                 ("rotary", _P), ("attention", _P)]
 
 
@@ -84,14 +85,18 @@ def _address(lib: ctypes.CDLL | None, name: str) -> int | None:
     return None if lib is None else ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
-def kernel_table() -> TmKernels:
+def kernel_table(panel_min_rows: int | None = None) -> TmKernels:
     """The entry points of the loaded kernel libraries (NULL for a library that is not built: the step
-    then must not have a linear of that kind)."""
+    then must not have a linear of that kind). panel_min_rows: plain blocks take the fp32 panel kernel from
+    this many rows (the gguf method's calibrated figure); None: never."""
     k = kernels.library()
     blocks = block_matmul.library() if block_matmul.available() else None
     return TmKernels(block_matmul=_address(blocks, "tm_block_matmul"),
                      amx_matmul=_address(blocks if block_matmul.amx_available() else None, "tm_amx_matmul"),
                      amx_min_rows=block_matmul.AMX_MIN_ROWS,
+                     panel_matmul=_address(blocks if panel_min_rows is not None and block_matmul.panel_available()
+                                           else None, "tm_panel_matmul"),
+                     panel_min_rows=panel_min_rows if panel_min_rows is not None else 1 << 62,
                      ggml_matmul=_address(ggml.lib(), "tm_matmul"),
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
                      rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_decode_attention"))
