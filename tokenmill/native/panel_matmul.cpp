@@ -112,6 +112,28 @@ inline void dequantize_block(const uint8_t* blk, float* out) {
 #endif
 }
 
+#ifdef TM_AVX2
+// out[j * ldo + i] = in[i * ldi + j] for an 8x8 tile (unpack pairs, then quads, then swap the 128-bit halves)
+inline void transpose8(const float* in, int64_t ldi, float* out, int64_t ldo) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_load_ps(in + i * ldi);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; ++j) {
+        _mm256_store_ps(out + j * ldo, _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
+        _mm256_store_ps(out + (j + 4) * ldo, _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
+    }
+}
+#endif
+
 // weight rows [n0, n0 + nc) (nc <= NR; the rest of the panel zero) -> panel (K, NR) fp32, k-major
 template <int TYPE>
 void make_panel(const uint8_t* W, int64_t n0, int nc, int64_t K, float* panel) {
@@ -126,8 +148,13 @@ void make_panel(const uint8_t* W, int64_t n0, int nc, int64_t K, float* panel) {
             }
         }
         float* p = panel + 32 * b * NR;
+#ifdef TM_AVX2
+        for (int c0 = 0; c0 < NR; c0 += 8)
+            for (int k0 = 0; k0 < 32; k0 += 8) transpose8(&t[c0][k0], 32, p + k0 * NR + c0, NR);
+#else
         for (int i = 0; i < 32; ++i)
             for (int c = 0; c < NR; ++c) p[i * NR + c] = t[c][i];
+#endif
     }
 }
 
