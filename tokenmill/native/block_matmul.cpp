@@ -256,14 +256,20 @@ void block_matmul(const uint8_t* const* W, int64_t groups, const int64_t* starts
     quantize_rows(x, ldx, M, K, qx);
     const int16_t* xq = qx.q.data();
     const float *xd = qx.d.data(), *xs = qx.s.data();
-    // each group's rows' scales, 8 rows at a time, block-major (rows_block's `tr`)
+    // each group's rows' scales, 8 rows at a time, block-major (rows_block's `tr`); only the AVX2 dot_rows
+    // reads it, and none for a one-row call (dot_rows<1> reads xd, xs)
+#ifdef TM_AVX2
+    const bool vector_scales = M > 1;
+#else
+    const bool vector_scales = false;
+#endif
     thread_local std::vector<float> tr;
     thread_local std::vector<int64_t> toff;
     toff.assign(size_t(groups + 1), 0);
-    for (int64_t g = 0; g < groups; ++g)  // none for a one-row call: dot_rows<1> reads xd, xs
-        toff[g + 1] = toff[g] + (M > 1 ? (std::max<int64_t>(counts[g], 0) + 7) / 8 * 16 * nb : 0);
+    for (int64_t g = 0; g < groups; ++g)
+        toff[g + 1] = toff[g] + (vector_scales ? (std::max<int64_t>(counts[g], 0) + 7) / 8 * 16 * nb : 0);
     tr.assign(size_t(toff[groups]), 0.0f);
-    for (int64_t g = 0; g < groups && M > 1; ++g)
+    for (int64_t g = 0; g < groups && vector_scales; ++g)
         for (int64_t i = 0; i < counts[g]; ++i) {
             float* dT = tr.data() + toff[g] + (i / 8) * 16 * nb;
             const int64_t row = starts[g] + i;
