@@ -21,3 +21,17 @@ def quantized(type_name: str, n: int, k: int, seed: int) -> tuple[int, np.ndarra
     blocks = np.empty((n, ggml.row_size(qtype, k)), dtype=np.uint8)
     ggml.quantize(qtype, w.numpy().ctypes.data, blocks.ctypes.data, n, k)
     return qtype, blocks, torch.from_numpy(dequantize(blocks, GGMLQuantizationType(qtype)).reshape(n, k).astype(np.float64))
+
+
+def multiply(qtype: int, blocks: np.ndarray, x: torch.Tensor, threads: int = 1, lib=None, amx: bool = False,
+             panel: bool = False) -> torch.Tensor:
+    """x (m, k) . W^T on one of block_matmul's kernels (the block kernel; amx: the AMX one; panel: the fp32
+    panel one), into rows n + 3 apart, checking that the kernel writes only its n columns -> (m, n)."""
+    from tokenmill.native import block_matmul
+
+    n, (m, k), xc = blocks.shape[0], x.shape, x.contiguous()  # xc held: a temporary's pointer would dangle
+    y = torch.full((m, n + 3), float("nan"))
+    block_matmul.matmul(qtype, blocks.ctypes.data, n, k, xc.data_ptr(), m, y.data_ptr(), n + 3, threads, lib,
+                        amx=amx, panel=panel)
+    assert torch.isnan(y[:, n:]).all()
+    return y[:, :n]

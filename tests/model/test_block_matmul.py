@@ -1,13 +1,14 @@
-"""native/block_matmul.cpp, the multi-row kernel for plain Q4_0 / Q4_1 / Q8_0 blocks: against the
-dequantized fp64 reference (gguf-py's dequantizer; x is quantized to 16 bits, so within 1e-4), row by row independent of the batch, the row pairing
-and the thread count; the plain C++ build (-DTM_PORTABLE) agrees with the AVX2 one."""
+"""native/block_matmul.cpp, the multi-row kernel for plain Q4_0 / Q4_1 / Q8_0 blocks, and native/panel_matmul.cpp,
+the fp32 panel kernel for batches of rows over the same blocks: against the dequantized fp64 reference
+(gguf-py's dequantizer; the block kernel rounds x to 16 bits, so within 1e-4; the panel takes it at fp32),
+row by row independent of the batch, the row tiling and the thread count; the plain C++ builds
+(-DTM_PORTABLE) agree with the AVX2 ones."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,63 +16,71 @@ import torch.nn.functional as F
 from tokenmill.native import block_matmul, ggml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gguf_blocks import quantized  # noqa: E402
+from gguf_blocks import multiply, quantized  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (ggml.available() and block_matmul.available()),
                                 reason="needs ggml (the quantizer) and the block matmul kernel")
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
 
 
-def run(qtype: int, blocks: np.ndarray, x: torch.Tensor, threads: int = 1, lib=None) -> torch.Tensor:
-    n, (m, k) = blocks.shape[0], x.shape
-    y = torch.full((m, n + 3), float("nan"))  # rows ldy = n + 3 apart: the kernel writes only its n columns
-    block_matmul.matmul(qtype, blocks.ctypes.data, n, k, x.contiguous().data_ptr(), m, y.data_ptr(), n + 3, threads,
-                        lib)
-    assert torch.isnan(y[:, n:]).all()
-    return y[:, :n]
-
-
+@pytest.mark.parametrize("panel", [False, True], ids=["blocks", "panel"])
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("n, k", [(40, 32), (96, 576), (33, 1536)])
-def test_against_the_dequantized_reference_and_row_independent(type_name: str, n: int, k: int) -> None:
+def test_against_the_dequantized_reference_and_row_independent(type_name: str, n: int, k: int, panel: bool) -> None:
+    """The block kernel (x rounded to 16 bits) and the panel kernel (x at fp32) against fp64; each gives a row
+    the same bits whatever the batch (8-row tiles there, 6-row tiles and 16-column panels here), the row's
+    place in it and the thread count."""
     qtype, blocks, w = quantized(type_name, n, k, seed=n + k)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(19, k, generator=g)
+    x = torch.randn(23, k, generator=g)
     x[3] = 0.0  # an all-zero activation row
     x[4] *= 100.0  # and a large one
-    y = run(qtype, blocks, x)
+    y = multiply(qtype, blocks, x, threads=2, panel=panel)
     ref = F.linear(x.double(), w)
     for i in range(x.shape[0]):
         if i == 3:
             assert torch.equal(y[i], torch.zeros(n))
             continue
         err = float((y[i].double() - ref[i]).norm() / ref[i].norm())
-        # 16-bit activations: x's rounding only, ~1e-5 (8-bit ones, ggml's, give ~5e-3)
-        assert err < 1e-4, f"{type_name} row {i}: relative error {err:.2e}"
-    # every batch size, every row offset in it, and the thread count: the same bits
-    for m in (1, 2, 3, 7, 8, 9, 16, 19):
+        # 16-bit activations: x's rounding only, ~1e-5 (8-bit ones, ggml's, give ~5e-3); fp32 ones ~1e-7
+        assert err < (1e-5 if panel else 1e-4), f"{type_name} row {i}: relative error {err:.2e}"
+    for m in (1, 2, 3, 5, 6, 7, 8, 9, 12, 13, 16, 19, 23):
         for start in {0, x.shape[0] - m}:
-            part = run(qtype, blocks, x[start : start + m], threads=1 + m % 3)
+            part = multiply(qtype, blocks, x[start : start + m], threads=1 + m % 3, panel=panel)
             assert torch.equal(part, y[start : start + m]), f"{type_name}: rows depend on the batch (m={m})"
 
 
+def test_panel_honours_the_row_stride_of_x() -> None:
+    qtype, blocks, w = quantized("Q4_1", 20, 64, seed=5)
+    wide = torch.randn(7, 100, generator=torch.Generator().manual_seed(4))
+    lib = block_matmul.library()
+    assert lib is not None
+    y = torch.empty(7, 20)
+    assert lib.tm_panel_matmul(qtype, blocks.ctypes.data, 20, 64, wide.data_ptr(), 100, 7, y.data_ptr(), 20, 2) == 0
+    assert torch.equal(y, multiply(qtype, blocks, wide[:, :64], panel=True))
+
+
+@pytest.mark.parametrize("panel", [False, True], ids=["blocks", "panel"])
 @pytest.mark.parametrize("type_name", TYPES)
-def test_the_portable_build_agrees(type_name: str) -> None:
+def test_the_portable_build_agrees(type_name: str, panel: bool) -> None:
+    """The plain C++ build of the block kernel and of the panel kernel (panel_matmul.cpp) against AVX2's."""
     portable = block_matmul.library(block_matmul.FLAGS + ("-DTM_PORTABLE",))
     assert portable is not None
     qtype, blocks, w = quantized(type_name, 48, 576, seed=7)
-    x = torch.randn(5, 576, generator=torch.Generator().manual_seed(2))
-    a, b = run(qtype, blocks, x), run(qtype, blocks, x, lib=portable)
+    x = torch.randn(9, 576, generator=torch.Generator().manual_seed(2))
+    a, b = multiply(qtype, blocks, x, panel=panel), multiply(qtype, blocks, x, lib=portable, panel=panel)
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
-    assert torch.equal(run(qtype, blocks, x[2:3], lib=portable), b[2:3])  # row independent there too
+    assert torch.equal(multiply(qtype, blocks, x[2:3], lib=portable, panel=panel), b[2:3])  # row independent there too
 
 
-def test_unsupported_types_and_shapes_are_refused() -> None:
+@pytest.mark.parametrize("kernel", ["tm_block_matmul", "tm_panel_matmul"])
+def test_unsupported_types_and_shapes_are_refused(kernel: str) -> None:
     lib = block_matmul.library()
     assert lib is not None
-    assert not block_matmul.supports(12)  # Q4_K: ggml's kernels
-    assert lib.tm_block_matmul(12, None, 1, 32, None, 32, 1, None, 1, 1) == -1
-    assert lib.tm_block_matmul(2, None, 1, 48, None, 48, 1, None, 1, 1) == -2  # K not a multiple of 32
+    fn, supports = getattr(lib, kernel), getattr(lib, kernel + "_supports")
+    assert not supports(12)  # Q4_K: ggml's kernels
+    assert fn(12, None, 1, 32, None, 32, 1, None, 1, 1) == -1
+    assert fn(2, None, 1, 48, None, 48, 1, None, 1, 1) == -2  # K not a multiple of 32
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -88,5 +97,5 @@ def test_grouped_equals_one_call_per_group(type_name: str) -> None:
         r0 = 0
         for (qtype, blocks, _), c in zip(mats, counts):
             if c:
-                assert torch.equal(y[r0 : r0 + c], run(qtype, blocks, x[r0 : r0 + c]))
+                assert torch.equal(y[r0 : r0 + c], multiply(qtype, blocks, x[r0 : r0 + c]))
             r0 += c

@@ -259,16 +259,21 @@ def test_dense_copy_at_bf16_is_the_dequantized_bf16_engine() -> None:
             dense_copy="on")
 
 
+def batched_and_alone(llm: LLM) -> tuple[list[list[int]], list[list[int]]]:
+    """Greedy token ids of eight short prompts generated in one batch, and each generated alone."""
+    prompts = [f"Write two sentences about {s}." for s in ("the ocean", "a violin", "bread", "Mars", "chess",
+                                                           "winter", "a river", "jazz")]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    batched = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+    alone = [llm.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
+    return batched, alone
+
+
 def test_batched_equals_alone_on_ggml_kernels(monkeypatch) -> None:
     """Every step stays on ggml's path (max_rows 10**6) and on plain blocks (repacking off: the repacked
     kernels are not row-independent), so row independence makes batched == alone exact."""
     monkeypatch.setenv("TOKENMILL_GGML_REPACK", "0")
-    ours = ggml_engine()
-    prompts = [f"Write two sentences about {s}." for s in ("the ocean", "a violin", "bread", "Mars", "chess",
-                                                           "winter", "a river", "jazz")]
-    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    batched = [o.outputs[0].token_ids for o in ours.generate(prompts, greedy)]
-    alone = [ours.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
+    batched, alone = batched_and_alone(ggml_engine())
     assert batched == alone
 
 
@@ -292,18 +297,13 @@ def test_batched_equals_alone_on_the_panel_kernel(monkeypatch) -> None:
     exactly."""
     monkeypatch.setenv("TOKENMILL_GGML_REPACK", "0")
     monkeypatch.setenv("TOKENMILL_PANEL_MIN_ROWS", "1")
-    ours = ggml_engine()
-    prompts = [f"Write two sentences about {s}." for s in ("the ocean", "a violin", "bread", "Mars", "chess",
-                                                           "winter", "a river", "jazz")]
-    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    batched = [o.outputs[0].token_ids for o in ours.generate(prompts, greedy)]
-    alone = [ours.generate([p], greedy)[0].outputs[0].token_ids for p in prompts]
+    batched, alone = batched_and_alone(ggml_engine())
     assert batched == alone
     # and the panel kernel's greedy text is the block kernels' (16-bit x) on these prompts
     monkeypatch.delenv("TOKENMILL_PANEL_MIN_ROWS")
     blocks = ggml_engine()
     assert blocks.engine.executor.worker.model.lm_head.method.panel_min_rows is None
-    assert [o.outputs[0].token_ids for o in blocks.generate(prompts, greedy)] == batched
+    assert batched_and_alone(blocks)[0] == batched
 
 
 @pytest.fixture(scope="module")

@@ -32,11 +32,8 @@
 #define TM_AVX2 1
 #endif
 
-namespace {
-
-enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type numbers
-
-inline float half_to_float(uint16_t h) {
+// IEEE half -> float; also panel_matmul.cpp's, in the portable build (the same library)
+__attribute__((visibility("hidden"))) float tm_half_to_float(uint16_t h) {
 #ifdef TM_AVX2
     return _cvtsh_ss(h);
 #else
@@ -64,6 +61,12 @@ inline float half_to_float(uint16_t h) {
     return f;
 #endif
 }
+
+namespace {
+
+enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type numbers
+
+inline float half_to_float(uint16_t h) { return tm_half_to_float(h); }
 
 inline uint16_t load_u16(const uint8_t* p) {
     uint16_t v;

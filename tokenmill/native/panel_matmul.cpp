@@ -31,6 +31,8 @@
 #define TM_AVX2 1
 #endif
 
+__attribute__((visibility("hidden"))) float tm_half_to_float(uint16_t h);  // block_matmul.cpp, the same library
+
 namespace {
 
 enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type numbers
@@ -43,28 +45,7 @@ inline float half_to_float(const uint8_t* p) {
 #ifdef TM_AVX2
     return _cvtsh_ss(h);
 #else
-    const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t u;
-    if (exp == 0) {
-        if (man == 0) {
-            u = sign;
-        } else {  // subnormal: normalize
-            int e = -1;
-            uint32_t m = man;
-            do {
-                ++e;
-                m <<= 1;
-            } while (!(m & 0x400));
-            u = sign | uint32_t(127 - 15 - e) << 23 | (m & 0x3ff) << 13;
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000u | man << 13;
-    } else {
-        u = sign | (exp + 127 - 15) << 23 | man << 13;
-    }
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
+    return tm_half_to_float(h);
 #endif
 }
 
