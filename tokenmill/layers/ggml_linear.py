@@ -66,6 +66,7 @@ log = logging.getLogger("tokenmill")
 _TILE_ELEMS = 1 << 22  # dense path: dequantize at most 4M values (16 MB fp32) at a time
 _CALIBRATION_ROWS = (4, 8, 16, 32, 64, 128, 256)
 _UNBOUNDED_ROWS = 1 << 40  # max_ggml_rows when no batch measured goes to the dense path
+_PANEL_MARGIN = 0.95  # calibrate: the panel kernel takes a row count where it measured under 0.95x the block kernel
 _STEP_ROWS = 8  # the block kernel's row tile: each weight block is unpacked once for up to 8 rows
 _AMX_STEP_ROWS = 64  # the AMX kernel's: each dequantized tile serves up to 64 rows (4 tiles of 16)
 _STREAM_BYTES = 64 << 20  # calibration times layers until their blocks pass this (beyond the caches; at 16 MiB
@@ -414,14 +415,18 @@ class GGUFLinearMethod(LinearMethod):
             figures.append(f"M={m} " + "/".join(f"{t * 1e3:.2f}" if t < float("inf") else "-" for t in
                                                 (t_g, *((t_q,) if timing_panel else ()), t_d,
                                                  *((t_p,) if plain else ()))) + " ms")
-            if t_q < t_g:
+            # the panel counts as faster only by a margin: timings this short wander by a few percent, and a
+            # wandering tie at 8 rows (12.58 against 12.80 ms once, where the panel is 0.6-0.8x the block
+            # kernel) would hand it every small decode step
+            panel_faster = t_q < _PANEL_MARGIN * t_g
+            if panel_faster:
                 panel_wins += 1
                 if self.panel_min_rows is None:
                     self.panel_min_rows = m
             if min(t_d, t_p) < min(t_g, t_q):
                 self._big_plain = t_p < t_d
                 break
-            best, panel_last = m, t_q < t_g
+            best, panel_last = m, panel_faster
         else:
             if panel_last:  # the panel beat the dense path at the most rows timed: it keeps every size above
                 best = _UNBOUNDED_ROWS
