@@ -77,8 +77,8 @@ def test_the_portable_build_agrees(type_name: str, panel: bool) -> None:
 def test_unsupported_types_and_shapes_are_refused(kernel: str) -> None:
     lib = block_matmul.library()
     assert lib is not None
-    fn, supports = getattr(lib, kernel), getattr(lib, kernel + "_supports")
-    assert not supports(12)  # Q4_K: ggml's kernels
+    fn = getattr(lib, kernel)  # both take the types tm_block_matmul_supports names
+    assert not lib.tm_block_matmul_supports(12)  # Q4_K: ggml's kernels
     assert fn(12, None, 1, 32, None, 32, 1, None, 1, 1) == -1
     assert fn(2, None, 1, 48, None, 48, 1, None, 1, 1) == -2  # K not a multiple of 32
 

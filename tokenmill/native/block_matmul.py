@@ -50,7 +50,6 @@ def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
         lib.tm_block_matmul_grouped.argtypes = [_I32, _P, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _I32]
         lib.tm_amx_matmul.argtypes = lib.tm_block_matmul.argtypes
         lib.tm_panel_matmul.argtypes = lib.tm_block_matmul.argtypes
-        lib.tm_panel_matmul_supports.argtypes = [_I32]
         lib.tm_amx_matmul_grouped.argtypes = [*lib.tm_block_matmul_grouped.argtypes, _I64]
     except (NativeBuildError, OSError, AttributeError) as e:
         log.warning("block matmul kernel unavailable, ggml's kernels multiply every GGUF matrix: %s", e)

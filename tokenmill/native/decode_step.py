@@ -96,7 +96,7 @@ def kernel_table(panel_min_rows: int | None = None) -> TmKernels:
                      amx_min_rows=block_matmul.AMX_MIN_ROWS,
                      panel_matmul=_address(blocks if panel_min_rows is not None and block_matmul.panel_available()
                                            else None, "tm_panel_matmul"),
-                     panel_min_rows=panel_min_rows if panel_min_rows is not None else 1 << 62,
+                     panel_min_rows=panel_min_rows or 0,  # read only where panel_matmul is set
                      ggml_matmul=_address(ggml.lib(), "tm_matmul"),
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
                      rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_decode_attention"))

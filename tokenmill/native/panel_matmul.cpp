@@ -191,6 +191,7 @@ float* scratch(std::vector<float>& v, size_t n) {
 template <int TYPE>
 void panel_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y,
                   int64_t ldy, int nthreads) {
+    if (M <= 0 || N <= 0) return;
     const int64_t tiles = (M + MR - 1) / MR, items = (N + NR - 1) / NR;
     thread_local std::vector<float> xbuf;
     float* xp = scratch(xbuf, size_t(tiles * K * MR));  // tile t: (K, MR), rows past M zero
@@ -244,14 +245,11 @@ void panel_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_
 
 extern "C" {
 
-// 1 when `type` is one this kernel multiplies (tm_block_matmul's types)
-int tm_panel_matmul_supports(int type) { return type == kQ4_0 || type == kQ4_1 || type == kQ8_0; }
-
-// See the header. Returns 0; -1 for a type it does not take; -2 when K % 32 != 0.
+// See the header. Returns 0; -1 for a type it does not take (it takes tm_block_matmul's: ask
+// tm_block_matmul_supports); -2 when K % 32 != 0.
 int tm_panel_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
                     float* y, int64_t ldy, int nthreads) {
     if (K % 32) return -2;
-    if (M <= 0 || N <= 0) return tm_panel_matmul_supports(type) ? 0 : -1;
     const auto* w = static_cast<const uint8_t*>(W);
     switch (type) {
         case kQ4_0: panel_matmul<kQ4_0>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
