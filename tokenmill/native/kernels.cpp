@@ -324,39 +324,59 @@ struct AttnArgs {
     float scale;
 };
 
-// Register blocking for G query heads (G <= 8) of one KV head: scores take KJ keys at a time (G * KJ
-// accumulators), values CB vectors of the head dim at a time (G * CB accumulators). Each key and value
-// vector of a tile is loaded once for all G heads.
+// Register blocking for G query heads (G <= 8) of one KV head: bf16 scores take KJ keys at a time (G * KJ
+// accumulators, each key vector widened once for all G heads), values CB vectors of the head dim at a time
+// (G * CB accumulators, each value vector loaded once for all G heads).
 template <int G>
 struct Block {
     static constexpr int KJ = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 2 : 1;
     static constexpr int CB = KJ;
 };
 
-// sc[g][j] = q[g] . k_j for the tile's 16 rows (rows past n: anything; the caller masks them)
+// sc[g][j] = q[g] . k_j for the tile's 16 rows (rows past n: anything; the caller masks them).
+// fp32 keys: per head, 8 keys at a time, their 8 sums reduced into one vector of the 8 scores and stored
+// whole (the softmax loads it back as one vector, which stores of scattered lanes make wait: ~25% of a
+// 5-row verification's attention; measured in benchmarks/README.md). bf16 keys: KJ keys at a time for all
+// G heads, so each key vector is widened once (widening it per head measured ~20% slower).
 template <int G, typename U>
 inline void tile_scores(const float* q, int64_t NC, const U* const* kp, int n, float (*sc)[kTile]) {
-    constexpr int KJ = Block<G>::KJ;
     const int64_t hd = NC * 8;
-    for (int j0 = 0; j0 < n; j0 += KJ) {
-        asm volatile("" ::: "memory");
-        V8 s[8];  // s[g * KJ + j]: head g, key j0 + j; reduced together
-        for (int i = 0; i < 8; ++i) s[i] = vzero();
-        for (int64_t c = 0; c < NC; ++c) {
-            V8 k[KJ];
-            for (int j = 0; j < KJ; ++j) {
-                k[j] = vload(kp[j0 + j] + 8 * c);
-                if (G > 1) in_register(k[j]);
-            }
+    if constexpr (std::is_same<U, float>::value) {
+        for (int j0 = 0; j0 < n; j0 += 8)
             for (int g = 0; g < G; ++g) {
-                const V8 qv = vload(q + g * hd + 8 * c);
-                for (int j = 0; j < KJ; ++j) s[g * KJ + j] = fma(qv, k[j], s[g * KJ + j]);
+                asm volatile("" ::: "memory");
+                V8 s[8];  // s[j]: key j0 + j
+                for (int j = 0; j < 8; ++j) s[j] = vzero();
+                V8 qv;
+                for (int64_t c = 0; c < NC; ++c) {
+                    qv = vload(q + g * hd + 8 * c);
+                    in_register(qv);
+                    for (int j = 0; j < 8; ++j) s[j] = fma(qv, vload(kp[j0 + j] + 8 * c), s[j]);
+                }
+                vstore(&sc[g][j0], reduce8(s));
             }
+    } else {
+        constexpr int KJ = Block<G>::KJ;
+        for (int j0 = 0; j0 < n; j0 += KJ) {
+            asm volatile("" ::: "memory");
+            V8 s[8];  // s[g * KJ + j]: head g, key j0 + j; reduced together
+            for (int i = 0; i < 8; ++i) s[i] = vzero();
+            for (int64_t c = 0; c < NC; ++c) {
+                V8 k[KJ];
+                for (int j = 0; j < KJ; ++j) {
+                    k[j] = vload(kp[j0 + j] + 8 * c);
+                    if (G > 1) in_register(k[j]);
+                }
+                for (int g = 0; g < G; ++g) {
+                    const V8 qv = vload(q + g * hd + 8 * c);
+                    for (int j = 0; j < KJ; ++j) s[g * KJ + j] = fma(qv, k[j], s[g * KJ + j]);
+                }
+            }
+            alignas(32) float t[8];
+            vstore(t, reduce8(s));
+            for (int g = 0; g < G; ++g)
+                for (int j = 0; j < KJ; ++j) sc[g][j0 + j] = t[g * KJ + j];
         }
-        alignas(32) float t[8];
-        vstore(t, reduce8(s));
-        for (int g = 0; g < G; ++g)
-            for (int j = 0; j < KJ; ++j) sc[g][j0 + j] = t[g * KJ + j];
     }
 }
 
