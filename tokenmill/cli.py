@@ -48,7 +48,7 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                         "compute oneDNN can prepack (CPUs with AMX or AVX512_BF16) and when the copy takes at most "
                         "1/8 of RAM; `tokenmill plan` shows it")
     g.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 6, '
                         '"prompt_lookup_max": 5}\', \'{"method": "draft_model", "model": "small.gguf"}\' or '
                         '\'{"method": "layer_skip", "num_draft_layers": 8}\' (README "Speculative decoding"; off '
                         'by default)')

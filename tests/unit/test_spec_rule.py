@@ -226,3 +226,29 @@ def test_a_window_of_drafting_that_loses_time_pauses_everybody() -> None:
     assert spec.gain > 1.6 and spec.num_pauses == 2 and steps_without_drafts() == 0
     window(1)
     assert steps_without_drafts() == 10  # the doubling started over
+
+
+def test_num_speculative_tokens_defaults_by_method_and_an_explicit_one_is_kept() -> None:
+    # prompt lookup's ceiling is higher (its drafts cost nothing to make); a drafting model's stays at 4
+    assert SpeculativeConfig().max_drafts == 6
+    assert SpeculativeConfig.parse('{"method": "ngram"}').max_drafts == 6  # type: ignore[union-attr]
+    assert SpeculativeConfig(method="layer_skip").max_drafts == 4
+    assert SpeculativeConfig(method="draft_model", model="x.gguf").num_speculative_tokens == 4
+    assert SpeculativeConfig.parse('{"num_speculative_tokens": 3}').max_drafts == 3  # type: ignore[union-attr]
+    for bad in (0, 17):
+        try:
+            SpeculativeConfig(num_speculative_tokens=bad)
+        except ValueError as e:
+            assert "between 1 and 16" in str(e)
+        else:
+            raise AssertionError(f"num_speculative_tokens={bad} was accepted")
+
+
+def test_ngram_drafts_reach_the_default_ceiling_on_a_verbatim_copy() -> None:
+    # a request that keeps accepting drafts the method's default ceiling, not the old 4
+    spec = SpecDecoder(SpeculativeConfig(draft_length="fixed"), max_model_len=4096)
+    r = Request("r", list(range(40)) * 2, SamplingParams(max_tokens=100), 100, frozenset(), None)
+    r.token_ids.extend(range(10))  # the output so far repeats the prompt's start: the lookup continues it
+    r.num_computed_tokens = len(r.token_ids) - 1
+    spec.propose([r])
+    assert r.spec_token_ids == list(range(10, 16))

@@ -68,7 +68,7 @@ def run_spec(off: LLM, on: LLM, workload: str, concurrency: int, output_len: int
             "row_cost": spec.cost.row_cost(concurrency),
             # the mean time of the recent decode steps of each size seen, ms
             "step_ms": {r: round(1e3 * t, 2)
-                        for r in range(1, concurrency * (spec.config.num_speculative_tokens + 1) + 1)
+                        for r in range(1, concurrency * (spec.config.max_drafts + 1) + 1)
                         if spec.cost.knows(r) and (t := spec.cost.time(r)) is not None},
             # the last window's measured gain from drafting, and the windows that lost time (everyone paused)
             "gain": spec.gain, "losing_windows": spec.num_pauses}

@@ -79,7 +79,7 @@ class SpecDecoder:
         self.num_drafts = 0  # verification runs (a request with drafts in a step)
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
-        self.accepted_per_pos = [0] * config.num_speculative_tokens  # drafts accepted at position i
+        self.accepted_per_pos = [0] * config.max_drafts  # drafts accepted at position i
         self._step_accepted = 0  # drafts accepted in the step being recorded
         self._gain_value = self._gain_time = 0.0  # this window: drafting steps' tokens at the plain rate, time
         self._gain_steps = 0
@@ -139,7 +139,7 @@ class SpecDecoder:
                 st.backoff -= 1
                 continue
             # the drafts and the token after them must fit max_tokens and the context
-            k = min(cfg.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1,
+            k = min(cfg.max_drafts, req.max_tokens - req.num_output_tokens - 1,
                     self.max_model_len - req.num_tokens - 1)
             if k <= 0:
                 continue
