@@ -35,14 +35,16 @@ def timed(mod: Any, name: str, key: str) -> None:
     setattr(mod, name, g)
 
 
-for name, key in (("paged_decode_attention", "decode attention"), ("add_rms_norm", "norms"),
+# the native attention kernel: decodes, and (fp32) the prefill rows of chunks up to NATIVE_PREFILL_MAX_KEYS
+for name, key in (("paged_decode_attention", "native attention"), ("add_rms_norm", "norms"),
                   ("silu_and_mul", "silu*mul"), ("rotary_", "rotary")):
     timed(native_paged.kernels, name, key)
 # the dense path: the dense copy (oneDNN at bf16), or dequantize a tile + F.linear (fp32 without a copy)
 timed(ggml_linear.GGUFLinearMethod, "_dense", "matmuls, dense path")
 timed(ggml_linear.block_matmul, "matmul", "matmuls, blocks")
-timed(paged, "prefill_attention", "prefill attention")
-timed(paged, "write_kv", "KV writes")
+for mod in (paged, native_paged):  # native_paged holds its own references to both
+    timed(mod, "prefill_attention", "prefill attention, SDPA")
+    timed(mod, "write_kv", "KV writes")
 C = int(sys.argv[1]) if len(sys.argv) > 1 else 64
 eng = LLMEngine(EngineConfig(model="default"), progress=False)
 rng = random.Random(0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tokenmill.attention.backend import AttentionStep, ScheduledSeq
-from tokenmill.attention.native_paged import NativePagedAttentionBackend
+from tokenmill.attention.native_paged import NativePagedAttentionBackend, NativeRows
 from tokenmill.attention.paged import PagedAttentionBackend
 from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.norm import RMSNorm
@@ -159,3 +159,73 @@ def test_engine_without_native_kernels_generates_the_same(llm, monkeypatch) -> N
     prompts = ["Write two sentences about the ocean.", "Name three planets."]
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert [o.outputs[0].token_ids for o in plain.generate(prompts, params)] == want
+
+
+def prefill_steps(base: int) -> tuple[list[tuple[AttentionStep, int]], list[int]]:
+    """One request's prompt positions base .. base + 69 (blocks in a scattered order; `base` already
+    cached), as one chunk and as three (20, 20, 30 tokens) beside two decodes of another request (positions
+    38 and 39 over blocks 1, 3, 4); (step, first row of the prompt's) per step, and the prompt's blocks."""
+    nb = -(-(base + 70) // 16)
+    table = [5 + i for i in torch.randperm(nb, generator=torch.Generator().manual_seed(1)).tolist()]
+    whole = AttentionStep([], [ScheduledSeq("p", base, 70, table)])
+    parts = [(base, 20), (base + 20, 20), (base + 40, 30)]
+    chunked = [AttentionStep([ScheduledSeq("d", 38, 1, [1, 3, 4]), ScheduledSeq("d", 39, 1, [1, 3, 4])],
+                             [ScheduledSeq("p", s, n, table)]) for s, n in parts]
+    return [(whole, 0)] + [(c, 2) for c in chunked], table
+
+
+@needs_kernels
+@pytest.mark.parametrize("base", [0, 230])  # 230: rows on both sides of the kernel's 256-key partitions
+@pytest.mark.parametrize("window", [0, 24])
+def test_prefill_rows_on_the_kernel_match_torch_and_keep_their_bits_across_chunks(base: int, window: int) -> None:
+    """Prefill chunks attend on the decode kernel, their rows as queries at successive positions: the
+    result agrees with the torch path (SDPA per chunk), and each row's bits are the same whether its prompt
+    came whole or in chunks beside another request's decodes (the kernel's result for a row depends on its
+    keys only)."""
+    bs, nh, nkv, hd = 16, 9, 3, 64
+    steps, table = prefill_steps(base)
+    torch.manual_seed(0)
+    kv = torch.randn(2, 1, 5 + len(table), bs, nkv, hd)  # cached: the prompt's first `base`, the other's 38
+    q_all, k_all, v_all = torch.randn(70, nh, hd), torch.randn(70, nkv, hd), torch.randn(70, nkv, hd)
+    dq, dk, dv = torch.randn(2, nh, hd), torch.randn(2, nkv, hd), torch.randn(2, nkv, hd)
+    native = NativePagedAttentionBackend(bs, torch.device("cpu"), kv)
+    assert native.native_prefill
+    paged = PagedAttentionBackend(bs, torch.device("cpu"))
+    results = []
+    for step, first in steps:
+        ref = kv.clone()
+        rows = [p - base for s in step.prefills for p in range(s.start, s.start + s.num_tokens)]
+        q = torch.cat([dq[: len(step.decodes)], q_all[rows]])
+        k = torch.cat([dk[: len(step.decodes)], k_all[rows]])
+        v = torch.cat([dv[: len(step.decodes)], v_all[rows]])
+        meta = native.build_metadata(step)
+        assert isinstance(meta.extra, NativeRows) and meta.extra.count == q.shape[0]  # every row on the kernel
+        got = native.forward(0, q, k, v, (kv[0, 0], kv[1, 0]), meta, hd ** -0.5, window)
+        want = paged.forward(0, q, k, v, (ref[0, 0], ref[1, 0]), paged.build_metadata(step), hd ** -0.5, window)
+        assert torch.equal(kv, ref)  # the same K/V in the same slots
+        torch.testing.assert_close(got, want, **FP32)
+        results.append(got[first:])
+    assert torch.equal(results[0], torch.cat(results[1:]))
+
+
+@needs_kernels
+def test_long_prefill_chunks_and_bf16_take_the_torch_path(monkeypatch) -> None:
+    """A chunk past NATIVE_PREFILL_MAX_KEYS keys, and the chunks after it, take SDPA; so does every chunk
+    over a bf16 cache, and every chunk with TOKENMILL_NATIVE_PREFILL=0."""
+    from tokenmill.attention import native_paged
+
+    bs = 16
+    monkeypatch.setattr(native_paged, "NATIVE_PREFILL_MAX_KEYS", 48)
+    kv = torch.zeros(2, 1, 12, bs, 3, 64)
+    native = NativePagedAttentionBackend(bs, torch.device("cpu"), kv)
+    step = AttentionStep([ScheduledSeq("d", 5, 1, [9])], [ScheduledSeq("a", 0, 40, [0, 1, 2]),
+                                                          ScheduledSeq("b", 30, 20, [3, 4, 5, 6]),
+                                                          ScheduledSeq("c", 0, 8, [7])])
+    meta = native.build_metadata(step)
+    assert meta.extra.count == 41 and meta.extra.chunks == 1  # the decode and chunk a; b (50 keys) and c not
+    assert meta.extra.lens.tolist() == [6] + list(range(1, 41))
+    assert meta.extra.tables[1:].tolist() == [[0, 1, 2]] * 40 and meta.extra.tables[0, 0].item() == 9
+    bf16 = NativePagedAttentionBackend(bs, torch.device("cpu"), kv.to(torch.bfloat16))
+    assert bf16.use_kernel and not bf16.native_prefill and bf16.build_metadata(step).extra is None
+    monkeypatch.setenv("TOKENMILL_NATIVE_PREFILL", "0")
+    assert NativePagedAttentionBackend(bs, torch.device("cpu"), kv).build_metadata(step).extra is None

@@ -2,22 +2,48 @@
 
 Decodes attend over the paged cache where it lies: the kernel walks each sequence's block table, so
 there is no per-step gather of every block (the paged backend) and no contiguous copy to keep in step
-(the decode mirror). Prefill chunks, and everything the kernel does not take (a dtype other than fp32 or
-bf16, a head dim not a multiple of 8, the kernels switched off or not built), take the paged backend's
-torch path. Each sequence's result depends on its own K/V only, never on the rest of the batch.
+(the decode mirror). At fp32, prefill chunks whose context is at most NATIVE_PREFILL_MAX_KEYS keys go to
+the same kernel call: each of a chunk's rows is a query at its own position over the chunk's block table
+(its context ending at that position), and the kernel attends up to 16 such rows together, reading each
+tile of keys once for all of them. So a step's attention is one call per layer, and a row gets the same
+bits as a prefill row, a decode or a verification row (the kernel's result for a row depends only on its
+keys, never on the rows beside it). Longer chunks (each 16 rows would read the whole context again),
+chunks at bf16 (unmeasured against SDPA's kernels on AMX), and everything the kernel does not take (a
+dtype other than fp32 or bf16, a head dim not a multiple of 8, the kernels switched off or not built)
+take the paged backend's torch path.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
+from dataclasses import dataclass
+
 from tokenmill.attention.backend import AttentionMetadata, AttentionStep
-from tokenmill.attention.paged import PagedAttentionBackend
+from tokenmill.attention.paged import PagedAttentionBackend, prefill_attention, write_kv
 from tokenmill.native import kernels
 
 log = logging.getLogger(__name__)
+
+# Prefill chunks of at most this many keys (cached prefix + chunk) attend on the kernel. Against SDPA per
+# chunk at the default model's shapes, fp32, 2 threads, AVX2 (benchmarks/experiments/prefill_attention_ab.py,
+# benchmarks/README.md): 1.6-1.8x for chunks of 64-512 with no prefix, 1.65x for 112 after 88, 1.1-1.25x at
+# 512-1024 keys, 0.98x for 256 after 768; past 1024 keys each run of 16 rows re-reads more than it gains.
+NATIVE_PREFILL_MAX_KEYS = 1024
+
+
+@dataclass
+class NativeRows:
+    """The step's first `count` tokens, attended in one kernel call: the decodes, then the rows of the
+    first `chunks` prefill chunks."""
+
+    count: int
+    chunks: int  # prefill chunks covered (meta.prefills[:chunks])
+    tables: torch.Tensor  # (count, max_blocks) int64: each row's block table (a chunk's rows share theirs)
+    lens: torch.Tensor  # (count,) int64: each row's context, through its own position
 
 
 class NativePagedAttentionBackend(PagedAttentionBackend):
@@ -32,17 +58,64 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
             log.info("native decode attention does not take %s K/V of head dim %d on %s (or the native kernels "
                      "are off): decodes gather their blocks as the paged backend does", kv.dtype, kv.shape[-1],
                      device)
+        # prefill rows on the kernel at fp32 only (measured against SDPA there); TOKENMILL_NATIVE_PREFILL=0: off
+        self.native_prefill = (self.use_kernel and kv.dtype == torch.float32
+                               and os.environ.get("TOKENMILL_NATIVE_PREFILL", "1") != "0")
 
     def build_metadata(self, step: AttentionStep) -> AttentionMetadata:
-        if not self.use_kernel or not step.decodes:
+        if not self.use_kernel:
             return super().build_metadata(step)
         decodes = step.decodes
-        max_blocks = max(len(s.block_table) for s in decodes)
-        tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in decodes],
+        chunks = 0  # the leading prefill chunks the kernel takes
+        if self.native_prefill:
+            while chunks < len(step.prefills) and (
+                    step.prefills[chunks].start + step.prefills[chunks].num_tokens <= NATIVE_PREFILL_MAX_KEYS):
+                chunks += 1
+        if not decodes and not chunks:
+            return super().build_metadata(step)
+        seqs = decodes + step.prefills[:chunks]
+        max_blocks = max(len(s.block_table) for s in seqs)
+        tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs],
                               dtype=torch.long, device=self.device)
-        meta = self._metadata(step, list(range(len(decodes))), tables, None)
-        meta.decode_context_lens = torch.tensor([s.start + 1 for s in decodes], dtype=torch.long, device=self.device)
+        d = len(decodes)
+        lens = torch.tensor([s.start + 1 for s in decodes], dtype=torch.long, device=self.device)
+        meta = self._metadata(step, list(range(d)), tables[:d] if d else None, None)
+        if d:
+            meta.decode_context_lens = lens
+        if chunks:
+            # a chunk's rows: its table repeated, contexts start + 1 .. start + num_tokens
+            sizes = [1] * d + [s.num_tokens for s in step.prefills[:chunks]]
+            row_tables = tables.repeat_interleave(torch.tensor(sizes, device=self.device), dim=0)
+            row_lens = torch.cat([lens] + [torch.arange(s.start + 1, s.start + s.num_tokens + 1, device=self.device)
+                                           for s in step.prefills[:chunks]])
+            meta.extra = NativeRows(len(row_lens), chunks, row_tables, row_lens)
         return meta
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float,
+                sliding_window: int = 0) -> torch.Tensor:
+        rows = meta.extra
+        if not isinstance(rows, NativeRows):
+            return super().forward(layer_idx, q, k, v, kv_cache, meta, scale, sliding_window)
+        k_cache, v_cache = kv_cache
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        out = torch.empty_like(q)
+        n = rows.count
+        starts = None  # (n,) int64: each row's first key position, lens - W, once per step and window
+        if sliding_window > 0:
+            starts = meta.window_cache.get(("row_starts", sliding_window))
+            if starts is None:
+                starts = meta.window_cache[("row_starts", sliding_window)] = (rows.lens - sliding_window).clamp_(min=0)
+        if kernels.paged_decode_attention(out[:n], q[:n], k_cache, v_cache, rows.tables, rows.lens, scale,
+                                          starts=starts):
+            prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills[rows.chunks:], scale, sliding_window)
+            return out
+        # the kernel did not take these tensors (a stride): the decodes as decode_attention has them, then
+        # every chunk on the torch path
+        if meta.num_decodes:
+            self.decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, sliding_window)
+        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, scale, sliding_window)
+        return out
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,

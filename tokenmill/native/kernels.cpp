@@ -565,7 +565,6 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
         first[b + 1] = first[b] + (L + part - 1) / part;
         total_keys += L;
     }
-    const int64_t nparts = first[num_seqs];
     // runs: consecutive sequences that read the same keys, attended together so that each tile is read
     // once for all of them (speculative verification: one request's rows at successive positions). b
     // joins the run of b - 1 when both start at the same key, b's context is no shorter and b's block
@@ -595,13 +594,21 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
     std::vector<int64_t> run_of(run_parts);
     for (int64_t u = 0; u < nruns; ++u)
         for (int64_t p = part_first[u]; p < part_first[u + 1]; ++p) run_of[p] = u;
-    // partial results of sequences with more than one partition: m, l, acc per (partition, q head)
+    // partial results of sequences with more than one partition: m, l, acc per (partition, q head), the
+    // partitions of such sequences only (sfirst: index of b's first among them)
+    std::vector<int64_t> sfirst(num_seqs + 1);
+    sfirst[0] = 0;
+    for (int64_t b = 0; b < num_seqs; ++b) {
+        const int64_t np = first[b + 1] - first[b];
+        sfirst[b + 1] = sfirst[b] + (np > 1 ? np : 0);
+    }
+    const int64_t sparts = sfirst[num_seqs];
     thread_local std::vector<float> scratch;
-    const size_t need = size_t(nparts) * a.nh * (hd + 2);
+    const size_t need = size_t(sparts) * a.nh * (hd + 2);
     if (scratch.size() < need) scratch.resize(need);
     float* pm = scratch.data();
-    float* pl = pm + nparts * a.nh;
-    float* pacc = pl + nparts * a.nh;
+    float* pl = pm + sparts * a.nh;
+    float* pacc = pl + sparts * a.nh;
     const int nt = threads_for(total_keys * a.nh * hd, nthreads);
     // work items: (a run's partition, group of KV heads). A head's result does not depend on its group,
     // so the groups are free to follow the thread count: one group (reading each slot whole) when there
@@ -638,7 +645,7 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
                 const V8 inv = vset1(1.0f / l[i]);
                 for (int64_t c = 0; c < nc; ++c) vstore(o + 8 * c, vload(acc + i * hd + 8 * c) * inv);
             } else {
-                const int64_t p = first[b] + pi;
+                const int64_t p = sfirst[b] + pi;
                 pm[p * a.nh + qh] = m[i];
                 pl[p * a.nh + qh] = l[i];
                 std::memcpy(pacc + (p * a.nh + qh) * hd, acc + i * hd, sizeof(float) * hd);
@@ -647,7 +654,7 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
     };
     // a sequence of several partitions: merge them, in partition order
     auto merge = [&](int64_t b, float* tmp) {
-        const int64_t p_begin = first[b], np = first[b + 1] - p_begin;
+        const int64_t p_begin = sfirst[b], np = first[b + 1] - first[b];
         if (np <= 1) {
             if (np == 0)  // empty context: zeros
                 for (int64_t i = 0; i < a.nh * hd; ++i) store1(out + b * out_stride + i, 0.0f);
