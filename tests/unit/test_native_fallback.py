@@ -225,6 +225,12 @@ def test_long_prefill_chunks_and_bf16_take_the_torch_path(monkeypatch) -> None:
     assert meta.extra.count == 41 and meta.extra.chunks == 1  # the decode and chunk a; b (50 keys) and c not
     assert meta.extra.lens.tolist() == [6] + list(range(1, 41))
     assert meta.extra.tables[1:].tolist() == [[0, 1, 2]] * 40 and meta.extra.tables[0, 0].item() == 9
+    # the rows' partial results past one partition are bounded: chunk a's 40 rows, but 30 partitions at most
+    assert native_paged.split_partitions(0, 40, 16) == 16 * 2 + 8 * 3  # contexts 17-32 and 33-40
+    assert native_paged.split_partitions(0, 256) == 0 and native_paged.split_partitions(250, 10) == 4 * 2
+    monkeypatch.setattr(native_paged.kernels, "DEFAULT_PARTITION", 16)
+    monkeypatch.setattr(native_paged, "NATIVE_PREFILL_MAX_SPLIT_PARTITIONS", 30)
+    assert native.build_metadata(step).extra is None  # no chunk on the kernel: the decode alone, as before
     bf16 = NativePagedAttentionBackend(bs, torch.device("cpu"), kv.to(torch.bfloat16))
     assert bf16.use_kernel and not bf16.native_prefill and bf16.build_metadata(step).extra is None
     monkeypatch.setenv("TOKENMILL_NATIVE_PREFILL", "0")
