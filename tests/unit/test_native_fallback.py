@@ -228,6 +228,9 @@ def test_long_prefill_chunks_and_bf16_take_the_torch_path(monkeypatch) -> None:
     # the rows' partial results past one partition are bounded: chunk a's 40 rows, but 30 partitions at most
     assert native_paged.split_partitions(0, 40, 16) == 16 * 2 + 8 * 3  # contexts 17-32 and 33-40
     assert native_paged.split_partitions(0, 256) == 0 and native_paged.split_partitions(250, 10) == 4 * 2
+    for start, n, part in ((0, 1, 16), (15, 3, 16), (16, 1, 16), (100, 300, 16), (0, 1024, 256), (700, 90, 256)):
+        assert native_paged.split_partitions(start, n, part) == sum(  # the closed form against counting
+            -(-ctx // part) for ctx in range(start + 1, start + n + 1) if ctx > part)
     monkeypatch.setattr(native_paged.kernels, "DEFAULT_PARTITION", 16)
     monkeypatch.setattr(native_paged, "NATIVE_PREFILL_MAX_SPLIT_PARTITIONS", 30)
     assert native.build_metadata(step).extra is None  # no chunk on the kernel: the decode alone, as before

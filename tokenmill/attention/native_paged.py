@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenmill.attention.backend import AttentionMetadata, AttentionStep
-from tokenmill.attention.paged import PagedAttentionBackend, prefill_attention, write_kv
+from tokenmill.attention.paged import PagedAttentionBackend
 from tokenmill.native import kernels
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,15 @@ def split_partitions(start: int, n: int, part: int | None = None) -> int:
     """The partitions (of `part` keys, the kernel's by default) of the rows at positions start .. start + n - 1
     whose context spans more than one."""
     part = part or kernels.DEFAULT_PARTITION
-    return sum(-(-ctx // part) for ctx in range(max(start + 1, part + 1), start + n + 1))
+    lo, hi = max(start + 1, part + 1), start + n  # the contexts of those rows: lo .. hi
+    return _ceil_sum(hi, part) - _ceil_sum(lo - 1, part) if hi >= lo else 0
+
+
+def _ceil_sum(n: int, part: int) -> int:
+    """sum(ceil(c / part) for c in 1 .. n): q whole runs of `part` contexts (the k-th adds k each), then r more
+    contexts adding q + 1 each."""
+    q, r = divmod(n, part)
+    return part * q * (q + 1) // 2 + r * (q + 1)
 
 
 @dataclass
@@ -104,31 +112,23 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
             meta.extra = NativeRows(len(row_lens), chunks, row_tables, row_lens)
         return meta
 
-    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float,
-                sliding_window: int = 0) -> torch.Tensor:
+    def attend_rows(self, out: torch.Tensor, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                    meta: AttentionMetadata, scale: float, window: int = 0) -> int | None:
+        """The decodes and the NativeRows' prefill chunks in one kernel call -> out[:rows.count]; None when
+        the step has no NativeRows or the kernel did not take these tensors (a stride)."""
         rows = meta.extra
         if not isinstance(rows, NativeRows):
-            return super().forward(layer_idx, q, k, v, kv_cache, meta, scale, sliding_window)
-        k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        out = torch.empty_like(q)
-        n = rows.count
+            return None
         starts = None  # (n,) int64: each row's first key position, lens - W, once per step and window
-        if sliding_window > 0:
-            starts = meta.window_cache.get(("row_starts", sliding_window))
+        if window > 0:
+            starts = meta.window_cache.get(("row_starts", window))
             if starts is None:
-                starts = meta.window_cache[("row_starts", sliding_window)] = (rows.lens - sliding_window).clamp_(min=0)
-        if kernels.paged_decode_attention(out[:n], q[:n], k_cache, v_cache, rows.tables, rows.lens, scale,
+                starts = meta.window_cache[("row_starts", window)] = (rows.lens - window).clamp_(min=0)
+        n = rows.count
+        if kernels.paged_decode_attention(out[:n], q[:n], kv_cache[0], kv_cache[1], rows.tables, rows.lens, scale,
                                           starts=starts):
-            prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills[rows.chunks:], scale, sliding_window)
-            return out
-        # the kernel did not take these tensors (a stride): the decodes as decode_attention has them, then
-        # every chunk on the torch path
-        if meta.num_decodes:
-            self.decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, sliding_window)
-        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, scale, sliding_window)
-        return out
+            return rows.chunks
+        return None
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,

@@ -166,11 +166,20 @@ class PagedAttentionBackend(AttentionBackend):
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)
-        d = meta.num_decodes
-        if d:
-            self.decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, sliding_window)
-        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills, scale, sliding_window)
+        chunks = self.attend_rows(out, q, kv_cache, meta, scale, sliding_window)
+        if chunks is None:
+            chunks = 0
+            if meta.num_decodes:
+                self.decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, sliding_window)
+        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills[chunks:], scale, sliding_window)
         return out
+
+    def attend_rows(self, out: torch.Tensor, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                    meta: AttentionMetadata, scale: float, window: int = 0) -> int | None:
+        """A backend's one pass over the decodes and the first prefill chunks together (their K/V already
+        written): fills their rows of out and returns how many chunks it took; None when it took nothing
+        (decode_attention and prefill_attention then do it all). Here: None."""
+        return None
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,

@@ -455,12 +455,17 @@ inline void attend_tile_heads(int64_t NC, int64_t G, const float* q, const T* co
     for (int64_t g0 = 0; g0 < G; g0 += kGroup) {
         const float* qg = q + g0 * hd;
         float* ag = acc + g0 * hd;
-        switch (G - g0 < kGroup ? G - g0 : kGroup) {
+        const int64_t gn = G - g0 < kGroup ? G - g0 : kGroup;
 #define TM_CASE(N) \
     case N: attend_tile<N>(NC, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag); break;
-            TM_CASE(1) TM_CASE(2) TM_CASE(3) TM_CASE(4) TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8)
-#undef TM_CASE
+        if constexpr (kGroup > 4) {  // groups of 5-8 heads only where they can occur (bf16 keys)
+            if (gn > 4) {
+                switch (gn) { TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8) }
+                continue;
+            }
         }
+        switch (gn) { TM_CASE(1) TM_CASE(2) TM_CASE(3) TM_CASE(4) }
+#undef TM_CASE
     }
 }
 
