@@ -40,7 +40,7 @@ fi
 SIZE=$(stat -c %s "$MODEL")
 
 PID=""
-stop() { [[ -n "$PID" ]] && { kill -TERM -- "-$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; PID=""; }; }
+stop() { if [[ -n "$PID" ]]; then kill -TERM -- "-$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; PID=""; fi; }  # status 0 when nothing runs: the script's exit status is the trap's
 trap stop EXIT
 rss_kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }  # VmRSS / VmHWM of a pid, KiB
 # the server's own process (setsid's child), the one that holds the memory
