@@ -273,17 +273,20 @@ class AsyncEngine:
             sink(final if final is not None else EngineDeadError("server shutting down"))
 
     def _declare_dead(self, reason: BaseException, err: EngineDeadError) -> None:
-        """Mark the engine dead, fail every waiting caller with `err`, run on_death. Either thread may call
-        it (the engine thread dying, the watchdog); only the first call counts."""
+        """Mark the engine dead, run on_death, fail every waiting caller with `err`. Either thread may call
+        it (the engine thread dying, the watchdog); only the first call counts. on_death runs first, so a
+        caller that sees its error can rely on on_death having run (even if on_death raises)."""
         with self._death_lock:
             if self.dead_reason is not None:
                 return
             self.dead_reason = reason
-        for sink in list(self._sinks.values()):
-            sink(err)
-        self._sinks.clear()
-        if self.on_death is not None:
-            self.on_death(reason)
+        try:
+            if self.on_death is not None:
+                self.on_death(reason)
+        finally:
+            for sink in list(self._sinks.values()):
+                sink(err)
+            self._sinks.clear()
 
     # -- watchdog thread -------------------------------------------------------------------------------
     def _watch(self, timeout: float) -> None:
