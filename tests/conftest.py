@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -27,17 +29,33 @@ def _threads_per_process() -> str:
 os.environ.setdefault("OMP_NUM_THREADS", _threads_per_process())
 os.environ.setdefault("TOKENMILL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
 
+# The GGUF method's start-up crossover measurement (~6 s of matmuls a load on 2 cores) is made once per run and
+# shared by every engine and server the tests start (layers/calibration_cache.py): one file per run, named by
+# the process that starts the run (pytest-xdist's workers and the servers inherit the variable).
+_CALIBRATION_FILE = os.path.join(tempfile.gettempdir(), f"tokenmill-test-calibration-{os.getpid()}.json")
+os.environ.setdefault("TOKENMILL_CALIBRATION_CACHE", _CALIBRATION_FILE)
 
-# The test files that take longest (seconds in one process on the 2-core AMX Xeon, 2026-12-03), run first:
-# `make test` hands whole files to two processes as each frees up, so a long file left for last kept one
-# process busy while the other sat idle. A scheduling hint only: the order of tests within a file is kept.
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if os.environ.get("TOKENMILL_CALIBRATION_CACHE") == _CALIBRATION_FILE:  # the process that named it
+        with contextlib.suppress(OSError):
+            os.unlink(_CALIBRATION_FILE)
+
+
+# The test files that take longest (seconds in one of `make test`'s two processes on the 2-core Zen 2 EPYC,
+# 2026-12-05), run first: `make test` hands whole files to two processes as each frees up, so a long file
+# left for last kept one process busy while the other sat idle. A scheduling hint only: the order of tests
+# within a file is kept.
 _SLOW_FILES = {
-    "tests/engine/test_spec_decode_models.py": 140, "tests/engine/test_spec_decode.py": 80,
-    "tests/server/test_server_lifecycle.py": 95, "tests/model/test_invariance.py": 82,
-    "tests/model/test_gemma3.py": 79, "tests/server/test_server_soak.py": 65,
-    "tests/server/test_structured_output_api.py": 64, "tests/model/test_gguf_method.py": 58,
-    "tests/server/test_server_preemption_storm.py": 57, "tests/model/test_beam_search.py": 53,
-    "tests/model/test_native_decode.py": 52, "tests/model/test_prompt_logprobs.py": 40,
+    "tests/model/test_gguf_method.py": 168, "tests/engine/test_spec_decode_models.py": 164,
+    "tests/model/test_gemma3.py": 133, "tests/engine/test_spec_decode.py": 113,
+    "tests/model/test_invariance.py": 90, "tests/server/test_server_soak.py": 88,
+    "tests/server/test_server_lifecycle.py": 82, "tests/server/test_structured_output_api.py": 79,
+    "tests/server/test_server_preemption_storm.py": 77, "tests/model/test_prompt_logprobs.py": 61,
+    "tests/model/test_native_decode.py": 60, "tests/server/test_vllm_dropin.py": 51,
+    "tests/server/test_server_tool_calling.py": 49, "tests/model/test_beam_search.py": 45,
+    "tests/engine/test_structured_output.py": 45, "tests/unit/test_convert.py": 38,
+    "tests/server/test_multi_model.py": 38, "tests/server/test_ollama_api.py": 35,
 }
 
 

@@ -27,6 +27,19 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("" where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def cpu_has_amx_bf16() -> bool:
     return {"amx_bf16", "amx_tile"} <= cpu_flags()
 

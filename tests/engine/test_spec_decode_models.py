@@ -21,7 +21,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from test_spec_decode import BASE, CODE, PROMPTS, _chains, _chi2_pvalue, chat, small_vocab_model
+from test_spec_decode import BASE, CODE, PROMPTS, _chains, _chi2_pvalue, chat, greedy_reference, small_vocab_model
 from tokenmill import LLM, SamplingParams
 from tokenmill.config import SpeculativeConfig
 from tokenmill.loader.model_source import default_model_path
@@ -61,7 +61,7 @@ def test_greedy_identical_alone_batched_and_at_the_edges(plain: LLM, drafted: LL
     assert spec is not None
     prompts = [chat(plain, p) for p in PROMPTS]
     p = SamplingParams(temperature=0, max_tokens=16)
-    want = [o.outputs[0].token_ids for o in plain.generate(prompts, p)]
+    want = greedy_reference(plain, 16)
     before = spec.num_draft_tokens
     assert [o.outputs[0].token_ids for o in drafted.generate(prompts, p)] == want  # batched
     assert drafted.generate(prompts[1], p)[0].outputs[0].token_ids == want[1]  # alone
@@ -107,7 +107,7 @@ def test_prefix_cache_off_and_preemption_identical(plain: LLM, tiny_draft: Path)
     (layer_skip keeps no cache of its own: preemption is the target's, as for n-gram drafts)."""
     prompts = [chat(plain, p) for p in PROMPTS[:8]]
     p = SamplingParams(temperature=0, max_tokens=16)
-    want = [o.outputs[0].token_ids for o in plain.generate(prompts, p)]
+    want = greedy_reference(plain, 16)[:8]
     cfg = configs(tiny_draft)["self_q4"]
     no_cache = LLM(**{**BASE, "kv_cache_memory": KV, "enable_prefix_caching": False}, speculative_config=cfg)
     assert [o.outputs[0].token_ids for o in no_cache.generate(prompts, p)] == want

@@ -139,8 +139,6 @@ def test_unsupported_features_fail_naming_them(key: str, value: object, tiny, tm
 
 # -- the real Gemma 3 270M ----------------------------------------------------------------------------
 REAL_PROMPTS = ["The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-                "Translate to German: The weather is nice today, so we are going for a walk in the park.",
-                "1, 1, 2, 3, 5, 8, 13,",
                 # longer than the 512-token window: the local layers' window cuts into it
                 "Once upon a time, in a small village at the edge of a great forest, " + " ".join(
                     f"on day {i} the baker sold {3 * i % 17} loaves and the miller ground {5 * i % 23} sacks;"
@@ -170,8 +168,9 @@ def real_hf(real_gguf: Path, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_real_greedy_matches_transformers(real_gguf: Path, real_hf: Path) -> None:
-    """5 prompts x 32 greedy tokens, fp32, against transformers on the dequantized weights, teacher-forced
-    on our tokens: every token is the reference's argmax, or one of its top two within NEAR_TIE."""
+    """3 prompts (a short one, code, and one past the sliding window) x 24 greedy tokens, fp32, against
+    transformers on the dequantized weights, teacher-forced on our tokens: every token is the reference's
+    argmax, or one of its top two within NEAR_TIE."""
     ours = LLM(str(real_gguf), progress=False, kv_cache_memory=64 * 2**20, max_model_len=1024, dtype="float32",
                quantization="dequantize")
     cfg = ours.engine.model_config
@@ -181,13 +180,13 @@ def test_real_greedy_matches_transformers(real_gguf: Path, real_hf: Path) -> Non
     tok = ours.tokenizer
     ids = [tok.encode(p) for p in REAL_PROMPTS]
     assert len(ids[-1]) > cfg.sliding_window
-    outs = ours.generate(ids, GREEDY)
+    outs = ours.generate(ids, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     for prompt_ids, out in zip(ids, outs):
         gen = out.outputs[0].token_ids
-        assert len(gen) == 32
-        with torch.inference_mode():  # logits of the 32 generating positions only (a 262144 vocabulary)
+        assert len(gen) == 24
+        with torch.inference_mode():  # logits of the 24 generating positions only (a 262144 vocabulary)
             hidden = ref.model(torch.tensor([prompt_ids + gen])).last_hidden_state[0, len(prompt_ids) - 1 : -1]
-            logits = ref.lm_head(hidden)  # (32, V); no soft-capping in this model
+            logits = ref.lm_head(hidden)  # (24, V); no soft-capping in this model
             if len(prompt_ids) < 64:
                 assert torch.allclose(prompt_logits(ours, prompt_ids)[-1], logits[0], atol=2e-3, rtol=0)
         top2 = logits.topk(2, dim=-1)

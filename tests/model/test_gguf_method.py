@@ -251,7 +251,7 @@ def test_dense_copy_at_bf16_is_the_dequantized_bf16_engine() -> None:
     ref = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, dtype="bfloat16",
               quantization="dequantize")
     ours = ggml_engine(max_rows=0, dense_copy="on", dtype="bfloat16")
-    ids = corpus_ids(ref.tokenizer, 250)[0]
+    ids = corpus_ids(ref.tokenizer, 250)[0][:96]  # short: bf16 matmuls are slow where the CPU lacks bf16
     assert torch.equal(prompt_logits(ref, ids), prompt_logits(ours, ids))
     # and it is refused where there are no blocks to copy
     with pytest.raises(ValueError, match="dense_copy on is for GGUF blocks"):
@@ -400,3 +400,46 @@ def test_decode_steps_stay_on_the_blocks_up_to_the_row_tile(monkeypatch) -> None
     method, layers = method_and_layers("2")
     method.calibrate(layers, torch.float32)
     assert method.max_ggml_rows == 2 and method.max_step_rows == 2
+
+
+def test_calibration_is_reused_for_an_equal_key_only(monkeypatch) -> None:
+    """A second method on layers of the same shapes takes the first one's crossover without timing anything
+    (the same decisions); a different TOKENMILL_* setting, or another dtype, measures again."""
+    from gguf import GGMLQuantizationType
+
+    from tokenmill.layers import ggml_linear
+    from tokenmill.layers.calibration_cache import CalibrationCache
+    from tokenmill.layers.ggml_linear import GGUFLinearMethod
+    from tokenmill.layers.linear import Linear
+    from tokenmill.loader.weights import GGUFQuantized
+
+    monkeypatch.delenv("TOKENMILL_CALIBRATION_CACHE", raising=False)
+    monkeypatch.setattr(ggml_linear, "CALIBRATIONS", CalibrationCache())  # none from other tests
+    timed = []
+    real = ggml_linear._best_time
+    monkeypatch.setattr(ggml_linear, "_best_time", lambda fn, reps=3: timed.append(1) or real(fn, 1))
+    qtype, n, k = GGMLQuantizationType.Q4_1, 128, 256
+    blocks_np = np.empty((n, ggml.row_size(int(qtype), k)), dtype=np.uint8)
+    ggml.quantize(int(qtype), (torch.randn(n, k) * 0.05).numpy().ctypes.data, blocks_np.ctypes.data, n, k)
+
+    def calibrated(dtype: torch.dtype = torch.float32) -> GGUFLinearMethod:
+        method = GGUFLinearMethod(repack=False, dense_copy=torch.float32)
+        layers = []
+        for _ in range(2):
+            lyr = Linear(k, n, method)
+            lyr.weight.weight_loader(lyr.weight, GGUFQuantized(blocks_np, qtype, (n, k)), None)
+            lyr.finish_loading()
+            layers.append(lyr)
+        method.calibrate(layers, dtype)
+        return method
+
+    first = calibrated()
+    assert timed
+    timed.clear()
+    second = calibrated()
+    assert not timed
+    assert (second.max_ggml_rows, second.panel_min_rows, second.max_step_rows) == \
+        (first.max_ggml_rows, first.panel_min_rows, first.max_step_rows)
+    monkeypatch.setenv("TOKENMILL_GGML_REPACK", "0")  # a setting the key holds (even one this path ignores)
+    calibrated()
+    assert timed

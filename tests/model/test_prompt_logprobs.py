@@ -100,8 +100,8 @@ def test_bad_prompt_logprobs_are_refused() -> None:
 def test_preempted_equals_ample(llm: LLM) -> None:
     """Requests preempted (their blocks freed, the prompt recomputed) report the same prompt logprobs:
     entries are stored by position, so the recomputed chunk overwrites them with the same numbers."""
-    prompts = [long_ids(llm, 40 + 7 * i) for i in range(6)]
-    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, prompt_logprobs=1)
+    prompts = [long_ids(llm, 40 + 7 * i) for i in range(4)]  # ~7 blocks each with their output, 10 for all
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, prompt_logprobs=1)
     ample = llm.generate(prompts, params)
     small = LLM(progress=False, kv_cache_memory=10 * 16 * 46080, max_model_len=160, dtype="float32",
                 quantization="dequantize")

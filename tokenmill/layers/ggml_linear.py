@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import logging
 import os
 import time
@@ -54,6 +55,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from tokenmill.compute import UNQUANTIZED_TYPES, requant_type_for
+from tokenmill.cpu_features import cpu_flags, cpu_model
+from tokenmill.layers.calibration_cache import CACHE_ENV, CALIBRATIONS, Crossover
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.thread_choice import ThreadChooser
 from tokenmill.loader.weights import GGUFQuantized, nothing
@@ -399,8 +402,52 @@ class GGUFLinearMethod(LinearMethod):
         # panel's rises: 90 against 115 -> 185 GFLOPS from 32 to 512 rows on a 2-core AVX2 EPYC)
         timing_panel = (not self._fixed_panel and layer.block_mm is not None and block_matmul.panel_available()
                         and not self.uses_amx(layer, dtype))
+        key = self._calibration_key(layer, len(group), dtype, plain, timing_panel)
+        found = CALIBRATIONS.get(key)
+        if found is None:
+            crossover, where = self._measure_crossover(layer, group, dtype, plain, timing_panel), "measured"
+            CALIBRATIONS.put(key, crossover)
+        else:
+            crossover, where = found
+        self.max_ggml_rows, self._big_plain = crossover.max_ggml_rows, crossover.big_plain
         if timing_panel:
-            self.panel_min_rows = None
+            self.panel_min_rows = crossover.panel_min_rows
+        # decode-only steps in the native step up to the kernel's row tile, whatever the per-matmul figure:
+        # on AMX at 48 and 64 rows (crossover 32) the native step on the AMX kernel took 88-95 / 108-147 ms
+        # against the layer path's 109-113 / 128-154 on the dense copy (offline decode, interleaved)
+        self._step_rows = _AMX_STEP_ROWS if self.uses_amx(layer, dtype) else _STEP_ROWS
+        bounded = self.max_ggml_rows < _UNBOUNDED_ROWS
+        above = ("the dense copy" if layer.packed is not None else
+                 "ggml's plain-block kernel (repacked Q4_K read back)" if self._big_plain else "dequantize + F.linear")
+        log.info("gguf matmuls: block kernels %s%s, decode-only steps %s in one native call; %s (%s on %d "
+                 "(%d, %d) %s layers, %s%s/dense%s: %s)",
+                 f"up to {self.max_ggml_rows} rows" if bounded else "at any number of rows",
+                 f" (the fp32 panel kernel from {self.panel_min_rows})" if self.panel_min_rows is not None else "",
+                 f"up to {self.max_step_rows} rows" if self.max_step_rows < _UNBOUNDED_ROWS else "of any size",
+                 f"{above} above" if bounded else f"{above} never measured faster", where,
+                 len(group), layer.out_features, layer.in_features,
+                 ggml.type_name(layer.matmul.weights[0].ggml_type),
+                 ("amx_matmul" if self.uses_amx(layer, dtype) else "block_matmul") if layer.block_mm is not None
+                 else "ggml", "/panel_matmul" if timing_panel else "", "/plain" if plain else "",
+                 ", ".join(crossover.figures))
+
+    def _calibration_key(self, layer: Linear, num_layers: int, dtype: torch.dtype, plain: bool,
+                         timing_panel: bool) -> str:
+        """Everything the crossover measurement depends on but the timings: the CPU, the layer shape and type,
+        the kernels in play, the threads, the TOKENMILL_* settings. Equal keys measure the same thing."""
+        settings = sorted((k, v) for k, v in os.environ.items() if k.startswith("TOKENMILL_") and k != CACHE_ENV)
+        return json.dumps([
+            cpu_model(), sorted(cpu_flags()), layer.out_features, layer.in_features,
+            ggml.type_name(layer.matmul.weights[0].ggml_type), num_layers, str(dtype), plain,
+            layer.packed is not None, bool(getattr(layer, "dense_ok", False)), layer.block_mm is not None,
+            self.uses_amx(layer, dtype), timing_panel, self.panel_min_rows if self._fixed_panel else None,
+            str(self.dense_copy), self.repack, torch.get_num_threads(), settings])
+
+    def _measure_crossover(self, layer: Linear, group: list[Linear], dtype: torch.dtype, plain: bool,
+                           timing_panel: bool) -> Crossover:
+        """Time the block kernels against the dense path on `group` at growing row counts (see calibrate)."""
+        panel_min_rows: int | None = None
+        big_plain = False
         figures, best, panel_wins, panel_last = [], 0, 0, False
         for m in _CALIBRATION_ROWS:
             x = torch.randn(m, layer.in_features, dtype=dtype)
@@ -421,33 +468,16 @@ class GGUFLinearMethod(LinearMethod):
             panel_faster = t_q < _PANEL_MARGIN * t_g
             if panel_faster:
                 panel_wins += 1
-                if self.panel_min_rows is None:
-                    self.panel_min_rows = m
+                if panel_min_rows is None:
+                    panel_min_rows = m
             if min(t_d, t_p) < min(t_g, t_q):
-                self._big_plain = t_p < t_d
+                big_plain = t_p < t_d
                 break
             best, panel_last = m, panel_faster
         else:
             if panel_last:  # the panel beat the dense path at the most rows timed: it keeps every size above
                 best = _UNBOUNDED_ROWS
-        self.max_ggml_rows = max(best, 1)
-        # decode-only steps in the native step up to the kernel's row tile, whatever the per-matmul figure:
-        # on AMX at 48 and 64 rows (crossover 32) the native step on the AMX kernel took 88-95 / 108-147 ms
-        # against the layer path's 109-113 / 128-154 on the dense copy (offline decode, interleaved)
-        self._step_rows = _AMX_STEP_ROWS if self.uses_amx(layer, dtype) else _STEP_ROWS
-        bounded = self.max_ggml_rows < _UNBOUNDED_ROWS
-        above = ("the dense copy" if layer.packed is not None else
-                 "ggml's plain-block kernel (repacked Q4_K read back)" if self._big_plain else "dequantize + F.linear")
-        log.info("gguf matmuls: block kernels %s%s, decode-only steps %s in one native call; %s (measured on %d "
-                 "(%d, %d) %s layers, %s%s/dense%s: %s)",
-                 f"up to {self.max_ggml_rows} rows" if bounded else "at any number of rows",
-                 f" (the fp32 panel kernel from {self.panel_min_rows})" if self.panel_min_rows is not None else "",
-                 f"up to {self.max_step_rows} rows" if self.max_step_rows < _UNBOUNDED_ROWS else "of any size",
-                 f"{above} above" if bounded else f"{above} never measured faster",
-                 len(group), layer.out_features, layer.in_features,
-                 ggml.type_name(layer.matmul.weights[0].ggml_type),
-                 ("amx_matmul" if self.uses_amx(layer, dtype) else "block_matmul") if layer.block_mm is not None
-                 else "ggml", "/panel_matmul" if timing_panel else "", "/plain" if plain else "", ", ".join(figures))
+        return Crossover(max(best, 1), panel_min_rows, big_plain, figures)
 
 
 def _best_time(fn: object, reps: int = 3) -> float:
