@@ -149,8 +149,8 @@ inline void dot_rows(const uint8_t* wrow, int64_t nb, const int16_t* xq, const f
             mw = TYPE == kQ4_1 ? half_to_float(load_u16(blk + 2)) : -8.0f * dw;
         }
         // lane r: row r's scale dw * xd. Up to 6 rows it is also stored, so that each row's broadcast is a
-        // load rather than a register permute (which competed with the multiply-adds: 2-4% at 2-4 rows on an
-        // AVX-512 Xeon, 5-15% at 2-5 on a Zen 2; at 8 rows the loads cost more, 4% slower; 2026-12-05)
+        // load rather than a register permute, which competed with the multiply-adds (7-18% at 2-5 rows on a
+        // Zen 2, within +-3% on an AVX-512 Xeon, 2026-12-05; at 8 rows the extra loads cost 4% there)
         constexpr bool kStored = R > 1 && R <= 6;
         alignas(32) float stored[8];
         __m256 scales;
