@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tokenmill.cpu_features import cpu_has_native_bf16
+from tokenmill.cpu_features import cpu_has_amx_bf16, cpu_has_native_bf16
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LINEAR_METHODS = ("unquantized", "prepacked", "int8", "gguf")
@@ -82,6 +82,26 @@ def choose_compute(device_type: str, dtype: str = "auto", quantization: str | No
         if packable:
             return ComputeChoice(dtype, "prepacked")
     return ComputeChoice(dtype, "unquantized")
+
+
+# --max-num-batched-tokens when not given: the tokens one step may schedule (prefill chunks + decodes)
+TOKEN_BUDGET = 512
+# ... at bf16 on a CPU with AMX, where a step's big matmuls run on oneDNN's bf16 tiles. There, on the default
+# model at C=64 (200 in / 64 out, served, 2-core AMX Xeon, 2026-12-05), 512 / 1024 / 2048 gave 545 / 582 / 664
+# output tok/s (and 560 / 547 against 636 / 619 in two alternating pairs), at C=16 474 / 473 / 479 with TTFT
+# p50 0.35 / 0.54 / 0.61 s. vLLM's CPU server schedules 2048 too. On AVX2 CPUs (fp32) 2048 gained nothing and
+# doubled TTFT (2026-12-04), so they keep 512 (benchmarks/README.md, "The step's token budget on AMX").
+AMX_TOKEN_BUDGET = 2048
+
+
+def default_token_budget(device_type: str, compute: ComputeChoice, amx: bool | None = None) -> int:
+    """The step's token budget when --max-num-batched-tokens is not given (`amx`: whether the CPU has AMX
+    tiles; None: read the CPU's flags). CUDA keeps TOKEN_BUDGET (not measured there yet)."""
+    if amx is None:
+        amx = cpu_has_amx_bf16()
+    if device_type == "cpu" and compute.dtype == "bfloat16" and amx:
+        return AMX_TOKEN_BUDGET
+    return TOKEN_BUDGET
 
 
 DENSE_COPY_CHOICES = ("auto", "on", "off")

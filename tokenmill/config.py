@@ -148,7 +148,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes; None: a share of free memory (see platforms)
     block_size: int = 16
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int | None = None  # None: the platform's (compute.default_token_budget)
     enable_prefix_caching: bool = True
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on CUDA and on CPUs with AMX, else fp32) | float32 | bfloat16 | float16
@@ -171,7 +171,7 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")

@@ -98,7 +98,7 @@ def _offline_args(p: argparse.ArgumentParser, output_len: int) -> None:
     p.add_argument("--input-len", type=int, default=200, help="prompt tokens (random ids, unique first tokens)")
     p.add_argument("--output-len", type=int, default=output_len, help="generated tokens (ignore_eos)")
     p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="as for serve (default: its default)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (as for serve)")
     p.add_argument("--quantization", choices=["auto", *QUANTIZATION_CHOICES], default=None, help="as for serve")

@@ -12,6 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from tokenmill.compute import TOKEN_BUDGET, default_token_budget
 from tokenmill.config import EngineConfig, format_size
 from tokenmill.engine.block_manager import BlockManager
 from tokenmill.engine.input_processor import ContextLengthError as ContextLengthError  # re-exported: its old home
@@ -87,8 +88,11 @@ class LLMEngine:
         get_model_class(cfg.architecture)  # an unsupported architecture fails now, before the plan
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()
+        # tokens a step may schedule: the flag, else the platform's default (compute.default_token_budget)
+        self.max_num_batched_tokens = (config.max_num_batched_tokens or
+                                       default_token_budget(self.platform.device.type, self.platform.compute))
         self.plan: MemoryPlan = make_plan(cfg, self.platform.compute, config.block_size, kv_bytes, self.max_model_len,
-                                         matrices, max_chunk_tokens=config.max_num_batched_tokens)
+                                         matrices, max_chunk_tokens=self.max_num_batched_tokens)
         draft = self._draft_config(config, kv_bytes)
         for line in self.plan.lines():
             log.info("memory plan: %s", line)
@@ -106,7 +110,7 @@ class LLMEngine:
         num_blocks = self.executor.num_kv_blocks()
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+            SchedulerConfig(config.max_num_seqs, self.max_num_batched_tokens, self.max_model_len,
                             watermark_blocks=max(1, num_blocks // 100), sliding_window=cfg.uniform_window),
             self.block_manager)
         # the one input path (render, tokenize, truncate, validate), shared with `LLM` and the server
@@ -124,6 +128,10 @@ class LLMEngine:
                  "context %d (model max %d), in %.1fs", self.source.name, cfg.architecture, cfg.num_layers,
                  cfg.num_parameters() / 1e6, experts, cfg.quantization, compute.dtype, compute.linear_method,
                  self.platform.device, self.max_model_len, cfg.max_position_embeddings, self.load_time)
+        log.info("scheduler: up to %d tokens and %d sequences a step%s", self.max_num_batched_tokens,
+                 config.max_num_seqs, "" if config.max_num_batched_tokens else
+                 f" (the token budget {'for bf16 on AMX' if self.max_num_batched_tokens > TOKEN_BUDGET else 'by default'};"
+                 " --max-num-batched-tokens sets it)")
 
     def _draft_config(self, config: EngineConfig, kv_bytes: int) -> DraftConfig | None:
         """The workers' drafter for a model-based speculative method, checked now: layer_skip's layer count

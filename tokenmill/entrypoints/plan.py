@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tokenmill.compute import DENSE_COPY_CHOICES, DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute, choose_dense_copy
+from tokenmill.compute import (DENSE_COPY_CHOICES, DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute, choose_dense_copy,
+                               default_token_budget)
 from tokenmill.cpu_features import auto_dtype, bf16_reason, cpu_has_native_bf16
 from tokenmill.config import SpeculativeConfig, format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
@@ -35,7 +36,7 @@ def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int
 
 
 def plan_model(model: str, device: str, dtype: str, quantization: str | None, block_size: int, kv_bytes: int,
-               max_model_len: int | None, max_chunk_tokens: int,
+               max_model_len: int | None, max_chunk_tokens: int | None,
                spec: SpeculativeConfig | None = None, dense_copy: str = "auto") -> tuple[ModelConfig, int, MemoryPlan]:
     """(config, bytes on disk, memory plan) of a model from its header, as the engine will plan it: the
     compute rule serve uses (the CPU's flags, whether ggml is built here), and a draft model's weights and
@@ -49,6 +50,7 @@ def plan_model(model: str, device: str, dtype: str, quantization: str | None, bl
     compute = choose_dense_copy(dense_copy, compute, dense_copy_bytes(cfg, compute.dtype_bytes), total_ram(),
                                 device == "cpu" and compute.dtype == "bfloat16" and cpu_has_native_bf16())
     max_len = max_model_len or cfg.max_position_embeddings
+    max_chunk_tokens = max_chunk_tokens or default_token_budget(device, compute)
     plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens)
     if spec is not None and spec.method == "draft_model" and spec.model:
         dcfg, _, dkind, dmatrices = read_model_config(spec.model)
@@ -65,7 +67,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB (default: what serve would pick here)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512,
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="as for serve: a prefill chunk's most (what a sliding-window sequence adds to its window)")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES])
     p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None, help="as for serve")
