@@ -8,7 +8,11 @@ D=benchmarks/results/2026-12-05-amx
 lscpu > $D/lscpu.txt
 case "${1:-compare}" in
   compare) PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$D/compare benchmarks/compare.sh ;;
-  compare2) PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$D/compare-2 benchmarks/compare.sh ;;
+  # at the final code (the 2048 budget on AMX), twice, then the speculation run again
+  final) PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$D/final-1 benchmarks/compare.sh
+         PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$D/final-2 benchmarks/compare.sh
+         bash benchmarks/spec_grounded.sh $D/spec-final ;;
+  final3) PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$D/final-3 benchmarks/compare.sh ;;
   spec) bash benchmarks/spec_grounded.sh $D/spec ;;
 esac
 # the step's token budget at C=64, tokenmill alone, default (512) and 2048 alternating twice
