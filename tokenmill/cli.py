@@ -29,8 +29,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                    help="KV cache budget, e.g. 2GiB (default: 1/4 of free RAM up to 2GiB on CPU, most of free GPU memory)")
     g.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, help="sequences per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
-                   help="token budget per step (prefill chunks + decodes; default 2048 at bf16 on CPUs with AMX, "
-                        "else 512)")
+                   help="token budget per step (prefill chunks + decodes; default 2048 at bf16 on CPUs with AMX "
+                        "when big batches run on oneDNN, else 512)")
     g.add_argument("--block-size", type=int, default=EngineConfig.block_size, help="tokens per KV block")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable automatic prefix caching")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

@@ -86,7 +86,8 @@ def choose_compute(device_type: str, dtype: str = "auto", quantization: str | No
 
 # --max-num-batched-tokens when not given: the tokens one step may schedule (prefill chunks + decodes)
 TOKEN_BUDGET = 512
-# ... at bf16 on a CPU with AMX, where a step's big matmuls run on oneDNN's bf16 tiles. There, on the default
+# ... where a step's big matmuls run on oneDNN's bf16 tiles: bf16 on a CPU with AMX, with the gguf method's
+# dense copy or prepacked weights (not for the gguf blocks alone, as a 7B file has, unmeasured). There, on the default
 # model at C=64 (200 in / 64 out, served, 2-core AMX Xeon, 2026-12-05), 512 / 1024 / 2048 gave 545 / 582 / 664
 # output tok/s (and 560 / 547 against 636 / 619 in two alternating pairs), at C=16 474 / 473 / 479 with TTFT
 # p50 0.35 / 0.54 / 0.61 s. vLLM's CPU server schedules 2048 too. On AVX2 CPUs (fp32) 2048 gained nothing and
@@ -95,11 +96,13 @@ AMX_TOKEN_BUDGET = 2048
 
 
 def default_token_budget(device_type: str, compute: ComputeChoice, amx: bool | None = None) -> int:
-    """The step's token budget when --max-num-batched-tokens is not given (`amx`: whether the CPU has AMX
-    tiles; None: read the CPU's flags). CUDA keeps TOKEN_BUDGET (not measured there yet)."""
+    """The step's token budget when --max-num-batched-tokens is not given, for `compute` with its dense copy
+    decided (`amx`: whether the CPU has AMX tiles; None: read the CPU's flags). CUDA keeps TOKEN_BUDGET (not
+    measured there yet)."""
     if amx is None:
         amx = cpu_has_amx_bf16()
-    if device_type == "cpu" and compute.dtype == "bfloat16" and amx:
+    onednn_bf16 = compute.dense_copy or compute.linear_method == "prepacked"
+    if device_type == "cpu" and compute.dtype == "bfloat16" and onednn_bf16 and amx:
         return AMX_TOKEN_BUDGET
     return TOKEN_BUDGET
 

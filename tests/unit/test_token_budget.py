@@ -1,5 +1,6 @@
-"""The step's token budget when --max-num-batched-tokens is not given: 2048 at bf16 on a CPU with AMX (where it
-measured up to 1.2x the throughput at C=64), 512 elsewhere; the flag always wins."""
+"""The step's token budget when --max-num-batched-tokens is not given: 2048 where big batches run on oneDNN's
+bf16 matmuls on a CPU with AMX (there it measured up to 1.2x the throughput at C=64), 512 elsewhere; the flag
+always wins."""
 
 from __future__ import annotations
 
@@ -11,15 +12,20 @@ from tokenmill.compute import AMX_TOKEN_BUDGET, TOKEN_BUDGET, ComputeChoice, def
 from tokenmill.config import EngineConfig
 
 
-@pytest.mark.parametrize(("device", "dtype", "amx", "want"), [
-    ("cpu", "bfloat16", True, AMX_TOKEN_BUDGET),
-    ("cpu", "float32", True, TOKEN_BUDGET),  # --dtype float32 on an AMX CPU: the fp32 matmuls of AVX2 hosts
-    ("cpu", "bfloat16", False, TOKEN_BUDGET),  # AVX512_BF16 without AMX (Zen 4): not measured, unchanged
-    ("cpu", "float32", False, TOKEN_BUDGET),
-    ("cuda", "bfloat16", True, TOKEN_BUDGET),
+GGUF_COPY = dict(linear_method="gguf", dense_copy=True)  # a small GGUF file: blocks and a dense bf16 copy
+
+
+@pytest.mark.parametrize(("device", "dtype", "method", "amx", "want"), [
+    ("cpu", "bfloat16", GGUF_COPY, True, AMX_TOKEN_BUDGET),
+    ("cpu", "bfloat16", dict(linear_method="prepacked"), True, AMX_TOKEN_BUDGET),  # an HF checkpoint at bf16
+    ("cpu", "bfloat16", dict(linear_method="gguf"), True, TOKEN_BUDGET),  # blocks alone (a 7B file): unmeasured
+    ("cpu", "float32", GGUF_COPY, True, TOKEN_BUDGET),  # --dtype float32 on AMX: fp32 matmuls, as on AVX2 hosts
+    ("cpu", "bfloat16", GGUF_COPY, False, TOKEN_BUDGET),  # AVX512_BF16 without AMX (Zen 4): unmeasured
+    ("cpu", "float32", dict(linear_method="gguf"), False, TOKEN_BUDGET),
+    ("cuda", "bfloat16", dict(linear_method="unquantized"), True, TOKEN_BUDGET),
 ])
-def test_the_default_budget_follows_the_compute(device: str, dtype: str, amx: bool, want: int) -> None:
-    assert default_token_budget(device, ComputeChoice(dtype, "gguf"), amx=amx) == want
+def test_the_default_budget_follows_the_compute(device: str, dtype: str, method: dict, amx: bool, want: int) -> None:
+    assert default_token_budget(device, ComputeChoice(dtype, **method), amx=amx) == want
     assert TOKEN_BUDGET == 512 and AMX_TOKEN_BUDGET == 2048
 
 
