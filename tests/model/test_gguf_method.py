@@ -365,8 +365,6 @@ def test_decode_steps_stay_on_the_blocks_up_to_the_row_tile(monkeypatch) -> None
     from gguf import GGMLQuantizationType
 
     from tokenmill.layers.ggml_linear import GGUFLinearMethod
-    from tokenmill.layers.linear import Linear
-    from tokenmill.loader.weights import GGUFQuantized
 
     qtype = GGMLQuantizationType.Q4_1
     n, k = 256, 256
@@ -380,13 +378,7 @@ def test_decode_steps_stay_on_the_blocks_up_to_the_row_tile(monkeypatch) -> None
         else:
             monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", fixed)
         method = GGUFLinearMethod(repack=False, dense_copy=torch.float32)
-        layers = []
-        for _ in range(2):
-            lyr = Linear(k, n, method)
-            lyr.weight.weight_loader(lyr.weight, GGUFQuantized(blocks_np, qtype, (n, k)), None)
-            lyr.finish_loading()
-            layers.append(lyr)
-        return method, layers
+        return method, _loaded_layers(method, blocks_np, qtype, n, k)
 
     method, layers = method_and_layers(None)
     method.calibrate(layers, torch.float32)
@@ -402,6 +394,20 @@ def test_decode_steps_stay_on_the_blocks_up_to_the_row_tile(monkeypatch) -> None
     assert method.max_ggml_rows == 2 and method.max_step_rows == 2
 
 
+def _loaded_layers(method, blocks_np: np.ndarray, qtype, n: int, k: int, count: int = 2) -> list:
+    """`count` (n, k) layers of `method`, each loaded with the same GGUF blocks."""
+    from tokenmill.layers.linear import Linear
+    from tokenmill.loader.weights import GGUFQuantized
+
+    layers = []
+    for _ in range(count):
+        lyr = Linear(k, n, method)
+        lyr.weight.weight_loader(lyr.weight, GGUFQuantized(blocks_np, qtype, (n, k)), None)
+        lyr.finish_loading()
+        layers.append(lyr)
+    return layers
+
+
 def test_calibration_is_reused_for_an_equal_key_only(monkeypatch) -> None:
     """A second method on layers of the same shapes takes the first one's crossover without timing anything
     (the same decisions); a different TOKENMILL_* setting, or another dtype, measures again."""
@@ -410,8 +416,6 @@ def test_calibration_is_reused_for_an_equal_key_only(monkeypatch) -> None:
     from tokenmill.layers import ggml_linear
     from tokenmill.layers.calibration_cache import CalibrationCache
     from tokenmill.layers.ggml_linear import GGUFLinearMethod
-    from tokenmill.layers.linear import Linear
-    from tokenmill.loader.weights import GGUFQuantized
 
     monkeypatch.delenv("TOKENMILL_CALIBRATION_CACHE", raising=False)
     monkeypatch.setattr(ggml_linear, "CALIBRATIONS", CalibrationCache())  # none from other tests
@@ -424,13 +428,7 @@ def test_calibration_is_reused_for_an_equal_key_only(monkeypatch) -> None:
 
     def calibrated(dtype: torch.dtype = torch.float32) -> GGUFLinearMethod:
         method = GGUFLinearMethod(repack=False, dense_copy=torch.float32)
-        layers = []
-        for _ in range(2):
-            lyr = Linear(k, n, method)
-            lyr.weight.weight_loader(lyr.weight, GGUFQuantized(blocks_np, qtype, (n, k)), None)
-            lyr.finish_loading()
-            layers.append(lyr)
-        method.calibrate(layers, dtype)
+        method.calibrate(_loaded_layers(method, blocks_np, qtype, n, k), dtype)
         return method
 
     first = calibrated()
