@@ -13,6 +13,7 @@ case "${1:-compare}" in
          PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$D/final-2 benchmarks/compare.sh
          bash benchmarks/spec_grounded.sh $D/spec-final ;;
   final3) PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$D/final-3 benchmarks/compare.sh ;;
+  final4) PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$D/final-4 benchmarks/compare.sh ;;
   spec) bash benchmarks/spec_grounded.sh $D/spec ;;
 esac
 # the step's token budget at C=64, tokenmill alone, default (512) and 2048 alternating twice
