@@ -87,8 +87,8 @@ def choose_compute(device_type: str, dtype: str = "auto", quantization: str | No
 # --max-num-batched-tokens when not given: the tokens one step may schedule (prefill chunks + decodes)
 TOKEN_BUDGET = 512
 # ... where a step's big matmuls run on oneDNN's bf16 tiles: bf16 on a CPU with AMX, with the gguf method's
-# dense copy or prepacked weights (not for the gguf blocks alone, as a 7B file has, unmeasured). There, on the default
-# model at C=64 (200 in / 64 out, served, 2-core AMX Xeon, 2026-12-05), 512 / 1024 / 2048 gave 545 / 582 / 664
+# dense copy or prepacked weights (not for the gguf blocks alone, as a 7B file has: unmeasured). There, on the
+# default model at C=64 (200 in / 64 out, served, 2-core AMX Xeon, 2026-12-05), 512 / 1024 / 2048 gave 545 / 582 / 664
 # output tok/s (and 560 / 547 against 636 / 619 in two alternating pairs), at C=16 474 / 473 / 479 with TTFT
 # p50 0.35 / 0.54 / 0.61 s. vLLM's CPU server schedules 2048 too. On AVX2 CPUs (fp32) 2048 gained nothing and
 # doubled TTFT (2026-12-04), so they keep 512 (benchmarks/README.md, "The AMX Xeon again").

@@ -128,10 +128,10 @@ class LLMEngine:
                  "context %d (model max %d), in %.1fs", self.source.name, cfg.architecture, cfg.num_layers,
                  cfg.num_parameters() / 1e6, experts, cfg.quantization, compute.dtype, compute.linear_method,
                  self.platform.device, self.max_model_len, cfg.max_position_embeddings, self.load_time)
+        why = "for bf16 on AMX" if self.max_num_batched_tokens > TOKEN_BUDGET else "by default"
         log.info("scheduler: up to %d tokens and %d sequences a step%s", self.max_num_batched_tokens,
                  config.max_num_seqs, "" if config.max_num_batched_tokens else
-                 f" (the token budget {'for bf16 on AMX' if self.max_num_batched_tokens > TOKEN_BUDGET else 'by default'};"
-                 " --max-num-batched-tokens sets it)")
+                 f" (the token budget {why}; --max-num-batched-tokens sets it)")
 
     def _draft_config(self, config: EngineConfig, kv_bytes: int) -> DraftConfig | None:
         """The workers' drafter for a model-based speculative method, checked now: layer_skip's layer count
