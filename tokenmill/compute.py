@@ -95,14 +95,11 @@ TOKEN_BUDGET = 512
 AMX_TOKEN_BUDGET = 2048
 
 
-def default_token_budget(device_type: str, compute: ComputeChoice, amx: bool | None = None) -> int:
+def default_token_budget(device_type: str, compute: ComputeChoice) -> int:
     """The step's token budget when --max-num-batched-tokens is not given, for `compute` with its dense copy
-    decided (`amx`: whether the CPU has AMX tiles; None: read the CPU's flags). CUDA keeps TOKEN_BUDGET (not
-    measured there yet)."""
-    if amx is None:
-        amx = cpu_has_amx_bf16()
+    decided. CUDA keeps TOKEN_BUDGET (not measured there yet)."""
     onednn_bf16 = compute.dense_copy or compute.linear_method == "prepacked"
-    if device_type == "cpu" and compute.dtype == "bfloat16" and onednn_bf16 and amx:
+    if device_type == "cpu" and compute.dtype == "bfloat16" and onednn_bf16 and cpu_has_amx_bf16():
         return AMX_TOKEN_BUDGET
     return TOKEN_BUDGET
 

@@ -24,8 +24,13 @@ GGUF_COPY = dict(linear_method="gguf", dense_copy=True)  # a small GGUF file: bl
     ("cpu", "float32", dict(linear_method="gguf"), False, TOKEN_BUDGET),
     ("cuda", "bfloat16", dict(linear_method="unquantized"), True, TOKEN_BUDGET),
 ])
-def test_the_default_budget_follows_the_compute(device: str, dtype: str, method: dict, amx: bool, want: int) -> None:
-    assert default_token_budget(device, ComputeChoice(dtype, **method), amx=amx) == want
+def test_the_default_budget_follows_the_compute(device: str, dtype: str, method: dict, amx: bool, want: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import tokenmill.cpu_features as cf
+
+    flags = {"avx2", "avx512f", "avx512_bf16"} | ({"amx_tile", "amx_bf16"} if amx else set())
+    monkeypatch.setattr(cf, "cpu_flags", lambda: frozenset(flags))
+    assert default_token_budget(device, ComputeChoice(dtype, **method)) == want
     assert TOKEN_BUDGET == 512 and AMX_TOKEN_BUDGET == 2048
 
 
