@@ -42,7 +42,7 @@ for name, key in (("paged_decode_attention", "native attention"), ("add_rms_norm
 # the dense path: the dense copy (oneDNN at bf16), or dequantize a tile + F.linear (fp32 without a copy)
 timed(ggml_linear.GGUFLinearMethod, "_dense", "matmuls, dense path")
 timed(ggml_linear.block_matmul, "matmul", "matmuls, blocks")
-for mod in (paged, native_paged):  # native_paged holds its own references to both
+for mod in (paged,):
     timed(mod, "prefill_attention", "prefill attention, SDPA")
     timed(mod, "write_kv", "KV writes")
 C = int(sys.argv[1]) if len(sys.argv) > 1 else 64

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tokenmill.cpu_features import cpu_flags
 from tokenmill.native import kernels
 
 FP32 = dict(rtol=1e-4, atol=1e-5)
@@ -153,19 +154,22 @@ CASES = [  # (nh, nkv, hd): GQA ratios 1-8, head dims 64 and 128 (and one other 
 ]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd", CASES)
-def test_paged_decode_attention_matches_torch(nh: int, nkv: int, hd: int) -> None:
+def test_paged_decode_attention_matches_torch(nh: int, nkv: int, hd: int, dtype: torch.dtype) -> None:
+    """bf16 (on AVX-512: the 16-lane tiles, every group size 1-8) against fp32 math on the same inputs."""
     rng = random.Random(nh * 100 + nkv * 10 + hd)
     for B in (1, rng.randint(2, 9), 64):
         lens = [rng.choice(LENGTHS) if rng.random() < 0.6 else rng.randint(1, 600) for _ in range(B)]
         if B == 64:  # keep the caches small: long contexts for a few sequences only
             lens = [L if b < 8 else min(L, 48) for b, L in enumerate(lens)]
-        k_cache, v_cache, tables, lens_t = make_paged(B, nkv, hd, 16, lens, torch.float32, seed=B)
-        qkv = torch.randn(B, (nh + 2 * nkv) * hd)
+        k_cache, v_cache, tables, lens_t = make_paged(B, nkv, hd, 16, lens, dtype, seed=B)
+        qkv = torch.randn(B, (nh + 2 * nkv) * hd).to(dtype)
         q = qkv[:, : nh * hd].view(B, nh, hd)  # a view into the projection, as the model passes it
-        out = torch.empty(B, nh, hd)
+        out = torch.empty(B, nh, hd, dtype=dtype)
         assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, hd ** -0.5)
-        torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, hd ** -0.5), **FP32)
+        want = reference(q, k_cache, v_cache, tables, lens_t, hd ** -0.5)
+        torch.testing.assert_close(out.float(), want, **tol(dtype))
 
 
 @pytest.mark.parametrize("bs", [8, 32, 5])
@@ -240,24 +244,28 @@ def verification_batch(runs: list[tuple[int, int]], nkv: int, hd: int, bs: int, 
     return k_cache, v_cache, tables[rows], torch.tensor(lens, dtype=torch.long)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd,bs", [(9, 3, 64, 16), (32, 8, 128, 16), (8, 1, 64, 5), (16, 16, 64, 32)])
-def test_rows_of_one_sequence_attend_together_and_keep_their_bits(nh: int, nkv: int, hd: int, bs: int) -> None:
+def test_rows_of_one_sequence_attend_together_and_keep_their_bits(nh: int, nkv: int, hd: int, bs: int,
+                                                                   dtype: torch.dtype) -> None:
     """Rows of one sequence at successive positions (speculative verification) are attended as one run,
     each tile read once for all of them. Each row must still get the bits it gets alone, across tile,
     block and partition edges (lens around 16, 256 and 512), in runs longer than the kernel groups (20
     rows), beside other sequences, at 1 and 2 threads; and match the torch reference."""
     runs = [(1, 5), (254, 5), (300, 1), (14, 4), (509, 9), (100, 20), (2, 2), (1000, 3)]
     k_cache, v_cache, tables, lens_t = verification_batch(runs, nkv, hd, bs, seed=nh + bs)
-    q = torch.randn(len(lens_t), nh, hd)
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    q = torch.randn(len(lens_t), nh, hd).to(dtype)
     threads = torch.get_num_threads()
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
             out = torch.empty_like(q)
             assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, hd ** -0.5)
-            torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, hd ** -0.5), **FP32)
+            want = reference(q, k_cache, v_cache, tables, lens_t, hd ** -0.5)
+            torch.testing.assert_close(out.float(), want, **tol(dtype))
             for b in range(len(lens_t)):
-                alone = torch.empty(1, nh, hd)
+                alone = torch.empty(1, nh, hd, dtype=dtype)
                 assert kernels.paged_decode_attention(alone, q[b : b + 1], k_cache, v_cache, tables[b : b + 1],
                                                       lens_t[b : b + 1], hd ** -0.5)
                 assert torch.equal(alone[0], out[b]), (n, b)
@@ -293,6 +301,45 @@ def test_attention_refuses_what_it_cannot_take() -> None:
     k12, v12, t12, l12 = make_paged(2, 2, 12, 16, [5, 9], torch.float32, seed=1)
     q12 = torch.randn(2, 4, 12)
     assert not kernels.paged_decode_attention(torch.empty_like(q12), q12, k12, v12, t12, l12, 0.1)  # hd % 8
+
+
+# -- the 8-lane build on an AVX-512 CPU ------------------------------------------------------------
+def test_sixteen_lanes_agree_with_eight(monkeypatch) -> None:
+    """Where the compiler targets AVX-512, silu*mul and the norm take 16 lanes with the same operations per
+    element (so the same bits as the 8-lane build, -DTM_NO_AVX512), and bf16 decode attention 16-lane tiles
+    (the same within bf16's rounding)."""
+    if "avx512f" not in cpu_flags():
+        pytest.skip("no AVX-512 here: the default build is the 8-lane one")
+    narrow = kernels.library(kernels.FLAGS + ("-DTM_NO_AVX512",))
+    if narrow is None:
+        pytest.skip("the 8-lane build of the native kernels failed")
+    wide = kernels.library()
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16):
+        gate_up = (torch.randn(33, 2 * 1544, generator=g) * 4).to(dtype)  # a tail past the 16-lane loop
+        gate_up[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+        x, res, w = (torch.randn(33, 600, generator=g).to(dtype), torch.randn(33, 600, generator=g).to(dtype),
+                     torch.randn(600, generator=g).to(dtype))
+        got = {}
+        for name, lib in (("narrow", narrow), ("wide", wide)):
+            monkeypatch.setattr(kernels, "library", lambda flags=kernels.FLAGS, lib=lib: lib)
+            r = res.clone()
+            got[name] = (kernels.silu_and_mul(gate_up), kernels.add_rms_norm(x, r, w, 1e-5), r)
+        for a, b in zip(got["narrow"], got["wide"]):
+            assert a is not None and b is not None
+            assert torch.equal(a.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                               b.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)), dtype
+    lens = [1, 17, 100, 513, 300, 16, 256]
+    for nh, nkv, hd in ((9, 3, 64), (28, 4, 128), (16, 2, 96)):
+        k_cache, v_cache, tables, lens_t = make_paged(len(lens), nkv, hd, 16, lens, torch.bfloat16, seed=hd)
+        q = torch.randn(len(lens), nh, hd, generator=g).to(torch.bfloat16)
+        outs = []
+        for lib in (narrow, wide):
+            monkeypatch.setattr(kernels, "library", lambda flags=kernels.FLAGS, lib=lib: lib)
+            out = torch.empty_like(q)
+            assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, hd ** -0.5)
+            outs.append(out.float())
+        torch.testing.assert_close(outs[1], outs[0], **BF16)
 
 
 # -- the portable build (no intrinsics) ------------------------------------------------------------

@@ -20,6 +20,9 @@
 //
 // Vector code: AVX2 + FMA intrinsics when the compiler targets them (-march=native), otherwise (or with
 // -DTM_PORTABLE) the same kernels over a plain 8-float struct that the compiler vectorizes as it can.
+// Where it targets AVX-512 too, 16-float vectors (V16) take the wide loops: silu*mul and the norm (the
+// same operations per element, so the same bits as 8 lanes) and bf16 decode attention's tiles; -DTM_NO_AVX512
+// builds the 8-lane code alone (for A/B runs).
 
 #include <algorithm>
 #include <cmath>
@@ -184,23 +187,82 @@ inline V8 vpow2i(V8 n) {
 #undef TM_LANES
 #endif
 
+// ---- 16-float vectors (AVX-512) ----------------------------------------------------------------------
+// Only the decode attention's tiles use them (attend_tile16), where the cache's head rows are 64 or 128
+// wide: a key or value row widened 16 lanes at a time halves the instructions per element of the 8-lane
+// path, which bounds bf16 attention below the memory's speed on AVX-512 CPUs.
+#if defined(TM_AVX2) && defined(__AVX512F__) && !defined(TM_NO_AVX512)
+#define TM_AVX512 1
+struct V16 {
+    __m512 v;
+};
+inline V16 vzero16() { return {_mm512_setzero_ps()}; }
+inline V16 vset16(float x) { return {_mm512_set1_ps(x)}; }
+inline V16 vload16(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline V16 vload16(const bf16* p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+}
+inline void vstore(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
+inline void vstore(bf16* p, V16 a) {  // as vstore(bf16*, V8), 16 lanes
+    __m512i u = _mm512_castps_si512(a.v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q), r,
+                                _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+}
+inline V16 operator+(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V16 operator-(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V16 operator*(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V16 operator/(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V16 fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 vmax(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V16 vmin(V16 a, V16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline float hmax(V16 a) { return _mm512_reduce_max_ps(a.v); }
+inline float hsum(V16 a) { return _mm512_reduce_add_ps(a.v); }
+inline void in_register(V16& a) { asm("" : "+v"(a.v)); }
+// the low and high 8 lanes
+inline V8 lo8(V16 a) { return {_mm512_castps512_ps256(a.v)}; }
+inline V8 hi8(V16 a) { return {_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1))}; }
+inline V8 fold(V16 a) { return lo8(a) + hi8(a); }  // lanes 0-7 + lanes 8-15
+inline V16 select_lt(V16 a, V16 b, V16 x, V16 y) {
+    return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), y.v, x.v)};
+}
+inline V16 vround(V16 a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline V16 vpow2i(V16 n) {
+    __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
+}
+#endif
+
+template <typename V>
+inline V splat(float x);
+template <>
+inline V8 splat<V8>(float x) { return vset1(x); }
+#ifdef TM_AVX512
+template <>
+inline V16 splat<V16>(float x) { return vset16(x); }
+#endif
+
 // exp(x), relative error ~2e-7; 0 below -87.3 (and for -inf); clamped at 88 (exp(88) ~ 1.7e38, finite).
-// x = n ln2 + r with |r| <= ln2/2; exp(r) by its Taylor series to r^7 (truncation < 1e-8).
-inline V8 vexp(V8 x) {
-    const V8 lo = vset1(-87.3f);
-    V8 xc = vmin(vmax(x, lo), vset1(88.0f));
-    V8 n = vround(xc * vset1(1.44269504088896341f));  // in [-126, 127]
-    V8 r = fma(n, vset1(-0.693359375f), xc);  // ln2 in two parts: n * hi is exact
-    r = fma(n, vset1(2.12194440e-4f), r);
-    V8 p = vset1(1.0f / 5040);
-    p = fma(p, r, vset1(1.0f / 720));
-    p = fma(p, r, vset1(1.0f / 120));
-    p = fma(p, r, vset1(1.0f / 24));
-    p = fma(p, r, vset1(1.0f / 6));
-    p = fma(p, r, vset1(0.5f));
-    p = fma(p, r, vset1(1.0f));
-    p = fma(p, r, vset1(1.0f));
-    return select_lt(x, lo, vzero(), p * vpow2i(n));
+// x = n ln2 + r with |r| <= ln2/2; exp(r) by its Taylor series to r^7 (truncation < 1e-8). V: V8 or V16.
+template <typename V>
+inline V vexp(V x) {
+    const V lo = splat<V>(-87.3f);
+    V xc = vmin(vmax(x, lo), splat<V>(88.0f));
+    V n = vround(xc * splat<V>(1.44269504088896341f));  // in [-126, 127]
+    V r = fma(n, splat<V>(-0.693359375f), xc);  // ln2 in two parts: n * hi is exact
+    r = fma(n, splat<V>(2.12194440e-4f), r);
+    V p = splat<V>(1.0f / 5040);
+    p = fma(p, r, splat<V>(1.0f / 720));
+    p = fma(p, r, splat<V>(1.0f / 120));
+    p = fma(p, r, splat<V>(1.0f / 24));
+    p = fma(p, r, splat<V>(1.0f / 6));
+    p = fma(p, r, splat<V>(0.5f));
+    p = fma(p, r, splat<V>(1.0f));
+    p = fma(p, r, splat<V>(1.0f));
+    return select_lt(x, lo, splat<V>(0.0f), p * vpow2i(n));
 }
 
 inline float exp1(float x) { return x < -87.3f ? 0.0f : std::exp(x); }
@@ -228,12 +290,26 @@ void add_rms_norm_row(T* out, const T* x, T* res, const T* w, int64_t D, float e
     const T* src = x;
     if (res != nullptr) {
         int64_t i = 0;
+#ifdef TM_AVX512
+        for (; i + 16 <= D; i += 16) vstore(res + i, vload16(res + i) + vload16(x + i));
+#endif
         for (; i + 8 <= D; i += 8) vstore(res + i, vload(res + i) + vload(x + i));
         for (; i < D; ++i) store1(res + i, to_f32(res[i]) + to_f32(x[i]));
         src = res;  // read back: in bf16 the norm sees the rounded sum, as the unfused ops would
     }
     V8 acc[4] = {vzero(), vzero(), vzero(), vzero()};
     int64_t i = 0;
+#ifdef TM_AVX512  // lanes 0-15 and 16-31 of each 32: acc[0] | acc[1] and acc[2] | acc[3], the same sums
+    if (D >= 32) {
+        V16 a01 = vzero16(), a23 = vzero16();
+        for (; i + 32 <= D; i += 32) {
+            const V16 v0 = vload16(src + i), v1 = vload16(src + i + 16);
+            a01 = fma(v0, v0, a01);
+            a23 = fma(v1, v1, a23);
+        }
+        acc[0] = lo8(a01), acc[1] = hi8(a01), acc[2] = lo8(a23), acc[3] = hi8(a23);
+    }
+#endif
     for (; i + 32 <= D; i += 32)
         for (int u = 0; u < 4; ++u) {
             V8 v = vload(src + i + 8 * u);
@@ -248,6 +324,10 @@ void add_rms_norm_row(T* out, const T* x, T* res, const T* w, int64_t D, float e
     const float inv = 1.0f / std::sqrt(ss / float(D) + eps);
     const V8 vinv = vset1(inv);
     i = 0;
+#ifdef TM_AVX512
+    const V16 vinv16 = vset16(inv);
+    for (; i + 16 <= D; i += 16) vstore(out + i, (vload16(src + i) * vinv16) * vload16(w + i));
+#endif
     for (; i + 8 <= D; i += 8) vstore(out + i, (vload(src + i) * vinv) * vload(w + i));
     for (; i < D; ++i) store1(out + i, (to_f32(src[i]) * inv) * to_f32(w[i]));
 }
@@ -270,6 +350,12 @@ void silu_and_mul(T* out, int64_t out_stride, const T* in, int64_t in_stride, in
         T* o = out + t * out_stride;
         const V8 one = vset1(1.0f);
         int64_t i = 0;
+#ifdef TM_AVX512  // the same operations on 16 lanes: the same bits
+        for (; i + 16 <= I; i += 16) {
+            V16 gv = vload16(g + i);
+            vstore(o + i, (gv / (vset16(1.0f) + vexp(vzero16() - gv))) * vload16(u + i));
+        }
+#endif
         for (; i + 8 <= I; i += 8) {
             V8 gv = vload(g + i);
             vstore(o + i, (gv / (one + vexp(vzero() - gv))) * vload(u + i));
@@ -443,14 +529,132 @@ inline void attend_tile(int64_t NC, const float* q, const T* const* kp, const T*
     tile_accumulate<G>(acc, NC, vp, sc);
 }
 
+#ifdef TM_AVX512
+// The same tile on 16-lane vectors (head dims that are multiples of 16; NC here counts vectors of 16).
+// Register blocking as Block's, for 32 registers: G * KJ score accumulators of KJ keys, G * CB value
+// accumulators of CB vectors of the head dim.
+template <int G>
+struct Block16 {
+    static constexpr int KJ = G <= 2 ? 8 : G <= 4 ? 4 : 2;
+    static constexpr int CB = G <= 2 ? 8 : G <= 4 ? 4 : 2;
+};
+
+// sc[g][j] = q[g] . k_j for the tile's 16 rows (rows past n: anything; the caller masks them): KJ keys at
+// a time for all G heads, each key vector widened once; each sum folded to 8 lanes, then 8 sums reduced
+// into one vector
+template <int G, typename U>
+inline void tile_scores16(const float* q, int64_t NC, const U* const* kp, int n, float (*sc)[kTile]) {
+    constexpr int KJ = Block16<G>::KJ, NS = G * KJ, N8 = (NS + 7) / 8;
+    const int64_t hd = NC * 16;
+    for (int j0 = 0; j0 < n; j0 += KJ) {
+        asm volatile("" ::: "memory");
+        V16 s[NS];  // s[g * KJ + j]: head g, key j0 + j
+        for (int i = 0; i < NS; ++i) s[i] = vzero16();
+        for (int64_t c = 0; c < NC; ++c) {
+            V16 k[KJ];
+            for (int j = 0; j < KJ; ++j) {
+                k[j] = vload16(kp[j0 + j] + 16 * c);
+                if (G > 1) in_register(k[j]);
+            }
+            for (int g = 0; g < G; ++g) {
+                const V16 qv = vload16(q + g * hd + 16 * c);
+                for (int j = 0; j < KJ; ++j) s[g * KJ + j] = fma(qv, k[j], s[g * KJ + j]);
+            }
+        }
+        alignas(32) float t[N8 * 8];
+        for (int b = 0; b < N8; ++b) {
+            V8 h[8];
+            for (int i = 0; i < 8; ++i) h[i] = b * 8 + i < NS ? fold(s[b * 8 + i]) : vzero();
+            vstore(t + 8 * b, reduce8(h));
+        }
+        for (int g = 0; g < G; ++g)
+            for (int j = 0; j < KJ; ++j) sc[g][j0 + j] = t[g * KJ + j];
+    }
+}
+
+// acc[g] += sum_j p[g][j] v_j over the tile's 16 rows (p = 0 past the valid ones)
+template <int G, typename U>
+inline void tile_accumulate16(float* acc, int64_t NC, const U* const* vp, const float (*p)[kTile]) {
+    constexpr int CB = Block16<G>::CB;
+    const int64_t hd = NC * 16;
+    for (int64_t c0 = 0; c0 < NC; c0 += CB) {
+        asm volatile("" ::: "memory");  // as in tile_accumulate
+        const int64_t cn = NC - c0 < CB ? NC - c0 : CB;
+        V16 o[G][CB];
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < CB; ++c) o[g][c] = c < cn ? vload16(acc + g * hd + 16 * (c0 + c)) : vzero16();
+        for (int j = 0; j < kTile; ++j) {
+            V16 v[CB];
+            for (int c = 0; c < CB; ++c) {
+                v[c] = c < cn ? vload16(vp[j] + 16 * (c0 + c)) : vzero16();
+                if (G > 1) in_register(v[c]);
+            }
+            for (int g = 0; g < G; ++g) {
+                const V16 pg = vset16(p[g][j]);
+                for (int c = 0; c < CB; ++c) o[g][c] = fma(pg, v[c], o[g][c]);
+            }
+        }
+        for (int g = 0; g < G; ++g)
+            for (int c = 0; c < CB; ++c)
+                if (c < cn) vstore(acc + g * hd + 16 * (c0 + c), o[g][c]);
+    }
+}
+
+// attend_tile on 16-lane vectors (NC vectors of 16 per head): the same online softmax, the tile's 16
+// scores of a head being one vector
+template <int G, typename T>
+inline void attend_tile16(int64_t NC, const float* q, const T* const* kp, const T* const* vp, int n, const int* ns,
+                          float* m, float* l, float* acc) {
+    const int64_t hd = NC * 16;
+    alignas(64) float sc[G][kTile];
+    tile_scores16<G>(q, NC, kp, n, sc);
+    for (int g = 0; g < G; ++g) {
+        for (int j = ns[g]; j < kTile; ++j) sc[g][j] = -std::numeric_limits<float>::infinity();
+        V16 sg = vload16(&sc[g][0]);
+        const float mt = hmax(sg);
+        if (mt > m[g]) {
+            const float alpha = exp1(m[g] - mt);
+            if (l[g] != 0.0f) {
+                const V16 va = vset16(alpha);
+                for (int64_t c = 0; c < NC; ++c) vstore(acc + g * hd + 16 * c, vload16(acc + g * hd + 16 * c) * va);
+            }
+            l[g] *= alpha;
+            m[g] = mt;
+        }
+        sg = vexp(sg - vset16(m[g]));
+        l[g] += hsum(sg);
+        vstore(&sc[g][0], sg);
+    }
+    tile_accumulate16<G>(acc, NC, vp, sc);
+}
+#endif
+
 // All G query heads of one KV head on one tile, in groups (each group reads the tile once) of at most 4 for
 // fp32 keys (Block<4> sums two value vectors per broadcast probability: 1.09-1.11x over groups of 8 for a
 // prefill chunk's rows, 1.04x for a 5-row verification run) and 8 for bf16 keys (each key widened once
 // for more heads: groups of 4 measured 0.89-0.97x). A head's bits do not depend on its group.
+// On AVX-512, bf16 keys of head dims that are multiples of 16 take 16-lane tiles (attend_tile16), groups of
+// up to 8: on the AMX Xeon, 64 sequences of 232 keys, 30 layers, 1.08-1.16x the 8-lane tiles (9 / 3 heads
+// of 64; 32 / 8 of 128), then bound by reading the cache (~15 GB/s of the ~24 a plain sum streams); fp32
+// keys stay on 8 lanes there (16 lanes measured 0.95x at head dim 64). A head's bits then depend on the
+// lanes, not on the batch.
 template <typename T, int NCT>
 inline void attend_tile_heads(int64_t NC, int64_t G, const float* q, const T* const* kp, const T* const* vp, int n,
                               const int* ns, float* m, float* l, float* acc) {
     const int64_t hd = NC * 8;
+#ifdef TM_AVX512
+    if (std::is_same<T, bf16>::value && NC % 2 == 0) {  // 16-lane tiles, groups of up to 8 heads
+        for (int64_t g0 = 0; g0 < G; g0 += 8) {
+            const float* qg = q + g0 * hd;
+            float* ag = acc + g0 * hd;
+#define TM_CASE(N) \
+    case N: attend_tile16<N>(NC / 2, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag); break;
+            switch (G - g0 < 8 ? G - g0 : 8) { TM_CASE(1) TM_CASE(2) TM_CASE(3) TM_CASE(4) TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8) }
+#undef TM_CASE
+        }
+        return;
+    }
+#endif
     constexpr int64_t kGroup = std::is_same<T, float>::value ? 4 : 8;
     for (int64_t g0 = 0; g0 < G; g0 += kGroup) {
         const float* qg = q + g0 * hd;
