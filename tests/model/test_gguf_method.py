@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from raw_forward import prompt_logits
 
 from tokenmill import LLM, SamplingParams
-from tokenmill.native import ggml
+from tokenmill.native import block_matmul, ggml
 
 pytestmark = pytest.mark.skipif(not ggml.available(), reason=f"ggml not built here: {ggml.unavailable_reason()}")
 
@@ -165,6 +165,32 @@ def test_repacked_q4_k_on_the_plain_kernel_is_the_plain_weights_result(monkeypat
     (scratch of 3 x 8 rows here: tiles of 24, 24, 24 rows and a last one of 8), in a fused layer whose other
     part (Q6_K, as in a Q4_K_M file) is plain; and within ggml's 8-bit rounding of the fp32 product."""
     from gguf import GGMLQuantizationType
+
+    import tokenmill.layers.ggml_linear as gl
+
+    monkeypatch.setenv("TOKENMILL_AMX_K_QUANTS", "0")  # ggml's kernels (the AMX one: the test below)
+    k, blocks, deq, layer = q4_k_m_layer()
+    repacked, plain = layer(True), layer(False)
+    if repacked.plain is None:
+        pytest.skip("this CPU has no repacked Q4_K layout")
+    assert plain.plain is None  # nothing to read back
+    monkeypatch.setattr(gl, "_TILE_ELEMS", 3 * 8 * ggml.row_size(int(GGMLQuantizationType.Q4_K), k) // 4)
+    x = torch.randn(40, k)
+    y = repacked.method._plain(repacked, x)
+    plain.method.max_ggml_rows = 10**6
+    assert torch.equal(y, plain(x))
+    ref = F.linear(x.double(), torch.cat(deq).double()).float()
+    assert float((y - ref).norm() / ref.norm()) < 2e-2
+    # apply() takes it past the crossover once calibration chose it, not before
+    repacked.method.max_ggml_rows = 8
+    repacked.method._big_plain = True
+    assert torch.equal(repacked(x), y)
+
+
+def q4_k_m_layer():
+    """A fused layer as a Q4_K_M file has them: 80 rows of Q4_K and 32 of Q6_K, k = 512 -> (k, blocks, the
+    parts dequantized by gguf-py (fp32), layer(repack) building it on a new method)."""
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     import tokenmill.layers.ggml_linear as gl
@@ -187,21 +213,39 @@ def test_repacked_q4_k_on_the_plain_kernel_is_the_plain_weights_result(monkeypat
         lyr.finish_loading()
         return lyr
 
+    return k, blocks, deq, layer
+
+
+def test_k_quants_on_the_amx_kernel_for_big_batches(monkeypatch) -> None:
+    """At bf16 on AMX, big batches of Q4_K and Q6_K matrices run on the AMX kernel (_plain): a repacked Q4_K one
+    read back a tile of 16-row multiples at a time (scratch of 2 x 16 rows here: tiles of 32, 32 and 16), a
+    plain one in place, with the same bits either way; within bf16's rounding of the fp64 product of the
+    dequantized weights; each row its own bits alone; taken by apply() past the crossover once chosen."""
+    from gguf import GGMLQuantizationType
+
+    import tokenmill.layers.ggml_linear as gl
+
+    if not block_matmul.amx_available():
+        pytest.skip("no AMX here: K-quants stay on ggml's kernels")
+    k, blocks, deq, layer = q4_k_m_layer()
     repacked, plain = layer(True), layer(False)
-    if repacked.plain is None:
-        pytest.skip("this CPU has no repacked Q4_K layout")
-    assert plain.plain is None  # nothing to read back
-    monkeypatch.setattr(gl, "_TILE_ELEMS", 3 * 8 * ggml.row_size(int(GGMLQuantizationType.Q4_K), k) // 4)
-    x = torch.randn(40, k)
+    assert plain.plain is not None and all(one is None for _, _, one in plain.plain)
+    monkeypatch.setattr(gl, "_TILE_ELEMS", 2 * 16 * ggml.row_size(int(GGMLQuantizationType.Q4_K), k) // 4)
+    x = torch.randn(70, k).to(torch.bfloat16)  # a 64-row pass and 6 rows
     y = repacked.method._plain(repacked, x)
-    plain.method.max_ggml_rows = 10**6
-    assert torch.equal(y, plain(x))
-    ref = F.linear(x.double(), torch.cat(deq).double()).float()
-    assert float((y - ref).norm() / ref.norm()) < 2e-2
-    # apply() takes it past the crossover once calibration chose it, not before
+    assert y.dtype == torch.bfloat16 and torch.equal(y, plain.method._plain(plain, x))
+    ref = F.linear(x.double(), torch.cat(deq).double())
+    assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+    for i in (0, 17, 69):
+        assert torch.equal(repacked.method._plain(repacked, x[i : i + 1]), y[i : i + 1])
     repacked.method.max_ggml_rows = 8
     repacked.method._big_plain = True
     assert torch.equal(repacked(x), y)
+    # at fp32 the same layer stays on ggml's plain-block kernels
+    monkeypatch.setenv("TOKENMILL_AMX_K_QUANTS", "0")
+    ggml_only = layer(False)
+    xf = x.float()
+    assert torch.equal(plain.method._plain(plain, xf), ggml_only.method._ggml(ggml_only, xf))
 
 
 def corpus_ids(tokenizer, n: int) -> list[list[int]]:

@@ -26,7 +26,8 @@ Per call, by the number of rows M:
   compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
   compute-bound. Repacked matrices have no plain blocks left; the shim reads ggml's repacked Q4_K back
   into plain blocks a tile at a time (ggml_shim.cpp, tm_weight_dequantize), so those take this path too
-  (a 7B Q4_K_M file on AMX: a 128-token prompt in 3.8 s instead of 6.4 on ggml's repacked kernel);
+  (a 7B Q4_K_M file on AMX: a 128-token prompt in 3.8 s instead of 6.4 on ggml's repacked kernel); at bf16
+  on AMX, Q4_K and Q6_K matrices (read back, or plain) go to the AMX kernel there instead (_amx_blocks);
   other repacked layouts (Q4_0, IQ4_NL) always take ggml's path, as do F32 matrices (a MoE router),
   which ggml cannot "dequantize";
 - or, with a dense copy (`dense_copy`, compute.choose_dense_copy: on by default only with bf16 on an AMX
@@ -133,6 +134,8 @@ class GGUFLinearMethod(LinearMethod):
         self.dense_copy = dense_copy  # keep each matrix dense at this dtype too (None: no copy)
         self._onednn = dense_copy == torch.bfloat16 and can_prepack_here()  # the copy prepacked for oneDNN
         self._amx = block_matmul.amx_available()  # plain blocks multiplied on AMX when x is bf16
+        # ... and the K-quants' big batches (TOKENMILL_AMX_K_QUANTS=0: ggml's kernels, as before)
+        self._amx_k_quants = os.environ.get("TOKENMILL_AMX_K_QUANTS") != "0"
         self._threads = ThreadChooser(1)  # one thread or all for each ggml call (layers/thread_choice.py)
 
     @property
@@ -221,9 +224,11 @@ class GGUFLinearMethod(LinearMethod):
             weights.append(w)
             offsets.append(offset)
         layer.matmul = ggml.GgmlMatmul(weights, offsets, layer.out_features)
-        if any(w.plain_matmul for w in weights):
-            layer.plain = [(w, off, None if w.plain_matmul else ggml.GgmlMatmul([w], [off], layer.out_features))
-                           for w, off in zip(weights, offsets)]
+        # the big-batch path on the blocks (_plain): for repacked Q4_K (read back a tile at a time), and on AMX
+        # for the K-quants its kernel takes
+        if any(w.plain_matmul or self._amx_k_quant(w) for w in weights):
+            layer.plain = [(w, off, None if w.plain_matmul or self._amx_k_quant(w) else
+                            ggml.GgmlMatmul([w], [off], layer.out_features)) for w, off in zip(weights, offsets)]
         layer.dense_ok = len(layer.dense) == len(weights)
         # plain Q4_0 / Q4_1 / Q8_0 blocks: our multi-row kernel (native/block_matmul.cpp) instead of ggml's
         layer.block_mm = [(w.ggml_type, w.data_ptr, w.n, off) for w, off in zip(weights, offsets)] \
@@ -313,21 +318,47 @@ class GGUFLinearMethod(LinearMethod):
                 y[:, c0 : c0 + tile.shape[0]] = F.linear(x, tile if x.dtype == torch.float32 else tile.to(x.dtype))
         return y
 
+    def _amx_k_quant(self, w: ggml.GgmlWeight) -> bool:
+        """A Q4_K or Q6_K weight whose big batches the AMX kernel multiplies at bf16 (_plain): its plain blocks,
+        or repacked Q4_K read back a tile at a time."""
+        return (self._amx and self._amx_k_quants and w.ggml_type in block_matmul.AMX_K_TYPES
+                and block_matmul.amx_supports(w.n) and w.k % 256 == 0 and (not w.repacked or w.plain_matmul))
+
     def _plain(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        """x (M, in) -> (M, out) at x's dtype on ggml's plain-block kernels: a repacked Q4_K weight read back
-        into the file's blocks a tile at a time (into the dense path's scratch), any other as it is."""
+        """x (M, in) -> (M, out) at x's dtype on the blocks: at bf16 on AMX a Q4_K / Q6_K weight on the AMX kernel;
+        otherwise ggml's plain-block kernels, a repacked Q4_K weight read back into the file's blocks a tile at a
+        time (into the dense path's scratch), any other as it is."""
         assert layer.plain is not None
         x32 = x.to(torch.float32).contiguous()
         m, t = x.shape[0], torch.get_num_threads()
         y = torch.empty(m, layer.out_features, dtype=torch.float32)
         xp, yp = x32.data_ptr(), y.data_ptr()
         for w, off, one in layer.plain:
-            if one is not None:  # plain blocks, or a layout ggml multiplies itself
+            if x.dtype == torch.bfloat16 and self._amx_k_quant(w):
+                self._amx_blocks(w, off, xp, m, yp, layer.out_features, t)
+            elif one is not None:  # plain blocks, or a layout ggml multiplies itself
                 one(xp, m, yp, t)
+            elif not w.plain_matmul:  # a K-quant for the AMX kernel, at fp32: ggml's plain-block kernel
+                ggml.GgmlMatmul([w], [off], layer.out_features)(xp, m, yp, t)
             else:
                 scratch = self._scratch.get(_TILE_ELEMS)
                 w.matmul_plain(xp, m, yp, layer.out_features, off, scratch.data_ptr(), 4 * scratch.numel(), t)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def _amx_blocks(self, w: ggml.GgmlWeight, off: int, xp: int, m: int, yp: int, ldy: int, t: int) -> None:
+        """y[:, off : off + w.n] (fp32, rows ldy apart) = x (m, k) fp32 . W^T on the AMX kernel: plain blocks in
+        place, repacked Q4_K read back into the scratch buffer a tile of rows (a multiple of 16) at a time."""
+        if not w.repacked:
+            block_matmul.matmul(w.ggml_type, w.data_ptr, w.n, w.k, xp, m, yp + 4 * off, ldy, t, amx=True)
+            return
+        row = ggml.row_size(w.ggml_type, w.k)
+        step = max(16, 4 * _TILE_ELEMS // row // 16 * 16)
+        scratch = self._scratch.get(-(-step * row // 4))
+        for r0 in range(0, w.n, step):
+            rows = min(step, w.n - r0)
+            w.read_plain_blocks(r0, rows, scratch.data_ptr(), t)
+            block_matmul.matmul(w.ggml_type, scratch.data_ptr(), rows, w.k, xp, m, yp + 4 * (off + r0), ldy, t,
+                                amx=True)
 
     def apply_grouped(self, layers: list[Linear], x: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
         """Layer i on the next counts[i] rows of x (sum(counts), in), all in one ggml call (a mixture of
@@ -417,8 +448,11 @@ class GGUFLinearMethod(LinearMethod):
         # against the layer path's 109-113 / 128-154 on the dense copy (offline decode, interleaved)
         self._step_rows = _AMX_STEP_ROWS if self.uses_amx(layer, dtype) else _STEP_ROWS
         bounded = self.max_ggml_rows < _UNBOUNDED_ROWS
+        amx_k = dtype == torch.bfloat16 and any(self._amx_k_quant(w) for w in layer.matmul.weights)
         above = ("the dense copy" if layer.packed is not None else
-                 "ggml's plain-block kernel (repacked Q4_K read back)" if self._big_plain else "dequantize + F.linear")
+                 "dequantize + F.linear" if not self._big_plain else
+                 "the AMX kernel on the K-quant blocks (repacked Q4_K read back)" if amx_k else
+                 "ggml's plain-block kernel (repacked Q4_K read back)")
         log.info("gguf matmuls: block kernels %s%s, decode-only steps %s in one native call; %s (%s on %d "
                  "(%d, %d) %s layers, %s%s/dense%s: %s)",
                  f"up to {self.max_ggml_rows} rows" if bounded else "at any number of rows",
@@ -441,6 +475,7 @@ class GGUFLinearMethod(LinearMethod):
             ggml.type_name(layer.matmul.weights[0].ggml_type), num_layers, str(dtype), plain,
             layer.packed is not None, bool(getattr(layer, "dense_ok", False)), layer.block_mm is not None,
             self.uses_amx(layer, dtype), timing_panel, self.panel_min_rows if self._fixed_panel else None,
+            dtype == torch.bfloat16 and any(self._amx_k_quant(w) for w in layer.matmul.weights),
             str(self.dense_copy), self.repack, torch.get_num_threads(), settings])
 
     def _measure_crossover(self, layer: Linear, group: list[Linear], dtype: torch.dtype, plain: bool,

@@ -1,7 +1,7 @@
-// y = x . W^T for a GGUF matrix W in its file's blocks (Q4_0, Q4_1, Q8_0) on Intel AMX, at bf16: each
-// weight block is dequantized in registers to 32 bf16 values (d * q (+ m), rounded to nearest even, the
-// value the dense bf16 copy holds) and multiplied by the AMX tile unit against x rounded to bf16, with
-// fp32 accumulation. It reads the blocks (4.5-8.5 bits a weight) where a dense bf16 matmul reads 16 bits:
+// y = x . W^T for a GGUF matrix W in its file's blocks (Q4_0, Q4_1, Q8_0; Q4_K, Q6_K) on Intel AMX, at bf16:
+// each run of 32 weights is dequantized in registers to 32 bf16 values (d * q (+ m), rounded to nearest
+// even, the value the dense bf16 copy holds; the K-quants' runs with their own scales) and multiplied by
+// the AMX tile unit against x rounded to bf16, with fp32 accumulation. It reads the blocks (4.5-8.5 bits a weight) where a dense bf16 matmul reads 16 bits:
 // decode steps of a few to 64 rows are bound by reading the weights, so this is the kernel for them on a
 // CPU with AMX (block_matmul.cpp's integer kernel is compute-bound from a few rows on; the dense copy reads
 // 3.5x the bytes).
@@ -10,6 +10,8 @@
 // without AMX-BF16 and AVX512-BF16 the entry points exist and answer "unavailable".
 //
 //   tm_amx_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads)   as tm_block_matmul; N % 16 == 0, K % 32 == 0
+//                                                                (K % 256 for the K-quants, which only the
+//                                                                big-batch path uses: ggml's kernels below)
 //   tm_amx_matmul_grouped(..., min_rows)   as tm_block_matmul_grouped; groups under min_rows on that kernel
 //   tm_amx_available()   1 when the CPU has the units and the OS lets this process use the tiles
 //
@@ -40,7 +42,14 @@
 
 namespace {
 
-enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type numbers
+enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };  // ggml's type numbers
+
+// A row is stored as blocks of block_bytes(type); each holds sub_blocks(type) runs of 32 values (the K-quants'
+// 256-value super-blocks: 8 runs of 32, each with its own scale), the unit the tiles take along K.
+constexpr int64_t block_bytes(int type) {
+    return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+}
+constexpr int64_t sub_blocks(int type) { return type == kQ4_K || type == kQ6_K ? 8 : 1; }
 
 #ifdef TM_AMX
 
@@ -98,11 +107,54 @@ inline float half(const uint8_t* p) {
     return _cvtsh_ss(h);
 }
 
-// One block of weight row (32 values) -> 32 bf16 at out (64 bytes)
+// Run j of 32 values of the block at b (j = 0 for the 32-value types) -> 32 bf16 at out (64 bytes). The
+// K-quants' values are ggml's dequantization's (ggml's dequantize_row_q4_K / _q6_K, in the same fp32 steps):
+//   Q4_K (d, dmin, 12 bytes of 6-bit scales and mins for the 8 runs, 128 bytes of nibbles: runs 2i and
+//        2i + 1 are the low and high nibbles of bytes 32i..32i+31): d * sc_j * q - dmin * m_j;
+//   Q6_K (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales of 16 values, d): in each half of
+//        128 values, run r of 4 takes nibble r / 2 of ql[32 (r % 2) + l] and bits 2r of qh[l]; value
+//        (d * sc) * (q - 32).
 template <int TYPE>
-inline void dequant_block(const uint8_t* b, uint16_t* out) {
+inline void dequant_block(const uint8_t* b, int j, uint16_t* out) {
     __m512 lo, hi;
-    if constexpr (TYPE == kQ8_0) {
+    if constexpr (TYPE == kQ4_K) {
+        const uint8_t* sc = b + 4;
+        int s, m;
+        if (j < 4) {
+            s = sc[j] & 63, m = sc[j + 4] & 63;
+        } else {
+            s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+        }
+        const __m512 d1 = _mm512_set1_ps(half(b) * float(s)), m1 = _mm512_set1_ps(half(b + 2) * float(m));
+        const uint8_t* q = b + 16 + 32 * (j / 2);
+        const int shift = 4 * (j & 1);
+        const __m512i nib = _mm512_set1_epi32(15);
+        const __m512i q0 = _mm512_and_si512(
+            _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))), shift), nib);
+        const __m512i q1 = _mm512_and_si512(
+            _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))), shift),
+            nib);
+        lo = _mm512_fmsub_ps(_mm512_cvtepi32_ps(q0), d1, m1);
+        hi = _mm512_fmsub_ps(_mm512_cvtepi32_ps(q1), d1, m1);
+    } else if constexpr (TYPE == kQ6_K) {
+        const int h = j / 4, r = j % 4;
+        const uint8_t* ql = b + 64 * h + 32 * (r & 1);
+        const uint8_t* qh = b + 128 + 32 * h;
+        const auto* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * r;
+        const float d = half(b + 208);
+        const __m512i nib = _mm512_set1_epi32(15), two = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
+        auto values = [&](int l0) {  // values l0 .. l0 + 15 of the run, as (q - 32) in fp32
+            const __m512i l = _mm512_and_si512(
+                _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + l0))),
+                                  4 * (r >> 1)), nib);
+            const __m512i hb = _mm512_and_si512(
+                _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + l0))),
+                                  2 * r), two);
+            return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(hb, 4)), off));
+        };
+        lo = _mm512_mul_ps(_mm512_set1_ps(d * float(sc[0])), values(0));
+        hi = _mm512_mul_ps(_mm512_set1_ps(d * float(sc[1])), values(16));
+    } else if constexpr (TYPE == kQ8_0) {
         const __m512 d = _mm512_set1_ps(half(b));
         const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
         const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18));
@@ -120,8 +172,6 @@ inline void dequant_block(const uint8_t* b, uint16_t* out) {
     }
     _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));  // elements 0-15 from lo, 16-31 from hi
 }
-
-constexpr int64_t block_bytes(int type) { return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : 34; }
 
 // x rows [0, M) (fp32, ldx apart) -> B tiles: xb[(kb * MT + mt) * 256 + k * 16 + j] = the bf16 pair of row
 // 16 mt + j at columns 32 kb + 2k, +1 (rows past M: zero)
@@ -226,7 +276,8 @@ inline void tile_pass_any(int nt, AOf a_of, int64_t nb, const uint32_t* xb, int6
 template <int TYPE>
 void rows_any(const uint8_t* W, int64_t K, int64_t c0, int64_t c1, const uint32_t* xb, int64_t MT, int64_t M,
               float* y, int64_t ldy) {
-    const int64_t nb = K / 32, bb = block_bytes(TYPE), row_bytes = nb * bb;
+    constexpr int64_t S = sub_blocks(TYPE);
+    const int64_t nb = K / 32, bb = block_bytes(TYPE), row_bytes = nb / S * bb;
     alignas(64) uint16_t abuf[2][16 * 32];
     thread_local std::vector<uint16_t> panel;
     if (MT > 4) panel.resize(size_t(nb * 512));
@@ -239,9 +290,11 @@ void rows_any(const uint8_t* W, int64_t K, int64_t c0, int64_t c1, const uint32_
             // (3072, 576) Q4_1 layers, 30 or 120 of them, 1 or 2 threads, in one process against the
             // kernel without it; 0.96-1.15x at 64 rows; distances 3-24 alike). A prefetch never faults, so
             // one past the end of W is harmless.
+            // (a super-block: the line of it 6 runs ahead, (kb + 6) / S blocks and that run's share of bb on)
+            const int64_t ahead = (kb + 6) / S * bb + (kb + 6) % S * bb / S;
             for (int i = 0; i < 16; ++i) {
-                _mm_prefetch(reinterpret_cast<const char*>(wr + i * row_bytes + (kb + 6) * bb), _MM_HINT_T0);
-                dequant_block<TYPE>(wr + i * row_bytes + kb * bb, a + 32 * i);
+                _mm_prefetch(reinterpret_cast<const char*>(wr + i * row_bytes + ahead), _MM_HINT_T0);
+                dequant_block<TYPE>(wr + i * row_bytes + kb / S * bb, int(kb % S), a + 32 * i);
             }
         };
         if (MT <= 4) {
@@ -328,6 +381,14 @@ int tm_amx_matmul(int type, const void* W, int64_t N, int64_t K, const float* x,
         case kQ4_0: amx_matmul<kQ4_0>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
         case kQ4_1: amx_matmul<kQ4_1>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
         case kQ8_0: amx_matmul<kQ8_0>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
+        case kQ4_K:
+            if (K % 256) return -2;
+            amx_matmul<kQ4_K>(w, N, K, x, ldx, M, y, ldy, nthreads);
+            return 0;
+        case kQ6_K:
+            if (K % 256) return -2;
+            amx_matmul<kQ6_K>(w, N, K, x, ldx, M, y, ldy, nthreads);
+            return 0;
         default: return -1;
     }
 #else

@@ -37,7 +37,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_weight_free": (None, [vp]),
         "tm_weight_row_align": (i32, [vp]),
         "tm_weight_dequantize": (i32, [vp, i64, i64, vp, i32]),
-        "tm_weight_plain_blocks": (i32, [vp, i64, i64, vp]),
+        "tm_weight_plain_blocks": (i32, [vp, i64, i64, vp, i32]),
         "tm_weight_matmul_plain": (i32, [vp, vp, i64, vp, i64, i64, vp, sz, i32]),
         "tm_matmul": (i32, [ctypes.POINTER(vp), _c_i64p, i32, vp, i64, i64, vp, i64, i32]),
         "tm_matmul_grouped": (i32, [ctypes.POINTER(vp), i32, _c_i64p, _c_i64p, vp, i64, vp, i64, i32]),
@@ -164,9 +164,14 @@ class GgmlWeight:
         """Rows [r0, r0 + rows) as the file's plain blocks, (rows, row_size) uint8 (read back from a repacked
         layout where the shim can)."""
         out = np.empty((rows, row_size(self.ggml_type, self.k)), dtype=np.uint8)
-        if self._lib.tm_weight_plain_blocks(self.handle, r0, rows, out.ctypes.data):
-            raise ValueError(f"cannot read plain blocks back from layout {self.layout!r}")
+        self.read_plain_blocks(r0, rows, out.ctypes.data)
         return out
+
+    def read_plain_blocks(self, r0: int, rows: int, out_ptr: int, n_threads: int = 1) -> None:
+        """Rows [r0, r0 + rows) as the file's plain blocks into out_ptr (rows * row_size bytes); for a
+        repacked Q4_K weight r0 and rows multiples of 8 (row_align)."""
+        if self._lib.tm_weight_plain_blocks(self.handle, r0, rows, out_ptr, n_threads):
+            raise ValueError(f"cannot read plain blocks back from layout {self.layout!r}")
 
     @property
     def plain_matmul(self) -> bool:

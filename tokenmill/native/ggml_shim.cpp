@@ -382,15 +382,16 @@ int tm_weight_dequantize(void* h, int64_t r0, int64_t rows, float* out, int n_th
 }
 
 // The weight's plain blocks for rows [r0, r0 + rows) into out (rows x tm_row_size bytes): a repacked Q4_K
-// weight read back (r0, rows multiples of 8), or a copy of plain ones. -1 where unreadable. For the tests.
-int tm_weight_plain_blocks(void* h, int64_t r0, int64_t rows, void* out) {
+// weight read back (r0, rows multiples of 8; on n_threads when big), or a copy of plain ones. -1 where
+// unreadable. For the AMX kernel's K-quant tiles (layers/ggml_linear.py) and the tests.
+int tm_weight_plain_blocks(void* h, int64_t r0, int64_t rows, void* out, int n_threads) {
     auto* w = (Weight*)h;
     if (!w->buf) {
         const size_t row = ggml_row_size(w->t->type, w->t->ne[0]);
         std::memcpy(out, (const uint8_t*)w->t->data + r0 * row, rows * row);
         return 0;
     }
-    return read_back_q4k(w, r0, rows, out, 1);
+    return read_back_q4k(w, r0, rows, out, n_threads);
 }
 
 // y[:, col0 : col0 + N] = x . W^T for a repacked Q4_K weight, on ggml's plain-block Q4_K matmul: rows are
