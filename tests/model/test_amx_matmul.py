@@ -1,5 +1,5 @@
-"""native/amx_matmul.cpp, plain Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K blocks on Intel AMX at bf16: against the reference it
-claims (x rounded to bf16 times the blocks dequantized by gguf-py and rounded to bf16, in fp64: only the
+"""native/amx_matmul.cpp, plain Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K blocks on Intel AMX at bf16: against the
+reference it claims (x rounded to bf16 times the blocks dequantized by gguf-py and rounded to bf16, in fp64: only the
 fp32 accumulation differs), row by row independent of the batch, the 16-row tiling and the thread count;
 refused where it cannot run. Skips on CPUs without AMX-BF16 (the AVX2 kind)."""
 
@@ -29,7 +29,7 @@ def run(qtype: int, blocks: np.ndarray, x: torch.Tensor, threads: int = 1) -> to
 
 # the K-quants (256-value super-blocks, 8 runs of 32 with their own scales) from a multiple of 256 columns
 CASES = ([(t, n, k) for t in TYPES for n, k in [(16, 32), (48, 576), (96, 1536)]]
-         + [(t, n, k) for t in ("Q4_K", "Q6_K") for n, k in [(16, 256), (48, 512), (96, 1536)]])
+         + [(t, n, k) for t in ("Q4_K", "Q5_K", "Q6_K") for n, k in [(16, 256), (48, 512), (96, 1536)]])
 
 
 @pytest.mark.parametrize("type_name, n, k", CASES)

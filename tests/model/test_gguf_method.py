@@ -380,6 +380,40 @@ def test_random_model_per_quant_type(mix: str, random_files: dict[str, Path]) ->
     assert matrix_bytes <= ours.engine.plan.weight_bytes < matrix_bytes + 2**20
 
 
+@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m"])
+def test_k_quant_prompts_on_the_amx_kernel_at_bf16(mix: str, random_files: dict[str, Path], monkeypatch) -> None:
+    """A K-quant file at bf16 on AMX, no dense copy (as a 7B file loads), its prompt rows forced onto the
+    big-batch path (_plain: the AMX kernel on Q4_K / Q5_K / Q6_K blocks): logits within bf16's rounding of the
+    fp32 dequantized reference."""
+    from tokenmill.layers.ggml_linear import GGUFLinearMethod
+
+    calls = []
+    amx_blocks = GGUFLinearMethod._amx_blocks
+    monkeypatch.setattr(GGUFLinearMethod, "_amx_blocks",
+                        lambda self, w, *a: calls.append(w.ggml_type) or amx_blocks(self, w, *a))
+
+    if not block_matmul.amx_available():
+        pytest.skip("no AMX here: K-quants stay on ggml's kernels")
+    path = random_files[mix]
+    ref = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32",
+              quantization="dequantize")
+    ours = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="bfloat16",
+               dense_copy="off")
+    model = ours.engine.executor.worker.model
+    methods = {id(m): m for m in (getattr(mod, "method", None) for mod in model.modules())
+               if isinstance(m, GGUFLinearMethod)}
+    lins = [mod for mod in model.modules() if isinstance(getattr(mod, "method", None), GGUFLinearMethod)]
+    assert methods and any(lyr.plain is not None for lyr in lins)
+    for m in methods.values():  # every prompt row of more than 8 on the big-batch path
+        m.max_ggml_rows, m._big_plain = 8, True
+    ids = ref.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)
+    a, b = prompt_logits(ref, ids), prompt_logits(ours, ids)
+    rel = (a - b).norm(dim=-1) / a.norm(dim=-1)
+    assert float(rel.max()) < 5e-2, f"{mix}: max relative logit error {float(rel.max()):.2e}"
+    assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.85
+    assert {int(t) for t in calls} == {13 if mix == "q5_k_m" else 12, 14}  # its K-quant and Q6_K, on AMX
+
+
 def test_requantize_an_unquantized_checkpoint(tmp_path: Path, llm) -> None:
     """--quantization q8_0 / q4_0 on an HF directory (the default model converted to fp32 safetensors):
     ggml's quantizer at load, then its kernels; logits close to the fp32 checkpoint's."""

@@ -1,10 +1,11 @@
-// y = x . W^T for a GGUF matrix W in its file's blocks (Q4_0, Q4_1, Q8_0; Q4_K, Q6_K) on Intel AMX, at bf16:
-// each run of 32 weights is dequantized in registers to 32 bf16 values (d * q (+ m), rounded to nearest
+// y = x . W^T for a GGUF matrix W in its file's blocks (Q4_0, Q4_1, Q8_0; Q4_K, Q5_K, Q6_K) on Intel AMX, at
+// bf16: each run of 32 weights is dequantized in registers to 32 bf16 values (d * q (+ m), rounded to nearest
 // even, the value the dense bf16 copy holds; the K-quants' runs with their own scales) and multiplied by
-// the AMX tile unit against x rounded to bf16, with fp32 accumulation. It reads the blocks (4.5-8.5 bits a weight) where a dense bf16 matmul reads 16 bits:
-// decode steps of a few to 64 rows are bound by reading the weights, so this is the kernel for them on a
-// CPU with AMX (block_matmul.cpp's integer kernel is compute-bound from a few rows on; the dense copy reads
-// 3.5x the bytes).
+// the AMX tile unit against x rounded to bf16, with fp32 accumulation. It reads the blocks (4.5-8.5 bits a
+// weight) where a dense bf16 matmul reads 16 bits: decode steps of a few to 64 rows are bound by reading the
+// weights, so this is the kernel for them on a CPU with AMX (block_matmul.cpp's integer kernel is
+// compute-bound from a few rows on; the dense copy reads 3.5x the bytes). The K-quants serve big batches
+// (prompts) of files whose blocks the integer kernel does not take.
 //
 // Built into the block-matmul library (block_matmul.py) from the same -march=native compile: on a CPU
 // without AMX-BF16 and AVX512-BF16 the entry points exist and answer "unavailable".
@@ -42,14 +43,15 @@
 
 namespace {
 
-enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };  // ggml's type numbers
+enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };  // ggml's type numbers
 
 // A row is stored as blocks of block_bytes(type); each holds sub_blocks(type) runs of 32 values (the K-quants'
 // 256-value super-blocks: 8 runs of 32, each with its own scale), the unit the tiles take along K.
 constexpr int64_t block_bytes(int type) {
-    return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+    return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ8_0 ? 34 : type == kQ4_K ? 144
+         : type == kQ5_K ? 176 : 210;
 }
-constexpr int64_t sub_blocks(int type) { return type == kQ4_K || type == kQ6_K ? 8 : 1; }
+constexpr int64_t sub_blocks(int type) { return type == kQ4_K || type == kQ5_K || type == kQ6_K ? 8 : 1; }
 
 #ifdef TM_AMX
 
@@ -111,13 +113,14 @@ inline float half(const uint8_t* p) {
 // K-quants' values are ggml's dequantization's (ggml's dequantize_row_q4_K / _q6_K, in the same fp32 steps):
 //   Q4_K (d, dmin, 12 bytes of 6-bit scales and mins for the 8 runs, 128 bytes of nibbles: runs 2i and
 //        2i + 1 are the low and high nibbles of bytes 32i..32i+31): d * sc_j * q - dmin * m_j;
+//   Q5_K (as Q4_K, with 32 bytes of fifth bits before the nibbles: run j's is bit j of qh[l]): q + 16 bit;
 //   Q6_K (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales of 16 values, d): in each half of
 //        128 values, run r of 4 takes nibble r / 2 of ql[32 (r % 2) + l] and bits 2r of qh[l]; value
 //        (d * sc) * (q - 32).
 template <int TYPE>
 inline void dequant_block(const uint8_t* b, int j, uint16_t* out) {
     __m512 lo, hi;
-    if constexpr (TYPE == kQ4_K) {
+    if constexpr (TYPE == kQ4_K || TYPE == kQ5_K) {
         const uint8_t* sc = b + 4;
         int s, m;
         if (j < 4) {
@@ -126,14 +129,22 @@ inline void dequant_block(const uint8_t* b, int j, uint16_t* out) {
             s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
         }
         const __m512 d1 = _mm512_set1_ps(half(b) * float(s)), m1 = _mm512_set1_ps(half(b + 2) * float(m));
-        const uint8_t* q = b + 16 + 32 * (j / 2);
+        const uint8_t* q = b + (TYPE == kQ5_K ? 48 : 16) + 32 * (j / 2);
         const int shift = 4 * (j & 1);
         const __m512i nib = _mm512_set1_epi32(15);
-        const __m512i q0 = _mm512_and_si512(
+        __m512i q0 = _mm512_and_si512(
             _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))), shift), nib);
-        const __m512i q1 = _mm512_and_si512(
+        __m512i q1 = _mm512_and_si512(
             _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))), shift),
             nib);
+        if constexpr (TYPE == kQ5_K) {  // + 16 where bit j of qh[l] is set
+            const uint8_t* qh = b + 16;
+            const __m512i bit = _mm512_set1_epi32(1 << j), sixteen = _mm512_set1_epi32(16);
+            const __m512i h0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh)));
+            const __m512i h1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16)));
+            q0 = _mm512_mask_add_epi32(q0, _mm512_test_epi32_mask(h0, bit), q0, sixteen);
+            q1 = _mm512_mask_add_epi32(q1, _mm512_test_epi32_mask(h1, bit), q1, sixteen);
+        }
         lo = _mm512_fmsub_ps(_mm512_cvtepi32_ps(q0), d1, m1);
         hi = _mm512_fmsub_ps(_mm512_cvtepi32_ps(q1), d1, m1);
     } else if constexpr (TYPE == kQ6_K) {
@@ -384,6 +395,10 @@ int tm_amx_matmul(int type, const void* W, int64_t N, int64_t K, const float* x,
         case kQ4_K:
             if (K % 256) return -2;
             amx_matmul<kQ4_K>(w, N, K, x, ldx, M, y, ldy, nthreads);
+            return 0;
+        case kQ5_K:
+            if (K % 256) return -2;
+            amx_matmul<kQ5_K>(w, N, K, x, ldx, M, y, ldy, nthreads);
             return 0;
         case kQ6_K:
             if (K % 256) return -2;

@@ -649,7 +649,9 @@ inline void attend_tile_heads(int64_t NC, int64_t G, const float* q, const T* co
             float* ag = acc + g0 * hd;
 #define TM_CASE(N) \
     case N: attend_tile16<N>(NC / 2, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag); break;
-            switch (G - g0 < 8 ? G - g0 : 8) { TM_CASE(1) TM_CASE(2) TM_CASE(3) TM_CASE(4) TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8) }
+            switch (G - g0 < 8 ? G - g0 : 8) {
+                TM_CASE(1) TM_CASE(2) TM_CASE(3) TM_CASE(4) TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8)
+            }
 #undef TM_CASE
         }
         return;
