@@ -229,7 +229,7 @@ def test_k_quants_on_the_amx_kernel_for_big_batches(monkeypatch) -> None:
         pytest.skip("no AMX here: K-quants stay on ggml's kernels")
     k, blocks, deq, layer = q4_k_m_layer()
     repacked, plain = layer(True), layer(False)
-    assert plain.plain is not None and all(one is None for _, _, one in plain.plain)
+    assert plain.plain is not None  # the big-batch path exists for plain K-quant blocks too (on AMX)
     monkeypatch.setattr(gl, "_TILE_ELEMS", 2 * 16 * ggml.row_size(int(GGMLQuantizationType.Q4_K), k) // 4)
     x = torch.randn(70, k).to(torch.bfloat16)  # a 64-row pass and 6 rows
     y = repacked.method._plain(repacked, x)

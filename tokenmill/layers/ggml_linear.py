@@ -227,8 +227,8 @@ class GGUFLinearMethod(LinearMethod):
         # the big-batch path on the blocks (_plain): for repacked Q4_K (read back a tile at a time), and on AMX
         # for the K-quants its kernel takes
         if any(w.plain_matmul or self._amx_k_quant(w) for w in weights):
-            layer.plain = [(w, off, None if w.plain_matmul or self._amx_k_quant(w) else
-                            ggml.GgmlMatmul([w], [off], layer.out_features)) for w, off in zip(weights, offsets)]
+            layer.plain = [(w, off, None if w.plain_matmul else ggml.GgmlMatmul([w], [off], layer.out_features))
+                           for w, off in zip(weights, offsets)]
         layer.dense_ok = len(layer.dense) == len(weights)
         # plain Q4_0 / Q4_1 / Q8_0 blocks: our multi-row kernel (native/block_matmul.cpp) instead of ggml's
         layer.block_mm = [(w.ggml_type, w.data_ptr, w.n, off) for w, off in zip(weights, offsets)] \
@@ -338,8 +338,6 @@ class GGUFLinearMethod(LinearMethod):
                 self._amx_blocks(w, off, xp, m, yp, layer.out_features, t)
             elif one is not None:  # plain blocks, or a layout ggml multiplies itself
                 one(xp, m, yp, t)
-            elif not w.plain_matmul:  # a K-quant for the AMX kernel, at fp32: ggml's plain-block kernel
-                ggml.GgmlMatmul([w], [off], layer.out_features)(xp, m, yp, t)
             else:
                 scratch = self._scratch.get(_TILE_ELEMS)
                 w.matmul_plain(xp, m, yp, layer.out_features, off, scratch.data_ptr(), 4 * scratch.numel(), t)
