@@ -188,9 +188,9 @@ inline V8 vpow2i(V8 n) {
 #endif
 
 // ---- 16-float vectors (AVX-512) ----------------------------------------------------------------------
-// Only the decode attention's tiles use them (attend_tile16), where the cache's head rows are 64 or 128
-// wide: a key or value row widened 16 lanes at a time halves the instructions per element of the 8-lane
-// path, which bounds bf16 attention below the memory's speed on AVX-512 CPUs.
+// The wide loops use them (silu*mul, the norm) and bf16 decode attention's tiles (Lanes16), where the cache's
+// head rows are 64 or 128 wide: a key or value row widened 16 lanes at a time halves the instructions per
+// element of the 8-lane path, which bounds bf16 attention below the memory's speed on AVX-512 CPUs.
 #if defined(TM_AVX2) && defined(__AVX512F__) && !defined(TM_NO_AVX512)
 #define TM_AVX512 1
 struct V16 {
@@ -410,24 +410,51 @@ struct AttnArgs {
     float scale;
 };
 
-// Register blocking for G query heads (G <= 8) of one KV head: bf16 scores take KJ keys at a time (G * KJ
-// accumulators, each key vector widened once for all G heads), values CB vectors of the head dim at a time
-// (G * CB accumulators, each value vector loaded once for all G heads).
-template <int G>
+// Vectors for the tiles: L::V holds L::N floats; loads (fp32, or bf16 widened), zero, broadcast, and the
+// fold to 8 lanes (the sum of the two halves; the identity on 8 lanes). Lanes8 is the AVX2 (or portable)
+// vector, Lanes16 AVX-512's.
+struct Lanes8 {
+    using V = V8;
+    static constexpr int64_t N = 8;
+    template <typename U>
+    static V load(const U* p) { return vload(p); }
+    static V zero() { return vzero(); }
+    static V set1(float x) { return vset1(x); }
+    static V8 fold(V8 a) { return a; }
+};
+#ifdef TM_AVX512
+struct Lanes16 {
+    using V = V16;
+    static constexpr int64_t N = 16;
+    template <typename U>
+    static V load(const U* p) { return vload16(p); }
+    static V zero() { return vzero16(); }
+    static V set1(float x) { return vset16(x); }
+    static V8 fold(V16 a) { return ::fold(a); }
+};
+#endif
+
+// Register blocking for G query heads (G <= 8) of one KV head, for the vectors L: widened scores take KJ keys
+// at a time (G * KJ accumulators, each key vector widened once for all G heads), values CB vectors of the
+// head dim at a time (G * CB accumulators, each value vector loaded once for all G heads). 16 registers of
+// 8 lanes, 32 of 16.
+template <int G, typename L>
 struct Block {
-    static constexpr int KJ = G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 2 : 1;
+    static constexpr int KJ = L::N == 8 ? (G == 1 ? 8 : G == 2 ? 4 : G <= 4 ? 2 : 1) : (G <= 2 ? 8 : G <= 4 ? 4 : 2);
     static constexpr int CB = KJ;
 };
 
-// sc[g][j] = q[g] . k_j for the tile's 16 rows (rows past n: anything; the caller masks them).
-// fp32 keys: per head, 8 keys at a time, their 8 sums reduced into one vector of the 8 scores and stored
-// whole (the softmax loads it back as one vector, which stores of scattered lanes make wait: ~25% of a
-// 5-row verification's attention; measured in benchmarks/README.md). bf16 keys: KJ keys at a time for all
-// G heads, so each key vector is widened once (widening it per head measured ~20% slower).
-template <int G, typename U>
+// sc[g][j] = q[g] . k_j for the tile's 16 rows (rows past n: anything; the caller masks them), NC vectors of
+// L::N a head. fp32 keys on 8 lanes: per head, 8 keys at a time, their 8 sums reduced into one vector of the
+// 8 scores and stored whole (the softmax loads it back as one vector, which stores of scattered lanes make
+// wait: ~25% of a 5-row verification's attention; measured in benchmarks/README.md). Widened keys (bf16): KJ
+// keys at a time for all G heads, so each key vector is widened once (widening it per head measured ~20%
+// slower); each sum folded to 8 lanes, 8 sums reduced into one vector.
+template <int G, typename L, typename U>
 inline void tile_scores(const float* q, int64_t NC, const U* const* kp, int n, float (*sc)[kTile]) {
-    const int64_t hd = NC * 8;
-    if constexpr (std::is_same<U, float>::value) {
+    using V = typename L::V;
+    const int64_t hd = NC * L::N;
+    if constexpr (std::is_same<U, float>::value && L::N == 8) {
         for (int j0 = 0; j0 < n; j0 += 8)
             for (int g = 0; g < G; ++g) {
                 asm volatile("" ::: "memory");
@@ -442,24 +469,28 @@ inline void tile_scores(const float* q, int64_t NC, const U* const* kp, int n, f
                 vstore(&sc[g][j0], reduce8(s));
             }
     } else {
-        constexpr int KJ = Block<G>::KJ;
+        constexpr int KJ = Block<G, L>::KJ, NS = G * KJ, N8 = (NS + 7) / 8;
         for (int j0 = 0; j0 < n; j0 += KJ) {
             asm volatile("" ::: "memory");
-            V8 s[8];  // s[g * KJ + j]: head g, key j0 + j; reduced together
-            for (int i = 0; i < 8; ++i) s[i] = vzero();
+            V s[NS];  // s[g * KJ + j]: head g, key j0 + j
+            for (int i = 0; i < NS; ++i) s[i] = L::zero();
             for (int64_t c = 0; c < NC; ++c) {
-                V8 k[KJ];
+                V k[KJ];
                 for (int j = 0; j < KJ; ++j) {
-                    k[j] = vload(kp[j0 + j] + 8 * c);
+                    k[j] = L::load(kp[j0 + j] + L::N * c);
                     if (G > 1) in_register(k[j]);
                 }
                 for (int g = 0; g < G; ++g) {
-                    const V8 qv = vload(q + g * hd + 8 * c);
+                    const V qv = L::load(q + g * hd + L::N * c);
                     for (int j = 0; j < KJ; ++j) s[g * KJ + j] = fma(qv, k[j], s[g * KJ + j]);
                 }
             }
-            alignas(32) float t[8];
-            vstore(t, reduce8(s));
+            alignas(32) float t[N8 * 8];
+            for (int b = 0; b < N8; ++b) {
+                V8 h[8];
+                for (int i = 0; i < 8; ++i) h[i] = b * 8 + i < NS ? L::fold(s[b * 8 + i]) : vzero();
+                vstore(t + 8 * b, reduce8(h));
+            }
             for (int g = 0; g < G; ++g)
                 for (int j = 0; j < KJ; ++j) sc[g][j0 + j] = t[g * KJ + j];
         }
@@ -467,173 +498,83 @@ inline void tile_scores(const float* q, int64_t NC, const U* const* kp, int n, f
 }
 
 // acc[g] += sum_j p[g][j] v_j over the tile's 16 rows (p = 0 past the valid ones)
-template <int G, typename U>
+template <int G, typename L, typename U>
 inline void tile_accumulate(float* acc, int64_t NC, const U* const* vp, const float (*p)[kTile]) {
-    constexpr int CB = Block<G>::CB;
-    const int64_t hd = NC * 8;
+    using V = typename L::V;
+    constexpr int CB = Block<G, L>::CB;
+    const int64_t hd = NC * L::N;
     for (int64_t c0 = 0; c0 < NC; c0 += CB) {
         // a compiler barrier: without it GCC hoists the 16 x G broadcasts of p out of this loop into
         // stack slots and reloads them (measured slower than broadcasting again)
         asm volatile("" ::: "memory");
         const int64_t cn = NC - c0 < CB ? NC - c0 : CB;
-        V8 o[G][CB];
+        V o[G][CB];
         for (int g = 0; g < G; ++g)
-            for (int c = 0; c < CB; ++c) o[g][c] = c < cn ? vload(acc + g * hd + 8 * (c0 + c)) : vzero();
+            for (int c = 0; c < CB; ++c) o[g][c] = c < cn ? L::load(acc + g * hd + L::N * (c0 + c)) : L::zero();
         for (int j = 0; j < kTile; ++j) {
-            V8 v[CB];
+            V v[CB];
             for (int c = 0; c < CB; ++c) {
-                v[c] = c < cn ? vload(vp[j] + 8 * (c0 + c)) : vzero();
+                v[c] = c < cn ? L::load(vp[j] + L::N * (c0 + c)) : L::zero();
                 if (G > 1) in_register(v[c]);
             }
             for (int g = 0; g < G; ++g) {
-                const V8 pg = vset1(p[g][j]);
+                const V pg = L::set1(p[g][j]);
                 for (int c = 0; c < CB; ++c) o[g][c] = fma(pg, v[c], o[g][c]);
             }
         }
         for (int g = 0; g < G; ++g)
             for (int c = 0; c < CB; ++c)
-                if (c < cn) vstore(acc + g * hd + 8 * (c0 + c), o[g][c]);
+                if (c < cn) vstore(acc + g * hd + L::N * (c0 + c), o[g][c]);
     }
 }
 
 // One tile (kp, vp: its 16 key and value rows of one KV head, n of them read) for G query heads (q: G x
-// hd, fp32, already scaled), head g seeing the first ns[g] <= n rows: online softmax into the running max
-// m[g], sum l[g] and unnormalized acc[g]. A head that sees none of the rows (ns[g] == 0, only after tiles
-// it did see, so m[g] is finite) gets probabilities of exactly 0: its m, l and acc keep their bits.
-template <int G, typename T>
+// hd, fp32, already scaled; NC vectors of L::N a head), head g seeing the first ns[g] <= n rows: online
+// softmax into the running max m[g], sum l[g] and unnormalized acc[g]. A head that sees none of the rows
+// (ns[g] == 0, only after tiles it did see, so m[g] is finite) gets probabilities of exactly 0: its m, l and
+// acc keep their bits.
+template <int G, typename L, typename T>
 inline void attend_tile(int64_t NC, const float* q, const T* const* kp, const T* const* vp, int n, const int* ns,
                         float* m, float* l, float* acc) {
-    const int64_t hd = NC * 8;
-    alignas(32) float sc[G][kTile];
-    tile_scores<G>(q, NC, kp, n, sc);
+    using V = typename L::V;
+    constexpr int NV = kTile / L::N;  // vectors of a head's 16 scores
+    const int64_t hd = NC * L::N;
+    alignas(64) float sc[G][kTile];
+    tile_scores<G, L>(q, NC, kp, n, sc);
     for (int g = 0; g < G; ++g) {  // mask, new max, rescale what was accumulated, probabilities into sc
         for (int j = ns[g]; j < kTile; ++j) sc[g][j] = -std::numeric_limits<float>::infinity();
-        V8 s0 = vload(&sc[g][0]), s1 = vload(&sc[g][8]);
-        const float mt = hmax(vmax(s0, s1));
+        V s[NV];
+        for (int i = 0; i < NV; ++i) s[i] = L::load(&sc[g][L::N * i]);
+        V mx = s[0];
+        for (int i = 1; i < NV; ++i) mx = vmax(mx, s[i]);
+        const float mt = hmax(mx);
         if (mt > m[g]) {
             const float alpha = exp1(m[g] - mt);
             if (l[g] != 0.0f) {
-                const V8 va = vset1(alpha);
-                for (int64_t c = 0; c < NC; ++c) vstore(acc + g * hd + 8 * c, vload(acc + g * hd + 8 * c) * va);
+                const V va = L::set1(alpha);
+                for (int64_t c = 0; c < NC; ++c)
+                    vstore(acc + g * hd + L::N * c, L::load(acc + g * hd + L::N * c) * va);
             }
             l[g] *= alpha;
             m[g] = mt;
         }
-        const V8 vm = vset1(m[g]);
-        s0 = vexp(s0 - vm);
-        s1 = vexp(s1 - vm);
-        l[g] += hsum(s0) + hsum(s1);
-        vstore(&sc[g][0], s0);
-        vstore(&sc[g][8], s1);
-    }
-    tile_accumulate<G>(acc, NC, vp, sc);
-}
-
-#ifdef TM_AVX512
-// The same tile on 16-lane vectors (head dims that are multiples of 16; NC here counts vectors of 16).
-// Register blocking as Block's, for 32 registers: G * KJ score accumulators of KJ keys, G * CB value
-// accumulators of CB vectors of the head dim.
-template <int G>
-struct Block16 {
-    static constexpr int KJ = G <= 2 ? 8 : G <= 4 ? 4 : 2;
-    static constexpr int CB = G <= 2 ? 8 : G <= 4 ? 4 : 2;
-};
-
-// sc[g][j] = q[g] . k_j for the tile's 16 rows (rows past n: anything; the caller masks them): KJ keys at
-// a time for all G heads, each key vector widened once; each sum folded to 8 lanes, then 8 sums reduced
-// into one vector
-template <int G, typename U>
-inline void tile_scores16(const float* q, int64_t NC, const U* const* kp, int n, float (*sc)[kTile]) {
-    constexpr int KJ = Block16<G>::KJ, NS = G * KJ, N8 = (NS + 7) / 8;
-    const int64_t hd = NC * 16;
-    for (int j0 = 0; j0 < n; j0 += KJ) {
-        asm volatile("" ::: "memory");
-        V16 s[NS];  // s[g * KJ + j]: head g, key j0 + j
-        for (int i = 0; i < NS; ++i) s[i] = vzero16();
-        for (int64_t c = 0; c < NC; ++c) {
-            V16 k[KJ];
-            for (int j = 0; j < KJ; ++j) {
-                k[j] = vload16(kp[j0 + j] + 16 * c);
-                if (G > 1) in_register(k[j]);
-            }
-            for (int g = 0; g < G; ++g) {
-                const V16 qv = vload16(q + g * hd + 16 * c);
-                for (int j = 0; j < KJ; ++j) s[g * KJ + j] = fma(qv, k[j], s[g * KJ + j]);
-            }
+        const V vm = L::set1(m[g]);
+        float sum = 0.0f;
+        for (int i = 0; i < NV; ++i) {
+            s[i] = vexp(s[i] - vm);
+            sum += hsum(s[i]);
         }
-        alignas(32) float t[N8 * 8];
-        for (int b = 0; b < N8; ++b) {
-            V8 h[8];
-            for (int i = 0; i < 8; ++i) h[i] = b * 8 + i < NS ? fold(s[b * 8 + i]) : vzero();
-            vstore(t + 8 * b, reduce8(h));
-        }
-        for (int g = 0; g < G; ++g)
-            for (int j = 0; j < KJ; ++j) sc[g][j0 + j] = t[g * KJ + j];
+        l[g] += sum;
+        for (int i = 0; i < NV; ++i) vstore(&sc[g][L::N * i], s[i]);
     }
+    tile_accumulate<G, L>(acc, NC, vp, sc);
 }
-
-// acc[g] += sum_j p[g][j] v_j over the tile's 16 rows (p = 0 past the valid ones)
-template <int G, typename U>
-inline void tile_accumulate16(float* acc, int64_t NC, const U* const* vp, const float (*p)[kTile]) {
-    constexpr int CB = Block16<G>::CB;
-    const int64_t hd = NC * 16;
-    for (int64_t c0 = 0; c0 < NC; c0 += CB) {
-        asm volatile("" ::: "memory");  // as in tile_accumulate
-        const int64_t cn = NC - c0 < CB ? NC - c0 : CB;
-        V16 o[G][CB];
-        for (int g = 0; g < G; ++g)
-            for (int c = 0; c < CB; ++c) o[g][c] = c < cn ? vload16(acc + g * hd + 16 * (c0 + c)) : vzero16();
-        for (int j = 0; j < kTile; ++j) {
-            V16 v[CB];
-            for (int c = 0; c < CB; ++c) {
-                v[c] = c < cn ? vload16(vp[j] + 16 * (c0 + c)) : vzero16();
-                if (G > 1) in_register(v[c]);
-            }
-            for (int g = 0; g < G; ++g) {
-                const V16 pg = vset16(p[g][j]);
-                for (int c = 0; c < CB; ++c) o[g][c] = fma(pg, v[c], o[g][c]);
-            }
-        }
-        for (int g = 0; g < G; ++g)
-            for (int c = 0; c < CB; ++c)
-                if (c < cn) vstore(acc + g * hd + 16 * (c0 + c), o[g][c]);
-    }
-}
-
-// attend_tile on 16-lane vectors (NC vectors of 16 per head): the same online softmax, the tile's 16
-// scores of a head being one vector
-template <int G, typename T>
-inline void attend_tile16(int64_t NC, const float* q, const T* const* kp, const T* const* vp, int n, const int* ns,
-                          float* m, float* l, float* acc) {
-    const int64_t hd = NC * 16;
-    alignas(64) float sc[G][kTile];
-    tile_scores16<G>(q, NC, kp, n, sc);
-    for (int g = 0; g < G; ++g) {
-        for (int j = ns[g]; j < kTile; ++j) sc[g][j] = -std::numeric_limits<float>::infinity();
-        V16 sg = vload16(&sc[g][0]);
-        const float mt = hmax(sg);
-        if (mt > m[g]) {
-            const float alpha = exp1(m[g] - mt);
-            if (l[g] != 0.0f) {
-                const V16 va = vset16(alpha);
-                for (int64_t c = 0; c < NC; ++c) vstore(acc + g * hd + 16 * c, vload16(acc + g * hd + 16 * c) * va);
-            }
-            l[g] *= alpha;
-            m[g] = mt;
-        }
-        sg = vexp(sg - vset16(m[g]));
-        l[g] += hsum(sg);
-        vstore(&sc[g][0], sg);
-    }
-    tile_accumulate16<G>(acc, NC, vp, sc);
-}
-#endif
 
 // All G query heads of one KV head on one tile, in groups (each group reads the tile once) of at most 4 for
 // fp32 keys (Block<4> sums two value vectors per broadcast probability: 1.09-1.11x over groups of 8 for a
 // prefill chunk's rows, 1.04x for a 5-row verification run) and 8 for bf16 keys (each key widened once
 // for more heads: groups of 4 measured 0.89-0.97x). A head's bits do not depend on its group.
-// On AVX-512, bf16 keys of head dims that are multiples of 16 take 16-lane tiles (attend_tile16), groups of
+// On AVX-512, bf16 keys of head dims that are multiples of 16 take 16-lane tiles (Lanes16), groups of
 // up to 8: on the AMX Xeon, 64 sequences of 232 keys, 30 layers, 1.08-1.16x the 8-lane tiles (9 / 3 heads
 // of 64; 32 / 8 of 128), then bound by reading the cache (~15 GB/s of the ~24 a plain sum streams); fp32
 // keys stay on 8 lanes there (16 lanes measured 0.95x at head dim 64). A head's bits then depend on the
@@ -648,7 +589,7 @@ inline void attend_tile_heads(int64_t NC, int64_t G, const float* q, const T* co
             const float* qg = q + g0 * hd;
             float* ag = acc + g0 * hd;
 #define TM_CASE(N) \
-    case N: attend_tile16<N>(NC / 2, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag); break;
+    case N: attend_tile<N, Lanes16>(NC / 2, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag); break;
             switch (G - g0 < 8 ? G - g0 : 8) {
                 TM_CASE(1) TM_CASE(2) TM_CASE(3) TM_CASE(4) TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8)
             }
@@ -663,7 +604,7 @@ inline void attend_tile_heads(int64_t NC, int64_t G, const float* q, const T* co
         float* ag = acc + g0 * hd;
         const int64_t gn = G - g0 < kGroup ? G - g0 : kGroup;
 #define TM_CASE(N) \
-    case N: attend_tile<N>(NC, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag); break;
+    case N: attend_tile<N, Lanes8>(NC, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag); break;
         if constexpr (kGroup > 4) {  // groups of 5-8 heads only where they can occur (bf16 keys)
             if (gn > 4) {
                 switch (gn) { TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8) }
