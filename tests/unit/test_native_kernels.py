@@ -157,7 +157,8 @@ CASES = [  # (nh, nkv, hd): GQA ratios 1-8, head dims 64 and 128 (and one other 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd", CASES)
 def test_paged_decode_attention_matches_torch(nh: int, nkv: int, hd: int, dtype: torch.dtype) -> None:
-    """bf16 (on AVX-512: the 16-lane tiles, every group size 1-8) against fp32 math on the same inputs."""
+    """bf16 (on AVX-512: the 16-lane tiles; with the runs below, groups of 1-8 heads) against fp32 math on the
+    same inputs."""
     rng = random.Random(nh * 100 + nkv * 10 + hd)
     for B in (1, rng.randint(2, 9), 64):
         lens = [rng.choice(LENGTHS) if rng.random() < 0.6 else rng.randint(1, 600) for _ in range(B)]
