@@ -139,10 +139,24 @@ def concurrently(client: openai.OpenAI, bodies: list[dict[str, Any]]) -> list[An
         return list(pool.map(lambda body: client.chat.completions.create(**body), bodies))
 
 
+def cut_off_before_a_call(r: Any, temperature: float) -> bool:
+    """A sampled answer whose first call max_tokens cut off (a sampled string may run long, which the grammar
+    allows; which answer does depends on the batch at bf16): no calls, the partial call as content,
+    finish_reason "length" after all MAX_TOKENS tokens. Greedy answers are held to fit."""
+    choice = r.choices[0]
+    if temperature == 0 or choice.message.tool_calls:
+        return False
+    content = choice.message.content or ""
+    assert choice.finish_reason == "length" and r.usage.completion_tokens == MAX_TOKENS, choice
+    assert content.lstrip().startswith("{") and '"name"' in content, choice
+    return True
+
+
 def test_required_always_calls_with_valid_arguments(client: openai.OpenAI) -> None:
     """Every answer has calls whose arguments validate, at temperature 0 and 1, with and without parallel
     calls. In parallel the tiny model may go on adding calls until max_tokens: the complete ones are the
-    calls, the cut-off one content, and finish_reason is "length"."""
+    calls, the cut-off one content, and finish_reason is "length" (at temperature 1 that may be the first
+    call: cut_off_before_a_call, for a few answers at most)."""
     prompts = ["What is the weather in Tokyo?", "Plan a dinner with Ann and Bo on the 12th.", "Hello!"]
     asks = [(prompt, temperature, parallel) for prompt in prompts for temperature in (0.0, 1.0)
             for parallel in (True, False)]
@@ -150,7 +164,11 @@ def test_required_always_calls_with_valid_arguments(client: openai.OpenAI) -> No
         {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "tools": [WEATHER, EVENT],
          "tool_choice": "required", "parallel_tool_calls": parallel, "temperature": temperature, "seed": i,
          "max_tokens": MAX_TOKENS} for i, (prompt, temperature, parallel) in enumerate(asks)])
-    for (_, _, parallel), r in zip(asks, answers):
+    cut = 0
+    for (_, temperature, parallel), r in zip(asks, answers):
+        if cut_off_before_a_call(r, temperature):
+            cut += 1
+            continue
         choice = r.choices[0]
         calls = as_calls(choice.message)
         assert calls, choice
@@ -162,6 +180,7 @@ def test_required_always_calls_with_valid_arguments(client: openai.OpenAI) -> No
             assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
         if not parallel:
             assert len(calls) == 1
+    assert cut <= len(asks) // 4, f"{cut} of {len(asks)} answers cut off before their first call"
 
 
 def test_named_function_always_calls_it_with_valid_arguments(client: openai.OpenAI) -> None:
@@ -173,11 +192,16 @@ def test_named_function_always_calls_it_with_valid_arguments(client: openai.Open
         {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "tools": [WEATHER, EVENT],
          "tool_choice": {"type": "function", "function": {"name": name}}, "temperature": temperature, "seed": i,
          "max_tokens": MAX_TOKENS} for i, (name, prompt, temperature) in enumerate(asks)])
-    for (name, _, _), r in zip(asks, answers):
+    cut = 0
+    for (name, _, temperature), r in zip(asks, answers):
+        if cut_off_before_a_call(r, temperature):
+            cut += 1
+            continue
         choice = r.choices[0]
         (call,) = as_calls(choice.message)
         assert call["name"] == name and choice.finish_reason == "tool_calls" and choice.message.content is None
         jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[name])
+    assert cut <= len(asks) // 4, f"{cut} of {len(asks)} answers cut off before their first call"
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add_event"}}])
