@@ -227,9 +227,10 @@ class GGUFLinearMethod(LinearMethod):
         layer.matmul = ggml.GgmlMatmul(weights, offsets, layer.out_features)
         # the big-batch path on the blocks (_plain): for repacked Q4_K (read back a tile at a time), and on AMX
         # for the K-quants its kernel takes
-        if any(w.plain_matmul or self._amx_k_quant(w) for w in weights):
-            layer.plain = [(w, off, None if w.plain_matmul else ggml.GgmlMatmul([w], [off], layer.out_features))
-                           for w, off in zip(weights, offsets)]
+        amx_k = [self._amx_k_quant(w) for w in weights]
+        if any(w.plain_matmul for w in weights) or any(amx_k):
+            layer.plain = [(w, off, None if w.plain_matmul else ggml.GgmlMatmul([w], [off], layer.out_features), amx)
+                           for w, off, amx in zip(weights, offsets, amx_k)]
         layer.dense_ok = len(layer.dense) == len(weights)
         # plain Q4_0 / Q4_1 / Q8_0 blocks: our multi-row kernel (native/block_matmul.cpp) instead of ggml's
         layer.block_mm = [(w.ggml_type, w.data_ptr, w.n, off) for w, off in zip(weights, offsets)] \
@@ -334,8 +335,8 @@ class GGUFLinearMethod(LinearMethod):
         m, t = x.shape[0], torch.get_num_threads()
         y = torch.empty(m, layer.out_features, dtype=torch.float32)
         xp, yp = x32.data_ptr(), y.data_ptr()
-        for w, off, one in layer.plain:
-            if x.dtype == torch.bfloat16 and self._amx_k_quant(w):
+        for w, off, one, amx in layer.plain:
+            if amx and x.dtype == torch.bfloat16:
                 self._amx_blocks(w, off, xp, m, yp, layer.out_features, t)
             elif one is not None:  # plain blocks, or a layout ggml multiplies itself
                 one(xp, m, yp, t)
@@ -343,6 +344,11 @@ class GGUFLinearMethod(LinearMethod):
                 scratch = self._scratch.get(_TILE_ELEMS)
                 w.matmul_plain(xp, m, yp, layer.out_features, off, scratch.data_ptr(), 4 * scratch.numel(), t)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    @staticmethod
+    def _amx_k_layer(layer: Linear, dtype: torch.dtype) -> bool:
+        """Some of the layer's big batches at `dtype` run on the AMX kernel's K-quant path (_plain)."""
+        return dtype == torch.bfloat16 and layer.plain is not None and any(amx for *_, amx in layer.plain)
 
     def _amx_blocks(self, w: ggml.GgmlWeight, off: int, xp: int, m: int, yp: int, ldy: int, t: int) -> None:
         """y[:, off : off + w.n] (fp32, rows ldy apart) = x (m, k) fp32 . W^T on the AMX kernel: plain blocks in
@@ -447,7 +453,7 @@ class GGUFLinearMethod(LinearMethod):
         # against the layer path's 109-113 / 128-154 on the dense copy (offline decode, interleaved)
         self._step_rows = _AMX_STEP_ROWS if self.uses_amx(layer, dtype) else _STEP_ROWS
         bounded = self.max_ggml_rows < _UNBOUNDED_ROWS
-        amx_k = dtype == torch.bfloat16 and any(self._amx_k_quant(w) for w in layer.matmul.weights)
+        amx_k = self._amx_k_layer(layer, dtype)
         above = ("the dense copy" if layer.packed is not None else
                  "dequantize + F.linear" if not self._big_plain else
                  "the AMX kernel on the K-quant blocks (repacked Q4_K read back)" if amx_k else
@@ -474,7 +480,7 @@ class GGUFLinearMethod(LinearMethod):
             ggml.type_name(layer.matmul.weights[0].ggml_type), num_layers, str(dtype), plain,
             layer.packed is not None, bool(getattr(layer, "dense_ok", False)), layer.block_mm is not None,
             self.uses_amx(layer, dtype), timing_panel, self.panel_min_rows if self._fixed_panel else None,
-            dtype == torch.bfloat16 and any(self._amx_k_quant(w) for w in layer.matmul.weights),
+            self._amx_k_layer(layer, dtype),
             str(self.dense_copy), self.repack, torch.get_num_threads(), settings])
 
     def _measure_crossover(self, layer: Linear, group: list[Linear], dtype: torch.dtype, plain: bool,

@@ -208,9 +208,10 @@ class Linear(nn.Module):
         self.dense_ok = False
         self.block_mm: list[tuple[int, int, int, int]] | None = None  # plain blocks for native/block_matmul.cpp
         self.block_amx = False  # block_mm's matrices also fit the AMX kernel (native/amx_matmul.cpp)
-        # where a weight is ggml's repacked Q4_K: (weight, first output column, its one-weight matmul, or None for
-        # the repacked Q4_K ones, whose big batches run on the plain-block kernel read back: GGUFLinearMethod._plain)
-        self.plain: list[tuple[Any, int, Any]] | None = None
+        # where a weight is ggml's repacked Q4_K or (on AMX) a K-quant: (weight, first output column, its one-weight
+        # matmul, or None for the repacked Q4_K ones, whose big batches run on the plain-block kernel read back;
+        # whether bf16 big batches take the AMX kernel instead): GGUFLinearMethod._plain
+        self.plain: list[tuple[Any, int, Any, bool]] | None = None
         self.weight: nn.Parameter
         method.create_weights(self)
         self.bias: nn.Parameter | None = None

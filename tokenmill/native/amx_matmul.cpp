@@ -388,22 +388,14 @@ int tm_amx_matmul(int type, const void* W, int64_t N, int64_t K, const float* x,
     if (!tm_amx_available()) return -3;
     if (M <= 0) return 0;
     const auto* w = static_cast<const uint8_t*>(W);
+    if (sub_blocks(type) > 1 && K % 256) return -2;  // the K-quants' super-blocks
     switch (type) {
         case kQ4_0: amx_matmul<kQ4_0>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
         case kQ4_1: amx_matmul<kQ4_1>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
         case kQ8_0: amx_matmul<kQ8_0>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
-        case kQ4_K:
-            if (K % 256) return -2;
-            amx_matmul<kQ4_K>(w, N, K, x, ldx, M, y, ldy, nthreads);
-            return 0;
-        case kQ5_K:
-            if (K % 256) return -2;
-            amx_matmul<kQ5_K>(w, N, K, x, ldx, M, y, ldy, nthreads);
-            return 0;
-        case kQ6_K:
-            if (K % 256) return -2;
-            amx_matmul<kQ6_K>(w, N, K, x, ldx, M, y, ldy, nthreads);
-            return 0;
+        case kQ4_K: amx_matmul<kQ4_K>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
+        case kQ5_K: amx_matmul<kQ5_K>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
+        case kQ6_K: amx_matmul<kQ6_K>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
         default: return -1;
     }
 #else
