@@ -90,3 +90,33 @@ def test_grouped_equals_one_call_per_group(type_name: str) -> None:
                                 alone.data_ptr(), n, 1)
             assert torch.equal(y[r0:r0 + c], alone)
         r0 += c
+
+
+@pytest.mark.parametrize("type_name, n, k", [("Q4_1", 48, 576), ("Q8_0", 96, 1536), ("Q4_K", 48, 512)])
+def test_bf16_rows_in_and_out_give_the_bits_of_the_fp32_entry_rounded(type_name: str, n: int, k: int) -> None:
+    """tm_amx_matmul_bf16 (the native decode step's call at bf16): x as bf16 rows, y rounded to bf16 in the
+    kernel, equal bit for bit to tm_amx_matmul on x widened with its fp32 result rounded by torch (ties to
+    even), rows written ldy apart into a wider output (the fused projections' column parts); NaN where
+    it gives NaN."""
+    qtype, blocks, _ = quantized(type_name, n, k, seed=k)
+    lib = block_matmul.library()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(70, k, generator=g).to(torch.bfloat16)
+    x[1, :5] = 1e-40  # denormal inputs: the tile multiply takes them as zero on both paths
+    x[2, 7] = float("nan")  # a NaN row stays NaN
+    x[5] *= 1e30  # outputs near fp32's top
+    for m in (1, 16, 64, 70):
+        wide = torch.empty(m, n)
+        xs = x[:m].float().contiguous()
+        assert lib.tm_amx_matmul(qtype, blocks.ctypes.data, n, k, xs.data_ptr(), k, m, wide.data_ptr(), n, 2) == 0
+        out = torch.full((m, n + 32), 7.0, dtype=torch.bfloat16)  # columns [16, 16 + n) written, the rest kept
+        xb = x[:m].contiguous()
+        assert lib.tm_amx_matmul_bf16(qtype, blocks.ctypes.data, n, k, xb.data_ptr(), k, m,
+                                      out[:, 16:].data_ptr(), n + 32, 2) == 0
+        ref, got = wide.to(torch.bfloat16), out[:, 16:16 + n]
+        nan = ref.isnan()
+        assert torch.equal(got.isnan(), nan)
+        assert bool(nan[2].all()) if m > 2 else not bool(nan.any())
+        # bits equal off the NaNs (a NaN's payload is the tile unit's: its input was made quiet differently)
+        assert torch.equal(got.view(torch.int16)[~nan], ref.view(torch.int16)[~nan]), (type_name, m)
+        assert bool((out[:, :16] == 7.0).all()) and bool((out[:, 16 + n:] == 7.0).all())

@@ -13,6 +13,10 @@
 //   tm_amx_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads)   as tm_block_matmul; N % 16 == 0, K % 32 == 0
 //                                                                (K % 256 for the K-quants, which only the
 //                                                                big-batch path uses: ggml's kernels below)
+//   tm_amx_matmul_bf16(type, W, N, K, x, ldx, M, y, ldy, nthreads)   the same with bf16 rows in and out (x
+//                                                                as the tiles take it, y rounded to nearest
+//                                                                even): the bits of tm_amx_matmul on x
+//                                                                widened, its result rounded as torch rounds
 //   tm_amx_matmul_grouped(..., min_rows)   as tm_block_matmul_grouped; groups under min_rows on that kernel
 //   tm_amx_available()   1 when the CPU has the units and the OS lets this process use the tiles
 //
@@ -207,6 +211,24 @@ void pack_x(const float* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint3
         }
 }
 
+// The same from bf16 rows: 32 bf16 values are the 16 pairs as they stand (the fp32 path's conversion of a
+// widened bf16 value gives it back, bar denormals, which the tile multiply takes as zero either way)
+void pack_x(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint32_t>& xb) {
+    const int64_t nb = K / 32, MT = (M + 15) / 16;
+    xb.resize(size_t(nb * MT * 256));
+    for (int64_t mt = 0; mt < MT; ++mt)
+        for (int64_t kb = 0; kb < nb; ++kb) {
+            __m512i r[16];
+            for (int j = 0; j < 16; ++j) {
+                const int64_t m = 16 * mt + j;
+                r[j] = m < M ? _mm512_loadu_si512(x + m * ldx + 32 * kb) : _mm512_setzero_si512();
+            }
+            transpose16(r);
+            uint32_t* dst = xb.data() + (kb * MT + mt) * 256;
+            for (int k = 0; k < 16; ++k) _mm512_storeu_si512(dst + 16 * k, r[k]);
+        }
+}
+
 // a C tile stored to cbuf (16 weight rows x 16 x rows, fp32) -> y[m0 + j][n0 + i] for the rows j < mv
 inline void store_c(float* y, int64_t ldy, int64_t n0, int64_t m0, int64_t mv, const float* cbuf) {
     __m512i r[16];
@@ -215,10 +237,29 @@ inline void store_c(float* y, int64_t ldy, int64_t n0, int64_t m0, int64_t mv, c
     for (int j = 0; j < mv; ++j) _mm512_storeu_si512(y + (m0 + j) * ldy + n0, r[j]);
 }
 
+// 16 fp32 -> bf16 as torch rounds: to nearest, ties to even; a NaN stays a NaN, made quiet (the bit
+// arithmetic of decode_step.cpp's to_bf16, denormals kept, where VCVTNEPS2BF16 would flush them)
+inline __m256i round_bf16(__m512i u) {
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
+inline void store_c(uint16_t* y, int64_t ldy, int64_t n0, int64_t m0, int64_t mv, const float* cbuf) {
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(cbuf + 16 * i);
+    transpose16(r);
+    for (int j = 0; j < mv; ++j)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + j) * ldy + n0), round_bf16(r[j]));
+}
+
 // C tiles 0..NT-1 = sum over the K blocks kb of A(kb) . B(kb, mt0 + t): A(kb) = a_of(kb), the 16 weight
 // rows from n0 at block kb (16 x 32 bf16, rows 64 bytes apart); then into y's rows 16 mt0.. (transposed)
-template <int NT, typename AOf>
-inline void tile_pass(AOf a_of, int64_t nb, const uint32_t* xb, int64_t MT, int64_t mt0, int64_t M, float* y,
+template <int NT, typename AOf, typename Y>
+inline void tile_pass(AOf a_of, int64_t nb, const uint32_t* xb, int64_t MT, int64_t mt0, int64_t M, Y* y,
                       int64_t ldy, int64_t n0) {
     alignas(64) float cbuf[256];
     _tile_zero(0);
@@ -268,9 +309,9 @@ inline void tile_pass(AOf a_of, int64_t nb, const uint32_t* xb, int64_t MT, int6
     }
 }
 
-template <int NT, typename AOf>
+template <int NT, typename AOf, typename Y>
 inline void tile_pass_any(int nt, AOf a_of, int64_t nb, const uint32_t* xb, int64_t MT, int64_t mt0, int64_t M,
-                          float* y, int64_t ldy, int64_t n0) {
+                          Y* y, int64_t ldy, int64_t n0) {
     switch (nt) {
         case 4: tile_pass<4>(a_of, nb, xb, MT, mt0, M, y, ldy, n0); break;
         case 3: tile_pass<3>(a_of, nb, xb, MT, mt0, M, y, ldy, n0); break;
@@ -284,9 +325,9 @@ inline void tile_pass_any(int nt, AOf a_of, int64_t nb, const uint32_t* xb, int6
 // block's dequantization need not wait for the tile load of the one before; past 64 rows the 16 weight
 // rows are dequantized once into a panel (K/32 tiles) that every 64-row pass reads. Same values, same
 // order of accumulation either way.
-template <int TYPE>
+template <int TYPE, typename Y>
 void rows_any(const uint8_t* W, int64_t K, int64_t c0, int64_t c1, const uint32_t* xb, int64_t MT, int64_t M,
-              float* y, int64_t ldy) {
+              Y* y, int64_t ldy) {
     constexpr int64_t S = sub_blocks(TYPE);
     const int64_t nb = K / 32, bb = block_bytes(TYPE), row_bytes = nb / S * bb;
     alignas(64) uint16_t abuf[2][16 * 32];
@@ -325,8 +366,9 @@ void rows_any(const uint8_t* W, int64_t K, int64_t c0, int64_t c1, const uint32_
     }
 }
 
-template <int TYPE>
-void amx_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y,
+// X, Y: float or uint16_t (bf16) rows
+template <int TYPE, typename X, typename Y>
+void amx_matmul(const uint8_t* W, int64_t N, int64_t K, const X* x, int64_t ldx, int64_t M, Y* y,
                 int64_t ldy, int nthreads) {
     thread_local std::vector<uint32_t> xb;
     pack_x(x, ldx, M, K, xb);
@@ -340,14 +382,14 @@ void amx_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t 
             const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
             const int64_t c0 = chunks * t / nt, c1 = chunks * (t + 1) / nt;
             configure_tiles();
-            rows_any<TYPE>(W, K, c0, c1, xbp, MT, M, y, ldy);
+            rows_any<TYPE, Y>(W, K, c0, c1, xbp, MT, M, y, ldy);
             _tile_release();
         }
         return;
     }
 #endif
     configure_tiles();
-    rows_any<TYPE>(W, K, 0, chunks, xbp, MT, M, y, ldy);
+    rows_any<TYPE, Y>(W, K, 0, chunks, xbp, MT, M, y, ldy);
     _tile_release();
 }
 
@@ -369,20 +411,13 @@ bool cpu_has_amx() {
 
 }  // namespace
 
-extern "C" {
+extern "C" int tm_amx_available();
 
-int tm_amx_available() {
-#ifdef TM_AMX
-    static const int ok = cpu_has_amx() && os_grants_tiles();
-    return ok;
-#else
-    return 0;
-#endif
-}
+namespace {
 
-// See the header. 0; -1 a type it does not take; -2 K % 32 or N % 16; -3 no AMX here.
-int tm_amx_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y,
-                  int64_t ldy, int nthreads) {
+template <typename X, typename Y>
+int amx_entry(int type, const void* W, int64_t N, int64_t K, const X* x, int64_t ldx, int64_t M, Y* y, int64_t ldy,
+              int nthreads) {
     if (K % 32 || N % 16) return -2;
 #ifdef TM_AMX
     if (!tm_amx_available()) return -3;
@@ -402,6 +437,31 @@ int tm_amx_matmul(int type, const void* W, int64_t N, int64_t K, const float* x,
     (void)type, (void)W, (void)x, (void)ldx, (void)M, (void)y, (void)ldy, (void)nthreads;
     return -3;
 #endif
+}
+
+}  // namespace
+
+extern "C" {
+
+int tm_amx_available() {
+#ifdef TM_AMX
+    static const int ok = cpu_has_amx() && os_grants_tiles();
+    return ok;
+#else
+    return 0;
+#endif
+}
+
+// See the header. 0; -1 a type it does not take; -2 K % 32 or N % 16; -3 no AMX here.
+int tm_amx_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y,
+                  int64_t ldy, int nthreads) {
+    return amx_entry(type, W, N, K, x, ldx, M, y, ldy, nthreads);
+}
+
+// x, y: bf16 (uint16_t) rows, ldx and ldy elements apart; statuses as tm_amx_matmul's
+int tm_amx_matmul_bf16(int type, const void* W, int64_t N, int64_t K, const uint16_t* x, int64_t ldx, int64_t M,
+                       uint16_t* y, int64_t ldy, int nthreads) {
+    return amx_entry(type, W, N, K, x, ldx, M, y, ldy, nthreads);
 }
 
 int tm_block_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y,

@@ -50,6 +50,7 @@ def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
         lib.tm_block_matmul_supports.argtypes = [_I32]
         lib.tm_block_matmul_grouped.argtypes = [_I32, _P, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _I32]
         lib.tm_amx_matmul.argtypes = lib.tm_block_matmul.argtypes
+        lib.tm_amx_matmul_bf16.argtypes = lib.tm_block_matmul.argtypes
         lib.tm_panel_matmul.argtypes = lib.tm_block_matmul.argtypes
         lib.tm_amx_matmul_grouped.argtypes = [*lib.tm_block_matmul_grouped.argtypes, _I64]
     except (NativeBuildError, OSError, AttributeError) as e:

@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 4
+ABI = 5
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -32,7 +32,7 @@ _PI32, _PI64 = ctypes.POINTER(_I32), ctypes.POINTER(_I64)
 
 
 class TmKernels(ctypes.Structure):
-    _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_min_rows", _I64), ("panel_matmul", _P),
+    _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_matmul_bf16", _P), ("amx_min_rows", _I64), ("panel_matmul", _P),
                 ("panel_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
                 ("rotary", _P), ("attention", _P)]
 
@@ -91,8 +91,9 @@ def kernel_table(panel_min_rows: int | None = None) -> TmKernels:
     this many rows (the gguf method's calibrated figure); None: never."""
     k = kernels.library()
     blocks = block_matmul.library() if block_matmul.available() else None
-    return TmKernels(block_matmul=_address(blocks, "tm_block_matmul"),
-                     amx_matmul=_address(blocks if block_matmul.amx_available() else None, "tm_amx_matmul"),
+    amx = blocks if block_matmul.amx_available() else None
+    return TmKernels(block_matmul=_address(blocks, "tm_block_matmul"), amx_matmul=_address(amx, "tm_amx_matmul"),
+                     amx_matmul_bf16=_address(amx, "tm_amx_matmul_bf16"),
                      amx_min_rows=block_matmul.AMX_MIN_ROWS,
                      panel_matmul=_address(blocks if panel_min_rows is not None and block_matmul.panel_available()
                                            else None, "tm_panel_matmul"),
