@@ -304,6 +304,47 @@ def test_attention_refuses_what_it_cannot_take() -> None:
     assert not kernels.paged_decode_attention(torch.empty_like(q12), q12, k12, v12, t12, l12, 0.1)  # hd % 8
 
 
+# -- greedy picks ------------------------------------------------------------------------------------
+def argmax_cases(g: torch.Generator) -> list[torch.Tensor]:
+    """Rows of every length class (under one run of 64, runs and a tail, exact runs), values with many ties
+    (the first maximum must win), the maximum in the first or last value, and a strided view."""
+    cases = []
+    for rows, V in [(1, 5), (3, 64), (4, 130), (64, 49152), (7, 50257), (2, 1000)]:
+        cases.append(torch.randn(rows, V, generator=g))
+        cases.append(torch.randint(-3, 4, (rows, V), generator=g).float() * 0.5)  # ties everywhere
+    edge = torch.randn(4, 300, generator=g)
+    edge[0, 0] = edge[1, -1] = edge[2, 64] = edge[3, 63] = 50.0
+    edge[2, 200] = 50.0  # a tie with an earlier maximum: the earlier one
+    cases.append(edge)
+    cases.append(torch.randn(6, 700, generator=g)[::2, 10:610])  # rows 1400 apart, a column offset
+    return cases
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_rows_is_the_first_maximum(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(11)
+    for x in argmax_cases(g):
+        x = x.to(dtype)  # (fp32 keeps the strided view as it is)
+        got = kernels.argmax_rows(x)
+        assert got is not None
+        assert torch.equal(got, x.float().max(dim=-1).indices), (dtype, tuple(x.shape))
+        assert torch.equal(got, x.float().argmax(dim=-1))
+
+
+def test_argmax_rows_leaves_nan_and_infinity_to_torch() -> None:
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(3, 200).to(dtype)
+            x[1, 150] = bad  # in the tail past the last run of 64
+            assert kernels.argmax_rows(x) is None
+            x = torch.randn(3, 200).to(dtype)
+            x[2, 5] = bad  # in a run
+            assert kernels.argmax_rows(x) is None
+    assert kernels.argmax_rows(torch.randn(2, 8).half()) is None  # a dtype it does not take
+    assert kernels.argmax_rows(torch.randn(8, 2).t()) is None  # columns not adjacent
+    assert kernels.argmax_rows(torch.randn(3, 0)) is None
+
+
 # -- the 8-lane build on an AVX-512 CPU ------------------------------------------------------------
 def test_sixteen_lanes_agree_with_eight(monkeypatch) -> None:
     """Where the compiler targets AVX-512, silu*mul and the norm take 16 lanes with the same operations per
@@ -368,3 +409,5 @@ def test_portable_build_agrees(portable_lib, monkeypatch) -> None:
     alone = torch.empty(1, 14, 64)
     assert kernels.paged_decode_attention(alone, q[2:3], k_cache, v_cache, tables[2:3], lens_t[2:3], 0.125)
     assert torch.equal(alone[0], out[2])
+    for x in argmax_cases(torch.Generator().manual_seed(12)):
+        assert torch.equal(kernels.argmax_rows(x), x.max(dim=-1).indices)

@@ -141,3 +141,26 @@ def test_top_k_beyond_vocab_is_no_cut_and_huge_seeds_work() -> None:
     b = runner._prepare_sampling([r])
     assert b.top_k is None
     assert len(sample(LOGITS, b).token_ids) == 1
+
+
+def test_bf16_logits_greedy_as_float32_and_widened_for_everything_else() -> None:
+    """The runner hands greedy rows without logprobs their head's bf16 logits: argmax (first maximum, with
+    the many ties bf16 has) equals float32's; logprobs, sampling and a processor that is not argmax-invariant
+    widen them first, so they get float32's results."""
+    g = torch.Generator().manual_seed(0)
+    for S, vocab, coarse in [(1, 1000, False), (8, 49152, True), (64, 49152, False), (3, 50257, True)]:
+        x = (torch.randint(-3, 4, (S, vocab), generator=g) * 0.5 if coarse
+             else torch.randn(S, vocab, generator=g)).to(torch.bfloat16)
+        assert sample(x, batch(S, 0.0)).token_ids == sample(x.float(), batch(S, 0.0)).token_ids
+        assert sample(x, batch(S, 0.0)).token_ids == x.float().argmax(dim=-1).tolist()
+    x = torch.randn(2, V, generator=g).to(torch.bfloat16)
+    got, ref = sample(x, batch(2, 0.0, max_logprobs=2)), sample(x.float(), batch(2, 0.0, max_logprobs=2))
+    assert got.logprobs.dtype == torch.float32 and torch.equal(got.logprobs, ref.logprobs)
+    row = Row(SamplingParams(temperature=0.0, logit_bias={5: 100.0}))
+    proc = LogitBiasProcessor(CPU)
+    assert proc.prepare([row, row]) and not proc.is_argmax_invariant()
+    assert sample(x, batch(2, 0.0), [proc]).token_ids == [5, 5]
+    seeded = [torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)]
+    a = sample(x, batch(2, 1.0, generators=seeded)).token_ids
+    seeded = [torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)]
+    assert a == sample(x.float(), batch(2, 1.0, generators=seeded)).token_ids

@@ -173,10 +173,13 @@ class Gemma3ForCausalLM(nn.Module):
             return self.model.norm(x)
         return self.model.norm(x, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(S, D) -> (S, V) float32 logits, soft-capped (cap * tanh(logits / cap)) when the config says so."""
-        logits = self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """(S, D) -> (S, V) float32 logits, soft-capped (cap * tanh(logits / cap)) when the config says so
+        (then always float32: the ties are those of the capped float32 values); without a cap float32=False
+        leaves them in the head's dtype."""
+        logits = self.lm_head(hidden)
         cap = self.cfg.final_logit_softcapping
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        if not cap:
+            return logits.float() if float32 else logits
+        logits = logits.float()
+        return torch.tanh(logits / cap) * cap

@@ -27,5 +27,7 @@ class CausalLM(Protocol):
         """input_ids, positions (T,) -> final hidden states (T, D), after the first `num_layers` layers
         (None: all) and the final norm."""
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(S, D) -> (S, V) float32 logits."""
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """(S, D) -> (S, V) float32 logits; with float32=False a model may leave them in its head's dtype
+        (widening is exact, so their argmax is the float32 logits' argmax, ties included): greedy rows
+        with nothing else to do skip a copy of (S, V) floats."""

@@ -184,6 +184,8 @@ class LlamaForCausalLM(nn.Module):
             return self.model.norm(x)
         return self.model.norm(x, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(S, D) hidden of the positions that sample -> (S, V) float32 logits."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """(S, D) hidden of the positions that sample -> (S, V) logits: float32, or (float32=False) the
+        head's dtype."""
+        logits = self.lm_head(hidden)
+        return logits.float() if float32 else logits

@@ -4,6 +4,7 @@
 //   tm_add_rms_norm   residual += x (optional); out = rmsnorm(residual) * w      rows of D
 //   tm_silu_and_mul   out = silu(gate) * up, from the fused (T, 2I) gate|up rows
 //   tm_rotary         q and k heads rotated in place (HF rotate-half) by per-token cos / signed-sin rows
+//   tm_argmax_rows    greedy picks: the index of each row's first maximum (logits rows)
 //   tm_paged_decode_attention
 //                     one query token per sequence against its paged K/V: for each KV head, all its
 //                     query heads against tiles of 16 keys, online softmax; the context is cut into
@@ -397,6 +398,47 @@ void rotary(T* x, int64_t x_stride, int64_t heads, int64_t hd, const T* cos, con
                 store1(b + i, p3 + p4);
             }
         }
+    });
+}
+
+// ---- greedy picks: the first maximum of each row ---------------------------------------------------
+// out[r] = the index of the first maximum of row r of x (rows, V; rows `stride` apart), or -1 where the row
+// holds a NaN or an infinity (the caller asks torch for those rows' answer; its rules for NaN are its own).
+// One pass: the maximum of each run of 64 values, the first run whose maximum beats all before it, then
+// the first value in that run equal to it.
+template <typename T>
+void argmax_rows(const T* x, int64_t stride, int64_t rows, int64_t V, int64_t* out, int nthreads) {
+    for_rows(rows, threads_for(rows * V, nthreads), [&](int64_t r) {
+        const T* p = x + r * stride;
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t run = -1, at = -1;  // the best's run of 64 (searched below), or its exact index in the tail
+        V8 z = vzero();  // x * 0 summed: NaN once any value is NaN or infinite
+        int64_t i = 0;
+        for (; i + 64 <= V; i += 64) {
+            V8 c = vload(p + i);
+            z = z + c * vzero();
+            for (int k = 8; k < 64; k += 8) {
+                const V8 v = vload(p + i + k);
+                c = vmax(v, c);
+                z = z + v * vzero();
+            }
+            const float cm = hmax(c);
+            if (cm > best) best = cm, run = i;
+        }
+        float zs = hsum(z);
+        for (; i < V; ++i) {
+            const float v = to_f32(p[i]);
+            zs += v * 0.0f;
+            if (v > best) best = v, at = i, run = -1;
+        }
+        if (zs != zs || (run < 0 && at < 0)) {  // a NaN or an infinity, or nothing above -inf
+            out[r] = -1;
+            return;
+        }
+        if (run >= 0)
+            for (at = run; to_f32(p[at]) != best; ++at) {
+            }
+        out[r] = at;
     });
 }
 
@@ -879,9 +921,21 @@ int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t 
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-int tm_abi_version() { return 2; }
+int tm_abi_version() { return 3; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
+
+// out[r] (int64) = the index of the first maximum of row r of x (rows, V), rows x_stride apart; -1 for a
+// row holding a NaN or an infinity
+int tm_argmax_rows(int dtype, const void* x, int64_t x_stride, int64_t rows, int64_t V, int64_t* out, int nthreads) {
+    if (dtype == 0)
+        argmax_rows(static_cast<const float*>(x), x_stride, rows, V, out, nthreads);
+    else if (dtype == 1)
+        argmax_rows(static_cast<const bf16*>(x), x_stride, rows, V, out, nthreads);
+    else
+        return -1;
+    return 0;
+}
 
 // out (rows, D) = rmsnorm(res + x) * w, with res (rows, D) += x first; res == NULL: out = rmsnorm(x) * w.
 int tm_add_rms_norm(int dtype, void* out, int64_t out_stride, const void* x, int64_t x_stride, void* res,

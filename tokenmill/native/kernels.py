@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 2
+ABI_VERSION = 3
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
 # merged (flash-decoding): a fixed size, so a sequence's result never depends on its batch or the threads
@@ -40,6 +40,7 @@ _SIGNATURES = {
     "tm_add_rms_norm": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _I64, _F32, _I32],
     "tm_silu_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
     "tm_rotary": [_I32, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
+    "tm_argmax_rows": [_I32, _P, _I64, _I64, _I64, _P, _I32],
     "tm_paged_decode_attention": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
                                   _F32, _I64, _I32],
 }
@@ -114,6 +115,22 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty((T, I2 // 2), dtype=x.dtype)
     rc = lib.tm_silu_and_mul(code, out.data_ptr(), I2 // 2, x.data_ptr(), xs[0], T, I2 // 2, torch.get_num_threads())
     return out if rc == 0 else None
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor | None:
+    """x (S, V) fp32 or bf16, unit stride in V -> (S,) int64: each row's first maximum, what
+    x.max(dim=-1).indices gives. None: not for the kernel, or a row holds a NaN or an infinity (torch's
+    answer is then the one to take)."""
+    code = _DTYPE_CODE.get(x.dtype)
+    lib = library()
+    if code is None or lib is None or not x.is_cpu or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
+        return None
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    rc = lib.tm_argmax_rows(code, x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr(),
+                            torch.get_num_threads())
+    if rc or (x.shape[0] and int(out.min()) < 0):
+        return None
+    return out
 
 
 def rotary_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> bool:

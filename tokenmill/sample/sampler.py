@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenmill.native import kernels
 from tokenmill.sample.logits_processor import LogitsProcessor
 
 
@@ -39,16 +40,32 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None  # (S, N)
 
 
+def first_max(logits: torch.Tensor) -> torch.Tensor:
+    """(S, V) -> (S,) int64, argmax with the first maximum winning ties: the native kernel on CPU (one pass
+    at memory speed, where torch's reduction over a 64 x 49152 step of bf16 logits took ~2.4 ms), else (or
+    for rows with a NaN or an infinity) max(dim=-1), 2.6x faster than argmax on CPU."""
+    if logits.is_cpu and kernels.is_enabled():
+        picks = kernels.argmax_rows(logits)
+        if picks is not None:
+            return picks
+    return logits.max(dim=-1).indices
+
+
 def sample(logits: torch.Tensor, b: SamplingBatch, processors: Sequence[LogitsProcessor] = ()) -> SamplerOutput:
-    """logits: (S, V) float32; `processors` already prepared for these S rows. Does not modify its input."""
+    """logits: (S, V) float32, or any float dtype where every row is greedy with no logprobs and every
+    processor argmax-invariant (anything else is widened to float32 first); `processors` already prepared
+    for these S rows. Does not modify its input."""
     out = SamplerOutput(token_ids=[])
+    if logits.dtype != torch.float32 and not (b.all_greedy and b.max_logprobs < 0
+                                              and all(p.is_argmax_invariant() for p in processors)):
+        logits = logits.float()
     if b.max_logprobs >= 0:
         lp = torch.log_softmax(logits, dim=-1)
     for proc in processors:
         if b.all_greedy and proc.is_argmax_invariant():
             continue  # greedy's fast path: it cannot change any row's pick
         logits = proc.apply(logits)
-    greedy = logits.max(dim=-1).indices  # == argmax (first maximum); 2.6x faster than argmax on CPU
+    greedy = first_max(logits)
     if b.all_greedy:
         tokens = greedy
     else:

@@ -139,6 +139,6 @@ class ModelDrafter:
         hidden = self.model.forward(torch.tensor(ids, dtype=torch.long, device=dev),
                                     torch.tensor(pos, dtype=torch.long, device=dev),
                                     AttentionContext(self.backend, meta, self.kv_caches), num_layers=self.num_layers)
-        best = self.model.compute_logits(hidden[last])[:, : self.vocab_size].argmax(dim=-1).tolist()
+        best = self.model.compute_logits(hidden[last], float32=False)[:, : self.vocab_size].argmax(dim=-1).tolist()
         chosen = {s.req_id: int(b) for s, b in zip(ordered, best)}
         return [chosen[s.req_id] for s in seqs]
