@@ -24,7 +24,14 @@ from tokenmill.entrypoints.server.model_pool import UnknownModelError
 log = logging.getLogger("tokenmill.server")
 
 DESCRIPTION = "An OpenAI-compatible LLM inference server."
-_STREAM: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+# A streamed answer: server-sent events, each a `data:` line holding one JSON chunk (the response model's
+# streaming form), the last one `[DONE]`. `itemSchema` (OpenAPI 3.2's field for sequential media types)
+# describes one event as SSE parsers hand it over; a plain `schema` would, before 3.2, describe each event
+# too, and `{"type": "string"}` there does not fit the event objects validators read (schemathesis >= 4.3x).
+_SSE_EVENT = {"type": "object", "required": ["data"],
+              "properties": {"data": {"type": "string", "description": "one JSON chunk, or [DONE] at the end"},
+                             "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"}}}
+_STREAM: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {"itemSchema": _SSE_EVENT}}}}
 
 
 def build_router(ctx: ServerContext) -> APIRouter:
