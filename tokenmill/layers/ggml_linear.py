@@ -291,19 +291,26 @@ class GGUFLinearMethod(LinearMethod):
         """ggml's kernels, or ours on plain blocks: the block kernel, the AMX one, or from panel_min_rows rows
         the fp32 panel kernel (panel: force it on or off, for calibrate)."""
         assert layer.matmul is not None, "finish_loading() builds the matmul"
-        x32 = x.to(torch.float32).contiguous()
-        y = torch.empty(x.shape[0], layer.out_features, dtype=torch.float32)
         m, mm, k, n_out = x.shape[0], layer.matmul, layer.in_features, layer.out_features
+        amx = layer.block_mm is not None and self.uses_amx(layer, x.dtype, m)
+        if amx:  # bf16 rows in and out of the AMX kernel: no fp32 copies (the same bits as rounding them)
+            xb = x.contiguous()
+            y = torch.empty(m, n_out, dtype=torch.bfloat16)
+            xp, yp = xb.data_ptr(), y.data_ptr()
+            for qtype, wp, n, off in layer.block_mm:
+                self.threads.run(m * k * n, lambda t: block_matmul.matmul(qtype, wp, n, k, xp, m, yp + 2 * off,
+                                                                          n_out, t, amx=True, bf16=True))
+            return y
+        x32 = x.to(torch.float32).contiguous()
+        y = torch.empty(m, n_out, dtype=torch.float32)
         if m:
             xp, yp = x32.data_ptr(), y.data_ptr()
             if layer.block_mm is not None:
-                amx = self.uses_amx(layer, x.dtype, m)
                 if panel is None:
                     panel = self.panel_min_rows is not None and m >= self.panel_min_rows
-                pan = panel and not amx
                 for qtype, wp, n, off in layer.block_mm:
                     self.threads.run(m * k * n, lambda t: block_matmul.matmul(qtype, wp, n, k, xp, m, yp + 4 * off,
-                                                                              n_out, t, amx=amx, panel=pan))
+                                                                              n_out, t, panel=panel))
             else:
                 self.threads.run(m * k * n_out, lambda t: mm(xp, m, yp, t))
         return y if x.dtype == torch.float32 else y.to(x.dtype)

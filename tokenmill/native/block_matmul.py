@@ -96,13 +96,16 @@ def panel_available() -> bool:
 
 
 def matmul(ggml_type: int, w_ptr: int, n: int, k: int, x_ptr: int, m: int, y_ptr: int, ldy: int,
-           threads: int, lib: ctypes.CDLL | None = None, amx: bool = False, panel: bool = False) -> None:
+           threads: int, lib: ctypes.CDLL | None = None, amx: bool = False, panel: bool = False,
+           bf16: bool = False) -> None:
     """y[:, :n] (rows ldy apart) = x (m, k) fp32 contiguous . W^T, W (n, k) in blocks at w_ptr. amx: on the
     AMX kernel (bf16 products; only where amx_available() and amx_supports(n)); panel: on the fp32 panel
-    kernel (panel_matmul.cpp)."""
+    kernel (panel_matmul.cpp). bf16 (with amx only): x and y are bf16 rows, y rounded as torch rounds (the
+    bits of the fp32 call's result rounded to bf16)."""
     lib = lib or library()
-    assert lib is not None
-    fn = lib.tm_amx_matmul if amx else lib.tm_panel_matmul if panel else lib.tm_block_matmul
+    assert lib is not None and (amx or not bf16)
+    fn = (lib.tm_amx_matmul_bf16 if bf16 else lib.tm_amx_matmul) if amx else \
+        lib.tm_panel_matmul if panel else lib.tm_block_matmul
     rc = fn(ggml_type, w_ptr, n, k, x_ptr, k, m, y_ptr, ldy, threads)
     if rc:
         raise RuntimeError(f"block matmul failed (status {rc})")
