@@ -292,8 +292,8 @@ class GGUFLinearMethod(LinearMethod):
         the fp32 panel kernel (panel: force it on or off, for calibrate)."""
         assert layer.matmul is not None, "finish_loading() builds the matmul"
         m, mm, k, n_out = x.shape[0], layer.matmul, layer.in_features, layer.out_features
-        amx = layer.block_mm is not None and self.uses_amx(layer, x.dtype, m)
-        if amx:  # bf16 rows in and out of the AMX kernel: no fp32 copies (the same bits as rounding them)
+        if layer.block_mm is not None and self.uses_amx(layer, x.dtype, m):
+            # bf16 rows in and out of the AMX kernel: no fp32 copies (the same bits as rounding them)
             xb = x.contiguous()
             y = torch.empty(m, n_out, dtype=torch.bfloat16)
             xp, yp = xb.data_ptr(), y.data_ptr()
