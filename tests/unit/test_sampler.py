@@ -10,7 +10,7 @@ import torch
 from dataclasses import dataclass, field
 
 from tokenmill.sample.logits_processor import LogitBiasProcessor, MinTokensProcessor, PenaltiesProcessor
-from tokenmill.sample.sampler import SamplingBatch, filtered_probs, sample
+from tokenmill.sample.sampler import SamplingBatch, argmax_only, filtered_probs, sample
 from tokenmill.sampling_params import SamplingParams
 
 V = 8
@@ -147,6 +147,9 @@ def test_bf16_logits_greedy_as_float32_and_widened_for_everything_else() -> None
     """The runner hands greedy rows without logprobs their head's bf16 logits: argmax (first maximum, with
     the many ties bf16 has) equals float32's; logprobs, sampling and a processor that is not argmax-invariant
     widen them first, so they get float32's results."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert argmax_only(batch(2, 0.0), [], cpu) and not argmax_only(batch(2, 0.0), [], cuda)
+    assert not argmax_only(batch(2, 0.0, max_logprobs=0), [], cpu) and not argmax_only(batch(2, 0.7), [], cpu)
     g = torch.Generator().manual_seed(0)
     for S, vocab, coarse in [(1, 1000, False), (8, 49152, True), (64, 49152, False), (3, 50257, True)]:
         x = (torch.randint(-3, 4, (S, vocab), generator=g) * 0.5 if coarse

@@ -51,13 +51,20 @@ def first_max(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(dim=-1).indices
 
 
+def argmax_only(b: SamplingBatch, processors: Sequence[LogitsProcessor], device: torch.device) -> bool:
+    """Every row greedy, no logprobs, every processor argmax-invariant, on CPU: the rows need only their first
+    maximum, which logits at the head's own dtype give as float32 ones would (widening is exact, ties
+    included), so the runner leaves them at that dtype and first_max picks it on the native kernel. On
+    other devices the logits are widened first, as before."""
+    return (device.type == "cpu" and b.all_greedy and b.max_logprobs < 0
+            and all(p.is_argmax_invariant() for p in processors))
+
+
 def sample(logits: torch.Tensor, b: SamplingBatch, processors: Sequence[LogitsProcessor] = ()) -> SamplerOutput:
-    """logits: (S, V) float32, or any float dtype where every row is greedy with no logprobs and every
-    processor argmax-invariant (anything else is widened to float32 first); `processors` already prepared
-    for these S rows. Does not modify its input."""
+    """logits: (S, V) float32, or any float dtype where argmax_only() holds (otherwise widened to float32
+    first); `processors` already prepared for these S rows. Does not modify its input."""
     out = SamplerOutput(token_ids=[])
-    if logits.dtype != torch.float32 and not (b.all_greedy and b.max_logprobs < 0
-                                              and all(p.is_argmax_invariant() for p in processors)):
+    if logits.dtype != torch.float32 and not argmax_only(b, processors, logits.device):
         logits = logits.float()
     if b.max_logprobs >= 0:
         lp = torch.log_softmax(logits, dim=-1)

@@ -19,7 +19,7 @@ from tokenmill.models.interface import CausalLM
 from tokenmill.outputs import Logprob, TokenLogprobs
 from tokenmill.sample.grammar_bitmask import GrammarBitmaskProcessor
 from tokenmill.sample.logits_processor import LogitsProcessor, default_processors
-from tokenmill.sample.sampler import SamplerOutput, SamplingBatch, sample
+from tokenmill.sample.sampler import SamplerOutput, SamplingBatch, argmax_only, sample
 from tokenmill.sample.spec_verify import accepted_prefix
 from tokenmill.scheduler_output import ModelRunnerOutput, PromptLogprobsChunk, SchedulerOutput
 from tokenmill.worker.drafter import ModelDrafter
@@ -215,10 +215,10 @@ class ModelRunner:
         self._set_grammar(so, rows)
         active = [p for p in self.processors if p.prepare(rows)]
         batch = self._prepare_sampling(rows)
-        # greedy rows with no logprobs and only argmax-invariant processors take argmax of the head's output
-        # as it is (bf16 at bf16: a 64-row step of SmolLM2 skips a 12 MB copy and reads half the bytes)
-        only_argmax = batch.all_greedy and batch.max_logprobs < 0 and all(p.is_argmax_invariant() for p in active)
-        logits = self.model.compute_logits(hidden[sample_idx], float32=not only_argmax)
+        # rows that need only their argmax take the head's output as it is (bf16 at bf16: a 64-row step of
+        # SmolLM2 skips a 12 MB float32 copy)
+        logits = self.model.compute_logits(hidden[sample_idx],
+                                           float32=not argmax_only(batch, active, hidden.device))
         out = sample(logits, batch, active)
         i = 0
         while i < len(rows):
