@@ -16,5 +16,9 @@ case "${1:-}" in
   breakdown) .venv/bin/python benchmarks/experiments/step_breakdown.py 64 | tee "$D/step_breakdown.txt" ;;
   r1|r2) PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$D/$1 benchmarks/compare.sh ;;
   r3) PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$D/r3 benchmarks/compare.sh ;;
-  *) echo "usage: $0 offline|breakdown|r1|r2|r3" >&2; exit 2 ;;
+  # n-gram speculation on the grounded prompts, twice (issue 15)
+  spec) bash benchmarks/spec_grounded.sh $D/spec ;;
+  # the 7B-class file (Q4_K_M, random weights): memory and one stream against llama-server
+  big) RESULTS_DIR=$D/big-model bash benchmarks/big_model.sh ;;
+  *) echo "usage: $0 offline|breakdown|r1|r2|r3|spec|big" >&2; exit 2 ;;
 esac
