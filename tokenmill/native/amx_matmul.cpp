@@ -188,32 +188,17 @@ inline void dequant_block(const uint8_t* b, int j, uint16_t* out) {
     _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));  // elements 0-15 from lo, 16-31 from hi
 }
 
-// x rows [0, M) (fp32, ldx apart) -> B tiles: xb[(kb * MT + mt) * 256 + k * 16 + j] = the bf16 pair of row
-// 16 mt + j at columns 32 kb + 2k, +1 (rows past M: zero)
-void pack_x(const float* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint32_t>& xb) {
-    const int64_t nb = K / 32, MT = (M + 15) / 16;
-    xb.resize(size_t(nb * MT * 256));
-    for (int64_t mt = 0; mt < MT; ++mt)
-        for (int64_t kb = 0; kb < nb; ++kb) {
-            __m512i r[16];
-            for (int j = 0; j < 16; ++j) {
-                const int64_t m = 16 * mt + j;
-                if (m < M) {
-                    const float* p = x + m * ldx + 32 * kb;
-                    r[j] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
-                } else {
-                    r[j] = _mm512_setzero_si512();
-                }
-            }
-            transpose16(r);
-            uint32_t* dst = xb.data() + (kb * MT + mt) * 256;
-            for (int k = 0; k < 16; ++k) _mm512_storeu_si512(dst + 16 * k, r[k]);
-        }
+// 32 values of a row of x from p as 16 bf16 pairs: fp32 rounded to nearest even; bf16 as they stand (the fp32
+// path's rounding of a widened bf16 value gives it back, bar denormals, which the tile multiply takes as zero)
+inline __m512i row_pairs(const float* p) {
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
 }
+inline __m512i row_pairs(const uint16_t* p) { return _mm512_loadu_si512(p); }
 
-// The same from bf16 rows: 32 bf16 values are the 16 pairs as they stand (the fp32 path's conversion of a
-// widened bf16 value gives it back, bar denormals, which the tile multiply takes as zero either way)
-void pack_x(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint32_t>& xb) {
+// x rows [0, M) (fp32 or bf16, ldx apart) -> B tiles: xb[(kb * MT + mt) * 256 + k * 16 + j] = the bf16 pair of
+// row 16 mt + j at columns 32 kb + 2k, +1 (rows past M: zero)
+template <typename X>
+void pack_x(const X* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint32_t>& xb) {
     const int64_t nb = K / 32, MT = (M + 15) / 16;
     xb.resize(size_t(nb * MT * 256));
     for (int64_t mt = 0; mt < MT; ++mt)
@@ -221,7 +206,7 @@ void pack_x(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vector<ui
             __m512i r[16];
             for (int j = 0; j < 16; ++j) {
                 const int64_t m = 16 * mt + j;
-                r[j] = m < M ? _mm512_loadu_si512(x + m * ldx + 32 * kb) : _mm512_setzero_si512();
+                r[j] = m < M ? row_pairs(x + m * ldx + 32 * kb) : _mm512_setzero_si512();
             }
             transpose16(r);
             uint32_t* dst = xb.data() + (kb * MT + mt) * 256;
