@@ -18,7 +18,13 @@ case "${1:-}" in
   r3) PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$D/r3 benchmarks/compare.sh ;;
   # n-gram speculation on the grounded prompts, twice (issue 15)
   spec) bash benchmarks/spec_grounded.sh $D/spec ;;
+  # random prompts with speculation on and off at C=16 and C=64 (the rule must keep >= 0.97x)
+  spec-random)
+    for C in 16 64; do
+      .venv/bin/tokenmill bench spec --workload random --concurrency $C --repeats 4 --output-len 64 \
+        --result-json $D/spec/random-c$C.json >/dev/null
+    done ;;
   # the 7B-class file (Q4_K_M, random weights): memory and one stream against llama-server
   big) RESULTS_DIR=$D/big-model bash benchmarks/big_model.sh ;;
-  *) echo "usage: $0 offline|breakdown|r1|r2|r3|spec|big" >&2; exit 2 ;;
+  *) echo "usage: $0 offline|breakdown|r1|r2|r3|spec|spec-random|big" >&2; exit 2 ;;
 esac
