@@ -214,14 +214,6 @@ void pack_x(const X* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint32_t>
         }
 }
 
-// a C tile stored to cbuf (16 weight rows x 16 x rows, fp32) -> y[m0 + j][n0 + i] for the rows j < mv
-inline void store_c(float* y, int64_t ldy, int64_t n0, int64_t m0, int64_t mv, const float* cbuf) {
-    __m512i r[16];
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(cbuf + 16 * i);
-    transpose16(r);  // r[j] = x row m0 + j's 16 outputs
-    for (int j = 0; j < mv; ++j) _mm512_storeu_si512(y + (m0 + j) * ldy + n0, r[j]);
-}
-
 // 16 fp32 -> bf16 as torch rounds: to nearest, ties to even; a NaN stays a NaN, made quiet (the bit
 // arithmetic of decode_step.cpp's to_bf16, denormals kept, where VCVTNEPS2BF16 would flush them)
 inline __m256i round_bf16(__m512i u) {
@@ -233,12 +225,17 @@ inline __m256i round_bf16(__m512i u) {
     return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
-inline void store_c(uint16_t* y, int64_t ldy, int64_t n0, int64_t m0, int64_t mv, const float* cbuf) {
+// one row's 16 fp32 outputs (bits in r) into y: as they are, or rounded to bf16
+inline void store_row(float* y, __m512i r) { _mm512_storeu_si512(y, r); }
+inline void store_row(uint16_t* y, __m512i r) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), round_bf16(r)); }
+
+// a C tile stored to cbuf (16 weight rows x 16 x rows, fp32) -> y[m0 + j][n0 + i] for the rows j < mv
+template <typename Y>
+inline void store_c(Y* y, int64_t ldy, int64_t n0, int64_t m0, int64_t mv, const float* cbuf) {
     __m512i r[16];
     for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(cbuf + 16 * i);
-    transpose16(r);
-    for (int j = 0; j < mv; ++j)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + j) * ldy + n0), round_bf16(r[j]));
+    transpose16(r);  // r[j] = x row m0 + j's 16 outputs
+    for (int j = 0; j < mv; ++j) store_row(y + (m0 + j) * ldy + n0, r[j]);
 }
 
 // C tiles 0..NT-1 = sum over the K blocks kb of A(kb) . B(kb, mt0 + t): A(kb) = a_of(kb), the 16 weight
