@@ -227,6 +227,8 @@ inline void dot_rows(const uint8_t* wrow, int64_t nb, const int16_t* xq, const f
 #endif
 }
 
+constexpr int64_t kPrefetchAhead = 2048;  // bytes; see rows_block
+
 // weight rows [n0, n1) of W against the M quantized rows of x -> y[:, n] (rows ldy apart)
 // tr: the M rows' scales as dot_rows reads them, per 8 rows (8 lanes a block: d for nb blocks, then s)
 template <int TYPE>
@@ -235,6 +237,13 @@ void rows_block(const uint8_t* W, int64_t n0, int64_t n1, int64_t K, const int16
     const int64_t nb = K / 32, row_bytes = nb * block_bytes<TYPE>();
     for (int64_t n = n0; n < n1; ++n) {
         const uint8_t* wrow = W + n * row_bytes;
+        // The weight rows are read once, in order, so the kernel waits on memory unless the bytes are asked
+        // for ahead: the hardware prefetchers stop at each 4 KiB page and restart slowly, and the matrices
+        // are small (0.3-1.1 MB for SmolLM2). So each row asks for the bytes kPrefetchAhead further on, line
+        // by line (a prefetch never faults, past the end of the matrix included). The default model's 120
+        // layer matrices, 2 threads, AMX Xeon, 2026-12-05: 12.2 -> 6.0 ms at one row, 14.6 -> 5.8 at two,
+        // 15.4 -> 8.3 at four, 18.4 -> 13.3 at eight; 1024-8192 bytes ahead measured alike.
+        for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(wrow + kPrefetchAhead + o, 0, 3);
         for (int64_t r = 0; r < M; r += 8) {
             const int16_t* xr = xq + r * K;
             const float *dr = xd + r * nb, *sr = xs + r * nb;
