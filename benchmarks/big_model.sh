@@ -11,8 +11,9 @@
 # Knobs: INPUT_LEN / OUTPUT_LEN (default 128 / 32), NUM_PROMPTS (default 3), KV (default 1GiB),
 # MAX_MODEL_LEN (default 1024), LOAD_C (concurrency of the RSS-under-load run, default 16, 0 skips it),
 # PEERS (default "llama-server"; "" runs tokenmill alone), PORT (default 8331), LLAMA_SERVER_ARGS (extra
-# flags; default --no-repack on a CPU with AMX, where llama-server's AMX kernels segfault at the first
-# step, as in compare.sh: its other repacked layouts go too, since llama-server has no flag for AMX alone).
+# flags), NO_AMX: as in compare.sh, llama-server runs with its repacked layouts, on a CPU with AMX from a
+# build without ggml's AMX kernels (they segfault at this file's first step); NO_AMX=0 takes the AMX build
+# with --no-repack, which also drops the repacked Q4_K tiles (what runs before 2026-12-05 measured).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -27,7 +28,8 @@ MAX_MODEL_LEN="${MAX_MODEL_LEN:-1024}"
 LOAD_C="${LOAD_C:-16}"
 PEERS="${PEERS-llama-server}"
 PORT="${PORT:-8331}"
-LLAMA_SERVER_ARGS="${LLAMA_SERVER_ARGS-$(grep -qw amx_tile /proc/cpuinfo && echo --no-repack || true)}"
+grep -qw amx_tile /proc/cpuinfo && export NO_AMX="${NO_AMX-1}"
+LLAMA_SERVER_ARGS="${LLAMA_SERVER_ARGS-$(grep -qw amx_tile /proc/cpuinfo && [[ "${NO_AMX:-0}" != 1 ]] && echo --no-repack || true)}"
 THREADS="${THREADS:-$(nproc)}"
 RESULTS_DIR="${RESULTS_DIR:-$ROOT/benchmarks/results/$(date +%Y-%m-%d)-big-model}"
 mkdir -p "$RESULTS_DIR"
@@ -98,7 +100,7 @@ done
     echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; flags:" \
          "$(for f in avx2 avx512f amx_bf16; do grep -qw $f /proc/cpuinfo && printf '%s yes ' $f || printf '%s no ' $f; done)"
     echo "Model: $(basename "$MODEL"), $(( SIZE / 1024 / 1024 )) MiB on disk. Command: benchmarks/big_model.sh" \
-         "(INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN NUM_PROMPTS=$NUM_PROMPTS KV=$KV LOAD_C=$LOAD_C LLAMA_SERVER_ARGS=$LLAMA_SERVER_ARGS)"
+         "(INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN NUM_PROMPTS=$NUM_PROMPTS KV=$KV LOAD_C=$LOAD_C NO_AMX=${NO_AMX:-0} LLAMA_SERVER_ARGS=$LLAMA_SERVER_ARGS)"
     echo
     echo '`tokenmill plan` says:'
     echo '```'

@@ -25,7 +25,8 @@
 #   WAIT_QUIET         before each sweep, wait up to this many seconds for the machine to go idle
 #                      (default 0: measure at once; contention.log tells whether anything interfered)
 #   TOKENMILL_ARGS     extra flags for `tokenmill serve`
-#   LLAMA_SERVER_ARGS  extra flags for llama-server (default --no-repack, see below)
+#   LLAMA_SERVER_ARGS  extra flags for llama-server (default none; --no-repack with an AMX build, see below)
+#   NO_AMX             1 (the default on a CPU with AMX): llama-server built without ggml's AMX kernels
 #   VLLM_ARGS          extra flags for `vllm serve`; VLLM_CPU_OMP_THREADS_BIND (default 0-(THREADS-1))
 #   PYTHON             the tokenmill venv's python (default: .venv/bin/python, else python3)
 set -euo pipefail
@@ -35,6 +36,11 @@ cd "$ROOT"
 source benchmarks/peers/vllm_serve.sh
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo "$ROOT/.venv/bin/python" || echo python3)}"
 PEERS="${PEERS-llama-server vllm vllm-bf16}"
+# llama-server at its best: its repacked weight layouts on. On an AMX Xeon its AMX kernels segfault at the
+# first decode (Q4_1 and Q4_K_M files, 2026-12-03 and -05), so there it is built without them (NO_AMX=1,
+# build_llama_server.sh), which keeps the AVX-512 repacked layouts; an AMX build needs --no-repack.
+grep -qw amx_tile /proc/cpuinfo && export NO_AMX="${NO_AMX-1}"
+LLAMA_SERVER_ARGS="${LLAMA_SERVER_ARGS-$(grep -qw amx_tile /proc/cpuinfo && [[ "${NO_AMX:-0}" != 1 ]] && echo --no-repack || true)}"
 LEVELS="${LEVELS:-1,4,16,64}"
 INPUT_LEN="${INPUT_LEN:-200}"
 OUTPUT_LEN="${OUTPUT_LEN:-64}"
@@ -177,13 +183,11 @@ for peer in $PEERS; do
     llama-server)
         BIN="$(benchmarks/peers/build_llama_server.sh | tail -1)"
         # One slot per concurrent request, each with the same context; unique prompts, so its prompt
-        # cache cannot help (nor can tokenmill's prefix cache). --no-repack: on this machine's Xeon the
-        # AMX kernels (the only "repacked" path for Q4_1) segfault in ggml_backend_amx_mul_mat at the
-        # first decode; without them Q4_1 runs on the AVX-512 kernels.
+        # cache cannot help (nor can tokenmill's prefix cache). LLAMA_SERVER_ARGS: see above.
         # shellcheck disable=SC2086
         run_one llama-server "$BIN" -m "$MODEL" --host 127.0.0.1 --port "$PORT" --parallel "$MAXC" \
             --ctx-size $(( MAXC * CTX_PER_SLOT )) --threads "$THREADS" --threads-batch "$THREADS" \
-            --alias "$(basename "$MODEL" .gguf)" ${LLAMA_SERVER_ARGS---no-repack}
+            --alias "$(basename "$MODEL" .gguf)" $LLAMA_SERVER_ARGS
         ;;
     vllm|vllm-bf16)
         # vllm: fp32, as issue 5 set the peer up; vllm-bf16: bf16, what vLLM itself picks on a CPU with

@@ -8,13 +8,21 @@
 #   LLAMA_CPP_PYTHON_VERSION  sdist version (default 0.3.36)
 #   JOBS                      parallel compile jobs (default: number of cores)
 #   PYTHON                    interpreter whose pip downloads the sdist (default: python3)
+#   NO_AMX=1                  build without ggml's AMX kernels (GCC's -mno-amx-*), into llama-server-noamx/:
+#                             on an AMX Xeon this build runs with its repacked layouts (Q4_0 / Q4_K / IQ4_NL
+#                             interleaved tiles on AVX-512) instead of --no-repack, so it is the stronger peer there
 # Known issue: with GGML_NATIVE on an AMX-capable Xeon (this repo's 2-core test VM), the AMX kernel
 # segfaults in ggml_backend_amx_mul_mat on a Q4_1 model's first decode; start the server with
-# --no-repack (it disables the AMX/repacked weight buffers; Q4_1 then runs on the AVX-512 kernels).
+# --no-repack (it disables the AMX/repacked weight buffers; Q4_1 then runs on the AVX-512 kernels), or
+# build with NO_AMX=1 (a Q4_K_M file's first decode segfaults the same way, 2026-12-05).
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
-CACHE="${TOKENMILL_CACHE:-$HOME/.cache/tokenmill}/llama-server"
+NO_AMX="${NO_AMX:-0}"
+CACHE="${TOKENMILL_CACHE:-$HOME/.cache/tokenmill}/llama-server$([[ "$NO_AMX" == 1 ]] && echo -noamx || true)"
+EXTRA_FLAGS=()
+[[ "$NO_AMX" == 1 ]] && EXTRA_FLAGS=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+                                     -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 PYTHON="${PYTHON:-python3}"
 JOBS="${JOBS:-$(nproc)}"
 BIN="$CACHE/bin/llama-server"
@@ -46,7 +54,8 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 echo "build_llama_server: configuring $LLAMA" >&2
 nice -n 10 cmake -S "$LLAMA" -B "$CACHE/build" "${GEN[@]}" \
     -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >&2
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF \
+    "${EXTRA_FLAGS[@]}" >&2
 echo "build_llama_server: building llama-server with $JOBS jobs (nice 10)" >&2
 nice -n 10 cmake --build "$CACHE/build" --target llama-server -j "$JOBS" >&2
 
