@@ -207,7 +207,16 @@ void panel_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_
         const int64_t n0 = it * NR;
         const int nc = int(std::min<int64_t>(NR, N - n0));
         make_panel<TYPE>(W, n0, nc, K, panel);
+        // The next item's weight rows (this thread's next, under the static schedule) are asked into L2 while
+        // this item's tiles run, a share before each tile: make_panel reads 16 rows at once, 16 streams the
+        // hardware prefetchers do not keep ahead of. The default model's 120 layer matrices, 2 threads, AMX
+        // Xeon (AVX2 code), 2026-12-05: 31.6 -> 21.0 ms at 8 rows, 37.0 -> 26.8 at 16, 85.2 -> 71.1 at 64.
+        const int64_t rb = K / 32 * block_bytes<TYPE>();
+        const char* next = reinterpret_cast<const char*>(W + (n0 + NR) * rb);
+        const int64_t bytes = std::max<int64_t>(0, std::min<int64_t>(NR, N - n0 - NR)) * rb;
+        const int64_t share = (bytes + tiles - 1) / tiles;
         for (int64_t t = 0; t < tiles; ++t) {
+            for (int64_t o = t * share; o < std::min(bytes, (t + 1) * share); o += 64) __builtin_prefetch(next + o, 0, 2);
             const float* xt = xp + t * K * MR;
             float* yt = y + t * MR * ldy + n0;
             switch (std::min<int64_t>(MR, M - t * MR)) {
