@@ -519,3 +519,31 @@ def test_calibration_is_reused_for_an_equal_key_only(monkeypatch) -> None:
     monkeypatch.setenv("TOKENMILL_GGML_REPACK", "0")  # a setting the key holds (even one this path ignores)
     calibrated()
     assert timed
+
+
+def test_head_logits_stay_fp32_at_bf16() -> None:
+    """At bf16 the output head returns its kernel's fp32 values instead of rounding them to bf16: rounded
+    logits tie (the default model's first answer token to "What is the capital of France?" was an exact
+    tie between "The" and "L" at bf16, decided by token id, where fp32 puts "The" 0.08 ahead). The other
+    layers still give bf16."""
+    llm = ggml_engine(max_rows=64, dtype="bfloat16")  # a fixed crossover: the head's few rows on the blocks
+    model = llm.engine.executor.worker.model
+    head = model.lm_head
+    assert head.block_mm is not None and head.wide_out
+    h = (torch.randn(3, head.in_features) * 2).to(torch.bfloat16)
+    logits = model.compute_logits(h, float32=False)
+    assert logits.dtype == torch.float32
+    assert torch.equal(logits, head(h.float()))  # the block kernel's own fp32 result on the same rows
+    assert not torch.equal(logits, logits.bfloat16().float())  # not rounded
+    q_proj = model.model.layers[0].self_attn.qkv_proj
+    assert q_proj(h).dtype == torch.bfloat16
+    if block_matmul.amx_available() and head.block_amx:  # from AMX_MIN_ROWS rows: the AMX kernel's fp32 entry
+        m = block_matmul.AMX_MIN_ROWS + 2
+        h = (torch.randn(m, head.in_features) * 2).to(torch.bfloat16)
+        logits = model.compute_logits(h, float32=False)
+        ref = torch.empty(m, head.out_features)
+        x32 = h.float().contiguous()
+        for qtype, wp, n, off in head.block_mm:
+            block_matmul.matmul(qtype, wp, n, head.in_features, x32.data_ptr(), m, ref.data_ptr() + 4 * off,
+                                head.out_features, 2, amx=True)
+        assert logits.dtype == torch.float32 and torch.equal(logits, ref)

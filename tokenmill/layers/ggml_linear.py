@@ -277,7 +277,7 @@ class GGUFLinearMethod(LinearMethod):
         return layer.block_amx and dtype == torch.bfloat16 and (rows is None or rows >= block_matmul.AMX_MIN_ROWS)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        """x (M, in) -> (M, out) at x's dtype."""
+        """x (M, in) -> (M, out) at x's dtype; fp32 for a wide_out layer (the head) unless on the dense path."""
         m = x.shape[0]
         if m > self.max_ggml_rows and self._big_plain and layer.plain is not None and layer.packed is None:
             y = self._plain(layer, x)
@@ -292,7 +292,7 @@ class GGUFLinearMethod(LinearMethod):
         the fp32 panel kernel (panel: force it on or off, for calibrate)."""
         assert layer.matmul is not None, "finish_loading() builds the matmul"
         m, mm, k, n_out = x.shape[0], layer.matmul, layer.in_features, layer.out_features
-        if layer.block_mm is not None and self.uses_amx(layer, x.dtype, m):
+        if layer.block_mm is not None and self.uses_amx(layer, x.dtype, m) and not layer.wide_out:
             # bf16 rows in and out of the AMX kernel: no fp32 copies (the same bits as rounding them)
             xb = x.contiguous()
             y = torch.empty(m, n_out, dtype=torch.bfloat16)
@@ -306,14 +306,16 @@ class GGUFLinearMethod(LinearMethod):
         if m:
             xp, yp = x32.data_ptr(), y.data_ptr()
             if layer.block_mm is not None:
+                # (a wide-output layer at bf16 on AMX: the kernel's fp32 entry, the same products unrounded)
+                amx = self.uses_amx(layer, x.dtype, m)
                 if panel is None:
-                    panel = self.panel_min_rows is not None and m >= self.panel_min_rows
+                    panel = not amx and self.panel_min_rows is not None and m >= self.panel_min_rows
                 for qtype, wp, n, off in layer.block_mm:
                     self.threads.run(m * k * n, lambda t: block_matmul.matmul(qtype, wp, n, k, xp, m, yp + 4 * off,
-                                                                              n_out, t, panel=panel))
+                                                                              n_out, t, amx=amx, panel=panel))
             else:
                 self.threads.run(m * k * n_out, lambda t: mm(xp, m, yp, t))
-        return y if x.dtype == torch.float32 else y.to(x.dtype)
+        return y if x.dtype == torch.float32 or layer.wide_out else y.to(x.dtype)
 
     def _dense(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         if layer.packed is not None:  # the dense copy
@@ -350,7 +352,7 @@ class GGUFLinearMethod(LinearMethod):
             else:
                 scratch = self._scratch.get(_TILE_ELEMS)
                 w.matmul_plain(xp, m, yp, layer.out_features, off, scratch.data_ptr(), 4 * scratch.numel(), t)
-        return y if x.dtype == torch.float32 else y.to(x.dtype)
+        return y if x.dtype == torch.float32 or layer.wide_out else y.to(x.dtype)
 
     @staticmethod
     def _amx_k_layer(layer: Linear, dtype: torch.dtype) -> bool:

@@ -212,6 +212,12 @@ class Linear(nn.Module):
         # matmul, or None for the repacked Q4_K ones, whose big batches run on the plain-block kernel read back;
         # whether bf16 big batches take the AMX kernel instead): GGUFLinearMethod._plain
         self.plain: list[tuple[Any, int, Any, bool]] | None = None
+        # The output head sets this: where the gguf method's kernel computes fp32 outputs (its block, AMX and
+        # ggml kernels), they are returned as they are instead of rounded to a bf16 x's dtype, so greedy picks
+        # and logprobs see the kernel's values (bf16 logits tie: SmolLM2's first answer token to "What is the
+        # capital of France?" came out as an exact tie between "The" and "L", decided by token id). Its
+        # oneDNN dense path, and the other methods, still give x's dtype.
+        self.wide_out = False
         self.weight: nn.Parameter
         method.create_weights(self)
         self.bias: nn.Parameter | None = None

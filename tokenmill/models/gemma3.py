@@ -125,6 +125,7 @@ class Gemma3ForCausalLM(nn.Module):
         self.max_positions = max_positions
         self.model = Gemma3Model(cfg, method)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, method)
+        self.lm_head.wide_out = True  # fp32 logits where the kernel gives them (layers/linear.py)
         self.lm_head.weight.data = torch.empty(0)  # tied: filled from the embedding at finish_loading
         self.lm_head.weight.is_required = False  # type: ignore[attr-defined]
         # HF's embed_scale buffer is not saved; norms must be in the checkpoint (a missing (1 + w) norm would

@@ -109,6 +109,7 @@ class LlamaForCausalLM(nn.Module):
         self.max_positions = max_positions
         self.model = LlamaModel(cfg, method, [self.make_mlp(cfg, method) for _ in range(cfg.num_layers)])
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, method)
+        self.lm_head.wide_out = True  # fp32 logits where the kernel gives them (layers/linear.py)
         if cfg.tie_word_embeddings:  # filled from the embedding at finish_loading; nothing to allocate now
             self.lm_head.weight.data = torch.empty(0)
             self.lm_head.weight.is_required = False  # type: ignore[attr-defined]
