@@ -38,6 +38,14 @@ CASES = [
     Case("body not an object", body=[1, 2, 3], message="must be a JSON object"),
     Case("no content type", raw=b'{"prompt": "hi"}', headers={}, message="must be a JSON object"),
     Case("invalid UTF-8", raw=b'{"prompt": "caf\xc3\x28 \xff\xfe"}', message="not valid UTF-8"),
+    # valid JSON, but half a UTF-16 pair is no Unicode text: the tokenizer cannot take it (was a 500)
+    Case("lone surrogate in a prompt", raw=b'{"prompt": "hi \\ud800 there"}', message="not valid Unicode",
+         param="prompt"),
+    Case("lone surrogate in a message", raw=b'{"messages": [{"role": "user", "content": "\\udfff"}]}',
+         path="/v1/chat/completions", message="lone surrogate, U+DFFF", param="messages"),
+    Case("form-encoded body from a browser", raw=b'{"prompt": "hi"}',
+         headers={"content-type": "application/x-www-form-urlencoded", "origin": "http://evil.example"},
+         message="must be a JSON object"),
     Case("wrong type: max_tokens", {"prompt": "hi", "max_tokens": "many"}, message="max_tokens", param="max_tokens"),
     Case("wrong type: prompt", {"prompt": 5}, message="prompt", param="prompt"),
     Case("wrong type: n", {"prompt": "hi", "n": [2]}, message="n: ", param="n"),
@@ -180,3 +188,18 @@ def test_prompt_one_token_over_and_under_the_context(small_server: ServerProcess
                                          "total_tokens": MAX_MODEL_LEN}
         r = client.post("/v1/completions", json={"prompt": [7] * (MAX_MODEL_LEN - 1), "max_tokens": 2})
         assert_openai_error(r, 400, f"for a total of {MAX_MODEL_LEN + 1} tokens")
+
+
+def test_curl_style_form_encoded_json_is_read_as_json(small_server: ServerProcess) -> None:
+    """`curl -d '{...}'` without -H sends application/x-www-form-urlencoded; Ollama's and llama-server's
+    documented examples rely on those servers reading it as JSON, so this one does too (no Origin header:
+    not a browser, whose form posts stay refused, see the cases above)."""
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    with httpx.Client(base_url=small_server.url, timeout=60) as client:
+        r = client.post("/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2}', headers=form)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 2
+        r = client.post("/api/generate", content=b'{"model": "SmolLM2-135M-Instruct", "prompt": "hi", "stream": false, '
+                                                 b'"options": {"num_predict": 2}}', headers=form)
+        assert r.status_code == 200, r.text
+        assert r.json()["done"] is True and r.json()["eval_count"] == 2

@@ -77,8 +77,17 @@ class InputProcessor:
         self.max_model_len = max_model_len
 
     # -- the steps ---------------------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens)
+    def tokenize(self, text: str, add_special_tokens: bool = True, field: str = "prompt") -> list[int]:
+        """Token ids of `text`. Text that is not Unicode (a lone surrogate: JSON's "\\ud800" escape without its
+        pair) is a ParamError on `field`: the tokenizer cannot take it."""
+        try:
+            return self.tokenizer.encode(text, add_special_tokens)
+        except (TypeError, UnicodeError):
+            bad = next((i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF), None)
+            if bad is None:
+                raise
+            raise ParamError(field, f"the text is not valid Unicode: it holds a lone surrogate, U+{ord(text[bad]):04X} "
+                                    "(a JSON \\u escape of half a pair?)") from None
 
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
         """Token ids of a text prompt; a token-id prompt is copied as it is."""
@@ -117,7 +126,7 @@ class InputProcessor:
         """`render_chat`, then tokenize."""
         return self.tokenize(self.render_chat(messages, add_generation_prompt, tools, field,
                                               continue_final_message=continue_final_message,
-                                              template_kwargs=template_kwargs, template=template))
+                                              template_kwargs=template_kwargs, template=template), field=field)
 
     @staticmethod
     def truncate(prompt_ids: list[int], params: SamplingParams) -> list[int]:

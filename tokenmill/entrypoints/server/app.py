@@ -31,7 +31,8 @@ from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.entrypoints.server.admission import ServerState
 from tokenmill.entrypoints.server.config import ServerConfig
 from tokenmill.entrypoints.server.errors import ErrorResponse, ErrorShapes, error_response, install_error_handlers
-from tokenmill.entrypoints.server.middleware import APIKeyMiddleware, BodySizeLimitMiddleware, CORSDisabledMiddleware
+from tokenmill.entrypoints.server.middleware import (APIKeyMiddleware, BodySizeLimitMiddleware, CORSDisabledMiddleware,
+                                                     FormBodyAsJSONMiddleware)
 from tokenmill.entrypoints.server.loaded_model import LoadedModel
 from tokenmill.entrypoints.server.model_pool import ModelPool
 from tokenmill.metrics import ServerMetrics
@@ -124,6 +125,7 @@ def build_app(models: AsyncEngine | ModelPool, config: ServerConfig | None = Non
         app.include_router(make_router(context))
 
     # each add_middleware wraps the ones before it
+    app.add_middleware(FormBodyAsJSONMiddleware)  # innermost: only the content type the app parses changes
     if config.max_request_bytes is not None:
         app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes, shapes=shapes)
     if config.api_key:

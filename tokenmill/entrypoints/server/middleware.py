@@ -1,6 +1,7 @@
 """The server's ASGI guards, protocol-neutral. Outermost first (as build_app adds them): CORS; the API key
 (constant-time compare; every route but the exempt ones needs it); the body-size limit (413 past the
-limit, checked against Content-Length before anything is read, and counted as a chunked body arrives).
+limit, checked against Content-Length before anything is read, and counted as a chunked body arrives); a
+curl-style form-encoded body read as the JSON it is.
 Each answers in the error shape the app's ErrorShapes give the request's path.
 """
 
@@ -31,6 +32,26 @@ class APIKeyMiddleware:
                                            "missing or wrong API key: send 'Authorization: Bearer <key>'")(
                     scope, receive, send)
                 return
+        await self.app(scope, receive, send)
+
+
+class FormBodyAsJSONMiddleware:
+    """A POST body sent as `application/x-www-form-urlencoded` without an Origin header is read as JSON: that is
+    what `curl -d '{...}'` sends when no Content-Type is given (Ollama's and llama-server's documented examples,
+    which those servers accept). Requests with an Origin header (browsers) keep their content type, so a
+    cross-origin page's no-preflight form POST is still refused as not JSON."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = scope["headers"]
+            ctype = next((v for k, v in headers if k == b"content-type"), b"")
+            if (ctype.split(b";")[0].strip().lower() == b"application/x-www-form-urlencoded"
+                    and not any(k == b"origin" for k, _ in headers)):
+                scope = dict(scope)
+                scope["headers"] = [(k, b"application/json" if k == b"content-type" else v) for k, v in headers]
         await self.app(scope, receive, send)
 
 
