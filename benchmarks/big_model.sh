@@ -11,7 +11,7 @@
 # Knobs: INPUT_LEN / OUTPUT_LEN (default 128 / 32), NUM_PROMPTS (default 3), KV (default 1GiB),
 # MAX_MODEL_LEN (default 1024), LOAD_C (concurrency of the RSS-under-load run, default 16, 0 skips it),
 # PEERS (default "llama-server"; "" runs tokenmill alone), PORT (default 8331), LLAMA_SERVER_ARGS (extra
-# flags), NO_AMX: as in compare.sh, llama-server runs with its repacked layouts, on a CPU with AMX from a
+# flags), NO_AMX: as in compare.sh (peers/llama_server_defaults.sh), llama-server runs with its repacked layouts, on a CPU with AMX from a
 # build without ggml's AMX kernels (they segfault at this file's first step); NO_AMX=0 takes the AMX build
 # with --no-repack, which also drops the repacked Q4_K tiles (what runs before 2026-12-05 measured).
 set -euo pipefail
@@ -28,8 +28,7 @@ MAX_MODEL_LEN="${MAX_MODEL_LEN:-1024}"
 LOAD_C="${LOAD_C:-16}"
 PEERS="${PEERS-llama-server}"
 PORT="${PORT:-8331}"
-grep -qw amx_tile /proc/cpuinfo && export NO_AMX="${NO_AMX-1}"
-LLAMA_SERVER_ARGS="${LLAMA_SERVER_ARGS-$(grep -qw amx_tile /proc/cpuinfo && [[ "${NO_AMX:-0}" != 1 ]] && echo --no-repack || true)}"
+source benchmarks/peers/llama_server_defaults.sh  # NO_AMX, LLAMA_SERVER_ARGS
 THREADS="${THREADS:-$(nproc)}"
 RESULTS_DIR="${RESULTS_DIR:-$ROOT/benchmarks/results/$(date +%Y-%m-%d)-big-model}"
 mkdir -p "$RESULTS_DIR"

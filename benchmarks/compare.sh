@@ -25,7 +25,7 @@
 #   WAIT_QUIET         before each sweep, wait up to this many seconds for the machine to go idle
 #                      (default 0: measure at once; contention.log tells whether anything interfered)
 #   TOKENMILL_ARGS     extra flags for `tokenmill serve`
-#   LLAMA_SERVER_ARGS  extra flags for llama-server (default none; --no-repack with an AMX build, see below)
+#   LLAMA_SERVER_ARGS  extra flags for llama-server (default none; --no-repack with an AMX build: peers/llama_server_defaults.sh)
 #   NO_AMX             1 (the default on a CPU with AMX): llama-server built without ggml's AMX kernels
 #   VLLM_ARGS          extra flags for `vllm serve`; VLLM_CPU_OMP_THREADS_BIND (default 0-(THREADS-1))
 #   PYTHON             the tokenmill venv's python (default: .venv/bin/python, else python3)
@@ -36,11 +36,7 @@ cd "$ROOT"
 source benchmarks/peers/vllm_serve.sh
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo "$ROOT/.venv/bin/python" || echo python3)}"
 PEERS="${PEERS-llama-server vllm vllm-bf16}"
-# llama-server at its best: its repacked weight layouts on. On an AMX Xeon its AMX kernels segfault at the
-# first decode (Q4_1 and Q4_K_M files, 2026-12-03 and -05), so there it is built without them (NO_AMX=1,
-# build_llama_server.sh), which keeps the AVX-512 repacked layouts; an AMX build needs --no-repack.
-grep -qw amx_tile /proc/cpuinfo && export NO_AMX="${NO_AMX-1}"
-LLAMA_SERVER_ARGS="${LLAMA_SERVER_ARGS-$(grep -qw amx_tile /proc/cpuinfo && [[ "${NO_AMX:-0}" != 1 ]] && echo --no-repack || true)}"
+source benchmarks/peers/llama_server_defaults.sh  # NO_AMX, LLAMA_SERVER_ARGS
 LEVELS="${LEVELS:-1,4,16,64}"
 INPUT_LEN="${INPUT_LEN:-200}"
 OUTPUT_LEN="${OUTPUT_LEN:-64}"

@@ -292,7 +292,8 @@ class GGUFLinearMethod(LinearMethod):
         the fp32 panel kernel (panel: force it on or off, for calibrate)."""
         assert layer.matmul is not None, "finish_loading() builds the matmul"
         m, mm, k, n_out = x.shape[0], layer.matmul, layer.in_features, layer.out_features
-        if layer.block_mm is not None and self.uses_amx(layer, x.dtype, m) and not layer.wide_out:
+        amx = layer.block_mm is not None and self.uses_amx(layer, x.dtype, m)
+        if amx and not layer.wide_out and layer.block_mm is not None:  # (the last for mypy: amx implies it)
             # bf16 rows in and out of the AMX kernel: no fp32 copies (the same bits as rounding them)
             xb = x.contiguous()
             y = torch.empty(m, n_out, dtype=torch.bfloat16)
@@ -306,8 +307,7 @@ class GGUFLinearMethod(LinearMethod):
         if m:
             xp, yp = x32.data_ptr(), y.data_ptr()
             if layer.block_mm is not None:
-                # (a wide-output layer at bf16 on AMX: the kernel's fp32 entry, the same products unrounded)
-                amx = self.uses_amx(layer, x.dtype, m)
+                # (amx here: a wide-output layer at bf16, on the kernel's fp32 entry, the same products unrounded)
                 if panel is None:
                     panel = not amx and self.panel_min_rows is not None and m >= self.panel_min_rows
                 for qtype, wp, n, off in layer.block_mm:
