@@ -18,7 +18,9 @@ Rules, each kept in one place here:
 - Keep-alive: when a model's last request ends, the keep-alive of that request (else the server's) starts:
   0 unloads it at once, None never, else a timer that the next request cancels.
 - Unload: the engine thread stops, every reference goes, gc runs and glibc's malloc_trim(0) hands the freed
-  heap back to the system, so the process's RSS falls by about the model's size.
+  heap back to the system, so the process's RSS falls by about the model's size. If something outside the
+  pool still holds the engine then (a request's last frame), the pool looks again, with growing pauses for
+  about two minutes, and trims once it is gone (memory freed later and never trimmed stays in the heap).
 
 Everything here runs on the event loop (no await between a check and what it decides), except the engine
 builds and stops, which run on worker threads.
@@ -32,7 +34,9 @@ import ctypes.util
 import gc
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from tokenmill.config import EngineConfig, format_size
 from tokenmill.engine.async_engine import AsyncEngine
@@ -102,6 +106,7 @@ class ModelPool:
         self._placing = asyncio.Lock()  # one memory decision (and its unloads) at a time
         self._reserved: dict[str, int] = {}  # models being loaded -> their bytes
         self._on_load: list[Callable[[LoadedModel], None]] = []
+        self._late_releases: set[asyncio.Task[None]] = set()  # unloads whose engine something still held
 
     @classmethod
     def of_engine(cls, async_engine: AsyncEngine, name: str, keep_alive: float | None = None,
@@ -312,6 +317,7 @@ class ModelPool:
             model._timer = None
         async with self._locks[model.name]:
             async_engine = model.async_engine
+            weights = _engine_ref(async_engine)
             model.servings.clear()
             del model.async_engine  # nothing of the engine stays reachable from the pool
             await asyncio.to_thread(_stop_engine, async_engine)
@@ -319,6 +325,12 @@ class ModelPool:
             await asyncio.to_thread(_release_memory)
             del self._loaded[model.name]
         log.info("model %s unloaded: %s", model.name, reason)
+        if weights is not None and weights() is not None:
+            # something outside the pool (a request's last frame, say) still holds the engine: its memory is
+            # freed when that goes, and given back to the system then, not left in the heap
+            task = asyncio.get_running_loop().create_task(_release_when_gone(model.name, weights))
+            self._late_releases.add(task)
+            task.add_done_callback(self._late_releases.discard)
         return True
 
     # -- the process ---------------------------------------------------------------------------------
@@ -352,6 +364,34 @@ def _plain_engine(config: EngineConfig) -> AsyncEngine:
 def _stop_engine(async_engine: AsyncEngine) -> None:
     if not async_engine.shutdown(timeout=30.0):
         log.warning("an unloaded model's engine thread is still inside a step; its memory is freed when it ends")
+
+
+def _engine_ref(async_engine: AsyncEngine) -> weakref.ref[Any] | None:
+    """A weak reference to `async_engine`'s engine (what holds the weights), None if it never built one."""
+    engine = getattr(async_engine, "engine", None)
+    return None if engine is None else weakref.ref(engine)
+
+
+# how long after an unload the pool looks again for an engine that something else still held (seconds
+# between looks, ~2 minutes in all): each look collects garbage and trims the heap once the engine is gone
+_LATE_LOOKS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+async def _release_when_gone(name: str, engine: weakref.ref[Any]) -> None:
+    """Give an unloaded model's memory back once its engine, held past the unload, is gone."""
+    start = time.monotonic()
+    for delay in _LATE_LOOKS_S:
+        await asyncio.sleep(delay)
+        if engine() is not None:
+            await asyncio.to_thread(gc.collect)  # a reference cycle may be all that holds it
+        if engine() is None:  # what it held may still wait for gc (the model's modules form cycles): release
+            await asyncio.to_thread(_release_memory)
+            log.info("model %s: its engine, held %.1f s past its unload, is gone; memory released", name,
+                     time.monotonic() - start)
+            return
+    held_by = sorted({type(r).__name__ for r in gc.get_referrers(engine())})
+    log.warning("model %s: its engine is still referenced %.0f s after its unload (by %s); its memory is "
+                "freed when that reference goes", name, time.monotonic() - start, ", ".join(held_by))
 
 
 def _release_memory() -> None:
