@@ -146,15 +146,17 @@ def test_keep_alive_0_unloads_and_the_memory_goes(ggufs: dict[str, Path]) -> Non
 
 
 def test_an_engine_held_past_its_unload_gives_its_memory_back_when_let_go(ggufs: dict[str, Path]) -> None:
-    """An unload while something else still holds the engine (here the test; in a server, say, a request's
-    last frame): its memory cannot go then, and must go back to the system once that reference goes, not
-    stay in the heap (freed, untrimmed: RSS fell by ~40 MiB of ~570 without the pool's second look)."""
+    """An unload while something else still holds the engine's model (here the test; in a server, say, a
+    request's last frame): its memory cannot go then, and must go back to the system once that reference
+    goes, not stay in the heap (freed, untrimmed: RSS fell by ~40 MiB of ~570 without the pool's second look)."""
     big = EngineConfig(model="default", dtype="float32", quantization="dequantize", **TINY)  # ~540 MB of weights
     srv = PoolServer([("big", big)], budget_bytes=None)
     try:
         srv.generate("big", options={"num_predict": 2}, keep_alive="5m")
         loaded = rss_bytes(os.getpid())
-        held = srv.pool.loaded_model("big").async_engine.engine  # type: ignore[union-attr]
+        engine = srv.pool.loaded_model("big").async_engine.engine  # type: ignore[union-attr]
+        held = engine.executor.worker.model  # the weights' module, past its engine
+        del engine
         srv.generate("big", options={"num_predict": 2}, keep_alive=0)
         assert wait_for(lambda: srv.ps() == set(), 30)
         time.sleep(0.5)

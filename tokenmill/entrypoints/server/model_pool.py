@@ -317,7 +317,7 @@ class ModelPool:
             model._timer = None
         async with self._locks[model.name]:
             async_engine = model.async_engine
-            weights = _engine_ref(async_engine)
+            held = _Held(async_engine)
             model.servings.clear()
             del model.async_engine  # nothing of the engine stays reachable from the pool
             await asyncio.to_thread(_stop_engine, async_engine)
@@ -325,10 +325,10 @@ class ModelPool:
             await asyncio.to_thread(_release_memory)
             del self._loaded[model.name]
         log.info("model %s unloaded: %s", model.name, reason)
-        if weights is not None and weights() is not None:
+        if held.alive():
             # something outside the pool (a request's last frame, say) still holds the engine: its memory is
             # freed when that goes, and given back to the system then, not left in the heap
-            task = asyncio.get_running_loop().create_task(_release_when_gone(model.name, weights))
+            task = asyncio.get_running_loop().create_task(_release_when_gone(model.name, held))
             self._late_releases.add(task)
             task.add_done_callback(self._late_releases.discard)
         return True
@@ -366,10 +366,16 @@ def _stop_engine(async_engine: AsyncEngine) -> None:
         log.warning("an unloaded model's engine thread is still inside a step; its memory is freed when it ends")
 
 
-def _engine_ref(async_engine: AsyncEngine) -> weakref.ref[Any] | None:
-    """A weak reference to `async_engine`'s engine (what holds the weights), None if it never built one."""
-    engine = getattr(async_engine, "engine", None)
-    return None if engine is None else weakref.ref(engine)
+class _Held:
+    """Weak references to an engine and to its model (what holds the weights): alive while either is."""
+
+    def __init__(self, async_engine: AsyncEngine) -> None:
+        engine = getattr(async_engine, "engine", None)  # None: it never built one
+        model = getattr(getattr(getattr(engine, "executor", None), "worker", None), "model", None)
+        self.refs = [weakref.ref(o) for o in (engine, model) if o is not None]
+
+    def alive(self) -> list[Any]:
+        return [o for o in (r() for r in self.refs) if o is not None]
 
 
 # how long after an unload the pool looks again for an engine that something else still held (seconds
@@ -377,21 +383,25 @@ def _engine_ref(async_engine: AsyncEngine) -> weakref.ref[Any] | None:
 _LATE_LOOKS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
-async def _release_when_gone(name: str, engine: weakref.ref[Any]) -> None:
-    """Give an unloaded model's memory back once its engine, held past the unload, is gone."""
+async def _release_when_gone(name: str, held: _Held) -> None:
+    """Give an unloaded model's memory back once its engine and model, held past the unload, are gone."""
     start = time.monotonic()
     for delay in _LATE_LOOKS_S:
         await asyncio.sleep(delay)
-        if engine() is not None:
-            await asyncio.to_thread(gc.collect)  # a reference cycle may be all that holds it
-        if engine() is None:  # what it held may still wait for gc (the model's modules form cycles): release
+        if held.alive():
+            await asyncio.to_thread(gc.collect)  # a reference cycle may be all that holds them
+        if not held.alive():  # what they held may still wait for gc (the modules form cycles): release
             await asyncio.to_thread(_release_memory)
             log.info("model %s: its engine, held %.1f s past its unload, is gone; memory released", name,
                      time.monotonic() - start)
             return
-    held_by = sorted({type(r).__name__ for r in gc.get_referrers(engine())})
-    log.warning("model %s: its engine is still referenced %.0f s after its unload (by %s); its memory is "
-                "freed when that reference goes", name, time.monotonic() - start, ", ".join(held_by))
+    alive = held.alive()
+    if not alive:  # gone since the last look
+        await asyncio.to_thread(_release_memory)
+        return
+    held_by = sorted({type(r).__name__ for r in gc.get_referrers(*alive)} - {"list"})
+    log.warning("model %s: its engine or model is still referenced %.0f s after its unload (by %s); its "
+                "memory is freed when that reference goes", name, time.monotonic() - start, ", ".join(held_by))
 
 
 def _release_memory() -> None:
