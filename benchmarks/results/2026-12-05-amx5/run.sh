@@ -5,5 +5,11 @@ D=benchmarks/results/2026-12-05-amx5
 case "${1:-}" in
   spec-rows) for a in 4 3 4 3; do echo "AMXMIN=$a"; AMXMIN=$a .venv/bin/python benchmarks/experiments/spec_step_rows.py; done ;;
   head) .venv/bin/python benchmarks/experiments/head_dense_vs_amx.py 256 | tee $D/head_dense_vs_amx.txt ;;
-  *) echo "usage: $0 spec-rows|head" >&2; exit 2 ;;
+  spec) bash benchmarks/spec_grounded.sh $D/spec ;;
+  draft-length) .venv/bin/python benchmarks/experiments/draft_length_ab.py | tee $D/draft_length_ab.txt ;;
+  ceiling) for n in 1 2 3; do for c in summarise_quotes code_edit; do
+             echo "MIN_N=$n $c: $(MIN_N=$n .venv/bin/python benchmarks/experiments/draft_ceiling.py $c | grep '^steps')"
+           done; done | tee $D/draft_ceiling.txt ;;
+  ties) .venv/bin/python benchmarks/experiments/head_ties_acceptance.py | tee $D/head_ties_acceptance.txt ;;
+  *) echo "usage: $0 spec-rows|head|spec|draft-length|ceiling|ties" >&2; exit 2 ;;
 esac
