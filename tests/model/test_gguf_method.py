@@ -521,6 +521,29 @@ def test_calibration_is_reused_for_an_equal_key_only(monkeypatch) -> None:
     assert timed
 
 
+def test_head_stays_on_its_kernels_for_verification_rows_whatever_the_crossover() -> None:
+    """With the crossover to the dense path at 1 row (calibration has put it anywhere from 1 to 64 on one
+    host), the head still takes up to 16 rows (speculative verification: 2 requests x 7) on its kernels, so
+    their logits are fp32 and equal a one-row call's on the block kernel below the AMX crossover; the other
+    layers go dense from 2 rows."""
+    llm = ggml_engine(max_rows=1, dtype="bfloat16")
+    model = llm.engine.executor.worker.model
+    head = model.lm_head
+    assert head.block_mm is not None and head.wide_out
+    for m in (2, 7, 16):
+        h = (torch.randn(m, head.in_features) * 2).to(torch.bfloat16)
+        logits = model.compute_logits(h, float32=False)
+        assert logits.dtype == torch.float32, m
+        if not head.method.uses_amx(head, torch.bfloat16, m):  # the block kernel: row by row as alone
+            alone = torch.cat([model.compute_logits(h[i : i + 1], float32=False) for i in range(m)])
+            assert torch.equal(logits, alone), m
+    h = (torch.randn(17, head.in_features) * 2).to(torch.bfloat16)
+    if head.dense_ok or head.packed is not None:  # past 16 rows: the dense path, at bf16
+        assert model.compute_logits(h, float32=False).dtype == torch.bfloat16
+    q_proj = model.model.layers[0].self_attn.qkv_proj
+    assert q_proj(h[:2]).dtype == torch.bfloat16
+
+
 def test_head_logits_stay_fp32_at_bf16() -> None:
     """At bf16 the output head returns its kernel's fp32 values instead of rounding them to bf16: rounded
     logits tie (the default model's first answer token to "What is the capital of France?" was an exact

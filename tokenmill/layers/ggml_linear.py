@@ -74,6 +74,12 @@ _UNBOUNDED_ROWS = 1 << 40  # max_ggml_rows when no batch measured goes to the de
 _PANEL_MARGIN = 0.95  # calibrate: the panel kernel takes a row count where it measured under 0.95x the block kernel
 _STEP_ROWS = 8  # the block kernel's row tile: each weight block is unpacked once for up to 8 rows
 _AMX_STEP_ROWS = 64  # the AMX kernel's: each dequantized tile serves up to 64 rows (4 tiles of 16)
+# The output head (a wide_out layer) stays on its kernels, whose logits are fp32, up to at least this many
+# rows whatever the calibrated crossover: speculative verification (up to 2 requests x 7 rows) and small
+# batches. On the dense path at bf16 its logits are bf16 and tie; verification then rejects drafts that the
+# fp32 logits keep (55% of the code edit's drafts accepted against 84%, benchmarks/README.md, "What a
+# verification row costs"), and calibration put the crossover anywhere from 1 to 64 rows on one host.
+_HEAD_ROWS = 16
 _STREAM_BYTES = 64 << 20  # calibration times layers until their blocks pass this (beyond the caches; at 16 MiB
 # and 2 repetitions it took 0.02-0.09 s instead of 0.33-0.54 s, but put the crossover at 1-8 rows instead of
 # 16-32 on the AMX Xeon, where the 64-row steps measured the AMX kernel ahead: the dense copy of 14 layers
@@ -279,9 +285,10 @@ class GGUFLinearMethod(LinearMethod):
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         """x (M, in) -> (M, out) at x's dtype; fp32 for a wide_out layer (the head) unless on the dense path."""
         m = x.shape[0]
-        if m > self.max_ggml_rows and self._big_plain and layer.plain is not None and layer.packed is None:
+        rows = max(self.max_ggml_rows, _HEAD_ROWS) if layer.wide_out else self.max_ggml_rows
+        if m > rows and self._big_plain and layer.plain is not None and layer.packed is None:
             y = self._plain(layer, x)
-        elif m > self.max_ggml_rows and (layer.dense_ok or layer.packed is not None):
+        elif m > rows and (layer.dense_ok or layer.packed is not None):
             y = self._dense(layer, x)
         else:
             y = self._ggml(layer, x)

@@ -11,5 +11,6 @@ case "${1:-}" in
              echo "MIN_N=$n $c: $(MIN_N=$n .venv/bin/python benchmarks/experiments/draft_ceiling.py $c | grep '^steps')"
            done; done | tee $D/draft_ceiling.txt ;;
   ties) .venv/bin/python benchmarks/experiments/head_ties_acceptance.py | tee $D/head_ties_acceptance.txt ;;
-  *) echo "usage: $0 spec-rows|head|spec|draft-length|ceiling|ties" >&2; exit 2 ;;
+  head-rows) .venv/bin/python benchmarks/experiments/head_rows_kernel_vs_dense.py | tee $D/head_rows_kernel_vs_dense.txt ;;
+  *) echo "usage: $0 spec-rows|head|spec|draft-length|ceiling|ties|head-rows" >&2; exit 2 ;;
 esac
