@@ -521,6 +521,39 @@ def test_calibration_is_reused_for_an_equal_key_only(monkeypatch) -> None:
     assert timed
 
 
+def test_calibration_times_the_kernels_on_all_threads(monkeypatch) -> None:
+    """The crossover compares the block kernels with the dense path (all of torch's threads) on equal terms:
+    every kernel call calibration times gets the whole team, not the thread chooser's first one-thread calls
+    of a new size class (which put the crossover at 1 row instead of 32 in one start on the AMX Xeon); the
+    method's own chooser is back afterwards."""
+    from gguf import GGMLQuantizationType
+
+    from tokenmill.layers import ggml_linear
+    from tokenmill.layers.calibration_cache import CalibrationCache
+    from tokenmill.layers.ggml_linear import GGUFLinearMethod
+
+    monkeypatch.delenv("TOKENMILL_CALIBRATION_CACHE", raising=False)
+    monkeypatch.setattr(ggml_linear, "CALIBRATIONS", CalibrationCache())  # measured here, not reused
+    threads = []
+    real = ggml_linear.block_matmul.matmul
+    monkeypatch.setattr(ggml_linear.block_matmul, "matmul",
+                        lambda *a, **kw: threads.append(a[8]) or real(*a, **kw))  # a[8]: the thread count
+    qtype, n, k = GGMLQuantizationType.Q4_1, 128, 256
+    blocks_np = np.empty((n, ggml.row_size(int(qtype), k)), dtype=np.uint8)
+    ggml.quantize(int(qtype), (torch.randn(n, k) * 0.05).numpy().ctypes.data, blocks_np.ctypes.data, n, k)
+    method = GGUFLinearMethod(repack=False, dense_copy=torch.float32)
+    layers = _loaded_layers(method, blocks_np, qtype, n, k)
+    team = torch.get_num_threads()
+    torch.set_num_threads(2)  # a team to choose from (the suite runs one thread a test process on 2 cores)
+    try:
+        chooser = method.threads
+        method.calibrate(layers, torch.float32)
+        assert method.threads is chooser
+    finally:
+        torch.set_num_threads(team)
+    assert threads and set(threads) == {2}
+
+
 def test_head_stays_on_its_kernels_for_verification_rows_whatever_the_crossover() -> None:
     """With the crossover to the dense path at 1 row (calibration has put it anywhere from 1 to 64 on one
     host), the head still takes up to 16 rows (speculative verification: 2 requests x 7) on its kernels, so
