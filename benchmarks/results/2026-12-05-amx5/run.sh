@@ -3,6 +3,7 @@
 set -eu
 D=benchmarks/results/2026-12-05-amx5
 case "${1:-}" in
+  r1) PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$D/$1 benchmarks/compare.sh ;;
   spec-rows) for a in 4 3 4 3; do echo "AMXMIN=$a"; AMXMIN=$a .venv/bin/python benchmarks/experiments/spec_step_rows.py; done ;;
   head) .venv/bin/python benchmarks/experiments/head_dense_vs_amx.py 256 | tee $D/head_dense_vs_amx.txt ;;
   spec) bash benchmarks/spec_grounded.sh $D/spec ;;
@@ -12,5 +13,5 @@ case "${1:-}" in
            done; done | tee $D/draft_ceiling.txt ;;
   ties) .venv/bin/python benchmarks/experiments/head_ties_acceptance.py | tee $D/head_ties_acceptance.txt ;;
   head-rows) .venv/bin/python benchmarks/experiments/head_rows_kernel_vs_dense.py | tee $D/head_rows_kernel_vs_dense.txt ;;
-  *) echo "usage: $0 spec-rows|head|spec|draft-length|ceiling|ties|head-rows" >&2; exit 2 ;;
+  *) echo "usage: $0 r1|spec-rows|head|spec|draft-length|ceiling|ties|head-rows" >&2; exit 2 ;;
 esac
