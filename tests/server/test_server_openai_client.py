@@ -27,6 +27,11 @@ def test_models(server: ServerProcess, client: openai.OpenAI) -> None:
     m = models[0].model_dump()
     assert m["id"] == m["root"] == "SmolLM2-135M-Instruct"
     assert m["object"] == "model" and m["owned_by"] and m["created"] > 0 and m["max_model_len"] == 2048
+    # OpenAI's retrieve, by the listed name or Ollama's tagged one; another name is a 404 naming the served one
+    for name in (m["id"], m["id"] + ":latest"):
+        assert client.models.retrieve(name).model_dump() == m
+    with pytest.raises(openai.NotFoundError, match="does not exist.*SmolLM2-135M-Instruct"):
+        client.models.retrieve("gpt-4o")
 
 
 def test_completion(client: openai.OpenAI, model: str) -> None:

@@ -72,7 +72,7 @@ def test_openapi_conformance(app_schema: Any) -> None:
     # schemathesis' pytest plugin (from_fixture) does not work with this pytest, so each operation's
     # strategy is run with hypothesis directly
     operations = [result.ok() for result in app_schema.get_all_operations()]
-    assert len(operations) == 8
+    assert len(operations) == 9
     num_4xx = 0
     for operation in operations:
         modes = [(schemathesis.GenerationMode.POSITIVE, 40)]

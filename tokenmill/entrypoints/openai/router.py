@@ -66,15 +66,23 @@ def build_router(ctx: ServerContext) -> APIRouter:
     created = int(time.time())
     router = APIRouter()
 
+    def card(name: str) -> ModelCard:
+        served = pool.served(name)
+        return ModelCard(id=name, created=created, root=served.source.name, max_model_len=served.max_model_len)
+
     @router.get("/v1/models")
     async def models() -> ModelList:
         """Every served model, loaded or not."""
-        cards = []
-        for name in pool.names:
-            served = pool.served(name)
-            cards.append(ModelCard(id=name, created=created, root=served.source.name,
-                                   max_model_len=served.max_model_len))
-        return ModelList(data=cards)
+        return ModelList(data=[card(name) for name in pool.names])
+
+    @router.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> ModelCard:
+        """One served model (OpenAI's retrieve: `client.models.retrieve(name)`; Ollama answers it too), by any
+        name a request's `model` may use; vLLM's 404 for another."""
+        try:
+            return card(pool.resolve(model))
+        except UnknownModelError as e:
+            raise not_found(e) from None
 
     @router.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
@@ -126,8 +134,9 @@ def build_router(ctx: ServerContext) -> APIRouter:
 
     # llama-server and Ollama also answer without the /v1 prefix: an openai client pointed at
     # http://host:port (a common slip) then works instead of getting 404s
-    for alias, endpoint in (("/models", models), ("/completions", create_completion),
+    for alias, endpoint in (("/models", models), ("/models/{model:path}", retrieve_model),
+                            ("/completions", create_completion),
                             ("/chat/completions", create_chat_completion), ("/embeddings", embeddings)):
-        methods = ["GET"] if alias == "/models" else ["POST"]
+        methods = ["GET"] if alias.startswith("/models") else ["POST"]
         router.add_api_route(alias, endpoint, methods=methods, include_in_schema=False)
     return router
