@@ -235,6 +235,9 @@ def test_errors(server: ServerProcess, client: Any) -> None:
             call()
         assert e.value.status_code == 501 and f"does not {action} models" in e.value.error
         assert "tokenmill serve MODEL" in e.value.error
+    # a served model is there already: pulling it succeeds at once (scripts pull before they chat)
+    assert client.pull(MODEL).status == "success"
+    assert [p.status for p in client.pull(MODEL.removesuffix(":latest"), stream=True)] == ["success"]
     r = httpx.post(f"{server.url}/api/generate", headers=HEADERS, content=b"{not json")
     assert r.status_code == 400 and set(r.json()) == {"error"}
     # the server's guards and FastAPI's own answers are in Ollama's shape on /api/ paths too

@@ -145,6 +145,15 @@ class ShowRequest(_Request):
     verbose: bool | None = None  # also the tokenizer's long arrays in model_info
 
 
+class PullRequest(_Request):
+    """POST /api/pull (`name` is the older spelling of `model`)."""
+
+    model: str | None = None
+    name: str | None = None
+    insecure: bool | None = None
+    stream: bool | None = None  # default: a stream of progress lines
+
+
 # -- answers -----------------------------------------------------------------------------------------------
 class TopLogprob(_Response):
     token: str
@@ -249,3 +258,7 @@ class ShowResponse(_Response):
 
 class OllamaVersionResponse(_Response):
     version: str
+
+
+class PullResponse(_Response):
+    status: str

@@ -21,7 +21,8 @@ from fastapi.responses import JSONResponse, Response
 from tokenmill.entrypoints.ollama.model_card import ModelCard, ModelListing, ollama_name, timestamp
 from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest, ChatResponse, GenerateRequest, GenerateResponse,
                                                    ListedModel, OllamaErrorResponse, OllamaVersionResponse,
-                                                   PsResponse, RunningModel, ShowRequest, ShowResponse, TagsResponse)
+                                                   PsResponse, PullRequest, PullResponse, RunningModel, ShowRequest,
+                                                   ShowResponse, TagsResponse)
 from tokenmill.entrypoints.ollama.options import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from tokenmill.entrypoints.ollama.serving import NDJSON, OllamaServing, ollama_not_found
 from tokenmill.entrypoints.server.app import ServerContext
@@ -184,7 +185,23 @@ def build_router(ctx: ServerContext) -> APIRouter:
             raise APIError(501, _registry_message(pool.names, action))
         return endpoint
 
-    for route, methods, action in (("/api/pull", ["POST"], "pull"), ("/api/push", ["POST"], "push"),
+    @router.post("/api/pull", responses={**_ERRORS, **_STREAM}, summary="Pull: a served model is there already")
+    async def pull(req: PullRequest) -> Response:
+        """A served model answers Ollama's success at once (scripts pull before they chat); any other name a
+        501 that says how tokenmill gets its models (it has no registry)."""
+        requested = req.model or req.name
+        if not requested:
+            raise bad_request("model is required", "model")
+        try:
+            pool.resolve(requested)
+        except UnknownModelError:
+            raise APIError(501, _registry_message(pool.names, "pull")) from None
+        done = PullResponse(status="success")
+        if req.stream is False:
+            return JSONResponse(done.model_dump())
+        return Response(done.model_dump_json() + "\n", media_type=NDJSON)
+
+    for route, methods, action in (("/api/push", ["POST"], "push"),
                                    ("/api/create", ["POST"], "create"), ("/api/copy", ["POST"], "copy"),
                                    ("/api/delete", ["DELETE"], "delete"),
                                    ("/api/blobs/{digest}", ["HEAD", "POST"], "store blobs of")):
