@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenmill.config import EngineConfig, SpeculativeConfig, parse_size
+from tokenmill.heap import one_arena
 from tokenmill.entrypoints.openai.reasoning import PARSERS as REASONING_PARSERS
 from tokenmill.entrypoints.openai.tool_parsers.registry import PARSER_CHOICES
 
@@ -315,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_arena()  # before any thread starts: an unloaded model's memory can then all go back (tokenmill/heap.py)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

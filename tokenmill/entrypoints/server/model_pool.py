@@ -29,8 +29,6 @@ builds and stops, which run on worker threads.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import gc
 import logging
 import time
@@ -44,6 +42,7 @@ from tokenmill.entrypoints.server.errors import APIError
 from tokenmill.entrypoints.server.loaded_model import Lease, LoadedModel
 from tokenmill.entrypoints.server.served_model import ServedModel
 from tokenmill.memory_plan import RUNTIME_BYTES
+from tokenmill.heap import trim
 
 log = logging.getLogger("tokenmill.server")
 EngineFactory = Callable[[EngineConfig], AsyncEngine]  # a new (loading) engine for a config
@@ -407,13 +406,4 @@ async def _release_when_gone(name: str, held: _Held) -> None:
 def _release_memory() -> None:
     """Collect the unloaded engine's objects, then give the freed heap back to the system (glibc)."""
     gc.collect()
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return
-    try:
-        trim = ctypes.CDLL(libc_name).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return
-    trim(0)
-
-
+    trim()
