@@ -32,10 +32,10 @@ os.environ.setdefault("TOKENMILL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
 # One glibc arena in every test process, as `tokenmill serve` keeps (tokenmill/heap.py), so that the
 # in-process servers' unload tests see a model's memory go back however many threads the process has run:
 # pytest-xdist's workers inherit the variable from their start, a process running the tests itself asks now.
-os.environ.setdefault("MALLOC_ARENA_MAX", "1")
-from tokenmill import heap  # noqa: E402 (torch-free; before anything starts threads)
+from tokenmill.heap import one_arena  # noqa: E402 (torch-free; before anything starts threads)
 
-heap.one_arena()
+if one_arena():  # (not where the environment set MALLOC_ARENA_MAX)
+    os.environ["MALLOC_ARENA_MAX"] = "1"
 
 # The GGUF method's start-up crossover measurement (~6 s of matmuls a load on 2 cores) is made once per run and
 # shared by every engine and server the tests start (layers/calibration_cache.py): one file per run, named by

@@ -9,7 +9,8 @@ engines kept ~450 of ~570 MiB). With one arena, the trim reaches all of it. Meas
 (3 runs each, alternating processes, 2026-12-05).
 
     one_arena()   every thread allocates from the main arena (what MALLOC_ARENA_MAX=1 in the environment
-                  does); call it before threads start: threads that already have an arena keep it
+                  does, and a MALLOC_ARENA_MAX there wins); call it before threads start: threads that
+                  already have an arena keep it
     trim()        hand the heap's free pages back to the system (malloc_trim(0))
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 
 _M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
 
@@ -36,9 +38,12 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def one_arena() -> bool:
-    """All threads on glibc's main arena from now on; False where there is no glibc."""
+    """All threads on glibc's main arena from now on; False where there is no glibc, or where the environment
+    sets MALLOC_ARENA_MAX itself (glibc read it at the start: that choice stands)."""
     lib = _libc()
-    return lib is not None and bool(lib.mallopt(_M_ARENA_MAX, 1))
+    if lib is None or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    return bool(lib.mallopt(_M_ARENA_MAX, 1))
 
 
 def trim() -> None:
