@@ -2,9 +2,9 @@
 
 glibc gives each thread that allocates while another holds the lock an arena of its own (up to 8 a core),
 and malloc_trim(0) gives back the free pages inside every arena but the free space at the top of a thread's
-arena (its heaps of 64 MiB): the weights a model's engine thread loaded could stay resident after the model
-was unloaded, more of them the more threads the process had run (a test process that had served dozens of
-engines kept ~450 of ~570 MiB). With one arena, the trim reaches all of it. Measured no slower: offline,
+arena (its heaps of 64 MiB): the weights a model's engine thread loaded can stay resident after the model
+is unloaded (likely what kept ~450 of ~570 MiB in a test process that had run dozens of engines; a fresh
+process gave it all back). With one arena, the trim reaches all of it. Measured no slower: offline,
 64 requests of 200 tokens -> 64, default model, AMX Xeon: 682 tok/s with glibc's arenas, 693 with one
 (3 runs each, alternating processes, 2026-12-05).
 

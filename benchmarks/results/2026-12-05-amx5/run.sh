@@ -13,5 +13,7 @@ case "${1:-}" in
            done; done | tee $D/draft_ceiling.txt ;;
   ties) .venv/bin/python benchmarks/experiments/head_ties_acceptance.py | tee $D/head_ties_acceptance.txt ;;
   head-rows) .venv/bin/python benchmarks/experiments/head_rows_kernel_vs_dense.py | tee $D/head_rows_kernel_vs_dense.txt ;;
-  *) echo "usage: $0 r1|spec-rows|head|spec|draft-length|ceiling|ties|head-rows" >&2; exit 2 ;;
+  arenas) for r in 1 2; do .venv/bin/python benchmarks/experiments/malloc_arenas_ab.py default
+            MALLOC_ARENA_MAX=1 .venv/bin/python benchmarks/experiments/malloc_arenas_ab.py arena1; done ;;
+  *) echo "usage: $0 r1|spec-rows|head|spec|draft-length|ceiling|ties|head-rows|arenas" >&2; exit 2 ;;
 esac
