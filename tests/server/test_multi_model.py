@@ -9,6 +9,7 @@ sleeps TOKENMILL_TEST_STEP_DELAY_S after each step, so a stream stays open for a
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from app_server import UvicornThread
 from server_process import ServerProcess, rss_bytes, wait_for
 
 from tokenmill.config import EngineConfig
+from tokenmill.heap import trim
 
 ollama = pytest.importorskip("ollama")
 
@@ -153,6 +155,10 @@ def test_an_engine_held_past_its_unload_gives_its_memory_back_when_let_go(ggufs:
     srv = PoolServer([("big", big)], budget_bytes=None)
     try:
         srv.generate("big", options={"num_predict": 2}, keep_alive="5m")
+        # what earlier tests in this process freed goes back now, not at the unload's trim (where it would
+        # count as this model's)
+        gc.collect()
+        trim()
         loaded = rss_bytes(os.getpid())
         engine = srv.pool.loaded_model("big").async_engine.engine  # type: ignore[union-attr]
         held = engine.executor.worker.model  # the weights' module, past its engine
