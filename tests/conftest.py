@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import os
 import tempfile
@@ -32,7 +31,7 @@ os.environ.setdefault("TOKENMILL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
 # One glibc arena in every test process, as `tokenmill serve` keeps (tokenmill/heap.py), so that the
 # in-process servers' unload tests see a model's memory go back however many threads the process has run:
 # pytest-xdist's workers inherit the variable from their start, a process running the tests itself asks now.
-from tokenmill.heap import one_arena  # noqa: E402 (torch-free; before anything starts threads)
+from tokenmill.heap import one_arena, trim  # noqa: E402 (torch-free; before anything starts threads)
 
 if one_arena():  # (not where the environment set MALLOC_ARENA_MAX)
     os.environ["MALLOC_ARENA_MAX"] = "1"
@@ -80,10 +79,7 @@ def _return_freed_memory() -> Iterator[None]:
     so that two test processes side by side do not each hold the peak of every file they ran."""
     yield
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    trim()
 
 
 @pytest.fixture(scope="session")
