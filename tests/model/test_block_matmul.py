@@ -21,6 +21,7 @@ from gguf_blocks import multiply, quantized  # noqa: E402
 pytestmark = pytest.mark.skipif(not (ggml.available() and block_matmul.available()),
                                 reason="needs ggml (the quantizer) and the block matmul kernel")
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
+K_TYPES = ["Q4_K", "Q6_K"]  # kquant_matmul.cpp (the panel entry hands them to it)
 
 
 @pytest.mark.parametrize("panel", [False, True], ids=["blocks", "panel"])
@@ -35,6 +36,26 @@ def test_against_the_dequantized_reference_and_row_independent(type_name: str, n
     x = torch.randn(23, k, generator=g)
     x[3] = 0.0  # an all-zero activation row
     x[4] *= 100.0  # and a large one
+    _check_against_reference(type_name, qtype, blocks, w, x, panel)
+
+
+@pytest.mark.parametrize("type_name", K_TYPES)
+@pytest.mark.parametrize("n, k", [(40, 256), (33, 768), (17, 1536)])
+def test_k_quants_against_the_dequantized_reference_and_row_independent(type_name: str, n: int, k: int) -> None:
+    """Q4_K and Q6_K (the types of a Q4_K_M file) on the block kernel: within 1e-4 of fp64 from 16-bit
+    activations, each row the same bits whatever the batch, its place in it and the thread count."""
+    qtype, blocks, w = quantized(type_name, n, k, seed=n + k)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(23, k, generator=g)
+    x[3] = 0.0
+    x[4] *= 100.0
+    x[5, : k // 2] *= 1e-3  # blocks of very different scales in one row
+    _check_against_reference(type_name, qtype, blocks, w, x, panel=False)
+
+
+def _check_against_reference(type_name: str, qtype: int, blocks, w: torch.Tensor, x: torch.Tensor,
+                             panel: bool) -> None:
+    n = blocks.shape[0]
     y = multiply(qtype, blocks, x, threads=2, panel=panel)
     ref = F.linear(x.double(), w)
     for i in range(x.shape[0]):
@@ -61,13 +82,14 @@ def test_panel_honours_the_row_stride_of_x() -> None:
 
 
 @pytest.mark.parametrize("panel", [False, True], ids=["blocks", "panel"])
-@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("type_name", TYPES + K_TYPES)
 def test_the_portable_build_agrees(type_name: str, panel: bool) -> None:
     """The plain C++ build of the block kernel and of the panel kernel (panel_matmul.cpp) against AVX2's."""
     portable = block_matmul.library(block_matmul.FLAGS + ("-DTM_PORTABLE",))
     assert portable is not None
-    qtype, blocks, w = quantized(type_name, 48, 576, seed=7)
-    x = torch.randn(9, 576, generator=torch.Generator().manual_seed(2))
+    k = 768 if type_name in K_TYPES else 576
+    qtype, blocks, w = quantized(type_name, 48, k, seed=7)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(2))
     a, b = multiply(qtype, blocks, x, panel=panel), multiply(qtype, blocks, x, lib=portable, panel=panel)
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
     assert torch.equal(multiply(qtype, blocks, x[2:3], lib=portable, panel=panel), b[2:3])  # row independent there too
@@ -78,21 +100,23 @@ def test_unsupported_types_and_shapes_are_refused(kernel: str) -> None:
     lib = block_matmul.library()
     assert lib is not None
     fn = getattr(lib, kernel)  # both take the types tm_block_matmul_supports names
-    assert not lib.tm_block_matmul_supports(12)  # Q4_K: ggml's kernels
-    assert fn(12, None, 1, 32, None, 32, 1, None, 1, 1) == -1
+    assert not lib.tm_block_matmul_supports(13)  # Q5_K: ggml's kernels
+    assert fn(13, None, 1, 256, None, 256, 1, None, 1, 1) == -1
     assert fn(2, None, 1, 48, None, 48, 1, None, 1, 1) == -2  # K not a multiple of 32
+    assert fn(12, None, 1, 288, None, 288, 1, None, 1, 1) == -2  # a K-quant's K not a multiple of 256
 
 
-@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("type_name", TYPES + K_TYPES)
 def test_grouped_equals_one_call_per_group(type_name: str) -> None:
     """A mixture of experts' layer in one call: each group's rows are exactly the single call's, empty
     groups included, whatever the thread count."""
-    mats = [quantized(type_name, 40, 64, seed=s) for s in range(4)]
+    k = 256 if type_name in K_TYPES else 64
+    mats = [quantized(type_name, 40, k, seed=s) for s in range(4)]
     counts = [3, 0, 9, 1]
-    x = torch.randn(sum(counts), 64, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(3))
     for threads in (1, 2):
         y = torch.empty(sum(counts), 40)
-        block_matmul.matmul_grouped(mats[0][0], [m[1].ctypes.data for m in mats], counts, 40, 64,
+        block_matmul.matmul_grouped(mats[0][0], [m[1].ctypes.data for m in mats], counts, 40, k,
                                     x.data_ptr(), y.data_ptr(), threads)
         r0 = 0
         for (qtype, blocks, _), c in zip(mats, counts):

@@ -178,6 +178,7 @@ def test_repacked_q4_k_on_the_plain_kernel_is_the_plain_weights_result(monkeypat
     x = torch.randn(40, k)
     y = repacked.method._plain(repacked, x)
     plain.method.max_ggml_rows = 10**6
+    plain.block_mm = None  # ggml's plain-block kernels, not ours (test_block_matmul.py has those)
     assert torch.equal(y, plain(x))
     ref = F.linear(x.double(), torch.cat(deq).double()).float()
     assert float((y - ref).norm() / ref.norm()) < 2e-2
@@ -216,6 +217,28 @@ def q4_k_m_layer():
     return k, blocks, deq, layer
 
 
+def test_q4_k_m_layer_small_batches_on_the_block_kernels() -> None:
+    """A Q4_K_M layer asked to repack: on a CPU with AMX its Q4_K stays in the file's blocks and small batches
+    of both parts run on our K-quant kernel (kquant_matmul.cpp: ~1e-5 of fp64, each row its own bits in any
+    batch), not the AMX kernel; elsewhere Q4_K is repacked for ggml and the layer stays on ggml's kernels."""
+    k, blocks, deq, layer = q4_k_m_layer()
+    lyr = layer(True)
+    x = torch.randn(7, k)
+    y = lyr.method._ggml(lyr, x)
+    ref = F.linear(x.double(), torch.cat(deq).double())
+    err = float((y.double() - ref).norm() / ref.norm())
+    if not block_matmul.amx_available():
+        assert lyr.block_mm is None or not any(w.repacked for w in lyr.matmul.weights)
+        assert err < 2e-2  # ggml's 8-bit activations
+        return
+    assert [p[0] for p in lyr.block_mm] == [12, 14] and not lyr.block_amx
+    assert not any(w.repacked for w in lyr.matmul.weights)
+    assert err < 1e-4
+    assert not lyr.method.uses_amx(lyr, torch.bfloat16, 7)
+    for i in (0, 3, 6):
+        assert torch.equal(lyr.method._ggml(lyr, x[i : i + 1]), y[i : i + 1])
+
+
 def test_k_quants_on_the_amx_kernel_for_big_batches(monkeypatch) -> None:
     """At bf16 on AMX, big batches of Q4_K and Q6_K matrices run on the AMX kernel (_plain): a repacked Q4_K one
     read back a tile of 16-row multiples at a time (scratch of 2 x 16 rows here: tiles of 32, 32 and 16), a
@@ -244,6 +267,7 @@ def test_k_quants_on_the_amx_kernel_for_big_batches(monkeypatch) -> None:
     # at fp32 the same layer stays on ggml's plain-block kernels
     monkeypatch.setenv("TOKENMILL_AMX_K_QUANTS", "0")
     ggml_only = layer(False)
+    ggml_only.block_mm = None  # (ours: test_block_matmul.py)
     xf = x.float()
     assert torch.equal(plain.method._plain(plain, xf), ggml_only.method._ggml(ggml_only, xf))
 

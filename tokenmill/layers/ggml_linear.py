@@ -6,14 +6,16 @@ unquantized checkpoint with `--quantization q8_0|q4_k|...`, as a dense tensor th
 into blocks at once (so an fp32 copy of the whole model never exists). At finish_loading, adjacent shards
 of one type (q|k|v, gate|up) are joined into one matrix, and each matrix is handed to ggml, repacked into
 an interleaved layout where the running CPU has one for its type (Q4_0 / Q4_K / IQ4_NL on AVX2; more with
-AVX-512 and AMX), else used in place.
+AVX-512 and AMX), else used in place; on a CPU with AMX, Q4_K stays in place for our kernels (_keeps_plain).
 
 Per call, by the number of rows M:
 - M <= max_ggml_rows: block kernels on 8-bit activations per 32-block as in llama.cpp (ggml's, ~5e-3
   relative error against the fp32 dequantized reference), except plain Q4_0 / Q4_1 / Q8_0 blocks, which our
   own multi-row kernel multiplies with 16-bit activations (native/block_matmul.cpp: ~1e-5 from x's rounding,
   so the result is the weights' own; each weight block unpacked once for up to 8 rows, 1.2-1.8x ggml's
-  speed at 2-16 rows, about its speed at one); at bf16 compute on a CPU with AMX those blocks go to the
+  speed at 2-16 rows, about its speed at one), and plain Q4_K / Q6_K blocks, which native/kquant_matmul.cpp
+  multiplies the same way (a 7B Q4_K_M file's matrices at one row: 21-22 GB/s against 14-17 for ggml's
+  kernels, repacked Q4_K included); at bf16 compute on a CPU with AMX the 32-element blocks go to the
   AMX kernel instead (native/amx_matmul.cpp: each block dequantized to bf16 in registers, as the dense bf16
   copy holds it, and multiplied on the tile unit for up to 64 rows at a time: it reads the blocks' 4.5-8.5
   bits a weight where the dense copy reads 16, and decode steps of a few to 64 rows are bound by that);
@@ -223,7 +225,9 @@ class GGUFLinearMethod(LinearMethod):
                     p.release()
                 release = nothing
             n = sum(p.shape[0] for p in parts)
-            w = ggml.GgmlWeight(int(parts[0].ggml_type), layer.in_features, n, data.ctypes.data, self.repack, data)
+            qtype = int(parts[0].ggml_type)
+            w = ggml.GgmlWeight(qtype, layer.in_features, n, data.ctypes.data, self.repack and not self._keeps_plain(qtype),
+                                data)
             if w.repacked:
                 release()
             if w.dequantizable:  # plain blocks (not F32: ggml has no f32 to_float), or repacked Q4_K read back
@@ -238,15 +242,28 @@ class GGUFLinearMethod(LinearMethod):
             layer.plain = [(w, off, None if w.plain_matmul else ggml.GgmlMatmul([w], [off], layer.out_features), amx)
                            for w, off, amx in zip(weights, offsets, amx_k)]
         layer.dense_ok = len(layer.dense) == len(weights)
-        # plain Q4_0 / Q4_1 / Q8_0 blocks: our multi-row kernel (native/block_matmul.cpp) instead of ggml's
+        # plain Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K blocks: our multi-row kernels (native/block_matmul.cpp,
+        # kquant_matmul.cpp) instead of ggml's
         layer.block_mm = [(w.ggml_type, w.data_ptr, w.n, off) for w, off in zip(weights, offsets)] \
             if block_matmul.available() and all(not w.repacked and block_matmul.supports(w.ggml_type)
                                                 for w in weights) else None
+        # the AMX kernel from AMX_MIN_ROWS rows for Q4_0 / Q4_1 / Q8_0; K-quants stay on the block kernel up to
+        # the crossover and take the AMX kernel past it (_plain): its K-quant dequantization made it ~6 GB/s at
+        # 1-16 rows of 7B shapes, the block kernel 21 GB/s at one row, 10 at four, 6 at eight
+        # (benchmarks/experiments/kquant_vs_ggml.py)
         layer.block_amx = self._amx and layer.block_mm is not None and all(
-            block_matmul.amx_supports(w.n) for w in weights)
+            block_matmul.amx_supports(w.n) and w.ggml_type not in block_matmul.AMX_K_TYPES for w in weights)
         layer.blocks = {}
         if copy is not None:
             layer.packed = prepack(copy) if self._onednn else copy
+
+    def _keeps_plain(self, ggml_type: int) -> bool:
+        """Leave a matrix of this type in the file's blocks rather than ggml's repacked layout (Q4_K): where the
+        block kernel multiplies it for small batches (kquant_matmul.cpp: 1.5x ggml's repacked kernel at one row
+        of 7B shapes, 2x at two) and the AMX kernel the big ones. Elsewhere (no AMX) ggml's repacked Q4_K
+        kernel keeps a prompt's rows fast, so Q4_K stays repacked there (on ggml's kernels at any batch)."""
+        return (self._amx and self._amx_k_quants and ggml_type in block_matmul.AMX_K_TYPES
+                and block_matmul.available() and block_matmul.supports(ggml_type))
 
     def _dequantize_into(self, part: GGUFQuantized, out: torch.Tensor) -> None:
         """part's rows as `out`'s values (out: (rows, k) at the copy's dtype), a tile at a time."""

@@ -318,8 +318,18 @@ void block_matmul(const uint8_t* const* W, int64_t groups, const int64_t* starts
     for (int64_t it = 0; it < items; ++it) item(it);
 }
 
+}  // namespace
+
+int tm_kquant_matmul(int type, const uint8_t* const* W, int64_t groups, const int64_t* starts, const int64_t* counts,
+                     int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
+                     int nthreads);  // kquant_matmul.cpp: Q4_K, Q6_K
+bool tm_kquant_supports(int type);
+
+namespace {
+
 template <typename... A>
 int dispatch(int type, A... args) {
+    if (tm_kquant_supports(type)) return tm_kquant_matmul(type, args...);
     switch (type) {
         case kQ4_0: block_matmul<kQ4_0>(args...); return 0;
         case kQ4_1: block_matmul<kQ4_1>(args...); return 0;
@@ -335,7 +345,9 @@ extern "C" {
 int tm_block_matmul_abi() { return 2; }
 
 // 1 when `type` is one this library multiplies
-int tm_block_matmul_supports(int type) { return type == kQ4_0 || type == kQ4_1 || type == kQ8_0; }
+int tm_block_matmul_supports(int type) {
+    return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || tm_kquant_supports(type);
+}
 
 // See the header. Returns 0; -1 for a type it does not take; -2 when K % 32 != 0.
 int tm_block_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,

@@ -25,6 +25,8 @@ log = logging.getLogger("tokenmill.native")
 SOURCE = Path(__file__).with_name("block_matmul.cpp")
 AMX_SOURCE = Path(__file__).with_name("amx_matmul.cpp")
 PANEL_SOURCE = Path(__file__).with_name("panel_matmul.cpp")
+KQUANT_SOURCE = Path(__file__).with_name("kquant_matmul.cpp")
+SOURCES = (SOURCE, AMX_SOURCE, PANEL_SOURCE, KQUANT_SOURCE)  # one library (`python -m tokenmill.native.build`)
 FLAGS = ("-fopenmp", "-ffp-contract=off")
 ABI = 2
 ENV_SWITCH = "TOKENMILL_BLOCK_MATMUL"
@@ -42,7 +44,7 @@ def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
     """The loaded library, built on first use (tests pass -DTM_PORTABLE for the plain C++ path); None,
     logged, when it cannot be built or loaded."""
     try:
-        path = build_library("tokenmill_block_matmul", [SOURCE, AMX_SOURCE, PANEL_SOURCE], flags)
+        path = build_library("tokenmill_block_matmul", SOURCES, flags)
         lib = ctypes.CDLL(str(path))
         if lib.tm_block_matmul_abi() != ABI:
             raise NativeBuildError(f"{path} answers ABI {lib.tm_block_matmul_abi()}, expected {ABI}")

@@ -29,13 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     from tokenmill.native import block_matmul, decode_step, kernels
     from tokenmill.native.compile import build_library
 
-    # (what, library name, module with SOURCE and FLAGS, what runs without it)
+    # (what, library name, module with SOURCE (or SOURCES) and FLAGS, what runs without it)
     for what, name, mod, fallback in (
             ("kernels", "tokenmill_kernels", kernels, "the torch path will run"),
             ("block matmul", "tokenmill_block_matmul", block_matmul, "ggml's kernels will run"),
             ("decode step", "tokenmill_decode_step", decode_step, "layers will run one by one")):
         try:
-            print(f"tokenmill native: {what} at {build_library(name, [mod.SOURCE], mod.FLAGS)}")
+            print(f"tokenmill native: {what} at {build_library(name, getattr(mod, 'SOURCES', [mod.SOURCE]), mod.FLAGS)}")
         except NativeBuildError as e:
             failed = True
             print(f"tokenmill native: {what} not built, {fallback}: {e}", file=sys.stderr)

@@ -254,10 +254,15 @@ void panel_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_
 
 extern "C" {
 
+int tm_block_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
+                    float* y, int64_t ldy, int nthreads);  // block_matmul.cpp
+
 // See the header. Returns 0; -1 for a type it does not take (it takes tm_block_matmul's: ask
-// tm_block_matmul_supports); -2 when K % 32 != 0.
+// tm_block_matmul_supports); -2 when K % 32 != 0. The K-quants have no panel here: they get the block
+// kernel's result (kquant_matmul.cpp), so a caller may hand this entry any block_mm layer.
 int tm_panel_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
                     float* y, int64_t ldy, int nthreads) {
+    if (type != kQ4_0 && type != kQ4_1 && type != kQ8_0) return tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
     if (K % 32) return -2;
     const auto* w = static_cast<const uint8_t*>(W);
     switch (type) {
