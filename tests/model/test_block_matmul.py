@@ -95,6 +95,20 @@ def test_the_portable_build_agrees(type_name: str, panel: bool) -> None:
     assert torch.equal(multiply(qtype, blocks, x[2:3], lib=portable, panel=panel), b[2:3])  # row independent there too
 
 
+@pytest.mark.parametrize("type_name", K_TYPES)
+def test_the_k_quants_avx2_code_agrees_with_avx512s(type_name: str) -> None:
+    """kquant_matmul.cpp's 256-bit code (built with -DTM_NO_AVX512, as on an AVX2-only CPU) against its 512-bit
+    code: the same integer sums per sub-block, added in another order (on a CPU without AVX-512 both builds
+    are the 256-bit code)."""
+    avx2 = block_matmul.library(block_matmul.FLAGS + ("-DTM_NO_AVX512",))
+    assert avx2 is not None
+    qtype, blocks, w = quantized(type_name, 40, 1024, seed=11)
+    x = torch.randn(11, 1024, generator=torch.Generator().manual_seed(5))
+    a, b = multiply(qtype, blocks, x, threads=2), multiply(qtype, blocks, x, threads=2, lib=avx2)
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
+    assert torch.equal(multiply(qtype, blocks, x[4:5], lib=avx2), b[4:5])
+
+
 @pytest.mark.parametrize("kernel", ["tm_block_matmul", "tm_panel_matmul"])
 def test_unsupported_types_and_shapes_are_refused(kernel: str) -> None:
     lib = block_matmul.library()
