@@ -145,6 +145,11 @@ class GGUFLinearMethod(LinearMethod):
         self._amx = block_matmul.amx_available()  # plain blocks multiplied on AMX when x is bf16
         # ... and the K-quants' big batches (TOKENMILL_AMX_K_QUANTS=0: ggml's kernels, as before)
         self._amx_k_quants = os.environ.get("TOKENMILL_AMX_K_QUANTS") != "0"
+        # Q4_K left in the file's blocks for our kernel (_keeps_plain): "auto" where the AMX kernel takes its big
+        # batches, "1" on any CPU (big batches then on ggml's plain-block kernel or dequantized), "0" never
+        self._q4k_plain = os.environ.get("TOKENMILL_Q4K_PLAIN", "auto")
+        if self._q4k_plain not in ("auto", "0", "1"):
+            raise ValueError(f"TOKENMILL_Q4K_PLAIN={self._q4k_plain!r}: expected auto, 0 or 1")
         self._threads = ThreadChooser(1)  # one thread or all for each ggml call (layers/thread_choice.py)
 
     @property
@@ -238,7 +243,8 @@ class GGUFLinearMethod(LinearMethod):
         # the big-batch path on the blocks (_plain): for repacked Q4_K (read back a tile at a time), and on AMX
         # for the K-quants its kernel takes
         amx_k = [self._amx_k_quant(w) for w in weights]
-        if any(w.plain_matmul for w in weights) or any(amx_k):
+        kept = [not w.repacked and self._keeps_plain(w.ggml_type) for w in weights]  # ggml's plain kernel there
+        if any(w.plain_matmul for w in weights) or any(amx_k) or any(kept):
             layer.plain = [(w, off, None if w.plain_matmul else ggml.GgmlMatmul([w], [off], layer.out_features), amx)
                            for w, off, amx in zip(weights, offsets, amx_k)]
         layer.dense_ok = len(layer.dense) == len(weights)
@@ -260,9 +266,12 @@ class GGUFLinearMethod(LinearMethod):
     def _keeps_plain(self, ggml_type: int) -> bool:
         """Leave a matrix of this type in the file's blocks rather than ggml's repacked layout (Q4_K): where the
         block kernel multiplies it for small batches (kquant_matmul.cpp: 1.5x ggml's repacked kernel at one row
-        of 7B shapes, 2x at two) and the AMX kernel the big ones. Elsewhere (no AMX) ggml's repacked Q4_K
-        kernel keeps a prompt's rows fast, so Q4_K stays repacked there (on ggml's kernels at any batch)."""
-        return (self._amx and self._amx_k_quants and ggml_type in block_matmul.AMX_K_TYPES
+        of 7B shapes, 2x at two) and the AMX kernel the big ones. Elsewhere (no AMX) it stays repacked by
+        default: ggml's repacked kernel is the faster at 4-16 rows (1.2-2x there), and on an AVX2-only CPU the
+        one-row gain is not measured yet (TOKENMILL_Q4K_PLAIN=1 keeps it plain to measure it)."""
+        if self._q4k_plain == "0" or ggml_type not in block_matmul.AMX_K_TYPES:
+            return False
+        return ((self._q4k_plain == "1" or (self._amx and self._amx_k_quants))
                 and block_matmul.available() and block_matmul.supports(ggml_type))
 
     def _dequantize_into(self, part: GGUFQuantized, out: torch.Tensor) -> None:
