@@ -479,7 +479,8 @@ class GGUFLinearMethod(LinearMethod):
         # Once it has won twice the block kernel is not timed again (it stays near one rate as rows grow, the
         # panel's rises: 90 against 115 -> 185 GFLOPS from 32 to 512 rows on a 2-core AVX2 EPYC)
         timing_panel = (not self._fixed_panel and layer.block_mm is not None and block_matmul.panel_available()
-                        and not self.uses_amx(layer, dtype))
+                        and not self.uses_amx(layer, dtype)
+                        and all(p[0] in block_matmul.PANEL_TYPES for p in layer.block_mm))
         key = self._calibration_key(layer, len(group), dtype, plain, timing_panel)
         found = CALIBRATIONS.get(key)
         if found is None:
@@ -498,7 +499,7 @@ class GGUFLinearMethod(LinearMethod):
         amx_k = self._amx_k_layer(layer, dtype)
         above = ("the dense copy" if layer.packed is not None else
                  "dequantize + F.linear" if not self._big_plain else
-                 "the AMX kernel on the K-quant blocks (repacked Q4_K read back)" if amx_k else
+                 "the AMX kernel on the K-quant blocks (in place, or repacked Q4_K read back)" if amx_k else
                  "ggml's plain-block kernel (repacked Q4_K read back)")
         log.info("gguf matmuls: block kernels %s%s, decode-only steps %s in one native call; %s (%s on %d "
                  "(%d, %d) %s layers, %s%s/dense%s: %s)",

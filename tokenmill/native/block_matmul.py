@@ -92,6 +92,10 @@ def supports(ggml_type: int) -> bool:
     return lib is not None and bool(lib.tm_block_matmul_supports(ggml_type))
 
 
+# the types the panel kernel has a panel for (Q4_0, Q4_1, Q8_0); it hands the K-quants to the block kernel
+PANEL_TYPES = (2, 3, 8)
+
+
 def panel_available() -> bool:
     """The fp32 panel kernel (panel_matmul.cpp) may be used: the library built, TOKENMILL_PANEL_MATMUL is not 0."""
     return available() and os.environ.get(PANEL_SWITCH) != "0"
