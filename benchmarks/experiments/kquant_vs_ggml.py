@@ -1,7 +1,7 @@
 """Our K-quant block kernel (native/kquant_matmul.cpp; its AVX2 code too, built with -DTM_NO_AVX512, and
 the AMX kernel's fp32 entry where the CPU has AMX) against ggml's kernels on the same blocks: plain Q4_K /
 Q6_K, and ggml's repacked Q4_K (what the loader gives it on this CPU), in 7B shapes (Qwen2.5-7B's layer
-matrices: q, o, gate, up as Q4_K, down as Q6_K; TYPES=12 or 14 keeps one type), over LAYERS layers of
+matrices: q, o, gate, up as Q4_K, down as Q6_K; TYPES=12 or 14 keeps one type, Q4K_AS=13 makes the Q4_K ones Q5_K), over LAYERS layers of
 random blocks (beyond the caches), alternating kernels, medians of REPEATS; GB/s of weight bytes read.
 
     .venv/bin/python benchmarks/experiments/kquant_vs_ggml.py [threads]
@@ -16,6 +16,8 @@ LAYERS = int(os.environ.get("LAYERS", "6"))
 REPEATS = int(os.environ.get("REPEATS", "7"))
 D, I = 3584, 18944
 SHAPES = [("q", 12, D, D), ("o", 12, D, D), ("gate", 12, I, D), ("up", 12, I, D), ("down", 14, D, I)]
+if os.environ.get("Q4K_AS"):  # e.g. Q4K_AS=13: the Q4_K matrices as Q5_K (a Q5_K_M file's mix)
+    SHAPES = [(n, int(os.environ["Q4K_AS"]) if t == 12 else t, a, b) for n, t, a, b in SHAPES]
 TYPES = {int(t) for t in os.environ.get("TYPES", "12,14").split(",")}
 SHAPES = [s for s in SHAPES if s[1] in TYPES]
 AVX2 = bm.library(bm.FLAGS + ("-DTM_NO_AVX512",))

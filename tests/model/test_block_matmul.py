@@ -21,7 +21,7 @@ from gguf_blocks import multiply, quantized  # noqa: E402
 pytestmark = pytest.mark.skipif(not (ggml.available() and block_matmul.available()),
                                 reason="needs ggml (the quantizer) and the block matmul kernel")
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
-K_TYPES = ["Q4_K", "Q6_K"]  # kquant_matmul.cpp (the panel entry hands them to it)
+K_TYPES = ["Q4_K", "Q5_K", "Q6_K"]  # kquant_matmul.cpp (the panel entry hands them to it)
 
 
 @pytest.mark.parametrize("panel", [False, True], ids=["blocks", "panel"])
@@ -42,7 +42,7 @@ def test_against_the_dequantized_reference_and_row_independent(type_name: str, n
 @pytest.mark.parametrize("type_name", K_TYPES)
 @pytest.mark.parametrize("n, k", [(40, 256), (33, 768), (17, 1536)])
 def test_k_quants_against_the_dequantized_reference_and_row_independent(type_name: str, n: int, k: int) -> None:
-    """Q4_K and Q6_K (the types of a Q4_K_M file) on the block kernel: within 1e-4 of fp64 from 16-bit
+    """Q4_K, Q5_K and Q6_K (the types of Q4_K_M and Q5_K_M files) on the block kernel: within 1e-4 of fp64 from 16-bit
     activations, each row the same bits whatever the batch, its place in it and the thread count."""
     qtype, blocks, w = quantized(type_name, n, k, seed=n + k)
     g = torch.Generator().manual_seed(1)
@@ -114,8 +114,8 @@ def test_unsupported_types_and_shapes_are_refused(kernel: str) -> None:
     lib = block_matmul.library()
     assert lib is not None
     fn = getattr(lib, kernel)  # both take the types tm_block_matmul_supports names
-    assert not lib.tm_block_matmul_supports(13)  # Q5_K: ggml's kernels
-    assert fn(13, None, 1, 256, None, 256, 1, None, 1, 1) == -1
+    assert not lib.tm_block_matmul_supports(11)  # Q3_K: ggml's kernels
+    assert fn(11, None, 1, 256, None, 256, 1, None, 1, 1) == -1
     assert fn(2, None, 1, 48, None, 48, 1, None, 1, 1) == -2  # K not a multiple of 32
     assert fn(12, None, 1, 288, None, 288, 1, None, 1, 1) == -2  # a K-quant's K not a multiple of 256
 

@@ -1,4 +1,4 @@
-// y = x . W^T for a GGUF matrix W kept in its file's K-quant blocks (Q4_K, Q6_K: what a Q4_K_M file holds),
+// y = x . W^T for a GGUF matrix W kept in its file's K-quant blocks (Q4_K, Q5_K, Q6_K: a Q4_K_M or Q5_K_M file's),
 // for a few rows of x at a time (one-stream decode of a 7B-class file, speculative verification). The same
 // scheme as block_matmul.cpp's kernel for the 32-element types: x quantized to 16 bits per 32-block (scale
 // amax / 32767, so the result is the weights' own to ~1e-5), integer dot products per sub-block, each weight
@@ -17,6 +17,8 @@
 //   Q4_K (144 bytes): {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}. Sub-block j (32 elements) has a 6-bit
 //     scale sc_j and min m_j packed in `scales`; element e of sub-block 2p (2p + 1) is the low (high) nibble
 //     of qs[32p + e]; value = d * sc_j * q - dmin * m_j.
+//   Q5_K (176 bytes): {f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}: Q4_K's, each quant 16 more
+//     where bit 2p (low nibble) or 2p + 1 (high nibble) of qh[e] is set.
 //   Q6_K (210 bytes): {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}. Half h (128 elements) reads ql[64h..],
 //     qh[32h..]; its element 32g + l (g = 0..3, l = 0..31) is 4 bits of ql (byte l for g even, l + 32 for g
 //     odd; low nibble for g < 2) and 2 bits of qh[l] (bits 2g, 2g + 1), minus 32; sub-block of 16 elements
@@ -44,11 +46,12 @@ float tm_half_to_float(uint16_t h);  // block_matmul.cpp
 
 namespace {
 
-enum : int { kQ4_K = 12, kQ6_K = 14 };  // ggml's type numbers
+enum : int { kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };  // ggml's type numbers
+constexpr bool has_mins(int type) { return type == kQ4_K || type == kQ5_K; }  // value = d * sc * q - dmin * m
 
 template <int TYPE>
 constexpr int64_t super_bytes() {
-    return TYPE == kQ4_K ? 144 : 210;
+    return TYPE == kQ4_K ? 144 : TYPE == kQ5_K ? 176 : 210;
 }
 
 inline float f16_at(const uint8_t* p) {
@@ -174,7 +177,7 @@ inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, co
     for (int64_t i = 0; i < nsb; ++i) {
         const uint8_t* blk = wrow + i * super_bytes<TYPE>();
         prefetch_ahead<TYPE>(blk);
-        if constexpr (TYPE == kQ4_K) {
+        if constexpr (has_mins(TYPE)) {
             const float d = f16_at(blk), dmin = f16_at(blk + 2);
             uint32_t u[3];  // see dot_rows
             std::memcpy(u, blk + 4, 12);
@@ -191,12 +194,23 @@ inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, co
                 scale[r] = _mm512_castps256_ps512(_mm256_mul_ps(wsc, _mm256_loadu_ps(xd + r * nb + 8 * i)));
                 off[r] = _mm256_fmadd_ps(wmn, _mm256_loadu_ps(xs + r * nb + 8 * i), off[r]);
             }
+            constexpr int kQs = TYPE == kQ5_K ? 48 : 16;  // Q5_K: qh[32] before the quants
+            // Q5_K's fifth bits: qh's 32 bytes in both halves, shifted right by 2p for pair p (bits 2p, 2p + 1
+            // of each byte: sub-blocks 2p, 2p + 1)
+            __m512i hcur = TYPE == kQ5_K ? _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)))
+                                         : _mm512_setzero_si512();
+            const __m512i bit4 = _mm512_set1_epi16(0x0010);
             for (int p = 0; p < 4; ++p) {
                 // the pair's 32 bytes in both halves; lanes 0-15 take the low nibbles (sub-block 2p), 16-31 the
                 // high ones (sub-block 2p + 1): even elements from each lane's low byte, odd from its high byte
-                const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * p)));
-                const __m512i we = _mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(0, 4)), lo4);
-                const __m512i wo = _mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(8, 12)), lo4);
+                const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQs + 32 * p)));
+                __m512i we = _mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(0, 4)), lo4);
+                __m512i wo = _mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(8, 12)), lo4);
+                if constexpr (TYPE == kQ5_K) {  // + 16 where the element's bit is set: low byte bit 0 / 1, high byte's
+                    we = _mm512_or_si512(we, _mm512_and_si512(_mm512_sllv_epi16(hcur, lanes16(4, 3)), bit4));
+                    wo = _mm512_or_si512(wo, _mm512_and_si512(_mm512_srlv_epi16(hcur, lanes16(4, 5)), bit4));
+                    hcur = _mm512_srli_epi16(hcur, 2);
+                }
                 const __m512i sel = _mm512_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p,
                                                       2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
                                                       2 * p + 1, 2 * p + 1);
@@ -243,7 +257,7 @@ inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, co
     for (int r = 0; r < R; ++r) {
         const __m512 a = acc[r];
         const float v = hsum8(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)));
-        y[r * ldy] = v - (TYPE == kQ4_K ? hsum8(off[r]) : 0.0f);
+        y[r * ldy] = v - (has_mins(TYPE) ? hsum8(off[r]) : 0.0f);
     }
 }
 #endif
@@ -263,7 +277,7 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
     for (int64_t i = 0; i < nsb; ++i) {
         const uint8_t* blk = wrow + i * super_bytes<TYPE>();
         prefetch_ahead<TYPE>(blk);
-        if constexpr (TYPE == kQ4_K) {
+        if constexpr (has_mins(TYPE)) {
             const float d = f16_at(blk), dmin = f16_at(blk + 2);
             // the 12 bytes of 6-bit scales and mins as 8 scale bytes then 8 min bytes, in three 32-bit words
             // (bytes 0-3: sc 0-3 in their low 6 bits, the top 2 bits of sc 4-7 above; bytes 4-7: the same for
@@ -284,13 +298,25 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
                 _mm256_store_ps(scale[r], _mm256_mul_ps(wsc, _mm256_loadu_ps(xdr)));
                 off[r] = _mm256_fmadd_ps(wmn, _mm256_loadu_ps(xs + r * nb + 8 * i), off[r]);
             }
-            const __m256i lo4 = _mm256_set1_epi16(0x000f);
+            const __m256i lo4 = _mm256_set1_epi16(0x000f), bit4 = _mm256_set1_epi16(0x0010);
+            constexpr int kQs = TYPE == kQ5_K ? 48 : 16;  // Q5_K: qh[32] before the quants
+            // Q5_K's fifth bits (qh byte l, bit 2p / 2p + 1: element l of sub-block 2p / 2p + 1), shifted right
+            // by 2p for pair p
+            __m256i hcur = TYPE == kQ5_K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16))
+                                         : _mm256_setzero_si256();
             for (int p = 0; p < 4; ++p) {
-                const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * p));
+                const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQs + 32 * p));
                 // lane i holds bytes 2i, 2i + 1: their low nibbles are sub-block 2p's elements 2i, 2i + 1,
                 // their high nibbles sub-block 2p + 1's
-                const __m256i a = _mm256_and_si256(raw, lo4), b = _mm256_and_si256(_mm256_srli_epi16(raw, 8), lo4);
-                const __m256i c = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4), e = _mm256_srli_epi16(raw, 12);
+                __m256i a = _mm256_and_si256(raw, lo4), b = _mm256_and_si256(_mm256_srli_epi16(raw, 8), lo4);
+                __m256i c = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4), e = _mm256_srli_epi16(raw, 12);
+                if constexpr (TYPE == kQ5_K) {  // + 16 where the element's bit is set
+                    a = _mm256_or_si256(a, _mm256_and_si256(_mm256_slli_epi16(hcur, 4), bit4));
+                    b = _mm256_or_si256(b, _mm256_and_si256(_mm256_srli_epi16(hcur, 4), bit4));
+                    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi16(hcur, 3), bit4));
+                    e = _mm256_or_si256(e, _mm256_and_si256(_mm256_srli_epi16(hcur, 5), bit4));
+                    hcur = _mm256_srli_epi16(hcur, 2);
+                }
                 for (int r = 0; r < R; ++r) {
                     const int16_t* xb = xq + r * K + 256 * i + 64 * p;
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(a, b, xb)),
@@ -343,7 +369,7 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
             }
         }
     }
-    for (int r = 0; r < R; ++r) y[r * ldy] = hsum8(acc[r]) - (TYPE == kQ4_K ? hsum8(off[r]) : 0.0f);
+    for (int r = 0; r < R; ++r) y[r * ldy] = hsum8(acc[r]) - (has_mins(TYPE) ? hsum8(off[r]) : 0.0f);
 #else
     for (int r = 0; r < R; ++r) {
         float acc = 0.0f, off = 0.0f;
@@ -353,14 +379,16 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
             int q[256];  // the block's quants in element order
             float ws[16];  // per 16 elements: the weight scale
             float mins[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if constexpr (TYPE == kQ4_K) {
+            if constexpr (has_mins(TYPE)) {
                 const float d = f16_at(blk), dmin = f16_at(blk + 2);
                 uint8_t sc[8], mn[8];
                 q4k_scales(blk + 4, sc, mn);
+                const uint8_t* qs = blk + (TYPE == kQ5_K ? 48 : 16);
                 for (int p = 0; p < 4; ++p)
                     for (int e = 0; e < 32; ++e) {
-                        q[64 * p + e] = blk[16 + 32 * p + e] & 0x0f;
-                        q[64 * p + 32 + e] = blk[16 + 32 * p + e] >> 4;
+                        const int h = TYPE == kQ5_K ? blk[16 + e] >> (2 * p) : 0;  // Q5_K: qh bits 2p, 2p + 1
+                        q[64 * p + e] = (qs[32 * p + e] & 0x0f) | ((h & 1) << 4);
+                        q[64 * p + 32 + e] = (qs[32 * p + e] >> 4) | ((h & 2) << 3);
                     }
                 for (int j = 0; j < 8; ++j) {
                     ws[2 * j] = ws[2 * j + 1] = d * float(sc[j]);
@@ -387,7 +415,7 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
                 }
                 const float xs_d = xd[r * nb + 8 * i + j];
                 acc += (ws[2 * j] * float(sum0) + ws[2 * j + 1] * float(sum1)) * xs_d;
-                if constexpr (TYPE == kQ4_K) off += mins[j] * xs[r * nb + 8 * i + j];
+                if constexpr (has_mins(TYPE)) off += mins[j] * xs[r * nb + 8 * i + j];
             }
         }
         y[r * ldy] = acc - off;
@@ -455,9 +483,12 @@ __attribute__((visibility("hidden"))) int tm_kquant_matmul(int type, const uint8
     if (K % 256) return -2;
     switch (type) {
         case kQ4_K: kquant_matmul<kQ4_K>(W, groups, starts, counts, N, K, x, ldx, M, y, ldy, nthreads); return 0;
+        case kQ5_K: kquant_matmul<kQ5_K>(W, groups, starts, counts, N, K, x, ldx, M, y, ldy, nthreads); return 0;
         case kQ6_K: kquant_matmul<kQ6_K>(W, groups, starts, counts, N, K, x, ldx, M, y, ldy, nthreads); return 0;
         default: return -1;
     }
 }
 
-__attribute__((visibility("hidden"))) bool tm_kquant_supports(int type) { return type == kQ4_K || type == kQ6_K; }
+__attribute__((visibility("hidden"))) bool tm_kquant_supports(int type) {
+    return type == kQ4_K || type == kQ5_K || type == kQ6_K;
+}
