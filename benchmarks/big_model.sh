@@ -10,7 +10,8 @@
 # benchmarks/results/<date>-big-model/): summary.md, each server's log and the bench JSONs.
 # Knobs: INPUT_LEN / OUTPUT_LEN (default 128 / 32), NUM_PROMPTS (default 3), KV (default 1GiB),
 # MAX_MODEL_LEN (default 1024), LOAD_C (concurrency of the RSS-under-load run, default 16, 0 skips it),
-# PEERS (default "llama-server"; "" runs tokenmill alone), PORT (default 8331), LLAMA_SERVER_ARGS (extra
+# PEERS (default "llama-server"; "" runs tokenmill alone), PORT (default 8331), TOKENMILL_ARGS (extra flags
+# for tokenmill serve, e.g. --dtype float32), LLAMA_SERVER_ARGS (extra
 # flags), NO_AMX: as in compare.sh (peers/llama_server_defaults.sh), llama-server runs with its repacked layouts, on a CPU with AMX from a
 # build without ggml's AMX kernels (they segfault at this file's first step); NO_AMX=0 takes the AMX build
 # with --no-repack, which also drops the repacked Q4_K tiles (what runs before 2026-12-05 measured).
@@ -28,6 +29,7 @@ MAX_MODEL_LEN="${MAX_MODEL_LEN:-1024}"
 LOAD_C="${LOAD_C:-16}"
 PEERS="${PEERS-llama-server}"
 PORT="${PORT:-8331}"
+TOKENMILL_ARGS="${TOKENMILL_ARGS:-}"  # extra flags for tokenmill serve (e.g. --dtype float32)
 source benchmarks/peers/llama_server_defaults.sh  # NO_AMX, LLAMA_SERVER_ARGS
 THREADS="${THREADS:-$(nproc)}"
 RESULTS_DIR="${RESULTS_DIR:-$ROOT/benchmarks/results/$(date +%Y-%m-%d)-big-model}"
@@ -85,7 +87,7 @@ measure() {  # name, process pattern, command...
     >"$RESULTS_DIR/plan.txt"
 measure tokenmill "tokenmill.cli serve" "$PYTHON" -m tokenmill.cli serve "$MODEL" --port "$PORT" \
     --kv-cache-memory "$KV" --max-model-len "$MAX_MODEL_LEN" --max-num-seqs "$((LOAD_C > 4 ? LOAD_C : 4))" \
-    --num-threads "$THREADS"
+    --num-threads "$THREADS" $TOKENMILL_ARGS
 for peer in $PEERS; do
     BIN="$(benchmarks/peers/build_llama_server.sh | tail -1)"
     measure llama-server llama-server "$BIN" -m "$MODEL" --port "$PORT" --parallel "$((LOAD_C > 4 ? LOAD_C : 4))" \
@@ -99,7 +101,7 @@ done
     echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; flags:" \
          "$(for f in avx2 avx512f amx_bf16; do grep -qw $f /proc/cpuinfo && printf '%s yes ' $f || printf '%s no ' $f; done)"
     echo "Model: $(basename "$MODEL"), $(( SIZE / 1024 / 1024 )) MiB on disk. Command: benchmarks/big_model.sh" \
-         "(INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN NUM_PROMPTS=$NUM_PROMPTS KV=$KV LOAD_C=$LOAD_C NO_AMX=${NO_AMX:-0} LLAMA_SERVER_ARGS=$LLAMA_SERVER_ARGS)"
+         "(INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN NUM_PROMPTS=$NUM_PROMPTS KV=$KV LOAD_C=$LOAD_C TOKENMILL_ARGS=$TOKENMILL_ARGS NO_AMX=${NO_AMX:-0} LLAMA_SERVER_ARGS=$LLAMA_SERVER_ARGS)"
     echo
     echo '`tokenmill plan` says:'
     echo '```'

@@ -170,6 +170,7 @@ def test_repacked_q4_k_on_the_plain_kernel_is_the_plain_weights_result(monkeypat
     import tokenmill.layers.ggml_linear as gl
 
     monkeypatch.setenv("TOKENMILL_AMX_K_QUANTS", "0")  # ggml's kernels (the AMX one: the test below)
+    monkeypatch.setenv("TOKENMILL_Q4K_PLAIN", "0")  # ggml's repacked layout, not plain blocks for ours
     k, blocks, deq, layer = q4_k_m_layer()
     repacked, plain = layer(True), layer(False)
     if repacked.plain is None:
@@ -218,26 +219,27 @@ def q4_k_m_layer():
     return k, blocks, deq, layer
 
 
-def test_q4_k_m_layer_small_batches_on_the_block_kernels() -> None:
-    """A Q4_K_M layer asked to repack: on a CPU with AMX its Q4_K stays in the file's blocks and small batches
-    of both parts run on our K-quant kernel (kquant_matmul.cpp: ~1e-5 of fp64, each row its own bits in any
-    batch), not the AMX kernel; elsewhere Q4_K is repacked for ggml and the layer stays on ggml's kernels."""
+def test_q4_k_m_layer_small_batches_on_the_block_kernels(monkeypatch) -> None:
+    """A Q4_K_M layer asked to repack keeps its Q4_K in the file's blocks, and small batches of both parts run
+    on our K-quant kernel (kquant_matmul.cpp: ~1e-5 of fp64, each row its own bits in any batch), not the AMX
+    kernel; TOKENMILL_Q4K_PLAIN=0 repacks it for ggml's kernels where this CPU has the layout."""
     k, blocks, deq, layer = q4_k_m_layer()
     lyr = layer(True)
     x = torch.randn(7, k)
     y = lyr.method._ggml(lyr, x)
     ref = F.linear(x.double(), torch.cat(deq).double())
-    err = float((y.double() - ref).norm() / ref.norm())
-    if not block_matmul.amx_available():
-        assert lyr.block_mm is None or not any(w.repacked for w in lyr.matmul.weights)
-        assert err < 2e-2  # ggml's 8-bit activations
-        return
     assert [p[0] for p in lyr.block_mm] == [12, 14] and not lyr.block_amx
     assert not any(w.repacked for w in lyr.matmul.weights)
-    assert err < 1e-4
+    assert float((y.double() - ref).norm() / ref.norm()) < 1e-4
     assert not lyr.method.uses_amx(lyr, torch.bfloat16, 7)
     for i in (0, 3, 6):
         assert torch.equal(lyr.method._ggml(lyr, x[i : i + 1]), y[i : i + 1])
+    monkeypatch.setenv("TOKENMILL_Q4K_PLAIN", "0")
+    again = layer(True)
+    if any(w.repacked for w in again.matmul.weights):
+        assert again.block_mm is None
+        y = again.method._ggml(again, x)
+        assert float((y.double() - ref).norm() / ref.norm()) < 2e-2  # ggml's 8-bit activations
 
 
 def test_k_quants_on_the_amx_kernel_for_big_batches(monkeypatch) -> None:
@@ -251,6 +253,7 @@ def test_k_quants_on_the_amx_kernel_for_big_batches(monkeypatch) -> None:
 
     if not block_matmul.amx_available():
         pytest.skip("no AMX here: K-quants stay on ggml's kernels")
+    monkeypatch.setenv("TOKENMILL_Q4K_PLAIN", "0")  # a repacked Q4_K, read back
     k, blocks, deq, layer = q4_k_m_layer()
     repacked, plain = layer(True), layer(False)
     assert plain.plain is not None  # the big-batch path exists for plain K-quant blocks too (on AMX)

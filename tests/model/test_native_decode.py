@@ -127,8 +127,8 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("name", ["qwen2-q8_0", "llama-q4_k_m", "llama-q4_0"])
 def test_random_models(name: str, random_files: dict[str, Path], native_calls: list[int],
                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """q/k/v biases on the block kernel (Q8_0); ggml's kernels for K-quants (Q4_K and Q6_K parts in one
-    matrix) and for Q4_0, which ggml repacks on AVX2 CPUs."""
+    """q/k/v biases on the block kernel (Q8_0); K-quants (Q4_K and Q6_K parts in one matrix) on our K-quant
+    kernel; Q4_0, which ggml repacks on AVX2 CPUs, on ggml's."""
     llm = engine(str(random_files[name]))
     nd = llm.engine.executor.worker.runner.model.native_decode  # type: ignore[attr-defined]
     assert nd is not None

@@ -6,7 +6,7 @@ unquantized checkpoint with `--quantization q8_0|q4_k|...`, as a dense tensor th
 into blocks at once (so an fp32 copy of the whole model never exists). At finish_loading, adjacent shards
 of one type (q|k|v, gate|up) are joined into one matrix, and each matrix is handed to ggml, repacked into
 an interleaved layout where the running CPU has one for its type (Q4_0 / Q4_K / IQ4_NL on AVX2; more with
-AVX-512 and AMX), else used in place; on a CPU with AMX, Q4_K stays in place for our kernels (_keeps_plain).
+AVX-512 and AMX), else used in place; Q4_K stays in place for our kernel (_keeps_plain).
 
 Per call, by the number of rows M:
 - M <= max_ggml_rows: block kernels on 8-bit activations per 32-block as in llama.cpp (ggml's, ~5e-3
@@ -145,11 +145,9 @@ class GGUFLinearMethod(LinearMethod):
         self._amx = block_matmul.amx_available()  # plain blocks multiplied on AMX when x is bf16
         # ... and the K-quants' big batches (TOKENMILL_AMX_K_QUANTS=0: ggml's kernels, as before)
         self._amx_k_quants = os.environ.get("TOKENMILL_AMX_K_QUANTS") != "0"
-        # Q4_K left in the file's blocks for our kernel (_keeps_plain): "auto" where the AMX kernel takes its big
-        # batches, "1" on any CPU (big batches then on ggml's plain-block kernel or dequantized), "0" never
-        self._q4k_plain = os.environ.get("TOKENMILL_Q4K_PLAIN", "auto")
-        if self._q4k_plain not in ("auto", "0", "1"):
-            raise ValueError(f"TOKENMILL_Q4K_PLAIN={self._q4k_plain!r}: expected auto, 0 or 1")
+        # Q4_K left in the file's blocks for our kernel rather than repacked for ggml's (_keeps_plain);
+        # TOKENMILL_Q4K_PLAIN=0 repacks it as before
+        self._q4k_plain = os.environ.get("TOKENMILL_Q4K_PLAIN", "1") != "0"
         self._threads = ThreadChooser(1)  # one thread or all for each ggml call (layers/thread_choice.py)
 
     @property
@@ -243,7 +241,8 @@ class GGUFLinearMethod(LinearMethod):
         # the big-batch path on the blocks (_plain): for repacked Q4_K (read back a tile at a time), and on AMX
         # for the K-quants its kernel takes
         amx_k = [self._amx_k_quant(w) for w in weights]
-        kept = [not w.repacked and self._keeps_plain(w.ggml_type) for w in weights]  # ggml's plain kernel there
+        # plain K-quant blocks kept for our kernel: ggml's plain-block kernel is one big-batch path for them
+        kept = [not w.repacked and self._keeps_plain(w.ggml_type) for w in weights]
         if any(w.plain_matmul for w in weights) or any(amx_k) or any(kept):
             layer.plain = [(w, off, None if w.plain_matmul else ggml.GgmlMatmul([w], [off], layer.out_features), amx)
                            for w, off, amx in zip(weights, offsets, amx_k)]
@@ -264,15 +263,15 @@ class GGUFLinearMethod(LinearMethod):
             layer.packed = prepack(copy) if self._onednn else copy
 
     def _keeps_plain(self, ggml_type: int) -> bool:
-        """Leave a matrix of this type in the file's blocks rather than ggml's repacked layout (Q4_K): where the
-        block kernel multiplies it for small batches (kquant_matmul.cpp: 1.5x ggml's repacked kernel at one row
-        of 7B shapes, 2x at two) and the AMX kernel the big ones. Elsewhere (no AMX) it stays repacked by
-        default: ggml's repacked kernel is the faster at 4-16 rows (1.2-2x there), and on an AVX2-only CPU the
-        one-row gain is not measured yet (TOKENMILL_Q4K_PLAIN=1 keeps it plain to measure it)."""
-        if self._q4k_plain == "0" or ggml_type not in block_matmul.AMX_K_TYPES:
-            return False
-        return ((self._q4k_plain == "1" or (self._amx and self._amx_k_quants))
-                and block_matmul.available() and block_matmul.supports(ggml_type))
+        """Leave a matrix of this type in the file's blocks rather than ggml's repacked layout (Q4_K) where our
+        block kernel multiplies it: kquant_matmul.cpp took a 7B file's matrices at one row at 21-22 GB/s
+        against 14-17 for ggml's kernels, repacked Q4_K included, and 2x at two rows; ggml's repacked kernel
+        is the faster at 4-16 rows (1.1-1.7x), where the AMX kernel (bf16 on AMX) or the calibrated big-batch
+        path takes over. The prompt's big batches lose nothing: they read repacked Q4_K back into these
+        blocks anyway (at fp32 without the AMX kernel a 7B file's 128-token prompt took 4.2 s plain against
+        6.0 repacked, decode 229 against 264 ms a token; benchmarks/README.md). TOKENMILL_Q4K_PLAIN=0: repack."""
+        return (self._q4k_plain and ggml_type in block_matmul.AMX_K_TYPES and block_matmul.available()
+                and block_matmul.supports(ggml_type))
 
     def _dequantize_into(self, part: GGUFQuantized, out: torch.Tensor) -> None:
         """part's rows as `out`'s values (out: (rows, k) at the copy's dtype), a tile at a time."""
