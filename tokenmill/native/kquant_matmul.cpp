@@ -37,7 +37,7 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(TM_PORTABLE)
 #include <immintrin.h>
 #define TM_AVX2 1
-#if defined(__AVX512F__) && defined(__AVX512BW__) && !defined(TM_NO_AVX512)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && !defined(TM_NO_AVX512)
 #define TM_AVX512 1  // -DTM_NO_AVX512: the AVX2 code on an AVX-512 CPU (tests compare the two)
 #endif
 #endif
