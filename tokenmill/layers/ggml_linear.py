@@ -13,7 +13,7 @@ Per call, by the number of rows M:
   relative error against the fp32 dequantized reference), except plain Q4_0 / Q4_1 / Q8_0 blocks, which our
   own multi-row kernel multiplies with 16-bit activations (native/block_matmul.cpp: ~1e-5 from x's rounding,
   so the result is the weights' own; each weight block unpacked once for up to 8 rows, 1.2-1.8x ggml's
-  speed at 2-16 rows, about its speed at one), and plain Q4_K / Q6_K blocks, which native/kquant_matmul.cpp
+  speed at 2-16 rows, about its speed at one), and plain Q4_K / Q5_K / Q6_K blocks, which native/kquant_matmul.cpp
   multiplies the same way (a 7B Q4_K_M file's matrices at one row: 21-22 GB/s against 14-17 for ggml's
   kernels, repacked Q4_K included); at bf16 compute on a CPU with AMX the 32-element blocks go to the
   AMX kernel instead (native/amx_matmul.cpp: each block dequantized to bf16 in registers, as the dense bf16
@@ -229,8 +229,8 @@ class GGUFLinearMethod(LinearMethod):
                 release = nothing
             n = sum(p.shape[0] for p in parts)
             qtype = int(parts[0].ggml_type)
-            w = ggml.GgmlWeight(qtype, layer.in_features, n, data.ctypes.data, self.repack and not self._keeps_plain(qtype),
-                                data)
+            repack = self.repack and not self._keeps_plain(qtype)
+            w = ggml.GgmlWeight(qtype, layer.in_features, n, data.ctypes.data, repack, data)
             if w.repacked:
                 release()
             if w.dequantizable:  # plain blocks (not F32: ggml has no f32 to_float), or repacked Q4_K read back
@@ -266,7 +266,7 @@ class GGUFLinearMethod(LinearMethod):
         """Leave a matrix of this type in the file's blocks rather than ggml's repacked layout (Q4_K) where our
         block kernel multiplies it: kquant_matmul.cpp took a 7B file's matrices at one row at 21-22 GB/s
         against 14-17 for ggml's kernels, repacked Q4_K included, and 2x at two rows; ggml's repacked kernel
-        is the faster at 4-16 rows (1.1-1.7x), where the AMX kernel (bf16 on AMX) or the calibrated big-batch
+        is the faster at 4-16 rows (1.05-1.75x), where the AMX kernel (bf16 on AMX) or the calibrated big-batch
         path takes over. The prompt's big batches lose nothing: they read repacked Q4_K back into these
         blocks anyway (at fp32 without the AMX kernel a 7B file's 128-token prompt took 4.2 s plain against
         6.0 repacked, decode 229 against 264 ms a token; benchmarks/README.md). TOKENMILL_Q4K_PLAIN=0: repack."""
@@ -499,7 +499,7 @@ class GGUFLinearMethod(LinearMethod):
         above = ("the dense copy" if layer.packed is not None else
                  "dequantize + F.linear" if not self._big_plain else
                  "the AMX kernel on the K-quant blocks (in place, or repacked Q4_K read back)" if amx_k else
-                 "ggml's plain-block kernel (repacked Q4_K read back)")
+                 "ggml's plain-block kernel (in place, or repacked Q4_K read back)")
         log.info("gguf matmuls: block kernels %s%s, decode-only steps %s in one native call; %s (%s on %d "
                  "(%d, %d) %s layers, %s%s/dense%s: %s)",
                  f"up to {self.max_ggml_rows} rows" if bounded else "at any number of rows",

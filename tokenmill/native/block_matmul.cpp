@@ -15,6 +15,7 @@
 //     x: (M, K) fp32, rows ldx apart; y: (M, N) fp32, rows ldy apart. K % 32 == 0.
 //   tm_block_matmul_grouped: groups of consecutive rows of x, each times its own matrix (a mixture of
 //     experts' layer in one call).
+//   Both hand Q4_K, Q5_K and Q6_K matrices (K % 256 == 0) to kquant_matmul.cpp, the same scheme for those blocks.
 //
 // Invariant: y[m, n] depends only on x[m, :] and W[n, :]: each output is accumulated in one fixed order
 // (blocks in order, then the lanes) whatever M, the grouping of rows or the thread count, so a row gives
@@ -322,7 +323,7 @@ void block_matmul(const uint8_t* const* W, int64_t groups, const int64_t* starts
 
 int tm_kquant_matmul(int type, const uint8_t* const* W, int64_t groups, const int64_t* starts, const int64_t* counts,
                      int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
-                     int nthreads);  // kquant_matmul.cpp: Q4_K, Q6_K
+                     int nthreads);  // kquant_matmul.cpp: Q4_K, Q5_K, Q6_K
 bool tm_kquant_supports(int type);
 
 namespace {

@@ -1,5 +1,6 @@
 """ctypes binding to block_matmul.cpp: x (M, K) fp32 times a GGUF matrix kept in its Q4_0 / Q4_1 / Q8_0
-blocks, fp32 activations (see the C++ header for the layout and the invariants); and to amx_matmul.cpp,
+blocks, or Q4_K / Q5_K / Q6_K ones (kquant_matmul.cpp), fp32 activations (see the C++ headers for the layouts
+and the invariants); and to amx_matmul.cpp,
 the same product on Intel AMX at bf16 (weights dequantized to bf16 in registers, x rounded to bf16; Q4_K,
 Q5_K and Q6_K blocks too), for
 bf16 compute on a CPU that has the tile unit (`amx_available()`; TOKENMILL_AMX_MATMUL=0 turns it off); and to
@@ -82,8 +83,8 @@ def amx_supports(n: int) -> bool:
     return n % 16 == 0
 
 
-# K-quants the AMX kernel multiplies too (ggml's type numbers: Q4_K, Q5_K, Q6_K; K a multiple of 256), where
-# the integer block kernel takes none: for big batches only (layers/ggml_linear.py), ggml's kernels below
+# K-quants the AMX kernel multiplies too (ggml's type numbers: Q4_K, Q5_K, Q6_K; K a multiple of 256): for big
+# batches only (layers/ggml_linear.py); the integer block kernel (kquant_matmul.cpp) takes the small ones
 AMX_K_TYPES = (12, 13, 14)
 
 

@@ -132,6 +132,23 @@ inline float hsum8(__m256 a) {
     return _mm_cvtss_f32(s);
 }
 
+// Q4_K / Q5_K: sub-block j's weight scale d * sc_j (wsc) and min dmin * m_j (wmn) as 8 lanes each. The 12
+// bytes of 6-bit scales and mins become 8 scale bytes and 8 min bytes with word operations (bytes 0-3: sc 0-3
+// in their low 6 bits, the top 2 bits of sc 4-7 above; bytes 4-7: the same for the mins; bytes 8-11: the low
+// 4 bits of sc 4-7 in their low nibbles, of m 4-7 in the high ones).
+inline void k4_weight_scales(const uint8_t* blk, __m256& wsc, __m256& wmn) {
+    uint32_t u[3];
+    std::memcpy(u, blk + 4, 12);
+    const uint32_t b6 = 0x3f3f3f3fu, b4 = 0x0f0f0f0fu, b2 = 0x03030303u;
+    const uint32_t sc03 = u[0] & b6, m03 = u[1] & b6;
+    const uint32_t sc47 = (u[2] & b4) | (((u[0] >> 6) & b2) << 4);
+    const uint32_t m47 = ((u[2] >> 4) & b4) | (((u[1] >> 6) & b2) << 4);
+    wsc = _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)),
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(sc03), int(sc47), 0, 0))));
+    wmn = _mm256_mul_ps(_mm256_set1_ps(f16_at(blk + 2)),
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(m03), int(m47), 0, 0))));
+}
+
 // the 8 int32 lanes of a 32-element group's dot: w even / odd elements (16 int16 each) against x's
 inline __m256i dot32(__m256i we, __m256i wo, const int16_t* xb) {
     const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
@@ -178,17 +195,8 @@ inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, co
         const uint8_t* blk = wrow + i * super_bytes<TYPE>();
         prefetch_ahead<TYPE>(blk);
         if constexpr (has_mins(TYPE)) {
-            const float d = f16_at(blk), dmin = f16_at(blk + 2);
-            uint32_t u[3];  // see dot_rows
-            std::memcpy(u, blk + 4, 12);
-            const uint32_t b6 = 0x3f3f3f3fu, b4 = 0x0f0f0f0fu, b2 = 0x03030303u;
-            const uint32_t sc03 = u[0] & b6, m03 = u[1] & b6;
-            const uint32_t sc47 = (u[2] & b4) | (((u[0] >> 6) & b2) << 4);
-            const uint32_t m47 = ((u[2] >> 4) & b4) | (((u[1] >> 6) & b2) << 4);
-            const __m256 wsc = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                                    _mm_setr_epi32(int(sc03), int(sc47), 0, 0))));
-            const __m256 wmn = _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                                       _mm_setr_epi32(int(m03), int(m47), 0, 0))));
+            __m256 wsc, wmn;
+            k4_weight_scales(blk, wsc, wmn);
             __m512 scale[R];  // lanes 0-7: row r's d * sc_j * x's scale for sub-block j (8-15 unused)
             for (int r = 0; r < R; ++r) {
                 scale[r] = _mm512_castps256_ps512(_mm256_mul_ps(wsc, _mm256_loadu_ps(xd + r * nb + 8 * i)));
@@ -278,20 +286,8 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
         const uint8_t* blk = wrow + i * super_bytes<TYPE>();
         prefetch_ahead<TYPE>(blk);
         if constexpr (has_mins(TYPE)) {
-            const float d = f16_at(blk), dmin = f16_at(blk + 2);
-            // the 12 bytes of 6-bit scales and mins as 8 scale bytes then 8 min bytes, in three 32-bit words
-            // (bytes 0-3: sc 0-3 in their low 6 bits, the top 2 bits of sc 4-7 above; bytes 4-7: the same for
-            // the mins; bytes 8-11: the low 4 bits of sc 4-7 in their low nibbles, of m 4-7 in the high ones)
-            uint32_t u[3];
-            std::memcpy(u, blk + 4, 12);
-            const uint32_t b6 = 0x3f3f3f3fu, b4 = 0x0f0f0f0fu, b2 = 0x03030303u;
-            const uint32_t sc03 = u[0] & b6, m03 = u[1] & b6;
-            const uint32_t sc47 = (u[2] & b4) | (((u[0] >> 6) & b2) << 4);
-            const uint32_t m47 = ((u[2] >> 4) & b4) | (((u[1] >> 6) & b2) << 4);
-            const __m256 wsc = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                                    _mm_setr_epi32(int(sc03), int(sc47), 0, 0))));
-            const __m256 wmn = _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                                       _mm_setr_epi32(int(m03), int(m47), 0, 0))));
+            __m256 wsc, wmn;
+            k4_weight_scales(blk, wsc, wmn);
             alignas(32) float scale[R][8];  // row r, sub-block j: d * sc_j * x's scale of that block
             for (int r = 0; r < R; ++r) {
                 const float* xdr = xd + r * nb + 8 * i;

@@ -13,5 +13,6 @@ case "${1:-}" in
       MODEL=$M5 LOAD_C=0 RESULTS_DIR=$D/big-model-q5km bash benchmarks/big_model.sh ;;
   fp32-plain) for v in 0 1; do TOKENMILL_Q4K_PLAIN=$v TOKENMILL_AMX_MATMUL=0 TOKENMILL_ARGS="--dtype float32" PEERS="" \
                 LOAD_C=0 RESULTS_DIR=$D/fp32-noamx-q4k-plain-$v bash benchmarks/big_model.sh; done ;;
-  *) echo "usage: $0 kernels|big|big2|q5|fp32-plain" >&2; exit 2 ;;
+  r1) PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$D/r1 benchmarks/compare.sh ;;
+  *) echo "usage: $0 kernels|big|big2|q5|fp32-plain|r1" >&2; exit 2 ;;
 esac
