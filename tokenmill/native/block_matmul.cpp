@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <vector>
 #if defined(_OPENMP)
 #include <omp.h>
@@ -88,27 +89,55 @@ struct QuantX {
     std::vector<float> d, s;
 };
 
-void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, QuantX& out) {
+}  // namespace
+
+// x (M, K) fp32, rows ldx apart -> q (M, K) int16 per 32-block (scale amax / 32767), and per (row, block) d and
+// s = d * sum(q). slot(b, i) (nullptr: i in place) says where element i of block b lands in its row of q
+// (kquant_matmul.cpp lays blocks out for its vectors). Shared by both kernels (hidden: not the ABI).
+__attribute__((visibility("hidden"))) void tm_quantize_rows16(const float* x, int64_t ldx, int64_t M, int64_t K,
+                                                             int64_t (*slot)(int64_t, int), std::vector<int16_t>& q,
+                                                             std::vector<float>& d, std::vector<float>& s) {
     const int64_t nb = K / 32;
-    out.q.resize(size_t(M * K));
-    out.d.resize(size_t(M * nb));
-    out.s.resize(size_t(M * nb));
+    q.resize(size_t(M * K));
+    d.resize(size_t(M * nb));
+    s.resize(size_t(M * nb));
     for (int64_t r = 0; r < M; ++r)
         for (int64_t b = 0; b < nb; ++b) {
             const float* xb = x + r * ldx + 32 * b;
             float amax = 0.0f;
             for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-            const float d = amax / kXMax, id = d > 0.0f ? kXMax / amax : 0.0f;
-            int16_t* qb = out.q.data() + r * K + 32 * b;
+            const float db = amax / kXMax, id = db > 0.0f ? kXMax / amax : 0.0f;
+            int16_t* qr = q.data() + r * K;
             int sum = 0;
             for (int i = 0; i < 32; ++i) {
                 const int v = int(std::nearbyint(xb[i] * id));
-                qb[i] = int16_t(v);
+                qr[slot ? slot(b, i) : 32 * b + i] = int16_t(v);
                 sum += v;
             }
-            out.d[size_t(r * nb + b)] = d;
-            out.s[size_t(r * nb + b)] = d * float(sum);
+            d[size_t(r * nb + b)] = db;
+            s[size_t(r * nb + b)] = db * float(sum);
         }
+}
+
+// item(0), ..., item(items - 1) on nthreads OpenMP threads (a static schedule), or on this one: the work loop
+// of both kernels (hidden: not the ABI)
+__attribute__((visibility("hidden"))) void tm_run_items(int64_t items, int nthreads,
+                                                       const std::function<void(int64_t)>& item) {
+#if defined(_OPENMP)
+    if (nthreads > 1 && items > 1) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t it = 0; it < items; ++it) item(it);
+        return;
+    }
+#endif
+    (void)nthreads;
+    for (int64_t it = 0; it < items; ++it) item(it);
+}
+
+namespace {
+
+void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, QuantX& out) {
+    tm_quantize_rows16(x, ldx, M, K, nullptr, out.q, out.d, out.s);
 }
 
 #ifdef TM_AVX2
@@ -309,14 +338,7 @@ void block_matmul(const uint8_t* const* W, int64_t groups, const int64_t* starts
         rows_block<TYPE>(W[g], 16 * c, std::min<int64_t>(N, 16 * c + 16), K, xq + r0 * K, xd + r0 * nb,
                          xs + r0 * nb, trp + toffp[g], m, y + r0 * ldy, ldy);
     };
-#if defined(_OPENMP)
-    if (nthreads > 1 && items > 1) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t it = 0; it < items; ++it) item(it);
-        return;
-    }
-#endif
-    for (int64_t it = 0; it < items; ++it) item(it);
+    tm_run_items(items, nthreads, item);
 }
 
 }  // namespace

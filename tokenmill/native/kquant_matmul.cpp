@@ -30,10 +30,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <vector>
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(TM_PORTABLE)
 #include <immintrin.h>
 #define TM_AVX2 1
@@ -43,6 +41,9 @@
 #endif
 
 float tm_half_to_float(uint16_t h);  // block_matmul.cpp
+void tm_quantize_rows16(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t (*slot)(int64_t, int),
+                        std::vector<int16_t>& q, std::vector<float>& d, std::vector<float>& s);  // block_matmul.cpp
+void tm_run_items(int64_t items, int nthreads, const std::function<void(int64_t)>& item);  // block_matmul.cpp
 
 namespace {
 
@@ -60,12 +61,10 @@ inline float f16_at(const uint8_t* p) {
     return tm_half_to_float(v);
 }
 
-constexpr float kXMax = 32767.0f;
-
 // Where element e (0-31) of x's 32-block j lands in the quantized row. 256-bit vectors take a block's 16 even
 // elements, then its 16 odd ones; 512-bit vectors two blocks at once, so each pair of blocks (2q, 2q + 1)
 // is laid out as block 2q's even elements, block 2q + 1's even ones, then both blocks' odd ones.
-inline int64_t x_slot(int64_t j, int e) {
+int64_t x_slot(int64_t j, int e) {
 #ifdef TM_AVX512
     return 64 * (j / 2) + (e & 1) * 32 + (j % 2) * 16 + e / 2;
 #else
@@ -73,33 +72,15 @@ inline int64_t x_slot(int64_t j, int e) {
 #endif
 }
 
-// x (M, K) -> q (M, K) int16 in x_slot's order; per (row, block) the scale d and s = d * sum(q) (Q4_K's mins)
+// x (M, K) -> q (M, K) int16 in x_slot's order (block_matmul.cpp's quantizer, 16 bits per 32-block); per (row,
+// block) the scale d and s = d * sum(q) (the mins' term)
 struct QuantX {
     std::vector<int16_t> q;
     std::vector<float> d, s;
 };
 
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, QuantX& out) {
-    const int64_t nb = K / 32;
-    out.q.resize(size_t(M * K));
-    out.d.resize(size_t(M * nb));
-    out.s.resize(size_t(M * nb));
-    for (int64_t r = 0; r < M; ++r)
-        for (int64_t b = 0; b < nb; ++b) {
-            const float* xb = x + r * ldx + 32 * b;
-            float amax = 0.0f;
-            for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-            const float d = amax / kXMax, id = d > 0.0f ? kXMax / amax : 0.0f;
-            int16_t* qr = out.q.data() + r * K;
-            int sum = 0;
-            for (int i = 0; i < 32; ++i) {
-                const int v = int(std::nearbyint(xb[i] * id));
-                qr[x_slot(b, i)] = int16_t(v);
-                sum += v;
-            }
-            out.d[size_t(r * nb + b)] = d;
-            out.s[size_t(r * nb + b)] = d * float(sum);
-        }
+    tm_quantize_rows16(x, ldx, M, K, x_slot, out.q, out.d, out.s);
 }
 
 // Q4_K's 8 scales and 8 mins (6 bits each) out of its 12 bytes: sc[j], m[j]
@@ -458,14 +439,7 @@ void kquant_matmul(const uint8_t* const* W, int64_t groups, const int64_t* start
         rows_block<TYPE>(W[g], 16 * c, std::min<int64_t>(N, 16 * c + 16), K, xq + r0 * K, xd + r0 * nb,
                          xs + r0 * nb, m, y + r0 * ldy, ldy);
     };
-#if defined(_OPENMP)
-    if (nthreads > 1 && items > 1) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t it = 0; it < items; ++it) item(it);
-        return;
-    }
-#endif
-    for (int64_t it = 0; it < items; ++it) item(it);
+    tm_run_items(items, nthreads, item);
 }
 
 }  // namespace
