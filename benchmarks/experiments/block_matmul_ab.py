@@ -10,7 +10,8 @@ from tokenmill.worker.model_runner import ModelRunner
 A = sys.argv[1]; B = sys.argv[2]
 libs = {}
 for tag, src in (("A", A), ("B", B)):
-    path = build_library("tm_ab_" + tag, [src], bm.FLAGS)
+    # since 2026-12-06 block_matmul.cpp hands the K-quants to kquant_matmul.cpp (and that uses its quantizer)
+    path = build_library("tm_ab_" + tag, [src] + ([bm.KQUANT_SOURCE] if "tm_kquant" in open(src).read() else []), bm.FLAGS)
     lib = ctypes.CDLL(str(path))
     f = lib.tm_block_matmul
     f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
