@@ -83,14 +83,18 @@ void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, QuantX& ou
     tm_quantize_rows16(x, ldx, M, K, x_slot, out.q, out.d, out.s);
 }
 
-// Q4_K's 8 scales and 8 mins (6 bits each) out of its 12 bytes: sc[j], m[j]
-inline void q4k_scales(const uint8_t* p, uint8_t sc[8], uint8_t m[8]) {
-    for (int j = 0; j < 4; ++j) {
-        sc[j] = p[j] & 63;
-        m[j] = p[j + 4] & 63;
-        sc[j + 4] = uint8_t((p[j + 8] & 0x0f) | ((p[j] >> 6) << 4));
-        m[j + 4] = uint8_t((p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4));
-    }
+// Q4_K / Q5_K's 8 scales and 8 mins (6 bits each) out of their 12 bytes, as four words of bytes: w[0..1] sc 0-7,
+// w[2..3] m 0-7. Word operations: bytes 0-3 hold sc 0-3 in their low 6 bits and the top 2 bits of sc 4-7
+// above; bytes 4-7 the same for the mins; bytes 8-11 the low 4 bits of sc 4-7 in their low nibbles, of m 4-7
+// in the high ones.
+inline void k4_scale_words(const uint8_t* p, uint32_t w[4]) {
+    uint32_t u[3];
+    std::memcpy(u, p, 12);
+    const uint32_t b6 = 0x3f3f3f3fu, b4 = 0x0f0f0f0fu, b2 = 0x03030303u;
+    w[0] = u[0] & b6;
+    w[1] = (u[2] & b4) | (((u[0] >> 6) & b2) << 4);
+    w[2] = u[1] & b6;
+    w[3] = ((u[2] >> 4) & b4) | (((u[1] >> 6) & b2) << 4);
 }
 
 // The weights are read once, in order; each block asks for the lines kPrefetchAhead bytes further on (into
@@ -106,6 +110,8 @@ inline void prefetch_ahead(const uint8_t* blk) {
 }
 
 #ifdef TM_AVX2
+// block_matmul.cpp's lane sum, kept inline here: called across files it cost ~40% at one row (the call
+// spills every vector register)
 inline float hsum8(__m256 a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -113,21 +119,14 @@ inline float hsum8(__m256 a) {
     return _mm_cvtss_f32(s);
 }
 
-// Q4_K / Q5_K: sub-block j's weight scale d * sc_j (wsc) and min dmin * m_j (wmn) as 8 lanes each. The 12
-// bytes of 6-bit scales and mins become 8 scale bytes and 8 min bytes with word operations (bytes 0-3: sc 0-3
-// in their low 6 bits, the top 2 bits of sc 4-7 above; bytes 4-7: the same for the mins; bytes 8-11: the low
-// 4 bits of sc 4-7 in their low nibbles, of m 4-7 in the high ones).
+// Q4_K / Q5_K: sub-block j's weight scale d * sc_j (wsc) and min dmin * m_j (wmn) as 8 lanes each
 inline void k4_weight_scales(const uint8_t* blk, __m256& wsc, __m256& wmn) {
-    uint32_t u[3];
-    std::memcpy(u, blk + 4, 12);
-    const uint32_t b6 = 0x3f3f3f3fu, b4 = 0x0f0f0f0fu, b2 = 0x03030303u;
-    const uint32_t sc03 = u[0] & b6, m03 = u[1] & b6;
-    const uint32_t sc47 = (u[2] & b4) | (((u[0] >> 6) & b2) << 4);
-    const uint32_t m47 = ((u[2] >> 4) & b4) | (((u[1] >> 6) & b2) << 4);
+    uint32_t w[4];
+    k4_scale_words(blk + 4, w);
     wsc = _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)),
-                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(sc03), int(sc47), 0, 0))));
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(w[0]), int(w[1]), 0, 0))));
     wmn = _mm256_mul_ps(_mm256_set1_ps(f16_at(blk + 2)),
-                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(m03), int(m47), 0, 0))));
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(w[2]), int(w[3]), 0, 0))));
 }
 
 // the 8 int32 lanes of a 32-element group's dot: w even / odd elements (16 int16 each) against x's
@@ -358,8 +357,11 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
             float mins[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if constexpr (has_mins(TYPE)) {
                 const float d = f16_at(blk), dmin = f16_at(blk + 2);
+                uint32_t words[4];
+                k4_scale_words(blk + 4, words);
                 uint8_t sc[8], mn[8];
-                q4k_scales(blk + 4, sc, mn);
+                std::memcpy(sc, words, 8);
+                std::memcpy(mn, words + 2, 8);
                 const uint8_t* qs = blk + (TYPE == kQ5_K ? 48 : 16);
                 for (int p = 0; p < 4; ++p)
                     for (int e = 0; e < 32; ++e) {
