@@ -11,7 +11,10 @@ A = sys.argv[1]; B = sys.argv[2]
 libs = {}
 for tag, src in (("A", A), ("B", B)):
     # since 2026-12-06 block_matmul.cpp hands the K-quants to kquant_matmul.cpp (and that uses its quantizer)
-    path = build_library("tm_ab_" + tag, [src] + ([bm.KQUANT_SOURCE] if "tm_kquant" in open(src).read() else []), bm.FLAGS)
+    # (kquant_matmul.cpp beside it where there is one: the two share the activation quantizer's signature)
+    kq = __import__("pathlib").Path(src).with_name("kquant_matmul.cpp")
+    kq = kq if kq.exists() else bm.KQUANT_SOURCE
+    path = build_library("tm_ab_" + tag, [src] + ([kq] if "tm_kquant" in open(src).read() else []), bm.FLAGS)
     lib = ctypes.CDLL(str(path))
     f = lib.tm_block_matmul
     f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,

@@ -91,31 +91,73 @@ struct QuantX {
 
 }  // namespace
 
-// x (M, K) fp32, rows ldx apart -> q (M, K) int16 per 32-block (scale amax / 32767), and per (row, block) d and
-// s = d * sum(q). slot(b, i) (nullptr: i in place) says where element i of block b lands in its row of q
-// (kquant_matmul.cpp lays blocks out for its vectors). Shared by both kernels (hidden: not the ABI).
+// Where element e (0-31) of x's 32-block b lands in its row of q, by layout: 0 in place; 1 per block its 16 even
+// elements, then its 16 odd ones; 2 per pair of blocks (2p, 2p + 1): block 2p's even elements, block 2p + 1's
+// even ones, then both blocks' odd ones (kquant_matmul.cpp's 256- and 512-bit vectors)
+static inline int64_t x_slot(int layout, int64_t b, int e) {
+    return layout == 0 ? 32 * b + e
+         : layout == 1 ? 32 * b + (e & 1) * 16 + e / 2
+                       : 64 * (b / 2) + (e & 1) * 32 + (b % 2) * 16 + e / 2;
+}
+
+// x (M, K) fp32, rows ldx apart -> q (M, K) int16 (x_slot's layout), one scale per `group` elements of a row (32
+// here, 256 for kquant_matmul.cpp; a multiple of 32) mapping the group's amax to qmax (32767 here): per (row,
+// group) the scale d, per (row, 32-block) s = d * sum(q) of the block. Each value is x * (qmax / amax) rounded
+// to nearest even (the vector code's conversion, std::nearbyint's in the scalar one), so both give the same q.
+// Shared by both kernels (hidden: not the ABI).
 __attribute__((visibility("hidden"))) void tm_quantize_rows16(const float* x, int64_t ldx, int64_t M, int64_t K,
-                                                             int64_t (*slot)(int64_t, int), std::vector<int16_t>& q,
-                                                             std::vector<float>& d, std::vector<float>& s) {
-    const int64_t nb = K / 32;
+                                                             int64_t group, float qmax, int layout,
+                                                             std::vector<int16_t>& q, std::vector<float>& d,
+                                                             std::vector<float>& s) {
+    const int64_t nb = K / 32, ng = K / group, per = group / 32;
     q.resize(size_t(M * K));
-    d.resize(size_t(M * nb));
+    d.resize(size_t(M * ng));
     s.resize(size_t(M * nb));
     for (int64_t r = 0; r < M; ++r)
-        for (int64_t b = 0; b < nb; ++b) {
-            const float* xb = x + r * ldx + 32 * b;
-            float amax = 0.0f;
-            for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-            const float db = amax / kXMax, id = db > 0.0f ? kXMax / amax : 0.0f;
+        for (int64_t g = 0; g < ng; ++g) {
+            const float* xg = x + r * ldx + group * g;
             int16_t* qr = q.data() + r * K;
-            int sum = 0;
-            for (int i = 0; i < 32; ++i) {
-                const int v = int(std::nearbyint(xb[i] * id));
-                qr[slot ? slot(b, i) : 32 * b + i] = int16_t(v);
-                sum += v;
+#if defined(TM_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__)
+            // (max(|x|, m) keeps m where x is NaN, as std::fmax does)
+            const __m512 sign = _mm512_set1_ps(-0.0f);
+            __m512 m = _mm512_setzero_ps();
+            for (int64_t i = 0; i < group; i += 16) m = _mm512_max_ps(_mm512_andnot_ps(sign, _mm512_loadu_ps(xg + i)), m);
+            const float amax = _mm512_reduce_max_ps(m);
+#else
+            float amax = 0.0f;
+            for (int64_t i = 0; i < group; ++i) amax = std::fmax(amax, std::fabs(xg[i]));
+#endif
+            const float dg = amax / qmax, id = dg > 0.0f ? qmax / amax : 0.0f;
+            for (int64_t b = per * g; b < per * (g + 1); ++b) {
+                const float* xb = x + r * ldx + 32 * b;
+#if defined(TM_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__)
+                const __m512 vid = _mm512_set1_ps(id);
+                const __m512i v0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb), vid));
+                const __m512i v1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), vid));
+                const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(v0, v1));
+                // elements 0-31 as 16-bit lanes (the low 16 bits, as the scalar conversion keeps)
+                __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(v0)), _mm512_cvtepi32_epi16(v1), 1);
+                if (layout == 0) {
+                    _mm512_storeu_si512(qr + 32 * b, w);
+                } else {
+                    // even elements to lanes 0-15, odd ones to 16-31
+                    const __m512i eo = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
+                                                        30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+                    w = _mm512_permutexvar_epi16(eo, w);
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + x_slot(layout, b, 0)), _mm512_castsi512_si256(w));
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + x_slot(layout, b, 1)), _mm512_extracti64x4_epi64(w, 1));
+                }
+#else
+                int sum = 0;
+                for (int i = 0; i < 32; ++i) {
+                    const int v = int(std::nearbyint(xb[i] * id));
+                    qr[x_slot(layout, b, i)] = int16_t(v);
+                    sum += v;
+                }
+#endif
+                s[size_t(r * nb + b)] = dg * float(sum);
             }
-            d[size_t(r * nb + b)] = db;
-            s[size_t(r * nb + b)] = db * float(sum);
+            d[size_t(r * ng + g)] = dg;
         }
 }
 
@@ -137,7 +179,7 @@ __attribute__((visibility("hidden"))) void tm_run_items(int64_t items, int nthre
 namespace {
 
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, QuantX& out) {
-    tm_quantize_rows16(x, ldx, M, K, nullptr, out.q, out.d, out.s);
+    tm_quantize_rows16(x, ldx, M, K, 32, kXMax, 0, out.q, out.d, out.s);
 }
 
 #ifdef TM_AVX2

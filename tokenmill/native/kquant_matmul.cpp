@@ -1,8 +1,8 @@
 // y = x . W^T for a GGUF matrix W kept in its file's K-quant blocks (Q4_K, Q5_K, Q6_K: a Q4_K_M or Q5_K_M file's),
-// for a few rows of x at a time (one-stream decode of a 7B-class file, speculative verification). The same
-// scheme as block_matmul.cpp's kernel for the 32-element types: x quantized to 16 bits per 32-block (scale
-// amax / 32767, so the result is the weights' own to ~1e-5), integer dot products per sub-block, each weight
-// block unpacked once for up to 8 rows, each weight row asked for ahead of use.
+// for a few rows of x at a time (one-stream decode of a 7B-class file, speculative verification). The scheme
+// of block_matmul.cpp's kernel for the 32-element types: x quantized to 15-16 bits (kXMax, kXGroup: the result
+// is the weights' own to ~2e-5 - 6e-5), integer dot products, each weight block unpacked once for up to 8 rows
+// of x, each weight row asked for ahead of use.
 //
 // Where ggml unpacks a block's nibbles into bytes in element order, this kernel leaves them where they lie:
 // it reads 32 bytes of quants as 16 16-bit lanes and masks and shifts whole lanes, so each vector holds the
@@ -41,7 +41,7 @@
 #endif
 
 float tm_half_to_float(uint16_t h);  // block_matmul.cpp
-void tm_quantize_rows16(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t (*slot)(int64_t, int),
+void tm_quantize_rows16(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t group, float qmax, int layout,
                         std::vector<int16_t>& q, std::vector<float>& d, std::vector<float>& s);  // block_matmul.cpp
 void tm_run_items(int64_t items, int nthreads, const std::function<void(int64_t)>& item);  // block_matmul.cpp
 
@@ -61,26 +61,43 @@ inline float f16_at(const uint8_t* p) {
     return tm_half_to_float(v);
 }
 
-// Where element e (0-31) of x's 32-block j lands in the quantized row. 256-bit vectors take a block's 16 even
-// elements, then its 16 odd ones; 512-bit vectors two blocks at once, so each pair of blocks (2q, 2q + 1)
-// is laid out as block 2q's even elements, block 2q + 1's even ones, then both blocks' odd ones.
-int64_t x_slot(int64_t j, int e) {
+// Where element e (0-31) of x's 32-block j lands in the quantized row (block_matmul.cpp's quantizer lays it out):
+// 256-bit vectors take a block's 16 even elements, then its 16 odd ones (layout 1); 512-bit vectors two blocks
+// at once, so each pair of blocks (2q, 2q + 1) is laid out as block 2q's even elements, block 2q + 1's even
+// ones, then both blocks' odd ones (layout 2)
 #ifdef TM_AVX512
-    return 64 * (j / 2) + (e & 1) * 32 + (j % 2) * 16 + e / 2;
+constexpr int kXLayout = 2;
 #else
-    return 32 * j + (e & 1) * 16 + e / 2;
+constexpr int kXLayout = 1;
 #endif
+inline int64_t x_slot(int64_t j, int e) {
+    return kXLayout == 2 ? 64 * (j / 2) + (e & 1) * 32 + (j % 2) * 16 + e / 2 : 32 * j + (e & 1) * 16 + e / 2;
 }
 
-// x (M, K) -> q (M, K) int16 in x_slot's order (block_matmul.cpp's quantizer, 16 bits per 32-block); per (row,
-// block) the scale d and s = d * sum(q) (the mins' term)
+// x's quantization. Q5_K and Q6_K: one scale per super-block of 256 values, so that a super-block's products
+// are summed in integers, the sub-blocks' scales applied to the weights (sc * q as 16-bit lanes), and converted
+// to float once per row instead of once per sub-block: at 2-16 rows 1.1-1.4x the per-sub-block kernel over 7B
+// shapes (benchmarks/experiments/kquant_ab.py), the same at one row. The largest |q| keeps every int32 lane
+// exact: a super-block puts 32 products into each AVX2 lane (16 into each 512-bit one), |sc * q| <= 63 * 31
+// (Q5_K) or 128 * 32 (Q6_K), and 32 * 63 * 31 * 32767 and 32 * 128 * 32 * 16383 stay under 2^31. x's rounding
+// error is then ~3e-5 / ~6e-5 of a dot product (ggml's 8-bit activations per 256: ~5e-3). Q4_K keeps a scale
+// per 32 values (~2e-5) and its sums per sub-block in fp32: the integer form cost 5-10% at one row there (its
+// 144-byte super-blocks leave the least time per byte), and one row is a 7B file's decode.
+template <int TYPE>
+constexpr float kXMax = TYPE == kQ6_K ? 16383.0f : 32767.0f;
+template <int TYPE>
+constexpr int64_t kXGroup = TYPE == kQ4_K ? 32 : 256;
+
+// x (M, K) -> q (M, K) int16 in x_slot's order (block_matmul.cpp's quantizer); per (row, kXGroup values) the
+// scale d, per (row, 32-block) s = d * sum(q) (the mins' term)
 struct QuantX {
     std::vector<int16_t> q;
     std::vector<float> d, s;
 };
 
+template <int TYPE>
 void quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, QuantX& out) {
-    tm_quantize_rows16(x, ldx, M, K, x_slot, out.q, out.d, out.s);
+    tm_quantize_rows16(x, ldx, M, K, kXGroup<TYPE>, kXMax<TYPE>, kXLayout, out.q, out.d, out.s);
 }
 
 // Q4_K / Q5_K's 8 scales and 8 mins (6 bits each) out of their 12 bytes, as four words of bytes: w[0..1] sc 0-7,
@@ -119,54 +136,52 @@ inline float hsum8(__m256 a) {
     return _mm_cvtss_f32(s);
 }
 
-// Q4_K / Q5_K: sub-block j's weight scale d * sc_j (wsc) and min dmin * m_j (wmn) as 8 lanes each
-inline void k4_weight_scales(const uint8_t* blk, __m256& wsc, __m256& wmn) {
-    uint32_t w[4];
-    k4_scale_words(blk + 4, w);
-    wsc = _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)),
-                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(w[0]), int(w[1]), 0, 0))));
-    wmn = _mm256_mul_ps(_mm256_set1_ps(f16_at(blk + 2)),
-                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(w[2]), int(w[3]), 0, 0))));
+// Q4_K / Q5_K: the 8 mins times dmin, lane j: sub-block j's (the offset terms: value = d * sc_j * q - dmin * m_j)
+inline __m256 k4_weight_mins(const uint8_t* blk, const uint32_t w[4]) {
+    return _mm256_mul_ps(_mm256_set1_ps(f16_at(blk + 2)),
+                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(w[2]), int(w[3]), 0, 0))));
 }
 
-// the 8 int32 lanes of a 32-element group's dot: w even / odd elements (16 int16 each) against x's
-inline __m256i dot32(__m256i we, __m256i wo, const int16_t* xb) {
+// Q4_K: sub-block j's weight scale d * sc_j (wsc) and min dmin * m_j (wmn) as 8 lanes each
+inline void k4_weight_scales(const uint8_t* blk, const uint32_t w[4], __m256& wsc, __m256& wmn) {
+    wsc = _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)),
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(w[0]), int(w[1]), 0, 0))));
+    wmn = k4_weight_mins(blk, w);
+}
+
+// acc + the 8 int32 lanes of a 32-element group's dot: w even / odd elements (16 int16 each) against x's
+inline __m256i dot32(__m256i acc, __m256i we, __m256i wo, const int16_t* xb) {
     const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
     const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16));
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpwssd_epi32(_mm256_madd_epi16(we, xe), wo, xo);
+    return _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(acc, we, xe), wo, xo);
 #else
-    return _mm256_add_epi32(_mm256_madd_epi16(we, xe), _mm256_madd_epi16(wo, xo));
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(we, xe), _mm256_madd_epi16(wo, xo)));
 #endif
 }
 #endif
-
 
 #ifdef TM_AVX512
-// the 16 int32 lanes of two 32-element groups' dots: w's even elements (32 int16: group a's 16, group b's 16)
-// and odd ones against x's pair of blocks (x_slot's order)
-inline __m512i dot64(__m512i we, __m512i wo, const int16_t* xp) {
+// acc + the 16 int32 lanes of two 32-element groups' dots: w's even elements (32 int16: group a's 16, group b's
+// 16) and odd ones against x's pair of blocks (x_slot's order)
+inline __m512i dot64(__m512i acc, __m512i we, __m512i wo, const int16_t* xp) {
     const __m512i xe = _mm512_loadu_si512(xp), xo = _mm512_loadu_si512(xp + 32);
 #if defined(__AVX512VNNI__)
-    return _mm512_dpwssd_epi32(_mm512_madd_epi16(we, xe), wo, xo);
+    return _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(acc, we, xe), wo, xo);
 #else
-    return _mm512_add_epi32(_mm512_madd_epi16(we, xe), _mm512_madd_epi16(wo, xo));
+    return _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_madd_epi16(we, xe), _mm512_madd_epi16(wo, xo)));
 #endif
 }
 
-inline __m512i lanes16(int a, int b) {  // 16-bit lanes 0-15 = a, 16-31 = b (shift counts per 256-bit half)
+inline __m512i lanes16(int a, int b) {  // 16-bit lanes 0-15 = a, 16-31 = b (shift counts, table indices)
     return _mm512_inserti64x4(_mm512_set1_epi16(short(a)), _mm256_set1_epi16(short(b)), 1);
 }
 
-inline __m512i idx4(int a, int b, int c, int d) {  // 32-bit lanes: a x4, b x4, c x4, d x4
-    return _mm512_setr_epi32(a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d);
-}
-
-// dot_rows on 512-bit vectors: the same sums per sub-block as the AVX2 code, in other lanes
+// dot_rows on 512-bit vectors: the same integer sums per super-block as the AVX2 code, in other lanes
 template <int TYPE, int R>
 inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const float* xd, const float* xs,
                          int64_t K, float* y, int64_t ldy) {
-    const int64_t nb = K / 32;
+    const int64_t nb = K / 32, nx = K / kXGroup<TYPE>;
     __m512 acc[R];
     __m256 off[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), off[r] = _mm256_setzero_ps();
@@ -174,90 +189,116 @@ inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, co
     for (int64_t i = 0; i < nsb; ++i) {
         const uint8_t* blk = wrow + i * super_bytes<TYPE>();
         prefetch_ahead<TYPE>(blk);
-        if constexpr (has_mins(TYPE)) {
+        __m512i isum[R];  // row r: the super-block's sum of sc * q * x (int32 lanes, exact; see kXMax)
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+        float d = 0.0f;
+        if constexpr (TYPE == kQ4_K) {  // x's scale per 32 values: each sub-block's sum scaled in fp32
+            uint32_t w[4];
+            k4_scale_words(blk + 4, w);
             __m256 wsc, wmn;
-            k4_weight_scales(blk, wsc, wmn);
+            k4_weight_scales(blk, w, wsc, wmn);
             __m512 scale[R];  // lanes 0-7: row r's d * sc_j * x's scale for sub-block j (8-15 unused)
             for (int r = 0; r < R; ++r) {
-                scale[r] = _mm512_castps256_ps512(_mm256_mul_ps(wsc, _mm256_loadu_ps(xd + r * nb + 8 * i)));
+                scale[r] = _mm512_castps256_ps512(_mm256_mul_ps(wsc, _mm256_loadu_ps(xd + r * nx + 8 * i)));
                 off[r] = _mm256_fmadd_ps(wmn, _mm256_loadu_ps(xs + r * nb + 8 * i), off[r]);
             }
+            for (int p = 0; p < 4; ++p) {
+                // the pair's 32 bytes in both halves; lanes 0-15 take the low nibbles (sub-block 2p), 16-31 the
+                // high ones (sub-block 2p + 1): even elements from each lane's low byte, odd from its high byte
+                const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * p)));
+                const __m512i we = _mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(0, 4)), lo4);
+                const __m512i wo = _mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(8, 12)), lo4);
+                const __m512i sel = _mm512_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p,
+                                                      2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
+                                                      2 * p + 1, 2 * p + 1);
+                for (int r = 0; r < R; ++r)
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot64(_mm512_setzero_si512(), we, wo, xq + r * K + 256 * i + 64 * p)),
+                                             _mm512_permutexvar_ps(sel, scale[r]), acc[r]);
+            }
+        } else if constexpr (has_mins(TYPE)) {  // Q5_K
+            d = f16_at(blk);
+            uint32_t w[4];
+            k4_scale_words(blk + 4, w);
+            const __m256 wmn = k4_weight_mins(blk, w);
+            for (int r = 0; r < R; ++r) off[r] = _mm256_fmadd_ps(wmn, _mm256_loadu_ps(xs + r * nb + 8 * i), off[r]);
+            // the 8 scales as 16-bit lanes 0-7, i.e. bytes (sc_j, 0), and as bytes (0, sc_j): the tables each pair's
+            // multipliers are picked from
+            const __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_setr_epi32(int(w[0]), int(w[1]), 0, 0)));
+            const __m512i sc16h = _mm512_slli_epi16(sc16, 8);
             constexpr int kQs = TYPE == kQ5_K ? 48 : 16;  // Q5_K: qh[32] before the quants
             // Q5_K's fifth bits: qh's 32 bytes in both halves, shifted right by 2p for pair p (bits 2p, 2p + 1
             // of each byte: sub-blocks 2p, 2p + 1)
             __m512i hcur = TYPE == kQ5_K ? _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)))
                                          : _mm512_setzero_si512();
-            const __m512i bit4 = _mm512_set1_epi16(0x0010);
+            const __m512i nib = _mm512_set1_epi16(0x0f0f), bit4 = _mm512_set1_epi16(0x1010);
             for (int p = 0; p < 4; ++p) {
                 // the pair's 32 bytes in both halves; lanes 0-15 take the low nibbles (sub-block 2p), 16-31 the
-                // high ones (sub-block 2p + 1): even elements from each lane's low byte, odd from its high byte
+                // high ones (sub-block 2p + 1), each byte its own element's (even elements in the low bytes)
                 const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQs + 32 * p)));
-                __m512i we = _mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(0, 4)), lo4);
-                __m512i wo = _mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(8, 12)), lo4);
-                if constexpr (TYPE == kQ5_K) {  // + 16 where the element's bit is set: low byte bit 0 / 1, high byte's
-                    we = _mm512_or_si512(we, _mm512_and_si512(_mm512_sllv_epi16(hcur, lanes16(4, 3)), bit4));
-                    wo = _mm512_or_si512(wo, _mm512_and_si512(_mm512_srlv_epi16(hcur, lanes16(4, 5)), bit4));
+                __m512i q = _mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(0, 4)), nib);
+                if constexpr (TYPE == kQ5_K) {  // + 16 where the element's bit is set (bit 0 / 1 of its qh byte)
+                    q = _mm512_or_si512(q, _mm512_and_si512(_mm512_sllv_epi16(hcur, lanes16(4, 3)), bit4));
                     hcur = _mm512_srli_epi16(hcur, 2);
                 }
-                const __m512i sel = _mm512_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p,
-                                                      2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
-                                                      2 * p + 1, 2 * p + 1);
-                for (int r = 0; r < R; ++r)
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot64(we, wo, xq + r * K + 256 * i + 64 * p)),
-                                             _mm512_permutexvar_ps(sel, scale[r]), acc[r]);
+                // the even and the odd elements times their sub-block's 6-bit scale, as 16-bit lanes (an unsigned
+                // times a signed byte pair, one byte of the pair zero: q * sc <= 31 * 63)
+                const __m512i idx = lanes16(2 * p, 2 * p + 1);
+                const __m512i we = _mm512_maddubs_epi16(q, _mm512_permutexvar_epi16(idx, sc16));
+                const __m512i wo = _mm512_maddubs_epi16(q, _mm512_permutexvar_epi16(idx, sc16h));
+                for (int r = 0; r < R; ++r) isum[r] = dot64(isum[r], we, wo, xq + r * K + 256 * i + 64 * p);
             }
         } else {  // Q6_K
             const uint8_t *ql = blk, *qh = blk + 128;
-            const float d = f16_at(blk + 208);
-            // d times the 16 signed scales, lane s: sub-block s (16 elements, in x's 32-block s / 2)
-            const __m512 ws = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)))));
-            __m512 scale[R];  // row r: ws times x's scale of each sub-block's 32-block
-            const __m512i half = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-            for (int r = 0; r < R; ++r)
-                scale[r] = _mm512_mul_ps(ws, _mm512_permutexvar_ps(half, _mm512_castps256_ps512(
-                                                                            _mm256_loadu_ps(xd + r * nb + 8 * i))));
+            d = f16_at(blk + 208);
+            // the 16 signed scales as 16-bit lanes 0-15; sub-block s (16 elements) has scale s
+            const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
+            // 16-bit lanes 0-7, 8-15, 16-23, 24-31 -> scales a, a + 1, a + 2, a + 3
+            const __m512i quad = _mm512_inserti64x4(
+                _mm512_zextsi256_si512(_mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)),
+                _mm256_setr_epi16(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), 1);
             for (int h = 0; h < 2; ++h) {
                 // lanes 0-15: ql bytes 0-31 of the half (groups 0 and 2), 16-31: bytes 32-63 (groups 1 and 3);
                 // qh's 32 bytes in both halves, shifted per half to bring group g's two bits to bits 4-5
                 const __m512i l = _mm512_loadu_si512(ql + 64 * h);
                 const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h)));
-                const __m512i e01 = _mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(l, lo4),
-                    _mm512_and_si512(_mm512_sllv_epi16(hb, lanes16(4, 2)), hi2)), m32);
-                const __m512i o01 = _mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 8), lo4),
-                    _mm512_and_si512(_mm512_srlv_epi16(hb, lanes16(4, 6)), hi2)), m32);
-                const __m512i e23 = _mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
-                    _mm512_and_si512(_mm512_srlv_epi16(hb, lanes16(0, 2)), hi2)), m32);
-                const __m512i o23 = _mm512_sub_epi16(_mm512_or_si512(_mm512_srli_epi16(l, 12),
-                    _mm512_and_si512(_mm512_srlv_epi16(hb, lanes16(8, 10)), hi2)), m32);
-                // int32 lanes 0-3, 4-7: group g's two sub-blocks, 8-15: group g + 1's (g = 0, then 2)
-                const int s0 = 8 * h;
+                // groups 0, 1 (lanes 0-15, 16-31) are sub-blocks 8h .. 8h + 3 (8 lanes each); groups 2, 3 the next 4
+                const __m512i sc01 = _mm512_permutexvar_epi16(_mm512_add_epi16(quad, _mm512_set1_epi16(short(8 * h))), sc16);
+                const __m512i sc23 = _mm512_permutexvar_epi16(_mm512_add_epi16(quad, _mm512_set1_epi16(short(8 * h + 4))), sc16);
+                // (q - 32) * sc: |.| <= 32 * 128
+                const __m512i e01 = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(l, lo4),
+                    _mm512_and_si512(_mm512_sllv_epi16(hb, lanes16(4, 2)), hi2)), m32), sc01);
+                const __m512i o01 = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 8), lo4),
+                    _mm512_and_si512(_mm512_srlv_epi16(hb, lanes16(4, 6)), hi2)), m32), sc01);
+                const __m512i e23 = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
+                    _mm512_and_si512(_mm512_srlv_epi16(hb, lanes16(0, 2)), hi2)), m32), sc23);
+                const __m512i o23 = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_or_si512(_mm512_srli_epi16(l, 12),
+                    _mm512_and_si512(_mm512_srlv_epi16(hb, lanes16(8, 10)), hi2)), m32), sc23);
                 for (int r = 0; r < R; ++r) {
                     const int16_t* xp = xq + r * K + 256 * i + 128 * h;
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot64(e01, o01, xp)),
-                                             _mm512_permutexvar_ps(idx4(s0, s0 + 1, s0 + 2, s0 + 3), scale[r]), acc[r]);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot64(e23, o23, xp + 64)),
-                                             _mm512_permutexvar_ps(idx4(s0 + 4, s0 + 5, s0 + 6, s0 + 7), scale[r]), acc[r]);
+                    isum[r] = dot64(dot64(isum[r], e01, o01, xp), e23, o23, xp + 64);
                 }
             }
         }
+        // the super-block's weight scale d times x's scale for its 256 values
+        if constexpr (TYPE != kQ4_K)
+            for (int r = 0; r < R; ++r)
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_set1_ps(d * xd[r * nx + i]), acc[r]);
     }
     for (int r = 0; r < R; ++r) {
         const __m512 a = acc[r];
-        const float v = hsum8(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)));
-        y[r * ldy] = v - (has_mins(TYPE) ? hsum8(off[r]) : 0.0f);
+        y[r * ldy] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1))) - hsum8(off[r]);
     }
 }
 #endif
 
-// rows [0, R) of the quantized x (row stride K; scales xd, xs with row stride nb) against weight row wrow
-// -> y[r * ldy]
+// rows [0, R) of the quantized x (row stride K; scales xd, row stride K / kXGroup; offsets xs per 32-block,
+// row stride K / 32) against weight row wrow -> y[r * ldy]
 template <int TYPE, int R>
 inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const float* xd, const float* xs,
                      int64_t K, float* y, int64_t ldy) {
-    const int64_t nb = K / 32;
+    const int64_t nb = K / 32, nx = K / kXGroup<TYPE>;
 #if defined(TM_AVX512)
-    (void)nb;
+    (void)nb, (void)nx;
     dot_rows_512<TYPE, R>(wrow, nsb, xq, xd, xs, K, y, ldy);
 #elif defined(TM_AVX2)
     __m256 acc[R], off[R];
@@ -265,15 +306,42 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
     for (int64_t i = 0; i < nsb; ++i) {
         const uint8_t* blk = wrow + i * super_bytes<TYPE>();
         prefetch_ahead<TYPE>(blk);
-        if constexpr (has_mins(TYPE)) {
+        __m256i isum[R];  // row r: the super-block's sum of sc * q * x (int32 lanes, exact; see kXMax)
+        for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+        float d = 0.0f;
+        if constexpr (TYPE == kQ4_K) {  // x's scale per 32 values: each sub-block's sum scaled in fp32
+            uint32_t w[4];
+            k4_scale_words(blk + 4, w);
             __m256 wsc, wmn;
-            k4_weight_scales(blk, wsc, wmn);
+            k4_weight_scales(blk, w, wsc, wmn);
             alignas(32) float scale[R][8];  // row r, sub-block j: d * sc_j * x's scale of that block
             for (int r = 0; r < R; ++r) {
-                const float* xdr = xd + r * nb + 8 * i;
-                _mm256_store_ps(scale[r], _mm256_mul_ps(wsc, _mm256_loadu_ps(xdr)));
+                _mm256_store_ps(scale[r], _mm256_mul_ps(wsc, _mm256_loadu_ps(xd + r * nx + 8 * i)));
                 off[r] = _mm256_fmadd_ps(wmn, _mm256_loadu_ps(xs + r * nb + 8 * i), off[r]);
             }
+            const __m256i lo4 = _mm256_set1_epi16(0x000f), zero = _mm256_setzero_si256();
+            for (int p = 0; p < 4; ++p) {
+                const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * p));
+                // lane i holds bytes 2i, 2i + 1: their low nibbles are sub-block 2p's elements 2i, 2i + 1,
+                // their high nibbles sub-block 2p + 1's
+                const __m256i a = _mm256_and_si256(raw, lo4), b = _mm256_and_si256(_mm256_srli_epi16(raw, 8), lo4);
+                const __m256i c = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4), e = _mm256_srli_epi16(raw, 12);
+                for (int r = 0; r < R; ++r) {
+                    const int16_t* xb = xq + r * K + 256 * i + 64 * p;
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(zero, a, b, xb)),
+                                             _mm256_broadcast_ss(&scale[r][2 * p]), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(zero, c, e, xb + 32)),
+                                             _mm256_broadcast_ss(&scale[r][2 * p + 1]), acc[r]);
+                }
+            }
+        } else if constexpr (has_mins(TYPE)) {  // Q5_K
+            d = f16_at(blk);
+            uint32_t w[4];
+            k4_scale_words(blk + 4, w);
+            const __m256 wmn = k4_weight_mins(blk, w);
+            for (int r = 0; r < R; ++r) off[r] = _mm256_fmadd_ps(wmn, _mm256_loadu_ps(xs + r * nb + 8 * i), off[r]);
+            uint8_t sc[8];
+            std::memcpy(sc, w, 8);
             const __m256i lo4 = _mm256_set1_epi16(0x000f), bit4 = _mm256_set1_epi16(0x0010);
             constexpr int kQs = TYPE == kQ5_K ? 48 : 16;  // Q5_K: qh[32] before the quants
             // Q5_K's fifth bits (qh byte l, bit 2p / 2p + 1: element l of sub-block 2p / 2p + 1), shifted right
@@ -293,22 +361,18 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
                     e = _mm256_or_si256(e, _mm256_and_si256(_mm256_srli_epi16(hcur, 5), bit4));
                     hcur = _mm256_srli_epi16(hcur, 2);
                 }
+                const __m256i s0 = _mm256_set1_epi16(short(sc[2 * p])), s1 = _mm256_set1_epi16(short(sc[2 * p + 1]));
+                a = _mm256_mullo_epi16(a, s0), b = _mm256_mullo_epi16(b, s0);
+                c = _mm256_mullo_epi16(c, s1), e = _mm256_mullo_epi16(e, s1);
                 for (int r = 0; r < R; ++r) {
                     const int16_t* xb = xq + r * K + 256 * i + 64 * p;
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(a, b, xb)),
-                                             _mm256_broadcast_ss(&scale[r][2 * p]), acc[r]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(c, e, xb + 32)),
-                                             _mm256_broadcast_ss(&scale[r][2 * p + 1]), acc[r]);
+                    isum[r] = dot32(dot32(isum[r], a, b, xb), c, e, xb + 32);
                 }
             }
         } else {  // Q6_K
             const uint8_t *ql = blk, *qh = blk + 128;
-            const float d = f16_at(blk + 208);
-            // the 16 signed scales as floats times d: lanes 0-7 (sub-blocks 0-7), 8-15
+            d = f16_at(blk + 208);
             const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-            const __m256 ws0 = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
-            const __m256 ws1 = _mm256_mul_ps(_mm256_set1_ps(d),
-                                             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
             const __m256i lo4 = _mm256_set1_epi16(0x000f), hi2 = _mm256_set1_epi16(0x0030),
                           m32 = _mm256_set1_epi16(32);
             for (int h = 0; h < 2; ++h) {
@@ -328,22 +392,25 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
                 we[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
                                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), hi2));
                 wo[3] = _mm256_or_si256(_mm256_srli_epi16(l1, 12), _mm256_and_si256(_mm256_srli_epi16(hb, 10), hi2));
-                const __m256 ws = h == 0 ? ws0 : ws1;
                 for (int g = 0; g < 4; ++g) {
-                    we[g] = _mm256_sub_epi16(we[g], m32);
-                    wo[g] = _mm256_sub_epi16(wo[g], m32);
-                    // int32 lanes 0-3 are sub-block 2g's (elements 0-15), 4-7 sub-block 2g + 1's
-                    const __m256 wsg = _mm256_permutevar8x32_ps(
-                        ws, _mm256_setr_epi32(2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1));
-                    for (int r = 0; r < R; ++r) {
-                        const int64_t xb = 8 * i + 4 * h + g;  // x's 32-block
-                        const __m256 s = _mm256_mul_ps(wsg, _mm256_broadcast_ss(xd + r * nb + xb));
-                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(we[g], wo[g], xq + r * K + 32 * xb)), s,
-                                                 acc[r]);
-                    }
+                    // lanes 0-7 are sub-block 8h + 2g's elements, 8-15 sub-block 8h + 2g + 1's: their signed
+                    // scales picked into bytes 0-7, 8-15, widened; (q - 32) * sc, |.| <= 32 * 128
+                    const int s = 8 * h + 2 * g;
+                    const __m256i scg = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_setr_epi8(
+                        char(s), char(s), char(s), char(s), char(s), char(s), char(s), char(s), char(s + 1), char(s + 1),
+                        char(s + 1), char(s + 1), char(s + 1), char(s + 1), char(s + 1), char(s + 1))));
+                    we[g] = _mm256_mullo_epi16(_mm256_sub_epi16(we[g], m32), scg);
+                    wo[g] = _mm256_mullo_epi16(_mm256_sub_epi16(wo[g], m32), scg);
+                }
+                for (int r = 0; r < R; ++r) {
+                    const int16_t* xb = xq + r * K + 256 * i + 128 * h;
+                    for (int g = 0; g < 4; ++g) isum[r] = dot32(isum[r], we[g], wo[g], xb + 32 * g);
                 }
             }
         }
+        if constexpr (TYPE != kQ4_K)
+            for (int r = 0; r < R; ++r)
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * xd[r * nx + i]), acc[r]);
     }
     for (int r = 0; r < R; ++r) y[r * ldy] = hsum8(acc[r]) - (has_mins(TYPE) ? hsum8(off[r]) : 0.0f);
 #else
@@ -352,11 +419,29 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
         const int16_t* xr = xq + r * K;
         for (int64_t i = 0; i < nsb; ++i) {
             const uint8_t* blk = wrow + i * super_bytes<TYPE>();
-            int q[256];  // the block's quants in element order
-            float ws[16];  // per 16 elements: the weight scale
-            float mins[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if constexpr (has_mins(TYPE)) {
-                const float d = f16_at(blk), dmin = f16_at(blk + 2);
+            int q[256];  // the block's quants in element order, times their sub-block's scale
+            float d;
+            if constexpr (TYPE == kQ4_K) {  // per sub-block: its two halves' sums scaled in fp32, as the AVX2 code
+                const float dd = f16_at(blk), dmin = f16_at(blk + 2);
+                uint32_t words[4];
+                k4_scale_words(blk + 4, words);
+                uint8_t sc[8], mn[8];
+                std::memcpy(sc, words, 8);
+                std::memcpy(mn, words + 2, 8);
+                for (int j = 0; j < 8; ++j) {
+                    int sum0 = 0, sum1 = 0;  // elements 0-15 and 16-31
+                    for (int e = 0; e < 32; ++e) {
+                        const int v = ((blk[16 + 32 * (j / 2) + e] >> (4 * (j & 1))) & 0x0f) * xr[x_slot(8 * i + j, e)];
+                        (e < 16 ? sum0 : sum1) += v;
+                    }
+                    const float ws = dd * float(sc[j]);
+                    acc += (ws * float(sum0) + ws * float(sum1)) * xd[r * nx + 8 * i + j];
+                    off += dmin * float(mn[j]) * xs[r * nb + 8 * i + j];
+                }
+                continue;
+            } else if constexpr (has_mins(TYPE)) {  // Q5_K
+                d = f16_at(blk);
+                const float dmin = f16_at(blk + 2);
                 uint32_t words[4];
                 k4_scale_words(blk + 4, words);
                 uint8_t sc[8], mn[8];
@@ -366,16 +451,13 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
                 for (int p = 0; p < 4; ++p)
                     for (int e = 0; e < 32; ++e) {
                         const int h = TYPE == kQ5_K ? blk[16 + e] >> (2 * p) : 0;  // Q5_K: qh bits 2p, 2p + 1
-                        q[64 * p + e] = (qs[32 * p + e] & 0x0f) | ((h & 1) << 4);
-                        q[64 * p + 32 + e] = (qs[32 * p + e] >> 4) | ((h & 2) << 3);
+                        q[64 * p + e] = ((qs[32 * p + e] & 0x0f) | ((h & 1) << 4)) * sc[2 * p];
+                        q[64 * p + 32 + e] = ((qs[32 * p + e] >> 4) | ((h & 2) << 3)) * sc[2 * p + 1];
                     }
-                for (int j = 0; j < 8; ++j) {
-                    ws[2 * j] = ws[2 * j + 1] = d * float(sc[j]);
-                    mins[j] = dmin * float(mn[j]);
-                }
+                for (int j = 0; j < 8; ++j) off += dmin * float(mn[j]) * xs[r * nb + 8 * i + j];
             } else {
                 const uint8_t *ql = blk, *qh = blk + 128;
-                const float d = f16_at(blk + 208);
+                d = f16_at(blk + 208);
                 for (int h = 0; h < 2; ++h)
                     for (int l = 0; l < 32; ++l) {
                         const uint8_t a = ql[64 * h + l], b = ql[64 * h + 32 + l], hb = qh[32 * h + l];
@@ -384,18 +466,11 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
                         q[128 * h + 64 + l] = ((a >> 4) | (((hb >> 4) & 3) << 4)) - 32;
                         q[128 * h + 96 + l] = ((b >> 4) | (((hb >> 6) & 3) << 4)) - 32;
                     }
-                for (int s = 0; s < 16; ++s) ws[s] = d * float(int8_t(blk[192 + s]));
+                for (int e = 0; e < 256; ++e) q[e] *= int8_t(blk[192 + e / 16]);
             }
-            for (int j = 0; j < 8; ++j) {  // x's 32-block 8i + j
-                int sum0 = 0, sum1 = 0;  // elements 0-15 and 16-31
-                for (int e = 0; e < 32; ++e) {
-                    const int v = q[32 * j + e] * xr[x_slot(8 * i + j, e)];
-                    (e < 16 ? sum0 : sum1) += v;
-                }
-                const float xs_d = xd[r * nb + 8 * i + j];
-                acc += (ws[2 * j] * float(sum0) + ws[2 * j + 1] * float(sum1)) * xs_d;
-                if constexpr (has_mins(TYPE)) off += mins[j] * xs[r * nb + 8 * i + j];
-            }
+            int64_t isum = 0;  // exact (the vector code's int32 lanes add up to the same)
+            for (int e = 0; e < 256; ++e) isum += int64_t(q[e]) * xr[x_slot(8 * i + e / 32, e % 32)];
+            acc += float(isum) * (d * xd[r * nx + i]);
         }
         y[r * ldy] = acc - off;
     }
@@ -405,12 +480,12 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
 template <int TYPE>
 void rows_block(const uint8_t* W, int64_t n0, int64_t n1, int64_t K, const int16_t* xq, const float* xd,
                 const float* xs, int64_t M, float* y, int64_t ldy) {
-    const int64_t nsb = K / 256, nb = K / 32, row_bytes = nsb * super_bytes<TYPE>();
+    const int64_t nsb = K / 256, nb = K / 32, nx = K / kXGroup<TYPE>, row_bytes = nsb * super_bytes<TYPE>();
     for (int64_t n = n0; n < n1; ++n) {
         const uint8_t* wrow = W + n * row_bytes;
         for (int64_t r = 0; r < M; r += 8) {
             const int16_t* xr = xq + r * K;
-            const float *dr = xd + r * nb, *sr = xs + r * nb;
+            const float *dr = xd + r * nx, *sr = xs + r * nb;
             float* yr = y + r * ldy + n;
             switch (M - r < 8 ? M - r : 8) {
                 case 8: dot_rows<TYPE, 8>(wrow, nsb, xr, dr, sr, K, yr, ldy); break;
@@ -429,16 +504,16 @@ void rows_block(const uint8_t* W, int64_t n0, int64_t n1, int64_t K, const int16
 template <int TYPE>
 void kquant_matmul(const uint8_t* const* W, int64_t groups, const int64_t* starts, const int64_t* counts, int64_t N,
                    int64_t K, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy, int nthreads) {
-    const int64_t nb = K / 32;
+    const int64_t nb = K / 32, nx = K / kXGroup<TYPE>;
     thread_local QuantX qx;
-    quantize_rows(x, ldx, M, K, qx);
+    quantize_rows<TYPE>(x, ldx, M, K, qx);
     const int16_t* xq = qx.q.data();
     const float *xd = qx.d.data(), *xs = qx.s.data();
     const int64_t chunks = (N + 15) / 16, items = groups * chunks;
     auto item = [&](int64_t it) {
         const int64_t g = it / chunks, c = it % chunks, r0 = starts[g], m = counts[g];
         if (m <= 0) return;
-        rows_block<TYPE>(W[g], 16 * c, std::min<int64_t>(N, 16 * c + 16), K, xq + r0 * K, xd + r0 * nb,
+        rows_block<TYPE>(W[g], 16 * c, std::min<int64_t>(N, 16 * c + 16), K, xq + r0 * K, xd + r0 * nx,
                          xs + r0 * nb, m, y + r0 * ldy, ldy);
     };
     tm_run_items(items, nthreads, item);
