@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -107,6 +108,46 @@ def test_the_k_quants_avx2_code_agrees_with_avx512s(type_name: str) -> None:
     a, b = multiply(qtype, blocks, x, threads=2), multiply(qtype, blocks, x, threads=2, lib=avx2)
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
     assert torch.equal(multiply(qtype, blocks, x[4:5], lib=avx2), b[4:5])
+
+
+def _extreme_blocks(type_name: str, n: int, k: int, sign: int) -> np.ndarray:
+    """n rows of k weights, every one at the type's largest |scale * quant| (sign -1: the most negative one
+    Q6_K has): Q4_K, Q5_K all quants 15 / 31 and all 6-bit scales 63, mins 0; Q6_K all scales -128, quants 0
+    (-32 * -128 = 4096) or 63 (31 * -128)."""
+    d = np.array([2.0 ** -10], dtype=np.float16).view(np.uint8)
+    if type_name == "Q6_K":  # ql[128] qh[64] scales[16] d
+        q = 0 if sign > 0 else 0xFF
+        block = np.concatenate([np.full(192, q, np.uint8), np.full(16, 0x80, np.uint8), d])
+    else:  # d dmin scales[12] (qh[32]) qs[128]
+        scales = np.array([0xFF] * 4 + [0] * 4 + [0x0F] * 4, np.uint8)  # sc 63, m 0 for all eight
+        quants = np.full(160 if type_name == "Q5_K" else 128, 0xFF, np.uint8)
+        block = np.concatenate([d, np.zeros(2, np.uint8), scales, quants])
+    return np.tile(block, (n, k // 256))
+
+
+@pytest.mark.parametrize("type_name, sign", [("Q4_K", 1), ("Q5_K", 1), ("Q6_K", 1), ("Q6_K", -1)])
+def test_k_quant_sums_stay_exact_at_the_extremes(type_name: str, sign: int) -> None:
+    """Q5_K and Q6_K sum a super-block's products in int32 lanes (kquant_matmul.cpp's kXMax): with every weight
+    at its largest magnitude and x constant (every product at its largest, all of one sign) the result is still
+    the reference's (to x's rounding: a wrapped lane would be off by far more), on the 512-bit, 256-bit and plain
+    C++ builds."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    n, k = 16, 1024
+    blocks = _extreme_blocks(type_name, n, k, sign)
+    qtype = int(GGMLQuantizationType[type_name])
+    w = torch.from_numpy(dequantize(blocks, GGMLQuantizationType(qtype)).reshape(n, k).astype(np.float64))
+    assert float(w.abs().min()) > 0 and (w > 0).all() == (sign > 0 or type_name != "Q6_K")
+    x = torch.ones(3, k)
+    x[1] *= -7.5
+    x[2, ::2] = 0.5  # not constant: x's largest value maps to the largest quant, the rest below it
+    ref = F.linear(x.double(), w)
+    for lib in (None, block_matmul.library(block_matmul.FLAGS + ("-DTM_NO_AVX512",)),
+                block_matmul.library(block_matmul.FLAGS + ("-DTM_PORTABLE",))):
+        y = multiply(qtype, blocks, x, threads=2, lib=lib)
+        err = float(((y.double() - ref).norm(dim=1) / ref.norm(dim=1)).max())
+        assert err < 1e-4, f"{type_name}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("kernel", ["tm_block_matmul", "tm_panel_matmul"])
