@@ -14,7 +14,8 @@ Per call, by the number of rows M:
   own multi-row kernel multiplies with 16-bit activations (native/block_matmul.cpp: ~1e-5 from x's rounding,
   so the result is the weights' own; each weight block unpacked once for up to 8 rows, 1.2-1.8x ggml's
   speed at 2-16 rows, about its speed at one), and plain Q4_K / Q5_K / Q6_K blocks, which native/kquant_matmul.cpp
-  multiplies the same way (a 7B Q4_K_M file's matrices at one row: 21-22 GB/s against 14-17 for ggml's
+  multiplies the same way (x per 256 values for Q5_K / Q6_K, their sums integers across a super-block: ~3e-5 /
+  ~6e-5; a 7B Q4_K_M file's matrices at one row: 21-22 GB/s against 14-17 for ggml's
   kernels, repacked Q4_K included); at bf16 compute on a CPU with AMX the 32-element blocks go to the
   AMX kernel instead (native/amx_matmul.cpp: each block dequantized to bf16 in registers, as the dense bf16
   copy holds it, and multiplied on the tile unit for up to 64 rows at a time: it reads the blocks' 4.5-8.5
