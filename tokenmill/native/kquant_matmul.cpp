@@ -225,21 +225,18 @@ inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, co
             // multipliers are picked from
             const __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_setr_epi32(int(w[0]), int(w[1]), 0, 0)));
             const __m512i sc16h = _mm512_slli_epi16(sc16, 8);
-            constexpr int kQs = TYPE == kQ5_K ? 48 : 16;  // Q5_K: qh[32] before the quants
-            // Q5_K's fifth bits: qh's 32 bytes in both halves, shifted right by 2p for pair p (bits 2p, 2p + 1
-            // of each byte: sub-blocks 2p, 2p + 1)
-            __m512i hcur = TYPE == kQ5_K ? _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)))
-                                         : _mm512_setzero_si512();
+            // the fifth bits: qh's 32 bytes (before the quants) in both halves, shifted right by 2p for pair p (bits
+            // 2p, 2p + 1 of each byte: sub-blocks 2p, 2p + 1)
+            __m512i hcur = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)));
             const __m512i nib = _mm512_set1_epi16(0x0f0f), bit4 = _mm512_set1_epi16(0x1010);
             for (int p = 0; p < 4; ++p) {
                 // the pair's 32 bytes in both halves; lanes 0-15 take the low nibbles (sub-block 2p), 16-31 the
                 // high ones (sub-block 2p + 1), each byte its own element's (even elements in the low bytes)
-                const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQs + 32 * p)));
-                __m512i q = _mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(0, 4)), nib);
-                if constexpr (TYPE == kQ5_K) {  // + 16 where the element's bit is set (bit 0 / 1 of its qh byte)
-                    q = _mm512_or_si512(q, _mm512_and_si512(_mm512_sllv_epi16(hcur, lanes16(4, 3)), bit4));
-                    hcur = _mm512_srli_epi16(hcur, 2);
-                }
+                const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 48 + 32 * p)));
+                // + 16 where the element's bit is set (bit 0 / 1 of its qh byte)
+                const __m512i q = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(raw, lanes16(0, 4)), nib),
+                                                  _mm512_and_si512(_mm512_sllv_epi16(hcur, lanes16(4, 3)), bit4));
+                hcur = _mm512_srli_epi16(hcur, 2);
                 // the even and the odd elements times their sub-block's 6-bit scale, as 16-bit lanes (an unsigned
                 // times a signed byte pair, one byte of the pair zero: q * sc <= 31 * 63)
                 const __m512i idx = lanes16(2 * p, 2 * p + 1);
@@ -343,24 +340,21 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
             uint8_t sc[8];
             std::memcpy(sc, w, 8);
             const __m256i lo4 = _mm256_set1_epi16(0x000f), bit4 = _mm256_set1_epi16(0x0010);
-            constexpr int kQs = TYPE == kQ5_K ? 48 : 16;  // Q5_K: qh[32] before the quants
-            // Q5_K's fifth bits (qh byte l, bit 2p / 2p + 1: element l of sub-block 2p / 2p + 1), shifted right
-            // by 2p for pair p
-            __m256i hcur = TYPE == kQ5_K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16))
-                                         : _mm256_setzero_si256();
+            // the fifth bits (qh, before the quants: byte l, bit 2p / 2p + 1 is element l of sub-block 2p / 2p + 1),
+            // shifted right by 2p for pair p
+            __m256i hcur = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
             for (int p = 0; p < 4; ++p) {
-                const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQs + 32 * p));
+                const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 48 + 32 * p));
                 // lane i holds bytes 2i, 2i + 1: their low nibbles are sub-block 2p's elements 2i, 2i + 1,
                 // their high nibbles sub-block 2p + 1's
                 __m256i a = _mm256_and_si256(raw, lo4), b = _mm256_and_si256(_mm256_srli_epi16(raw, 8), lo4);
                 __m256i c = _mm256_and_si256(_mm256_srli_epi16(raw, 4), lo4), e = _mm256_srli_epi16(raw, 12);
-                if constexpr (TYPE == kQ5_K) {  // + 16 where the element's bit is set
-                    a = _mm256_or_si256(a, _mm256_and_si256(_mm256_slli_epi16(hcur, 4), bit4));
-                    b = _mm256_or_si256(b, _mm256_and_si256(_mm256_srli_epi16(hcur, 4), bit4));
-                    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi16(hcur, 3), bit4));
-                    e = _mm256_or_si256(e, _mm256_and_si256(_mm256_srli_epi16(hcur, 5), bit4));
-                    hcur = _mm256_srli_epi16(hcur, 2);
-                }
+                // + 16 where the element's bit is set
+                a = _mm256_or_si256(a, _mm256_and_si256(_mm256_slli_epi16(hcur, 4), bit4));
+                b = _mm256_or_si256(b, _mm256_and_si256(_mm256_srli_epi16(hcur, 4), bit4));
+                c = _mm256_or_si256(c, _mm256_and_si256(_mm256_slli_epi16(hcur, 3), bit4));
+                e = _mm256_or_si256(e, _mm256_and_si256(_mm256_srli_epi16(hcur, 5), bit4));
+                hcur = _mm256_srli_epi16(hcur, 2);
                 const __m256i s0 = _mm256_set1_epi16(short(sc[2 * p])), s1 = _mm256_set1_epi16(short(sc[2 * p + 1]));
                 a = _mm256_mullo_epi16(a, s0), b = _mm256_mullo_epi16(b, s0);
                 c = _mm256_mullo_epi16(c, s1), e = _mm256_mullo_epi16(e, s1);
@@ -447,10 +441,10 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
                 uint8_t sc[8], mn[8];
                 std::memcpy(sc, words, 8);
                 std::memcpy(mn, words + 2, 8);
-                const uint8_t* qs = blk + (TYPE == kQ5_K ? 48 : 16);
+                const uint8_t* qs = blk + 48;
                 for (int p = 0; p < 4; ++p)
                     for (int e = 0; e < 32; ++e) {
-                        const int h = TYPE == kQ5_K ? blk[16 + e] >> (2 * p) : 0;  // Q5_K: qh bits 2p, 2p + 1
+                        const int h = blk[16 + e] >> (2 * p);  // qh bits 2p, 2p + 1
                         q[64 * p + e] = ((qs[32 * p + e] & 0x0f) | ((h & 1) << 4)) * sc[2 * p];
                         q[64 * p + 32 + e] = ((qs[32 * p + e] >> 4) | ((h & 2) << 3)) * sc[2 * p + 1];
                     }
