@@ -21,6 +21,7 @@ case "$mode" in
       } 2>&1 | tee $D/kquant_ab_q6k.txt ;;
   abba) # tp's run in ABBA order (the host slowed steadily during tp), output tok/s
       M5=$HOME/.cache/tokenmill/big/qwen2.5-7b-shape-Q5_K_M.gguf
+      [[ -d /tmp/old ]] || git worktree add /tmp/old c223455
       for tree in old new new old; do root=$([[ $tree == old ]] && echo /tmp/old || pwd)
         r=$(PYTHONPATH=$root TOKENMILL_AMX_MATMUL=0 .venv/bin/python -c "import sys; from tokenmill.cli import main; sys.exit(main())" \
             bench throughput --model $M5 --dtype float32 --input-len 32 --output-len 32 --num-prompts 8 --max-num-seqs 8 \
@@ -32,6 +33,7 @@ case "$mode" in
       # kernel off), so that every decode step's 8 rows are on the K-quant kernel; the tree of c223455 (a git
       # worktree at /tmp/old) and this one alternating, twice
       M5=$HOME/.cache/tokenmill/big/qwen2.5-7b-shape-Q5_K_M.gguf
+      [[ -d /tmp/old ]] || git worktree add /tmp/old c223455
       for i in 1 2; do for tree in old new; do
         root=$([[ $tree == old ]] && echo /tmp/old || pwd)
         PYTHONPATH=$root TOKENMILL_AMX_MATMUL=0 .venv/bin/python -c "import sys; from tokenmill.cli import main; sys.exit(main())" \
