@@ -32,6 +32,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(TM_PORTABLE)
 #include <immintrin.h>
 #define TM_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && !defined(TM_NO_AVX512)
+#define TM_Q512 1  // the activation quantizer's 512-bit code (-DTM_NO_AVX512: its AVX2 code; the same bits)
+#endif
 #endif
 
 // IEEE half -> float; also panel_matmul.cpp's, in the portable build (the same library)
@@ -117,12 +120,19 @@ __attribute__((visibility("hidden"))) void tm_quantize_rows16(const float* x, in
         for (int64_t g = 0; g < ng; ++g) {
             const float* xg = x + r * ldx + group * g;
             int16_t* qr = q.data() + r * K;
-#if defined(TM_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(TM_Q512)
             // (max(|x|, m) keeps m where x is NaN, as std::fmax does)
             const __m512 sign = _mm512_set1_ps(-0.0f);
             __m512 m = _mm512_setzero_ps();
             for (int64_t i = 0; i < group; i += 16) m = _mm512_max_ps(_mm512_andnot_ps(sign, _mm512_loadu_ps(xg + i)), m);
             const float amax = _mm512_reduce_max_ps(m);
+#elif defined(TM_AVX2)
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 m = _mm256_setzero_ps();
+            for (int64_t i = 0; i < group; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xg + i)), m);
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
 #else
             float amax = 0.0f;
             for (int64_t i = 0; i < group; ++i) amax = std::fmax(amax, std::fabs(xg[i]));
@@ -130,7 +140,7 @@ __attribute__((visibility("hidden"))) void tm_quantize_rows16(const float* x, in
             const float dg = amax / qmax, id = dg > 0.0f ? qmax / amax : 0.0f;
             for (int64_t b = per * g; b < per * (g + 1); ++b) {
                 const float* xb = x + r * ldx + 32 * b;
-#if defined(TM_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(TM_Q512)
                 const __m512 vid = _mm512_set1_ps(id);
                 const __m512i v0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb), vid));
                 const __m512i v1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), vid));
@@ -146,6 +156,33 @@ __attribute__((visibility("hidden"))) void tm_quantize_rows16(const float* x, in
                     w = _mm512_permutexvar_epi16(eo, w);
                     _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + x_slot(layout, b, 0)), _mm512_castsi512_si256(w));
                     _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + x_slot(layout, b, 1)), _mm512_extracti64x4_epi64(w, 1));
+                }
+#elif defined(TM_AVX2)
+                const __m256 vid = _mm256_set1_ps(id);
+                // each int32's low 16 bits (as the scalar conversion keeps), in order, into the low 8 bytes of each
+                // 128-bit lane, then the two lanes' together: 8 int16 per vector of 8
+                const __m256i low16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                       0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+                __m256i tot = _mm256_setzero_si256();
+                __m128i h[4];  // elements 8k .. 8k + 7
+                for (int k = 0; k < 4; ++k) {
+                    const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), vid));
+                    tot = _mm256_add_epi32(tot, v);
+                    h[k] = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, low16), 0x08));
+                }
+                __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(tot), _mm256_extracti128_si256(tot, 1));
+                t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+                const int sum = _mm_cvtsi128_si32(_mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1)));
+                if (layout == 0) {
+                    for (int k = 0; k < 4; ++k) _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + 32 * b + 8 * k), h[k]);
+                } else {
+                    // per 8 elements: the 4 even ones, then the 4 odd ones; two such make 8 evens and 8 odds
+                    const __m128i eo = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+                    for (int half = 0; half < 2; ++half) {
+                        const __m128i a = _mm_shuffle_epi8(h[2 * half], eo), c = _mm_shuffle_epi8(h[2 * half + 1], eo);
+                        _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + x_slot(layout, b, 0) + 8 * half), _mm_unpacklo_epi64(a, c));
+                        _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + x_slot(layout, b, 1) + 8 * half), _mm_unpackhi_epi64(a, c));
+                    }
                 }
 #else
                 int sum = 0;
