@@ -27,6 +27,7 @@ case "$mode" in
             bench throughput --model $M5 --dtype float32 --input-len 32 --output-len 32 --num-prompts 8 --max-num-seqs 8 \
             --max-model-len 256 2>&1 | grep output_tok_per_s); echo "$tree $r"
       done | tee $D/tp-abba.txt ;;
+  big) LOAD_C=0 RESULTS_DIR=$D/big-model bash benchmarks/big_model.sh ;;
   q41) ROWS=1,1,2,3,4,8 .venv/bin/python benchmarks/experiments/block_matmul_ab.py $old/block_matmul.cpp $new/block_matmul.cpp \
          2>&1 | grep "M=" | tee $D/block_matmul_ab.txt ;;
   tp) # a 7B-class Q5_K_M file (Q5_K, Q6_K) offline at 8 sequences on the path of a CPU without AMX (fp32, the AMX
@@ -40,5 +41,5 @@ case "$mode" in
           bench throughput --model $M5 --dtype float32 --input-len 32 --output-len ${OUT:-32} --num-prompts 8 \
           --max-num-seqs 8 --max-model-len 256 --result-json $D/tp-$tree-$i.json 2>&1 | tail -3
       done; done | tee $D/tp.txt ;;
-  *) echo "usage: $0 ab|q6k|q41|tp|abba" >&2; exit 2 ;;
+  *) echo "usage: $0 ab|q6k|big|q41|tp|abba" >&2; exit 2 ;;
 esac
