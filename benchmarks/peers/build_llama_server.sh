@@ -11,6 +11,9 @@
 #   NO_AMX=1                  build without ggml's AMX kernels (GCC's -mno-amx-*), into llama-server-noamx/:
 #                             on an AMX Xeon this build runs with its repacked layouts (Q4_0 / Q4_K / IQ4_NL
 #                             interleaved tiles on AVX-512) instead of --no-repack, so it is the stronger peer there
+#   TOKENMILL_NATIVE_ISA=avx2 build for an AVX2-only CPU (AVX2, FMA, F16C, BMI2; no AVX-512, no AMX), into
+#                             llama-server-avx2/: with tokenmill's kernels built the same way (the same variable,
+#                             tokenmill/native/compile.py) the two AVX2 code paths meet on an AVX-512 host
 # Known issue: with GGML_NATIVE on an AMX-capable Xeon (this repo's 2-core test VM), the AMX kernel
 # segfaults in ggml_backend_amx_mul_mat on a Q4_1 model's first decode; start the server with
 # --no-repack (it disables the AMX/repacked weight buffers; Q4_1 then runs on the AVX-512 kernels), or
@@ -19,10 +22,21 @@ set -euo pipefail
 
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 NO_AMX="${NO_AMX:-0}"
-CACHE="${TOKENMILL_CACHE:-$HOME/.cache/tokenmill}/llama-server$([[ "$NO_AMX" == 1 ]] && echo -noamx || true)"
+ISA="${TOKENMILL_NATIVE_ISA:-native}"
+SUFFIX=""
+ISA_FLAGS=(-DGGML_NATIVE=ON)
 EXTRA_FLAGS=()
-[[ "$NO_AMX" == 1 ]] && EXTRA_FLAGS=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-                                     -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+if [[ "$ISA" == avx2 ]]; then
+    SUFFIX=-avx2
+    ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+elif [[ "$ISA" != native ]]; then
+    echo "build_llama_server: TOKENMILL_NATIVE_ISA is 'native' or 'avx2', not '$ISA'" >&2; exit 2
+elif [[ "$NO_AMX" == 1 ]]; then
+    SUFFIX=-noamx
+    EXTRA_FLAGS=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+                 -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+fi
+CACHE="${TOKENMILL_CACHE:-$HOME/.cache/tokenmill}/llama-server$SUFFIX"
 PYTHON="${PYTHON:-python3}"
 JOBS="${JOBS:-$(nproc)}"
 BIN="$CACHE/bin/llama-server"
@@ -53,7 +67,7 @@ GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 echo "build_llama_server: configuring $LLAMA" >&2
 nice -n 10 cmake -S "$LLAMA" -B "$CACHE/build" "${GEN[@]}" \
-    -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DCMAKE_BUILD_TYPE=Release "${ISA_FLAGS[@]}" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF \
     "${EXTRA_FLAGS[@]}" >&2
 echo "build_llama_server: building llama-server with $JOBS jobs (nice 10)" >&2

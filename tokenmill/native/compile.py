@@ -5,6 +5,11 @@ A library is compiled once per (sources, flags, compiler, CPU flags) and kept un
 the key because libraries are built with -march=native: a cache copied to another machine rebuilds
 instead of dying on an illegal instruction. Concurrent builders (test processes) take a file lock.
 
+TOKENMILL_NATIVE_ISA=avx2 builds every native library, ggml included, for an AVX2-only CPU (x86-64-v3:
+AVX2, FMA, F16C, BMI2; no AVX-512, no AMX) instead of this one: what benchmarks use to measure, on an
+AVX-512 host, the code that AMD Zen 2/3 CPUs run (beside a llama-server built the same way). A proxy for
+the code, not for those CPUs' speed. Unset or `native`: -march=native.
+
 No torch here: `tokenmill plan` and the build step at install use it too.
 """
 
@@ -29,6 +34,23 @@ MISSING_TOOLS_HINT = ("tokenmill's native kernels need g++ (and cmake for ggml) 
 
 class NativeBuildError(RuntimeError):
     pass
+
+
+ISA_ENV = "TOKENMILL_NATIVE_ISA"
+ISAS = ("native", "avx2")
+
+
+def target_isa() -> str:
+    """What the native libraries are built for: `native` (this CPU) or `avx2` (ISA_ENV)."""
+    isa = os.environ.get(ISA_ENV) or "native"
+    if isa not in ISAS:
+        raise NativeBuildError(f"{ISA_ENV} is one of {', '.join(ISAS)}, not {isa!r}")
+    return isa
+
+
+def march_flags() -> list[str]:
+    """g++'s target flags for target_isa()."""
+    return ["-march=native"] if target_isa() == "native" else ["-march=x86-64-v3", "-mtune=native"]
 
 
 def cache_dir() -> Path:
@@ -94,7 +116,7 @@ def build_library(name: str, sources: Sequence[Path], flags: Sequence[str] = (),
     version = compiler_version(cxx)
     if version is None:
         raise NativeBuildError(f"no C++ compiler ({cxx}) found. {MISSING_TOOLS_HINT}")
-    cmd_flags = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", *flags]
+    cmd_flags = ["-O3", *march_flags(), "-shared", "-fPIC", "-std=c++17", *flags]
     key = build_key(name, version, *cmd_flags, *link, *(Path(s).read_bytes() for s in sources))
     out_dir = cache_dir() / "native" / f"{name}-{key}"
     lib = out_dir / f"lib{name}.so"

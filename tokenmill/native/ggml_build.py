@@ -8,6 +8,7 @@
    the Python package is used.
 2. cmake builds that ggml with -march=native (GGML_NATIVE), OpenMP and no other backend, into a directory
    keyed by the CPU flags (a cache copied to another CPU rebuilds, never dies on an illegal instruction);
+   TOKENMILL_NATIVE_ISA=avx2 builds it for AVX2 instead (compile.py);
 3. g++ builds ggml_shim.cpp against those headers and libraries (compile.build_library).
 
 Why this sdist and not ggml-python's: ggml-python 0.0.45 (the newest on PyPI) vendors ggml 0.15.3, whose
@@ -32,7 +33,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenmill.native.compile import MISSING_TOOLS_HINT, NativeBuildError, build_key, build_library, cache_dir
+from tokenmill.native.compile import (MISSING_TOOLS_HINT, NativeBuildError, build_key, build_library, cache_dir,
+                                      target_isa)
 
 log = logging.getLogger("tokenmill.native")
 
@@ -76,7 +78,8 @@ def _sdist(download: bool) -> Path:
 
 def ggml_build(download: bool = False) -> GgmlBuild:
     """The cached build for this CPU, building it (from a cached or downloaded sdist) if needed."""
-    key = build_key("ggml", GGML_VERSION, SDIST_VERSION)
+    isa = target_isa()
+    key = build_key("ggml", GGML_VERSION, SDIST_VERSION, *([] if isa == "native" else [isa]))
     out = _ggml_root() / f"build-{key}"
     build = GgmlBuild(out / "include", out / "lib")
     if all(p.exists() for p in build.libraries):
@@ -100,7 +103,10 @@ def ggml_build(download: bool = False) -> GgmlBuild:
         # template gives an empty ggml.pc, which nothing here reads
         (ggml_src / "ggml.pc.in").touch()
         bdir = out / "cmake"
-        flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DGGML_OPENMP=ON",
+        target = (["-DGGML_NATIVE=ON"] if isa == "native" else  # avx2: what compile.ISA_ENV says
+                  ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                   "-DGGML_BMI2=ON"])
+        flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", *target, "-DGGML_OPENMP=ON",
                  "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF", "-DGGML_METAL=OFF", "-DGGML_CUDA=OFF",
                  "-DGGML_VULKAN=OFF", "-DGGML_BLAS=OFF", f"-DCMAKE_INSTALL_PREFIX={out}",
                  "-DCMAKE_INSTALL_LIBDIR=lib", "-DCMAKE_INSTALL_RPATH=$ORIGIN"]
