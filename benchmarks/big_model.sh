@@ -90,6 +90,7 @@ measure tokenmill "tokenmill.cli serve" "$PYTHON" -m tokenmill.cli serve "$MODEL
     --num-threads "$THREADS" $TOKENMILL_ARGS
 for peer in $PEERS; do
     BIN="$(benchmarks/peers/build_llama_server.sh | tail -1)"
+    echo "llama-server binary: $BIN" >&2
     measure llama-server llama-server "$BIN" -m "$MODEL" --port "$PORT" --parallel "$((LOAD_C > 4 ? LOAD_C : 4))" \
         --ctx-size "$(( (LOAD_C > 4 ? LOAD_C : 4) * 256 > MAX_MODEL_LEN ? (LOAD_C > 4 ? LOAD_C : 4) * 256 : MAX_MODEL_LEN ))" \
         --threads "$THREADS" --threads-batch "$THREADS" --alias "$(basename "$MODEL" .gguf)" $LLAMA_SERVER_ARGS
@@ -101,7 +102,7 @@ done
     echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; flags:" \
          "$(for f in avx2 avx512f amx_bf16; do grep -qw $f /proc/cpuinfo && printf '%s yes ' $f || printf '%s no ' $f; done)"
     echo "Model: $(basename "$MODEL"), $(( SIZE / 1024 / 1024 )) MiB on disk. Command: benchmarks/big_model.sh" \
-         "(INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN NUM_PROMPTS=$NUM_PROMPTS KV=$KV LOAD_C=$LOAD_C TOKENMILL_ARGS=$TOKENMILL_ARGS NO_AMX=${NO_AMX:-0} LLAMA_SERVER_ARGS=$LLAMA_SERVER_ARGS)"
+         "(${TOKENMILL_NATIVE_ISA:+TOKENMILL_NATIVE_ISA=$TOKENMILL_NATIVE_ISA }INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN NUM_PROMPTS=$NUM_PROMPTS KV=$KV LOAD_C=$LOAD_C TOKENMILL_ARGS=$TOKENMILL_ARGS NO_AMX=${NO_AMX:-0} LLAMA_SERVER_ARGS=$LLAMA_SERVER_ARGS)"
     echo
     echo '`tokenmill plan` says:'
     echo '```'

@@ -178,6 +178,7 @@ for peer in $PEERS; do
     case "$peer" in
     llama-server)
         BIN="$(benchmarks/peers/build_llama_server.sh | tail -1)"
+        log "llama-server binary: $BIN"
         # One slot per concurrent request, each with the same context; unique prompts, so its prompt
         # cache cannot help (nor can tokenmill's prefix cache). LLAMA_SERVER_ARGS: see above.
         # shellcheck disable=SC2086
@@ -204,10 +205,10 @@ if (( ${#JSONS[@]} )); then
     {
         echo "# Serving comparison, $(date +%Y-%m-%d)"
         echo
-        echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores."
+        echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores.${TOKENMILL_NATIVE_ISA:+" Built for: TOKENMILL_NATIVE_ISA=$TOKENMILL_NATIVE_ISA (every server's kernels; torch's ATen and oneDNN held to it)."}"
         echo "Model: $(basename "$MODEL"); random prompts ${INPUT_LEN} in / ${OUTPUT_LEN} out, unique first tokens," \
              "greedy, ignore_eos; max(${MIN_PROMPTS}, ${PROMPTS_PER_C}*C) prompts per level; $THREADS threads."
-        echo "Command: PEERS=\"$PEERS\" LEVELS=$LEVELS INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN" \
+        echo "Command: ${TOKENMILL_NATIVE_ISA:+TOKENMILL_NATIVE_ISA=$TOKENMILL_NATIVE_ISA }${TOKENMILL_ARGS:+TOKENMILL_ARGS=\"$TOKENMILL_ARGS\" }PEERS=\"$PEERS\" LEVELS=$LEVELS INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN" \
              "PROMPTS_PER_C=$PROMPTS_PER_C${SKIP_TOKENMILL:+ SKIP_TOKENMILL=1}${WAIT_QUIET:+ WAIT_QUIET=$WAIT_QUIET}" \
              "benchmarks/compare.sh (summary of every JSON in this directory)"
         echo
