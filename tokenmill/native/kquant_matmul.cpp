@@ -372,35 +372,38 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
         } else {  // Q6_K
             const uint8_t *ql = blk, *qh = blk + 128;
             d = f16_at(blk + 208);
-            const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-            const __m256i lo4 = _mm256_set1_epi16(0x000f), hi2 = _mm256_set1_epi16(0x0030),
-                          m32 = _mm256_set1_epi16(32);
+            // the 16 signed scales in both 128-bit halves (a byte shuffle picks within its half)
+            const __m256i sc8 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+            const __m256i nib = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30), b32 = _mm256_set1_epi8(32);
+            // shuffle indices: 16-bit lanes 0-7 take scale 0 (lanes 8-15 scale 1) into their low byte (pe) or their
+            // high byte (po), zero in the other (an index with its top bit set picks zero; + s keeps that bit)
+            const __m256i pe = _mm256_setr_epi8(0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128,
+                                                1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127);
+            const __m256i po = _mm256_setr_epi8(-128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0,
+                                                -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1);
             for (int h = 0; h < 2; ++h) {
                 const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h));
                 const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h + 32));
                 const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
-                // group g: the even elements (lane i: element 2i) and the odd ones, 6 bits, minus 32
+                // group g's 32 quants (6 bits, 0-63) as bytes in element order: byte l is the half's element 32g + l
+                // (its low 4 bits from ql, its top 2 from qh; the 16-bit shifts' spill into the next byte is masked)
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(l0, nib), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top2));
+                q[1] = _mm256_or_si256(_mm256_and_si256(l1, nib), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top2));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib), _mm256_and_si256(hb, top2));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib),
+                                       _mm256_and_si256(_mm256_srli_epi16(hb, 2), top2));
                 __m256i we[4], wo[4];
-                we[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), hi2));
-                wo[0] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 8), lo4),
-                                        _mm256_and_si256(_mm256_srli_epi16(hb, 4), hi2));
-                we[1] = _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), hi2));
-                wo[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 8), lo4),
-                                        _mm256_and_si256(_mm256_srli_epi16(hb, 6), hi2));
-                we[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(hb, hi2));
-                wo[2] = _mm256_or_si256(_mm256_srli_epi16(l0, 12), _mm256_and_si256(_mm256_srli_epi16(hb, 8), hi2));
-                we[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                                        _mm256_and_si256(_mm256_srli_epi16(hb, 2), hi2));
-                wo[3] = _mm256_or_si256(_mm256_srli_epi16(l1, 12), _mm256_and_si256(_mm256_srli_epi16(hb, 10), hi2));
                 for (int g = 0; g < 4; ++g) {
-                    // lanes 0-7 are sub-block 8h + 2g's elements, 8-15 sub-block 8h + 2g + 1's: their signed
-                    // scales picked into bytes 0-7, 8-15, widened; (q - 32) * sc, |.| <= 32 * 128
-                    const int s = 8 * h + 2 * g;
-                    const __m256i scg = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_setr_epi8(
-                        char(s), char(s), char(s), char(s), char(s), char(s), char(s), char(s), char(s + 1), char(s + 1),
-                        char(s + 1), char(s + 1), char(s + 1), char(s + 1), char(s + 1), char(s + 1))));
-                    we[g] = _mm256_mullo_epi16(_mm256_sub_epi16(we[g], m32), scg);
-                    wo[g] = _mm256_mullo_epi16(_mm256_sub_epi16(wo[g], m32), scg);
+                    // lanes 0-7 are sub-block s's elements, 8-15 sub-block s + 1's: its signed scale as the byte pair
+                    // (sc, 0) / (0, sc); an unsigned quant times it gives q * sc (|.| <= 63 * 128, no saturation),
+                    // and 32 * sc taken off gives (q - 32) * sc, |.| <= 32 * 128 (the same integers as a multiply)
+                    const __m256i s = _mm256_set1_epi8(char(8 * h + 2 * g));
+                    const __m256i sce = _mm256_shuffle_epi8(sc8, _mm256_add_epi8(pe, s));
+                    const __m256i sco = _mm256_shuffle_epi8(sc8, _mm256_add_epi8(po, s));
+                    const __m256i off = _mm256_maddubs_epi16(b32, sce);
+                    we[g] = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], sce), off);
+                    wo[g] = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], sco), off);
                 }
                 for (int r = 0; r < R; ++r) {
                     const int16_t* xb = xq + r * K + 256 * i + 128 * h;
