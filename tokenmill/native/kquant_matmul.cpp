@@ -183,6 +183,20 @@ inline __m512i lanes16(int a, int b) {  // 16-bit lanes 0-15 = a, 16-31 = b (shi
     return _mm512_inserti64x4(_mm512_set1_epi16(short(a)), _mm256_set1_epi16(short(b)), 1);
 }
 
+// Q6_K's scale picks (dot_rows_512): 128-bit lane k, each 16-bit lane's bytes (k, zero) / (zero, k)
+alignas(64) constexpr int8_t kPickEven[64] = {
+    0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128,
+    1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127,
+    2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126,
+    3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125,
+};
+alignas(64) constexpr int8_t kPickOdd[64] = {
+    -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0,
+    -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1,
+    -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2,
+    -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3,
+};
+
 // dot_rows on 512-bit vectors: the same integer sums per super-block as the AVX2 code, in other lanes
 template <int TYPE, int R>
 inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const float* xd, const float* xs,
@@ -191,7 +205,7 @@ inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, co
     __m512 acc[R];
     __m256 off[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), off[r] = _mm256_setzero_ps();
-    const __m512i lo4 = _mm512_set1_epi16(0x000f), hi2 = _mm512_set1_epi16(0x0030), m32 = _mm512_set1_epi16(32);
+    const __m512i lo4 = _mm512_set1_epi16(0x000f);
     for (int64_t i = 0; i < nsb; ++i) {
         const uint8_t* blk = wrow + i * super_bytes<TYPE>();
         prefetch_ahead<TYPE>(blk);
@@ -253,29 +267,36 @@ inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, co
         } else {  // Q6_K
             const uint8_t *ql = blk, *qh = blk + 128;
             d = f16_at(blk + 208);
-            // the 16 signed scales as 16-bit lanes 0-15; sub-block s (16 elements) has scale s
-            const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
-            // 16-bit lanes 0-7, 8-15, 16-23, 24-31 -> scales a, a + 1, a + 2, a + 3
-            const __m512i quad = _mm512_inserti64x4(
-                _mm512_zextsi256_si512(_mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)),
-                _mm256_setr_epi16(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), 1);
+            // the 16 signed scales in each 128-bit lane (a byte shuffle picks within its lane)
+            const __m512i sc8 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+            const __m512i nib = _mm512_set1_epi8(0x0f), top2 = _mm512_set1_epi8(0x30), b32 = _mm512_set1_epi8(32);
+            // shuffle indices: 128-bit lane k (16-bit lanes 8k .. 8k + 7) takes scale k into each 16-bit lane's low
+            // byte (kPickEven) or high byte (kPickOdd), zero in the other (top bit set; + s keeps it set)
+            const __m512i pe = _mm512_load_si512(kPickEven), po = _mm512_load_si512(kPickOdd);
             for (int h = 0; h < 2; ++h) {
-                // lanes 0-15: ql bytes 0-31 of the half (groups 0 and 2), 16-31: bytes 32-63 (groups 1 and 3);
-                // qh's 32 bytes in both halves, shifted per half to bring group g's two bits to bits 4-5
+                // bytes 0-31: ql bytes 0-31 of the half (groups 0 and 2), 32-63: bytes 32-63 (groups 1 and 3); qh's 32
+                // bytes in both halves, shifted per half to bring group g's two bits to bits 4-5
                 const __m512i l = _mm512_loadu_si512(ql + 64 * h);
                 const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h)));
-                // groups 0, 1 (lanes 0-15, 16-31) are sub-blocks 8h .. 8h + 3 (8 lanes each); groups 2, 3 the next 4
-                const __m512i sc01 = _mm512_permutexvar_epi16(_mm512_add_epi16(quad, _mm512_set1_epi16(short(8 * h))), sc16);
-                const __m512i sc23 = _mm512_permutexvar_epi16(_mm512_add_epi16(quad, _mm512_set1_epi16(short(8 * h + 4))), sc16);
-                // (q - 32) * sc: |.| <= 32 * 128
-                const __m512i e01 = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(l, lo4),
-                    _mm512_and_si512(_mm512_sllv_epi16(hb, lanes16(4, 2)), hi2)), m32), sc01);
-                const __m512i o01 = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 8), lo4),
-                    _mm512_and_si512(_mm512_srlv_epi16(hb, lanes16(4, 6)), hi2)), m32), sc01);
-                const __m512i e23 = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
-                    _mm512_and_si512(_mm512_srlv_epi16(hb, lanes16(0, 2)), hi2)), m32), sc23);
-                const __m512i o23 = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_or_si512(_mm512_srli_epi16(l, 12),
-                    _mm512_and_si512(_mm512_srlv_epi16(hb, lanes16(8, 10)), hi2)), m32), sc23);
+                // groups 0 | 1 and 2 | 3 as bytes in element order, 6 bits (0-63); the 16-bit shifts' spill into the
+                // next byte is masked
+                const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, nib),
+                                                    _mm512_and_si512(_mm512_sllv_epi16(hb, lanes16(4, 2)), top2));
+                const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), nib),
+                                                    _mm512_and_si512(_mm512_srlv_epi16(hb, lanes16(0, 2)), top2));
+                // groups 0, 1 are sub-blocks 8h .. 8h + 3 (8 lanes each), groups 2, 3 the next 4: each scale as the
+                // byte pair (sc, 0) / (0, sc); an unsigned quant times it gives q * sc (|.| <= 63 * 128, no
+                // saturation), and 32 * sc taken off gives (q - 32) * sc, |.| <= 32 * 128 (the integers a multiply gives)
+                const __m512i s01 = _mm512_set1_epi8(char(8 * h)), s23 = _mm512_set1_epi8(char(8 * h + 4));
+                const __m512i ce01 = _mm512_shuffle_epi8(sc8, _mm512_add_epi8(pe, s01));
+                const __m512i co01 = _mm512_shuffle_epi8(sc8, _mm512_add_epi8(po, s01));
+                const __m512i ce23 = _mm512_shuffle_epi8(sc8, _mm512_add_epi8(pe, s23));
+                const __m512i co23 = _mm512_shuffle_epi8(sc8, _mm512_add_epi8(po, s23));
+                const __m512i off01 = _mm512_maddubs_epi16(b32, ce01), off23 = _mm512_maddubs_epi16(b32, ce23);
+                const __m512i e01 = _mm512_sub_epi16(_mm512_maddubs_epi16(q01, ce01), off01);
+                const __m512i o01 = _mm512_sub_epi16(_mm512_maddubs_epi16(q01, co01), off01);
+                const __m512i e23 = _mm512_sub_epi16(_mm512_maddubs_epi16(q23, ce23), off23);
+                const __m512i o23 = _mm512_sub_epi16(_mm512_maddubs_epi16(q23, co23), off23);
                 for (int r = 0; r < R; ++r) {
                     const int16_t* xp = xq + r * K + 256 * i + 128 * h;
                     isum[r] = dot64(dot64(isum[r], e01, o01, xp), e23, o23, xp + 64);

@@ -20,6 +20,11 @@ if [[ "${1:-}" == q6k-ab ]]; then  # the Q6_K byte unpack: /tmp/kq_new = f16c74a
         TOKENMILL_NATIVE_ISA=avx2 TYPES=14 ROWS=1,2,4,8 .venv/bin/python benchmarks/experiments/kquant_ab.py /tmp/$1 /tmp/$2
     done; exit
 fi
+if [[ "${1:-}" == q6k512-ab ]]; then  # the same for the AVX-512 loop: /tmp/kq_new2 = b89fad8's sources, /tmp/kq_new3 the next
+    for pair in "kq_new2 kq_new3" "kq_new3 kq_new2"; do set -- $pair
+        TYPES=14 ROWS=1,2,4,8 .venv/bin/python benchmarks/experiments/kquant_ab.py /tmp/$1 /tmp/$2
+    done; exit
+fi
 export TOKENMILL_NATIVE_ISA=avx2
 case "${1:?mode: big | c1 | serve | native-big | f16-ab}" in
     big) TOKENMILL_ARGS="--dtype float32" LOAD_C=0 RESULTS_DIR=$R/big-model${2:+-$2} benchmarks/big_model.sh ;;
