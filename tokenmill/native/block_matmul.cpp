@@ -96,14 +96,15 @@ struct QuantX {
 
 // Where element e (0-31) of x's 32-block b lands in its row of q, by layout: 0 in place; 1 per block its 16 even
 // elements, then its 16 odd ones; 2 per pair of blocks (2p, 2p + 1): block 2p's even elements, block 2p + 1's
-// even ones, then both blocks' odd ones (kquant_matmul.cpp's 256- and 512-bit vectors)
-static inline int64_t x_slot(int layout, int64_t b, int e) {
+// even ones, then both blocks' odd ones (kquant_matmul.cpp's 256- and 512-bit vectors; its plain C++ code reads
+// x through this too). Hidden (not the ABI); inlined in this file.
+__attribute__((visibility("hidden"))) int64_t tm_x_slot(int layout, int64_t b, int e) {
     return layout == 0 ? 32 * b + e
          : layout == 1 ? 32 * b + (e & 1) * 16 + e / 2
                        : 64 * (b / 2) + (e & 1) * 32 + (b % 2) * 16 + e / 2;
 }
 
-// x (M, K) fp32, rows ldx apart -> q (M, K) int16 (x_slot's layout), one scale per `group` elements of a row (32
+// x (M, K) fp32, rows ldx apart -> q (M, K) int16 (tm_x_slot's layout), one scale per `group` elements of a row (32
 // here, 256 for kquant_matmul.cpp; a multiple of 32) mapping the group's amax to qmax (32767 here): per (row,
 // group) the scale d, per (row, 32-block) s = d * sum(q) of the block. Each value is x * (qmax / amax) rounded
 // to nearest even (the vector code's conversion, std::nearbyint's in the scalar one), so both give the same q.
@@ -154,8 +155,8 @@ __attribute__((visibility("hidden"))) void tm_quantize_rows16(const float* x, in
                     const __m512i eo = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
                                                         30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
                     w = _mm512_permutexvar_epi16(eo, w);
-                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + x_slot(layout, b, 0)), _mm512_castsi512_si256(w));
-                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + x_slot(layout, b, 1)), _mm512_extracti64x4_epi64(w, 1));
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + tm_x_slot(layout, b, 0)), _mm512_castsi512_si256(w));
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + tm_x_slot(layout, b, 1)), _mm512_extracti64x4_epi64(w, 1));
                 }
 #elif defined(TM_AVX2)
                 const __m256 vid = _mm256_set1_ps(id);
@@ -180,15 +181,15 @@ __attribute__((visibility("hidden"))) void tm_quantize_rows16(const float* x, in
                     const __m128i eo = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
                     for (int half = 0; half < 2; ++half) {
                         const __m128i a = _mm_shuffle_epi8(h[2 * half], eo), c = _mm_shuffle_epi8(h[2 * half + 1], eo);
-                        _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + x_slot(layout, b, 0) + 8 * half), _mm_unpacklo_epi64(a, c));
-                        _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + x_slot(layout, b, 1) + 8 * half), _mm_unpackhi_epi64(a, c));
+                        _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + tm_x_slot(layout, b, 0) + 8 * half), _mm_unpacklo_epi64(a, c));
+                        _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + tm_x_slot(layout, b, 1) + 8 * half), _mm_unpackhi_epi64(a, c));
                     }
                 }
 #else
                 int sum = 0;
                 for (int i = 0; i < 32; ++i) {
                     const int v = int(std::nearbyint(xb[i] * id));
-                    qr[x_slot(layout, b, i)] = int16_t(v);
+                    qr[tm_x_slot(layout, b, i)] = int16_t(v);
                     sum += v;
                 }
 #endif

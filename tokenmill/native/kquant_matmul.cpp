@@ -44,6 +44,7 @@ float tm_half_to_float(uint16_t h);  // block_matmul.cpp
 void tm_quantize_rows16(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t group, float qmax, int layout,
                         std::vector<int16_t>& q, std::vector<float>& d, std::vector<float>& s);  // block_matmul.cpp
 void tm_run_items(int64_t items, int nthreads, const std::function<void(int64_t)>& item);  // block_matmul.cpp
+int64_t tm_x_slot(int layout, int64_t b, int e);  // block_matmul.cpp: where x's element e of 32-block b lands
 
 namespace {
 
@@ -67,7 +68,7 @@ inline float f16_at(const uint8_t* p) {
 #endif
 }
 
-// Where element e (0-31) of x's 32-block j lands in the quantized row (block_matmul.cpp's quantizer lays it out):
+// How block_matmul.cpp's quantizer lays x out for these vectors (tm_x_slot says where each element lands):
 // 256-bit vectors take a block's 16 even elements, then its 16 odd ones (layout 1); 512-bit vectors two blocks
 // at once, so each pair of blocks (2q, 2q + 1) is laid out as block 2q's even elements, block 2q + 1's even
 // ones, then both blocks' odd ones (layout 2)
@@ -76,9 +77,6 @@ constexpr int kXLayout = 2;
 #else
 constexpr int kXLayout = 1;
 #endif
-inline int64_t x_slot(int64_t j, int e) {
-    return kXLayout == 2 ? 64 * (j / 2) + (e & 1) * 32 + (j % 2) * 16 + e / 2 : 32 * j + (e & 1) * 16 + e / 2;
-}
 
 // x's quantization. Q5_K and Q6_K: one scale per super-block of 256 values, so that a super-block's products
 // are summed in integers, the sub-blocks' scales applied to the weights (sc * q as 16-bit lanes), and converted
@@ -94,7 +92,7 @@ constexpr float kXMax = TYPE == kQ6_K ? 16383.0f : 32767.0f;
 template <int TYPE>
 constexpr int64_t kXGroup = TYPE == kQ4_K ? 32 : 256;
 
-// x (M, K) -> q (M, K) int16 in x_slot's order (block_matmul.cpp's quantizer); per (row, kXGroup values) the
+// x (M, K) -> q (M, K) int16 in tm_x_slot's order (block_matmul.cpp's quantizer); per (row, kXGroup values) the
 // scale d, per (row, 32-block) s = d * sum(q) (the mins' term)
 struct QuantX {
     std::vector<int16_t> q;
@@ -169,7 +167,7 @@ inline __m256i dot32(__m256i acc, __m256i we, __m256i wo, const int16_t* xb) {
 
 #ifdef TM_AVX512
 // acc + the 16 int32 lanes of two 32-element groups' dots: w's even elements (32 int16: group a's 16, group b's
-// 16) and odd ones against x's pair of blocks (x_slot's order)
+// 16) and odd ones against x's pair of blocks (tm_x_slot's order)
 inline __m512i dot64(__m512i acc, __m512i we, __m512i wo, const int16_t* xp) {
     const __m512i xe = _mm512_loadu_si512(xp), xo = _mm512_loadu_si512(xp + 32);
 #if defined(__AVX512VNNI__)
@@ -455,7 +453,7 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
                 for (int j = 0; j < 8; ++j) {
                     int sum0 = 0, sum1 = 0;  // elements 0-15 and 16-31
                     for (int e = 0; e < 32; ++e) {
-                        const int v = ((blk[16 + 32 * (j / 2) + e] >> (4 * (j & 1))) & 0x0f) * xr[x_slot(8 * i + j, e)];
+                        const int v = ((blk[16 + 32 * (j / 2) + e] >> (4 * (j & 1))) & 0x0f) * xr[tm_x_slot(kXLayout, 8 * i + j, e)];
                         (e < 16 ? sum0 : sum1) += v;
                     }
                     const float ws = dd * float(sc[j]);
@@ -493,7 +491,7 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
                 for (int e = 0; e < 256; ++e) q[e] *= int8_t(blk[192 + e / 16]);
             }
             int64_t isum = 0;  // exact (the vector code's int32 lanes add up to the same)
-            for (int e = 0; e < 256; ++e) isum += int64_t(q[e]) * xr[x_slot(8 * i + e / 32, e % 32)];
+            for (int e = 0; e < 256; ++e) isum += int64_t(q[e]) * xr[tm_x_slot(kXLayout, 8 * i + e / 32, e % 32)];
             acc += float(isum) * (d * xd[r * nx + i]);
         }
         y[r * ldy] = acc - off;
