@@ -28,3 +28,12 @@ def test_every_non_python_file_in_the_package_is_package_data() -> None:
             missing.append(str(rel))
     assert not missing, f"not in [tool.setuptools.package-data]: {missing}"
     assert "tokenmill.native" in data  # (the loop checked something)
+
+
+def test_bench_specs_default_prompts_are_inside_the_package() -> None:
+    """`tokenmill bench spec`'s grounded workload is read from the package (a wheel install has no benchmarks/
+    folder beside it), and benchmarks/prompts/ still finds the same file for the scripts there."""
+    from tokenmill.benchmarks.spec import GROUNDED
+
+    assert GROUNDED.is_file() and (ROOT / "tokenmill") in GROUNDED.parents
+    assert (ROOT / "benchmarks" / "prompts" / "spec_grounded.json").read_bytes() == GROUNDED.read_bytes()

@@ -175,7 +175,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     _offline_args(sp, output_len=256)
     sp.add_argument("--workload", choices=["grounded", "random"], default="grounded")
     sp.add_argument("--prompts-file", default=None, help="grounded: a JSON of name -> chat messages "
-                    "(default benchmarks/prompts/spec_grounded.json)")
+                    "(default: the grounded prompts shipped in tokenmill/benchmarks/prompts/spec_grounded.json)")
     sp.add_argument("--concurrency", type=int, default=1)
     sp.add_argument("--repeats", type=int, default=2)
     sp.add_argument("--speculative-config", default=None, help="JSON (default: ngram with its defaults)")

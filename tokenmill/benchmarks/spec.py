@@ -1,7 +1,7 @@
 """What speculative decoding buys, in one process: the same prompts through an engine without it and one
 with it, alternately, greedy, output tok/s of each and the speed-up, with the acceptance rate.
 
-    tokenmill bench spec --workload grounded --concurrency 1      (benchmarks/prompts/spec_grounded.json)
+    tokenmill bench spec --workload grounded --concurrency 1      (tokenmill/benchmarks/prompts/spec_grounded.json)
     tokenmill bench spec --workload random --concurrency 16       (random token prompts: the rule's side)
 
 grounded: chat prompts whose answers mostly repeat the prompt (a file to edit, a text to summarise with
@@ -21,7 +21,8 @@ from tokenmill.benchmarks.throughput import random_prompts
 from tokenmill.entrypoints.llm import LLM
 from tokenmill.sampling_params import SamplingParams
 
-GROUNDED = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "spec_grounded.json"
+# package data, so that `tokenmill bench spec` finds it from an installed wheel too (benchmarks/prompts/ links to it)
+GROUNDED = Path(__file__).resolve().parent / "prompts" / "spec_grounded.json"
 
 
 def _run(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
