@@ -1,6 +1,6 @@
-"""Tiny random Gemma 3 checkpoints for the tests: an HF directory written by transformers' own
-Gemma3ForCausalLM, and a GGUF of the same weights written with the `gguf` package under llama.cpp's
-tensor names and metadata keys (norms stored as 1 + w, as llama.cpp's converter stores them).
+"""Tiny random Gemma 3 (and Gemma 2) checkpoints for the tests: an HF directory written by transformers' own
+Gemma3ForCausalLM (Gemma2ForCausalLM), and a GGUF of the same weights written with the `gguf` package under
+llama.cpp's tensor names and metadata keys (norms stored as 1 + w, as llama.cpp's converter stores them).
 
 The vocabulary is the default model's (its tokenizer makes the directory and the GGUF complete)."""
 
@@ -63,6 +63,28 @@ def make_hf_model(transformers: Any, vocab: int, **overrides: Any) -> Any:
     return model
 
 
+def make_hf_gemma2(transformers: Any, vocab: int, **overrides: Any) -> Any:
+    """A random Gemma2ForCausalLM: 4 layers alternating local (first) and global, GQA, head dim 32, a window
+    of 16, attention scores capped at 5 (so the cap bites: random weights' scores reach it) and logits at
+    10, norms far from their defaults. query_pre_attn_scalar == head_dim, as llama.cpp assumes."""
+    kw: dict[str, Any] = dict(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6,
+        sliding_window=WINDOW, query_pre_attn_scalar=32, attn_logit_softcapping=5.0, final_logit_softcapping=10.0,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+    kw.update(overrides)
+    cfg = transformers.Gemma2Config(**kw)
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3 if "q_proj" in name or "k_proj" in name else 0.08 if "embed" not in name else 0.5)
+            else:
+                p.uniform_(-0.5, 0.5)
+    return model
+
+
 def write_hf_dir(model: Any, tokenizer: Any, out: Path) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.backend.save(str(out / "tokenizer.json"))
@@ -79,9 +101,9 @@ def write_gguf(model: Any, src_md: dict[str, Any], out: Path, matrix_type: str =
     from gguf.quants import quantize
 
     cfg = model.config
-    a = "gemma3"
+    a = "gemma2" if cfg.model_type == "gemma2" else "gemma3"
     w = GGUFWriter(out, a)
-    w.add_name("tiny-gemma3")
+    w.add_name(f"tiny-{a}")
     w.add_uint32(f"{a}.block_count", cfg.num_hidden_layers)
     w.add_uint32(f"{a}.context_length", cfg.max_position_embeddings)
     w.add_uint32(f"{a}.embedding_length", cfg.hidden_size)
@@ -90,15 +112,17 @@ def write_gguf(model: Any, src_md: dict[str, Any], out: Path, matrix_type: str =
     w.add_uint32(f"{a}.attention.head_count_kv", cfg.num_key_value_heads)
     w.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
     w.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
-    w.add_float32(f"{a}.rope.freq_base", cfg.rope_parameters["full_attention"]["rope_theta"])
+    full = cfg.rope_parameters["full_attention"] if a == "gemma3" else cfg.rope_parameters
+    w.add_float32(f"{a}.rope.freq_base", full["rope_theta"])
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     w.add_uint32(f"{a}.attention.sliding_window", cfg.sliding_window)
-    full = cfg.rope_parameters["full_attention"]
     if full.get("rope_type") == "linear":
         w.add_string(f"{a}.rope.scaling.type", "linear")
         w.add_float32(f"{a}.rope.scaling.factor", float(full["factor"]))
     if cfg.final_logit_softcapping:
         w.add_float32(f"{a}.final_logit_softcapping", float(cfg.final_logit_softcapping))
+    if a == "gemma2":  # llama.cpp's converter writes both caps
+        w.add_float32(f"{a}.attn_logit_softcapping", float(cfg.attn_logit_softcapping))
     tokens = list(src_md["tokenizer.ggml.tokens"])
     w.add_tokenizer_model(str(src_md["tokenizer.ggml.model"]))
     w.add_tokenizer_pre(str(src_md["tokenizer.ggml.pre"]))

@@ -88,9 +88,10 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float,
-                sliding_window: int = 0) -> torch.Tensor:
+                sliding_window: int = 0, softcap: float = 0.0) -> torch.Tensor:
         """q (T, nh, hd), k and v (T, nkv, hd) of this step's tokens: write k, v to their cache slots, then
-        attend (over the last `sliding_window` keys of each query when > 0). Returns (T, nh, hd)."""
+        attend (over the last `sliding_window` keys of each query when > 0; each score s soft-capped to
+        softcap * tanh(s / softcap) when softcap > 0). Returns (T, nh, hd)."""
 
     def release(self, req_ids: set[str]) -> None:
         """These requests are finished: drop any state kept for them."""

@@ -19,10 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from tokenmill.attention.backend import AttentionMetadata, AttentionStep
-from tokenmill.attention.paged import PagedAttentionBackend
+from tokenmill.attention.paged import PagedAttentionBackend, attend
 
 
 @dataclass
@@ -173,10 +172,10 @@ class MirrorAttentionBackend(PagedAttentionBackend):
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float, window: int = 0) -> None:
+                         scale: float, window: int = 0, softcap: float = 0.0) -> None:
         m = meta.extra
         if not isinstance(m, MirrorStep):
-            super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window)
+            super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window, softcap)
             return
         d = meta.num_decodes
         kb, vb = m.k[layer_idx], m.v[layer_idx]  # (S, nkv, cap, hd)
@@ -190,9 +189,7 @@ class MirrorAttentionBackend(PagedAttentionBackend):
                 keys = torch.arange(m.max_len, device=m.positions.device)[None, :]
                 mask = m.mask & (keys > m.positions[:, None] - window)[:, None, None, :]
                 meta.window_cache[("mirror_mask", window)] = mask
-        o = F.scaled_dot_product_attention(qd, kb[:d, :, : m.max_len], vb[:d, :, : m.max_len], attn_mask=mask,
-                                           scale=scale, enable_gqa=True)
-        out[:d] = o.squeeze(2)
+        out[:d] = attend(qd, kb[:d, :, : m.max_len], vb[:d, :, : m.max_len], mask, scale, softcap).squeeze(2)
 
     def release(self, req_ids: set[str]) -> None:
         self.mirror.drop(req_ids)

@@ -132,9 +132,14 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float, window: int = 0) -> None:
+                         scale: float, window: int = 0, softcap: float = 0.0) -> None:
         d, lens, tables = meta.num_decodes, meta.decode_context_lens, meta.decode_block_tables
         if lens is not None and tables is not None:
+            if softcap > 0:  # the kernel has no cap: the masked gather
+                keys = torch.arange(tables.shape[1] * self.block_size, device=lens.device)
+                meta.decode_mask = (keys[None, :] < lens[:, None])[:, None, None, :]
+                super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window, softcap)
+                return
             starts = None  # (D,) int64: each decode's first key position, lens - W, once per step and window
             if window > 0:
                 starts = meta.window_cache.get(("starts", window))
@@ -146,4 +151,4 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
             if meta.decode_mask is None:  # tensors the kernel did not take (a stride): the masked gather
                 keys = torch.arange(tables.shape[1] * self.block_size, device=lens.device)
                 meta.decode_mask = (keys[None, :] < lens[:, None])[:, None, None, :]
-        super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window)
+        super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window, softcap)

@@ -56,10 +56,33 @@ def prefill_chunks(prefills: list[ScheduledSeq], q_offset: int, device: torch.de
     return chunks
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           softcap: float = 0.0, is_causal: bool = False) -> torch.Tensor:
+    """q (B, nh, Lq, hd), k and v (B, nkv, Lk, hd) -> (B, nh, Lq, hd): SDPA (GQA, a bool mask where True is
+    seen, or causal). With softcap > 0 each score s is first soft-capped, cap * tanh(s / cap) (Gemma 2),
+    which SDPA has no option for: the same attention in explicit steps, in fp32, then q's dtype."""
+    if softcap <= 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=True)
+    rep = q.shape[1] // k.shape[1]
+    kf, vf = k.float(), v.float()
+    if rep > 1:  # each kv head serves `rep` consecutive query heads, as enable_gqa pairs them
+        kf, vf = kf.repeat_interleave(rep, dim=1), vf.repeat_interleave(rep, dim=1)
+    scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale  # (B, nh, Lq, Lk)
+    scores = torch.tanh(scores / softcap) * softcap
+    if is_causal:  # Lq == Lk here: query i sees keys 0..i
+        lq, lk = scores.shape[-2], scores.shape[-1]
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), vf).to(q.dtype)
+
+
 def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, chunks: list[PrefillChunk], scale: float, window: int = 0) -> None:
+                      v_cache: torch.Tensor, chunks: list[PrefillChunk], scale: float, window: int = 0,
+                      softcap: float = 0.0) -> None:
     """Each chunk attends over its cached prefix plus itself (causal; with window W > 0 over the last W
-    keys of each query only); results go into `out` (T, nh, hd)."""
+    keys of each query only; scores soft-capped when softcap > 0); results go into `out` (T, nh, hd)."""
     nkv, hd = k.shape[1], k.shape[2]
     bs = k_cache.shape[1]
     for c in chunks:
@@ -73,10 +96,9 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             ks = k[c.q_start : c.q_start + c.q_len].transpose(0, 1)[None].contiguous()
             vs = v[c.q_start : c.q_start + c.q_len].transpose(0, 1)[None].contiguous()
             if window <= 0 or c.q_len <= window:  # the window covers the whole chunk
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+                o = attend(qs, ks, vs, None, scale, softcap, is_causal=True)
             else:
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=_causal_mask(qpos, qpos, window),
-                                                   scale=scale, enable_gqa=True)
+                o = attend(qs, ks, vs, _causal_mask(qpos, qpos, window), scale, softcap)
         else:  # cached prefix + chunk: gather the blocks from the first one the window reaches
             ctx = c.start + c.q_len
             first = max(0, c.start - window + 1) // bs if window > 0 else 0  # blocks before it are unseen
@@ -86,8 +108,7 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             vs = gather_blocks(v_cache, c.block_table[first:nb]).view(-1, nkv, hd)[: ctx - k0].transpose(0, 1)[None]
             ks, vs = ks.contiguous(), vs.contiguous()
             kpos = torch.arange(k0, ctx, device=q.device)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=_causal_mask(qpos, kpos, window), scale=scale,
-                                               enable_gqa=True)
+            o = attend(qs, ks, vs, _causal_mask(qpos, kpos, window), scale, softcap)
         out[c.q_start : c.q_start + c.q_len] = o[0].transpose(0, 1)
 
 
@@ -162,16 +183,17 @@ class PagedAttentionBackend(AttentionBackend):
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float,
-                sliding_window: int = 0) -> torch.Tensor:
+                sliding_window: int = 0, softcap: float = 0.0) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)
-        chunks = self.attend_rows(out, q, kv_cache, meta, scale, sliding_window)
+        # (soft-capped scores: the native kernel has no cap, so its one pass is skipped)
+        chunks = None if softcap > 0 else self.attend_rows(out, q, kv_cache, meta, scale, sliding_window)
         if chunks is None:
             chunks = 0
             if meta.num_decodes:
-                self.decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, sliding_window)
-        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills[chunks:], scale, sliding_window)
+                self.decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, sliding_window, softcap)
+        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills[chunks:], scale, sliding_window, softcap)
         return out
 
     def attend_rows(self, out: torch.Tensor, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
@@ -183,9 +205,9 @@ class PagedAttentionBackend(AttentionBackend):
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float, window: int = 0) -> None:
+                         scale: float, window: int = 0, softcap: float = 0.0) -> None:
         """The first num_decodes tokens: one query each over its gathered blocks -> out[:D]; with a window,
-        over the blocks the window reaches (window_decode_blocks)."""
+        over the blocks the window reaches (window_decode_blocks); scores soft-capped when softcap > 0."""
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         d, nkv, hd = meta.num_decodes, k.shape[1], k.shape[2]
         tables, mask = meta.decode_block_tables, meta.decode_mask
@@ -194,5 +216,4 @@ class PagedAttentionBackend(AttentionBackend):
         kd = gather_blocks(kv_cache[0], tables).view(d, -1, nkv, hd).transpose(1, 2)  # (D, nkv, L, hd)
         vd = gather_blocks(kv_cache[1], tables).view(d, -1, nkv, hd).transpose(1, 2)
         qd = q[:d].unsqueeze(2)  # (D, nh, 1, hd)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[:d] = o.squeeze(2)
+        out[:d] = attend(qd, kd, vd, mask, scale, softcap).squeeze(2)

@@ -78,6 +78,9 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
         for key in ("hidden_act", "rope_theta", "rope_scaling"):  # its own forms of these follow
             del out[key]
         out.update(_gemma3_config(cfg))
+    elif cfg.architecture == "gemma2":
+        del out["hidden_act"], out["rope_scaling"]
+        out.update(_gemma2_config(cfg))
     elif cfg.sliding_window:  # Mistral's window: every layer
         out["sliding_window"] = cfg.sliding_window
     if model_type == "llama":
@@ -154,6 +157,22 @@ def _gemma3_config(cfg: ModelConfig) -> dict[str, Any]:
                             "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_theta}},
         "final_logit_softcapping": cfg.final_logit_softcapping or None,
         "attn_logit_softcapping": None,
+        "attention_bias": cfg.attention_bias,
+    }
+
+
+def _gemma2_config(cfg: ModelConfig) -> dict[str, Any]:
+    """Gemma2Config's own fields."""
+    if cfg.rope_scaling:
+        raise NotImplementedError("gemma2 with rope scaling has no HF config form")
+    return {
+        "hidden_activation": cfg.hidden_act,
+        "query_pre_attn_scalar": int(cfg.query_pre_attn_scalar) if cfg.query_pre_attn_scalar.is_integer()
+        else cfg.query_pre_attn_scalar,
+        "sliding_window": cfg.sliding_window,
+        "layer_types": list(cfg.layer_types),
+        "final_logit_softcapping": cfg.final_logit_softcapping or None,
+        "attn_logit_softcapping": cfg.attn_logit_softcapping or None,
         "attention_bias": cfg.attention_bias,
     }
 

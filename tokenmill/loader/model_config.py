@@ -47,6 +47,7 @@ class ModelConfig:
     rope_local_theta: float = 0.0  # rotary base of the local (windowed) layers; rope_theta is the global one
     query_pre_attn_scalar: float = 0.0  # attention scale = query_pre_attn_scalar ** -0.5; 0: head_dim ** -0.5
     final_logit_softcapping: float = 0.0  # logits = cap * tanh(logits / cap); 0: none
+    attn_logit_softcapping: float = 0.0  # attention scores = cap * tanh(scores / cap) (Gemma 2); 0: none
 
     def layer_windows(self) -> list[int]:
         """Each layer's sliding window (0: the layer attends to every earlier key)."""
@@ -73,8 +74,8 @@ class ModelConfig:
         matmuls = sum(n * k for n, k in self._layer_shapes(active))
         per_layer = matmuls + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
-        if self.architecture == "gemma3":  # pre- and post-norms around both sublayers, per-head q/k norms
-            per_layer += 2 * d + 2 * self.head_dim
+        if self.architecture in ("gemma2", "gemma3"):  # pre- and post-norms around both sublayers
+            per_layer += 2 * d + (2 * self.head_dim if self.architecture == "gemma3" else 0)  # Gemma 3's q/k norms
         return self.num_layers * per_layer + bias + v * d * (1 if self.tie_word_embeddings else 2) + d
 
     def linear_shapes(self) -> list[tuple[int, int]]:
@@ -125,6 +126,8 @@ class ModelConfig:
         family: dict[str, Any] = {}
         if ours.name == "gemma3":
             family = _gemma3_gguf(metadata, arch)
+        elif ours.name == "gemma2":
+            family = _gemma2_gguf(metadata, arch)
         elif ours.name == "mistral" and f"{arch}.attention.sliding_window" in metadata:  # a GGUF that kept it
             family = {"sliding_window": int(metadata[f"{arch}.attention.sliding_window"])}
         cfg = cls(
@@ -178,6 +181,8 @@ class ModelConfig:
         try:
             if arch == "gemma3":
                 common.update(_gemma3_hf(cfg))
+            elif arch == "gemma2":
+                common.update(_gemma2_hf(cfg))
             else:
                 common.update(_sliding_window_hf(cfg, arch))
         except ValueError as e:
@@ -388,5 +393,52 @@ def _gemma3_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
         # gemma_pytorch's rule, as llama.cpp applies it: the 27B (62 layers) scales by hidden / heads
         "query_pre_attn_scalar": float(hidden // heads if n == 62 else head_dim),
         "final_logit_softcapping": float(md.get(f"{arch}.final_logit_softcapping") or 0.0),
+        "hidden_act": "gelu_pytorch_tanh",
+    }
+
+
+# Gemma 2: Gemma 3's layer (norms before and after each sublayer, (1 + w) norms, GELU-tanh, tied and
+# sqrt(hidden)-scaled embeddings) without the per-head q/k norms, with attention scores soft-capped
+# (cap * tanh(s / cap), 50) as well as the logits (30), local and global layers alternating (local first,
+# window 4096), and one rotary base for both.
+def _gemma2_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma2Config: layer types (else alternating), the window, the soft-caps, the attention scalar."""
+    n = int(cfg["num_hidden_layers"])
+    types = tuple(cfg.get("layer_types") or _gemma3_pattern(n, 2))
+    if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
+        raise ValueError(f"gemma2 layer_types {types} are not {n} of sliding_attention / full_attention")
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    if params.get("rope_type", params.get("type", "default")) != "default":
+        raise ValueError(f"gemma2 rope scaling {params.get('rope_type', params.get('type'))!r} is not supported")
+    theta = float(cfg.get("rope_theta") or params.get("rope_theta") or 10_000.0)
+    return {
+        "sliding_window": int(cfg.get("sliding_window") or 0) or None,
+        "layer_types": types,
+        "rope_theta": theta,
+        "rope_local_theta": theta,
+        "rope_scaling": None,
+        "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256)),
+        "final_logit_softcapping": float(cfg.get("final_logit_softcapping") or 0.0),
+        "attn_logit_softcapping": float(cfg.get("attn_logit_softcapping") or 0.0),
+        "hidden_act": str(cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+    }
+
+
+def _gemma2_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
+    """llama.cpp's gemma2 hparams: the window and the soft-caps from the file (50 and 30 where it lacks them,
+    llama.cpp's defaults), every other layer local from the first, the attention scale by gemma_pytorch's
+    rule (the 27B, 46 layers: hidden / heads; else head_dim)."""
+    n = int(md[f"{arch}.block_count"])
+    hidden, heads = int(md[f"{arch}.embedding_length"]), int(md[f"{arch}.attention.head_count"])
+    head_dim = int(md.get(f"{arch}.attention.key_length", hidden // heads))
+    attn_cap, final_cap = md.get(f"{arch}.attn_logit_softcapping"), md.get(f"{arch}.final_logit_softcapping")
+    return {
+        "sliding_window": int(md.get(f"{arch}.attention.sliding_window", 4096)) or None,
+        "layer_types": _gemma3_pattern(n, 2),
+        "rope_local_theta": float(md.get(f"{arch}.rope.freq_base", 10_000.0)),
+        "query_pre_attn_scalar": float(hidden // heads if n == 46 else head_dim),
+        "attn_logit_softcapping": float(50.0 if attn_cap is None else attn_cap),
+        "final_logit_softcapping": float(30.0 if final_cap is None else final_cap),
         "hidden_act": "gelu_pytorch_tanh",
     }

@@ -73,6 +73,7 @@ _GGUF_TO_HF_BY_ARCH = {
     "gemma3": {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                "post_ffw_norm": "post_feedforward_layernorm"},
 }
+_GGUF_TO_HF_BY_ARCH["gemma2"] = _GGUF_TO_HF_BY_ARCH["gemma3"]  # the same four norms
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)
 _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",
@@ -80,10 +81,10 @@ _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "
 
 
 def _norm_shift(gguf_arch: str, name: str) -> float:
-    """What llama.cpp's converter added to a norm weight: 1 for Gemma 3, whose (1 + w) norms it stores as
-    the scale itself (convert_hf_to_gguf.py, Gemma3Model: norm_shift). The reader takes it off again, so
+    """What llama.cpp's converter added to a norm weight: 1 for Gemma 2 and 3, whose (1 + w) norms it stores as
+    the scale itself (convert_hf_to_gguf.py, Gemma2Model and Gemma3Model). The reader takes it off again, so
     every reader yields the HF checkpoint's w."""
-    return 1.0 if gguf_arch == "gemma3" and name.endswith("norm.weight") else 0.0
+    return 1.0 if gguf_arch in ("gemma2", "gemma3") and name.endswith("norm.weight") else 0.0
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:

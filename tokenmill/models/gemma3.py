@@ -1,4 +1,7 @@
-"""Gemma 3 text decoder (HF Gemma3ForCausalLM, model_type gemma3_text; GGUF architecture "gemma3").
+"""Gemma 3 text decoder (HF Gemma3ForCausalLM, model_type gemma3_text; GGUF architecture "gemma3"), and Gemma 2
+(HF Gemma2ForCausalLM; GGUF "gemma2"): the same layer without the per-head q/k norms, with the attention
+scores soft-capped (attn_logit_softcapping: cap * tanh(s / cap) before the softmax), local and global layers
+alternating, one rotary base for both (ModelConfig's gemma2 readers set these).
 
 What differs from llama (models/llama.py, whose fused qkv_proj / gate_up_proj and residual stream it
 follows):
@@ -43,21 +46,25 @@ class Gemma3Attention(nn.Module):
         q, kv, d = self.nh * self.hd, self.nkv * self.hd, cfg.hidden_size
         self.qkv_proj = Linear(d, q + 2 * kv, method, bias=cfg.attention_bias, shards={"q": q, "k": kv, "v": kv})
         self.o_proj = Linear(q, d, method)
-        self.q_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0)
-        self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0)
+        self.qk_norm = cfg.architecture == "gemma3"  # Gemma 2 has none
+        if self.qk_norm:
+            self.q_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0)
+            self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0)
         self.scale = (cfg.query_pre_attn_scalar or self.hd) ** -0.5
+        self.softcap = cfg.attn_logit_softcapping  # Gemma 2's; 0: none
 
     def forward(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
         """h: (T, D) normed hidden -> (T, D). `rope`: this layer's kind's (local or global) tables."""
         T = h.shape[0]
         q, k, v = self.qkv_proj(h).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q = self.q_norm(q.reshape(T, self.nh, self.hd))  # per head, over hd
-        k = self.k_norm(k.reshape(T, self.nkv, self.hd))
+        q, k = q.reshape(T, self.nh, self.hd), k.reshape(T, self.nkv, self.hd)
+        if self.qk_norm:  # per head, over hd
+            q, k = self.q_norm(q), self.k_norm(k)
         qk = rotate_(torch.cat([q, k], dim=1), rope)  # (T, nh + nkv, hd): q and k heads adjacent, one pass
         q, k = qk[:, : self.nh], qk[:, self.nh :]
         v = v.reshape(T, self.nkv, self.hd)
         o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale,
-                                 sliding_window=self.sliding_window)
+                                 sliding_window=self.sliding_window, softcap=self.softcap)
         return self.o_proj(o.reshape(T, -1))
 
 
@@ -107,7 +114,7 @@ class Gemma3Model(nn.Module):
 
 
 class Gemma3ForCausalLM(nn.Module):
-    """The `CausalLM` of Gemma 3's text model (models/interface.py)."""
+    """The `CausalLM` of Gemma 3's text model, and of Gemma 2 (models/interface.py)."""
 
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -117,10 +124,10 @@ class Gemma3ForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, method: LinearMethod, max_positions: int) -> None:
         super().__init__()
         if cfg.hidden_act not in _GELU_TANH:
-            raise ValueError(f"gemma3 with hidden activation {cfg.hidden_act!r} is not supported "
+            raise ValueError(f"{cfg.architecture} with hidden activation {cfg.hidden_act!r} is not supported "
                              f"(supported: {', '.join(_GELU_TANH)})")
         if not cfg.tie_word_embeddings:
-            raise ValueError("gemma3 with an untied output layer is not supported")
+            raise ValueError(f"{cfg.architecture} with an untied output layer is not supported")
         self.cfg = cfg
         self.max_positions = max_positions
         self.model = Gemma3Model(cfg, method)

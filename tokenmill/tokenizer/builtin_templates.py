@@ -51,7 +51,8 @@ GEMMA3_CHAT_TEMPLATE = """{{ bos_token }}
 {%- endif -%}
 """
 
-_BY_GGUF_ARCHITECTURE = {"gemma3": GEMMA3_CHAT_TEMPLATE}
+# Gemma 2 has the same turns (its own template refuses a system message; this one folds it into the first turn)
+_BY_GGUF_ARCHITECTURE = {"gemma3": GEMMA3_CHAT_TEMPLATE, "gemma2": GEMMA3_CHAT_TEMPLATE}
 
 
 def builtin_chat_template(gguf_architecture: str) -> str | None:
