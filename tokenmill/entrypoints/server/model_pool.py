@@ -20,7 +20,8 @@ Rules, each kept in one place here:
 - Unload: the engine thread stops, every reference goes, gc runs and glibc's malloc_trim(0) hands the freed
   heap back to the system, so the process's RSS falls by about the model's size. If something outside the
   pool still holds the engine then (a request's last frame), the pool looks again, with growing pauses for
-  about two minutes, and trims once it is gone (memory freed later and never trimmed stays in the heap).
+  about two minutes, and trims once it is gone; either way it trims again a few times in the next seconds
+  (memory freed later, by another thread, and never trimmed would stay in the heap).
 
 Everything here runs on the event loop (no await between a check and what it decides), except the engine
 builds and stops, which run on worker threads.
@@ -105,7 +106,7 @@ class ModelPool:
         self._placing = asyncio.Lock()  # one memory decision (and its unloads) at a time
         self._reserved: dict[str, int] = {}  # models being loaded -> their bytes
         self._on_load: list[Callable[[LoadedModel], None]] = []
-        self._late_releases: set[asyncio.Task[None]] = set()  # unloads whose engine something still held
+        self._late_releases: set[asyncio.Task[None]] = set()  # unloads still looking, or trimming again
 
     @classmethod
     def of_engine(cls, async_engine: AsyncEngine, name: str, keep_alive: float | None = None,
@@ -324,12 +325,12 @@ class ModelPool:
             await asyncio.to_thread(_release_memory)
             del self._loaded[model.name]
         log.info("model %s unloaded: %s", model.name, reason)
-        if held.alive():
-            # something outside the pool (a request's last frame, say) still holds the engine: its memory is
-            # freed when that goes, and given back to the system then, not left in the heap
-            task = asyncio.get_running_loop().create_task(_release_when_gone(model.name, held))
-            self._late_releases.add(task)
-            task.add_done_callback(self._late_releases.discard)
+        # if something outside the pool (a request's last frame, say) still holds the engine, its memory is
+        # freed when that goes, and given back to the system then, not left in the heap; and even once the
+        # engine is gone, other threads may free what it held a moment later: trimmed again (_LATE_TRIMS_S)
+        task = asyncio.get_running_loop().create_task(_release_when_gone(model.name, held))
+        self._late_releases.add(task)
+        task.add_done_callback(self._late_releases.discard)
         return True
 
     # -- the process ---------------------------------------------------------------------------------
@@ -380,27 +381,39 @@ class _Held:
 # how long after an unload the pool looks again for an engine that something else still held (seconds
 # between looks, ~2 minutes in all): each look collects garbage and trims the heap once the engine is gone
 _LATE_LOOKS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+# and after that, trims again (seconds between): with the engine and its model gone at the unload's trim,
+# the weights of a `tokenmill serve` at fp32 were still in the heap in 2 of 16 unloads, freed a moment after
+# by another thread, and given back only by a trim 0.5 s later (AMX Xeon, 2026-12-06); untrimmed, they stayed
+_LATE_TRIMS_S = (0.25, 1.0, 4.0)
 
 
 async def _release_when_gone(name: str, held: _Held) -> None:
-    """Give an unloaded model's memory back once its engine and model, held past the unload, are gone."""
+    """Give an unloaded model's memory back once its engine and model are gone (at once, or once whatever
+    held them past the unload lets go), then trim again a few times for memory other threads free late."""
     start = time.monotonic()
+    was_held = bool(held.alive())
     for delay in _LATE_LOOKS_S:
         await asyncio.sleep(delay)
         if held.alive():
             await asyncio.to_thread(gc.collect)  # a reference cycle may be all that holds them
         if not held.alive():  # what they held may still wait for gc (the modules form cycles): release
             await asyncio.to_thread(_release_memory)
-            log.info("model %s: its engine, held %.1f s past its unload, is gone; memory released", name,
-                     time.monotonic() - start)
+            if was_held:
+                log.info("model %s: its engine, held %.1f s past its unload, is gone; memory released", name,
+                         time.monotonic() - start)
+            break
+    else:
+        alive = held.alive()
+        if alive:
+            held_by = sorted({type(r).__name__ for r in gc.get_referrers(*alive)} - {"list"})
+            log.warning("model %s: its engine or model is still referenced %.0f s after its unload (by %s); its "
+                        "memory is freed when that reference goes", name, time.monotonic() - start,
+                        ", ".join(held_by))
             return
-    alive = held.alive()
-    if not alive:  # gone since the last look
+        await asyncio.to_thread(_release_memory)  # gone since the last look
+    for delay in _LATE_TRIMS_S:
+        await asyncio.sleep(delay)
         await asyncio.to_thread(_release_memory)
-        return
-    held_by = sorted({type(r).__name__ for r in gc.get_referrers(*alive)} - {"list"})
-    log.warning("model %s: its engine or model is still referenced %.0f s after its unload (by %s); its "
-                "memory is freed when that reference goes", name, time.monotonic() - start, ", ".join(held_by))
 
 
 def _release_memory() -> None:
