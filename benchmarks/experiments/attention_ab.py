@@ -35,7 +35,7 @@ def step(i):
     f, out = fns[i], outs[i]
     for kc, vc in caches:
         f(0 if dt == torch.float32 else 1, out.data_ptr(), nh * hd, q.data_ptr(), nh * hd, kc.data_ptr(), vc.data_ptr(), tables.data_ptr(), tables.stride(0),
-          lens.data_ptr(), None, N, nh, nkv, hd, bs, 0.125, K.DEFAULT_PARTITION, threads)
+          lens.data_ptr(), None, N, nh, nkv, hd, bs, 0.125, 0.0, K.DEFAULT_PARTITION, threads)  # 0.0: no softcap (ABI 4)
 step(0); step(1)
 T = [[], []]
 for it in range(9):

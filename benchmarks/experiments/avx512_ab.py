@@ -78,7 +78,7 @@ for dt in (torch.bfloat16,):  # fp32 keys take the 8-lane tiles in both builds (
                     assert lib.tm_paged_decode_attention(CODE[dt], out.data_ptr(), out.stride(0), q.data_ptr(),
                                                          q.stride(0), k.data_ptr(), v.data_ptr(), tables.data_ptr(),
                                                          tables.stride(0), lens.data_ptr(), None, B, nh, nkv, hd, bs,
-                                                         hd ** -0.5, kernels.DEFAULT_PARTITION, THREADS) == 0
+                                                         hd ** -0.5, 0.0, kernels.DEFAULT_PARTITION, THREADS) == 0
 
             times[name] = best(run, reps=2) * L / layers
             outs[name] = out.float()

@@ -1,8 +1,7 @@
 """Gemma 2 against transformers' Gemma2ForCausalLM (fp32): the Gemma 3 layer without per-head q/k norms, with
 attention scores soft-capped, local and global layers alternating (tests/model/gemma3_tiny.py makes both an HF
 directory and a GGUF of the same random weights). Prompt logits within 1e-3 and 32 greedy tokens identical from
-both formats, on every attention backend (the native one hands capped scores to the torch path); the cap
-matters (without it the reference moves); invariances; `tokenmill convert` back to a directory transformers
+both formats, on every attention backend (the native one caps in its kernel); the cap matters (without it the reference moves); invariances; `tokenmill convert` back to a directory transformers
 loads."""
 
 from __future__ import annotations
@@ -38,7 +37,18 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("backend", ["native", "decode_mirror", "paged"])
 @pytest.mark.parametrize("fmt", ["hf", "gguf"])
 def test_tiny_matches_transformers(fmt: str, backend: str, tiny, monkeypatch) -> None:
+    from tokenmill.native import kernels
+
     monkeypatch.setenv("TOKENMILL_ATTENTION_BACKEND", backend)
+    capped_calls = []
+    kernel = kernels.paged_decode_attention
+
+    def counting(*args, **kw):  # the native backend's kernel calls that carry the cap
+        ok = kernel(*args, **kw)
+        capped_calls.append(ok and kw.get("softcap", 0.0) == 5.0)
+        return ok
+
+    monkeypatch.setattr(kernels, "paged_decode_attention", counting)
     model, hf_dir, gguf_path, tok = tiny
     ours = exact_engine(hf_dir if fmt == "hf" else gguf_path)
     cfg = ours.engine.model_config
@@ -54,6 +64,8 @@ def test_tiny_matches_transformers(fmt: str, backend: str, tiny, monkeypatch) ->
     outs = ours.generate(ids, GREEDY)
     for prompt_ids, out in zip(ids, outs):
         assert out.outputs[0].token_ids == greedy_reference(model, prompt_ids, 32), (fmt, backend)
+    if backend == "native" and kernels.is_enabled():
+        assert any(capped_calls), "the native backend did not take the capped attention to its kernel"
 
 
 def test_the_attention_cap_matters(tiny) -> None:

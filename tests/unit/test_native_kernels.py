@@ -131,9 +131,12 @@ def make_paged(B: int, nkv: int, hd: int, bs: int, lens: list[int], dtype: torch
     return k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.long)
 
 
-def reference(q, k_cache, v_cache, tables, lens, scale, starts=None) -> torch.Tensor:
+def reference(q, k_cache, v_cache, tables, lens, scale, starts=None, softcap=0.0) -> torch.Tensor:
     """The torch path, per sequence: gather its blocks, SDPA (GQA as enable_gqa has it), in fp32, over
-    positions [starts[b], lens[b]) (a sliding window's) or all of [0, lens[b])."""
+    positions [starts[b], lens[b]) (a sliding window's) or all of [0, lens[b]); with softcap, the paged
+    backend's capped attention (attention/paged.py's attend)."""
+    from tokenmill.attention.paged import attend
+
     B, nh, hd = q.shape
     bs, nkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty(B, nh, hd)
@@ -143,7 +146,7 @@ def reference(q, k_cache, v_cache, tables, lens, scale, starts=None) -> torch.Te
         ids = tables[b, : -(-L // bs)]
         k = k_cache[ids].reshape(-1, nkv, hd)[S:L].float().transpose(0, 1)[None]
         v = v_cache[ids].reshape(-1, nkv, hd)[S:L].float().transpose(0, 1)[None]
-        o = F.scaled_dot_product_attention(q[b].float()[None, :, None], k, v, scale=scale, enable_gqa=True)
+        o = attend(q[b].float()[None, :, None], k, v, None, scale, softcap)
         out[b] = o[0, :, 0]
     return out
 
@@ -195,6 +198,23 @@ def test_paged_decode_attention_sliding_window(window: int) -> None:
     out = torch.empty_like(q)
     assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 0.125, starts=starts)
     torch.testing.assert_close(out, reference(q, k_cache, v_cache, tables, lens_t, 0.125, starts), **FP32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_attention_soft_capped(dtype: torch.dtype) -> None:
+    """Gemma 2's attention: each scaled score s becomes cap * tanh(s / cap) before the softmax; a cap small
+    enough to bite (the uncapped result is far off), with a window, GQA 4, head dim 256 (Gemma 2's)."""
+    lens = [1, 16, 17, 100, 300]
+    k_cache, v_cache, tables, lens_t = make_paged(len(lens), 2, 256, 16, lens, dtype, seed=3)
+    starts = (lens_t - 64).clamp(min=0)
+    q = (torch.randn(len(lens), 8, 256) * 4).to(dtype)
+    out = torch.empty_like(q)
+    assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, 256 ** -0.5, starts=starts,
+                                          softcap=2.0)
+    want = reference(q, k_cache, v_cache, tables, lens_t, 256 ** -0.5, starts, softcap=2.0)
+    torch.testing.assert_close(out.float(), want, **tol(dtype))
+    uncapped = reference(q, k_cache, v_cache, tables, lens_t, 256 ** -0.5, starts)
+    assert (uncapped - want).abs().max() > 0.1
 
 
 def test_paged_decode_attention_bf16() -> None:

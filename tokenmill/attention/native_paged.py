@@ -113,7 +113,7 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
         return meta
 
     def attend_rows(self, out: torch.Tensor, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
-                    meta: AttentionMetadata, scale: float, window: int = 0) -> int | None:
+                    meta: AttentionMetadata, scale: float, window: int = 0, softcap: float = 0.0) -> int | None:
         """The decodes and the NativeRows' prefill chunks in one kernel call -> out[:rows.count]; None when
         the step has no NativeRows or the kernel did not take these tensors (a stride)."""
         rows = meta.extra
@@ -126,7 +126,7 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
                 starts = meta.window_cache[("row_starts", window)] = (rows.lens - window).clamp_(min=0)
         n = rows.count
         if kernels.paged_decode_attention(out[:n], q[:n], kv_cache[0], kv_cache[1], rows.tables, rows.lens, scale,
-                                          starts=starts):
+                                          starts=starts, softcap=softcap):
             return rows.chunks
         return None
 
@@ -135,18 +135,13 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
                          scale: float, window: int = 0, softcap: float = 0.0) -> None:
         d, lens, tables = meta.num_decodes, meta.decode_context_lens, meta.decode_block_tables
         if lens is not None and tables is not None:
-            if softcap > 0:  # the kernel has no cap: the masked gather
-                keys = torch.arange(tables.shape[1] * self.block_size, device=lens.device)
-                meta.decode_mask = (keys[None, :] < lens[:, None])[:, None, None, :]
-                super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window, softcap)
-                return
             starts = None  # (D,) int64: each decode's first key position, lens - W, once per step and window
             if window > 0:
                 starts = meta.window_cache.get(("starts", window))
                 if starts is None:
                     starts = meta.window_cache[("starts", window)] = (lens - window).clamp_(min=0)
             if kernels.paged_decode_attention(out[:d], q[:d], kv_cache[0], kv_cache[1], tables, lens, scale,
-                                              starts=starts):
+                                              starts=starts, softcap=softcap):
                 return
             if meta.decode_mask is None:  # tensors the kernel did not take (a stride): the masked gather
                 keys = torch.arange(tables.shape[1] * self.block_size, device=lens.device)

@@ -187,8 +187,7 @@ class PagedAttentionBackend(AttentionBackend):
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)
-        # (soft-capped scores: the native kernel has no cap, so its one pass is skipped)
-        chunks = None if softcap > 0 else self.attend_rows(out, q, kv_cache, meta, scale, sliding_window)
+        chunks = self.attend_rows(out, q, kv_cache, meta, scale, sliding_window, softcap)
         if chunks is None:
             chunks = 0
             if meta.num_decodes:
@@ -197,7 +196,7 @@ class PagedAttentionBackend(AttentionBackend):
         return out
 
     def attend_rows(self, out: torch.Tensor, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
-                    meta: AttentionMetadata, scale: float, window: int = 0) -> int | None:
+                    meta: AttentionMetadata, scale: float, window: int = 0, softcap: float = 0.0) -> int | None:
         """A backend's one pass over the decodes and the first prefill chunks together (their K/V already
         written): fills their rows of out and returns how many chunks it took; None when it took nothing
         (decode_attention and prefill_attention then do it all). Here: None."""

@@ -57,7 +57,8 @@ using RotaryFn = int (*)(int dtype, void* x, int64_t x_stride, int64_t heads, in
 using AttentionFn = int (*)(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
                             const void* k_cache, const void* v_cache, const int64_t* tables, int64_t table_stride,
                             const int64_t* lens, const int64_t* starts, int64_t num_seqs, int64_t nh, int64_t nkv,
-                            int64_t hd, int64_t block_size, float scale, int64_t partition, int nthreads);
+                            int64_t hd, int64_t block_size, float scale, float softcap, int64_t partition,
+                            int nthreads);
 
 }  // namespace
 
@@ -138,7 +139,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 5; }
+int tm_decode_step_abi() { return 6; }  // 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -228,7 +229,7 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
             starts = s->starts;
         }
         rc = k.attention(dt, s->attn, nh * hd, s->qkv, qkv_w, L.k_cache, L.v_cache, s->tables, s->table_stride,
-                         s->lens, starts, M, nh, nkv, hd, m.block_size, m.scale, m.partition, t);
+                         s->lens, starts, M, nh, nkv, hd, m.block_size, m.scale, 0.0f, m.partition, t);
         if (rc == 0) rc = linear(m, L.o, s->attn, M, s->y, *s);
         if (rc == 0) rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);
         if (rc == 0) rc = linear(m, L.gate_up, s->h, M, s->gate_up, *s);

@@ -450,6 +450,7 @@ struct AttnArgs {
     int64_t nh, nkv, hd, bs;
     int64_t kv_slot_stride;  // elements between consecutive cache slots (nkv * hd)
     float scale;
+    float softcap;  // > 0: each score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2)
 };
 
 // Vectors for the tiles: L::V holds L::N floats; loads (fp32, or bf16 widened), zero, broadcast, and the
@@ -574,15 +575,18 @@ inline void tile_accumulate(float* acc, int64_t NC, const U* const* vp, const fl
 // hd, fp32, already scaled; NC vectors of L::N a head), head g seeing the first ns[g] <= n rows: online
 // softmax into the running max m[g], sum l[g] and unnormalized acc[g]. A head that sees none of the rows
 // (ns[g] == 0, only after tiles it did see, so m[g] is finite) gets probabilities of exactly 0: its m, l and
-// acc keep their bits.
+// acc keep their bits. softcap > 0: the scores capped first, softcap * tanh(s / softcap).
 template <int G, typename L, typename T>
 inline void attend_tile(int64_t NC, const float* q, const T* const* kp, const T* const* vp, int n, const int* ns,
-                        float* m, float* l, float* acc) {
+                        float* m, float* l, float* acc, float softcap) {
     using V = typename L::V;
     constexpr int NV = kTile / L::N;  // vectors of a head's 16 scores
     const int64_t hd = NC * L::N;
     alignas(64) float sc[G][kTile];
     tile_scores<G, L>(q, NC, kp, n, sc);
+    if (softcap > 0.0f)
+        for (int g = 0; g < G; ++g)
+            for (int j = 0; j < n; ++j) sc[g][j] = softcap * std::tanh(sc[g][j] / softcap);
     for (int g = 0; g < G; ++g) {  // mask, new max, rescale what was accumulated, probabilities into sc
         for (int j = ns[g]; j < kTile; ++j) sc[g][j] = -std::numeric_limits<float>::infinity();
         V s[NV];
@@ -623,7 +627,7 @@ inline void attend_tile(int64_t NC, const float* q, const T* const* kp, const T*
 // lanes, not on the batch.
 template <typename T, int NCT>
 inline void attend_tile_heads(int64_t NC, int64_t G, const float* q, const T* const* kp, const T* const* vp, int n,
-                              const int* ns, float* m, float* l, float* acc) {
+                              const int* ns, float* m, float* l, float* acc, float softcap) {
     const int64_t hd = NC * 8;
 #ifdef TM_AVX512
     if (std::is_same<T, bf16>::value && NC % 2 == 0) {  // 16-lane tiles, groups of up to 8 heads
@@ -631,7 +635,7 @@ inline void attend_tile_heads(int64_t NC, int64_t G, const float* q, const T* co
             const float* qg = q + g0 * hd;
             float* ag = acc + g0 * hd;
 #define TM_CASE(N) \
-    case N: attend_tile<N, Lanes16>(NC / 2, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag); break;
+    case N: attend_tile<N, Lanes16>(NC / 2, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag, softcap); break;
             switch (G - g0 < 8 ? G - g0 : 8) {
                 TM_CASE(1) TM_CASE(2) TM_CASE(3) TM_CASE(4) TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8)
             }
@@ -646,7 +650,7 @@ inline void attend_tile_heads(int64_t NC, int64_t G, const float* q, const T* co
         float* ag = acc + g0 * hd;
         const int64_t gn = G - g0 < kGroup ? G - g0 : kGroup;
 #define TM_CASE(N) \
-    case N: attend_tile<N, Lanes8>(NC, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag); break;
+    case N: attend_tile<N, Lanes8>(NC, qg, kp, vp, n, ns + g0, m + g0, l + g0, ag, softcap); break;
         if constexpr (kGroup > 4) {  // groups of 5-8 heads only where they can occur (bf16 keys)
             if (gn > 4) {
                 switch (gn) { TM_CASE(5) TM_CASE(6) TM_CASE(7) TM_CASE(8) }
@@ -738,7 +742,8 @@ void attend_range(const AttnArgs& a, int64_t nc_rt, const float* q, int64_t G, c
                 }
             for (int j = 0; j < kTile; ++j) kp[j] = rk[j] + h * hd, vp[j] = rv[j] + h * hd;
             const int64_t q0 = h * G;
-            attend_tile_heads<T, NCT>(NC, G, q + q0 * hd, kp, vp, n, ns.data(), m + q0, l + q0, acc + q0 * hd);
+            attend_tile_heads<T, NCT>(NC, G, q + q0 * hd, kp, vp, n, ns.data(), m + q0, l + q0, acc + q0 * hd,
+                                      a.softcap);
         }
     }
 }
@@ -921,7 +926,7 @@ int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t 
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-int tm_abi_version() { return 3; }
+int tm_abi_version() { return 4; }  // 4: tm_paged_decode_attention's softcap
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -984,17 +989,18 @@ int tm_rotary(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, c
 // first key otherwise) of the paged caches k_cache, v_cache
 // (num_blocks, block_size, nkv, hd; contiguous): position p is in block tables[b * table_stride + p / bs]
 // at offset p % bs. Query head h reads KV head h / (nh / nkv). The context is cut into partitions of
-// `partition` positions (a multiple of 16), attended independently and merged.
+// `partition` positions (a multiple of 16), attended independently and merged. softcap > 0: each score s (after
+// the scale) becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's attention); 0: none.
 // Returns 0; -1 unknown dtype; -2 shapes it does not handle (hd % 8 != 0, nh % nkv != 0).
 int tm_paged_decode_attention(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
                               const void* k_cache, const void* v_cache, const int64_t* tables,
                               int64_t table_stride, const int64_t* lens, const int64_t* starts,
                               int64_t num_seqs, int64_t nh,
-                              int64_t nkv, int64_t hd, int64_t block_size, float scale, int64_t partition,
-                              int nthreads) {
+                              int64_t nkv, int64_t hd, int64_t block_size, float scale, float softcap,
+                              int64_t partition, int nthreads) {
     if (hd <= 0 || hd % 8 || nkv <= 0 || nh % nkv || block_size <= 0 || partition <= 0 || partition % kTile)
         return -2;
-    const AttnArgs a{nh, nkv, hd, block_size, nkv * hd, scale};
+    const AttnArgs a{nh, nkv, hd, block_size, nkv * hd, scale, softcap > 0.0f ? softcap : 0.0f};
     if (dtype == 0)
         return paged_decode_dispatch<float>(out, out_stride, q, q_stride, k_cache, v_cache, tables, table_stride,
                                             lens, starts, num_seqs, a, partition, nthreads);
