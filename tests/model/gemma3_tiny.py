@@ -51,15 +51,20 @@ def make_hf_model(transformers: Any, vocab: int, **overrides: Any) -> Any:
         query_pre_attn_scalar=32, final_logit_softcapping=30.0, bos_token_id=1, eos_token_id=2, pad_token_id=0,
         tie_word_embeddings=True)
     kw.update(overrides)
-    cfg = transformers.Gemma3TextConfig(**kw)
+    return _random(transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig(**kw))
+
+
+def _random(cls: Any, cfg: Any, qk_std: float = 0.08) -> Any:
+    """cls(cfg) with seeded random weights: matrices N(0, 0.08) (q and k: qk_std; embeddings 0.5), and the
+    (1 + w) norms' w around 0, far enough from it that forgetting the 1 shows."""
     torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    model = cls(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.08 if "embed" not in name else 0.5)
-            else:  # (1 + w) norms: w around 0, far enough from it that forgetting the 1 shows
+            if p.dim() == 1:
                 p.uniform_(-0.5, 0.5)
+            else:
+                p.normal_(0, 0.5 if "embed" in name else qk_std if "q_proj" in name or "k_proj" in name else 0.08)
     return model
 
 
@@ -73,16 +78,7 @@ def make_hf_gemma2(transformers: Any, vocab: int, **overrides: Any) -> Any:
         sliding_window=WINDOW, query_pre_attn_scalar=32, attn_logit_softcapping=5.0, final_logit_softcapping=10.0,
         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
     kw.update(overrides)
-    cfg = transformers.Gemma2Config(**kw)
-    torch.manual_seed(0)
-    model = transformers.Gemma2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3 if "q_proj" in name or "k_proj" in name else 0.08 if "embed" not in name else 0.5)
-            else:
-                p.uniform_(-0.5, 0.5)
-    return model
+    return _random(transformers.Gemma2ForCausalLM, transformers.Gemma2Config(**kw), qk_std=0.3)
 
 
 def write_hf_dir(model: Any, tokenizer: Any, out: Path) -> Path:
