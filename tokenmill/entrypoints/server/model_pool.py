@@ -344,7 +344,10 @@ class ModelPool:
         return next((m.async_engine for m in self.loaded if m.async_engine.is_dead), None)
 
     def shutdown(self, timeout: float = 5.0) -> bool:
-        """Stop every loaded engine (the process is ending); True if every thread ended within `timeout`."""
+        """Stop every loaded engine (the process is ending); True if every thread ended within `timeout`. Called
+        on the event loop: the unloads' late looks and trims still pending are cancelled."""
+        for task in list(self._late_releases):
+            task.cancel()
         is_clean = True
         for model in self.loaded:
             is_clean = model.async_engine.shutdown(timeout=timeout) and is_clean
