@@ -142,39 +142,35 @@ def _hf_moe_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
     return out
 
 
-def _gemma3_config(cfg: ModelConfig) -> dict[str, Any]:
-    """Gemma3TextConfig's own fields (transformers 5 form: per-layer-type rope parameters)."""
-    full: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    if (scaling := hf_rope_scaling(cfg)) is not None:
-        full.update(scaling)
+def _gemma_config(cfg: ModelConfig) -> dict[str, Any]:
+    """The fields Gemma2Config and Gemma3TextConfig share."""
     return {
         "hidden_activation": cfg.hidden_act,
         "query_pre_attn_scalar": int(cfg.query_pre_attn_scalar) if cfg.query_pre_attn_scalar.is_integer()
-        else cfg.query_pre_attn_scalar,  # Gemma3TextConfig wants an int
-        "sliding_window": cfg.sliding_window,
-        "layer_types": list(cfg.layer_types),
-        "rope_parameters": {"full_attention": full,
-                            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_theta}},
-        "final_logit_softcapping": cfg.final_logit_softcapping or None,
-        "attn_logit_softcapping": None,
-        "attention_bias": cfg.attention_bias,
-    }
-
-
-def _gemma2_config(cfg: ModelConfig) -> dict[str, Any]:
-    """Gemma2Config's own fields."""
-    if cfg.rope_scaling:
-        raise NotImplementedError("gemma2 with rope scaling has no HF config form")
-    return {
-        "hidden_activation": cfg.hidden_act,
-        "query_pre_attn_scalar": int(cfg.query_pre_attn_scalar) if cfg.query_pre_attn_scalar.is_integer()
-        else cfg.query_pre_attn_scalar,
+        else cfg.query_pre_attn_scalar,  # the configs want an int
         "sliding_window": cfg.sliding_window,
         "layer_types": list(cfg.layer_types),
         "final_logit_softcapping": cfg.final_logit_softcapping or None,
         "attn_logit_softcapping": cfg.attn_logit_softcapping or None,
         "attention_bias": cfg.attention_bias,
     }
+
+
+def _gemma3_config(cfg: ModelConfig) -> dict[str, Any]:
+    """Gemma3TextConfig's own fields (transformers 5 form: per-layer-type rope parameters)."""
+    full: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if (scaling := hf_rope_scaling(cfg)) is not None:
+        full.update(scaling)
+    return {**_gemma_config(cfg),
+            "rope_parameters": {"full_attention": full,
+                                "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_theta}}}
+
+
+def _gemma2_config(cfg: ModelConfig) -> dict[str, Any]:
+    """Gemma2Config's own fields (rope_theta stays the common one: one base for every layer)."""
+    if cfg.rope_scaling:
+        raise NotImplementedError("gemma2 with rope scaling has no HF config form")
+    return _gemma_config(cfg)
 
 
 def hf_tokenizer_files(tok: Tokenizer, md: dict[str, Any], max_len: int) -> tuple[str, dict[str, Any]]:

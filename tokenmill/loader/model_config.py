@@ -342,6 +342,23 @@ def _gemma3_pattern(num_layers: int, pattern: int) -> tuple[str, ...]:
                  for i in range(num_layers))
 
 
+def _hf_layer_types(cfg: dict[str, Any], arch: str, pattern: int) -> tuple[str, ...]:
+    """A Gemma config's layer types: its own, else every `pattern`-th layer global; checked against its layers."""
+    n = int(cfg["num_hidden_layers"])
+    types = tuple(cfg.get("layer_types") or _gemma3_pattern(n, pattern))
+    if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
+        raise ValueError(f"{arch} layer_types {types} are not {n} of sliding_attention / full_attention")
+    return types
+
+
+def _gguf_query_pre_attn_scalar(md: dict[str, Any], arch: str, big_layers: int) -> float:
+    """gemma_pytorch's rule, as llama.cpp applies it (a GGUF has no key for it): the 27B (`big_layers` layers)
+    scales by hidden / heads, the others by head_dim."""
+    n = int(md[f"{arch}.block_count"])
+    hidden, heads = int(md[f"{arch}.embedding_length"]), int(md[f"{arch}.attention.head_count"])
+    return float(hidden // heads if n == big_layers else md.get(f"{arch}.attention.key_length", hidden // heads))
+
+
 def _gemma3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     """Gemma3TextConfig: layer types (or sliding_window_pattern), per-type rope parameters, attention scalar."""
     for key in ("attn_logit_softcapping",):
@@ -349,10 +366,7 @@ def _gemma3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"gemma3 {key} is not supported")
     if cfg.get("use_bidirectional_attention"):
         raise ValueError("gemma3 use_bidirectional_attention is not supported")
-    n = int(cfg["num_hidden_layers"])
-    types = tuple(cfg.get("layer_types") or _gemma3_pattern(n, int(cfg.get("sliding_window_pattern", 6))))
-    if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
-        raise ValueError(f"gemma3 layer_types {types} are not {n} of sliding_attention / full_attention")
+    types = _hf_layer_types(cfg, "gemma3", int(cfg.get("sliding_window_pattern", 6)))
     params = cfg.get("rope_parameters") or {}
     full = dict(params.get("full_attention") or {})
     local = dict(params.get("sliding_attention") or {})
@@ -379,8 +393,6 @@ def _gemma3_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
     if md.get(f"{arch}.attn_logit_softcapping") is not None:
         raise ValueError("gemma3 attn_logit_softcapping is not supported")
     n = int(md[f"{arch}.block_count"])
-    hidden, heads = int(md[f"{arch}.embedding_length"]), int(md[f"{arch}.attention.head_count"])
-    head_dim = int(md.get(f"{arch}.attention.key_length", hidden // heads))
     pattern = md.get(f"{arch}.attention.sliding_window_pattern")
     if pattern is not None and hasattr(pattern, "__len__"):  # per-layer flags: True = windowed
         types = tuple("sliding_attention" if bool(x) else "full_attention" for x in pattern)
@@ -390,8 +402,7 @@ def _gemma3_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
         "sliding_window": int(md[f"{arch}.attention.sliding_window"]) or None,
         "layer_types": types,
         "rope_local_theta": 10_000.0,
-        # gemma_pytorch's rule, as llama.cpp applies it: the 27B (62 layers) scales by hidden / heads
-        "query_pre_attn_scalar": float(hidden // heads if n == 62 else head_dim),
+        "query_pre_attn_scalar": _gguf_query_pre_attn_scalar(md, arch, 62),  # the 27B: 62 layers
         "final_logit_softcapping": float(md.get(f"{arch}.final_logit_softcapping") or 0.0),
         "hidden_act": "gelu_pytorch_tanh",
     }
@@ -403,10 +414,7 @@ def _gemma3_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
 # window 4096), and one rotary base for both.
 def _gemma2_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     """Gemma2Config: layer types (else alternating), the window, the soft-caps, the attention scalar."""
-    n = int(cfg["num_hidden_layers"])
-    types = tuple(cfg.get("layer_types") or _gemma3_pattern(n, 2))
-    if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
-        raise ValueError(f"gemma2 layer_types {types} are not {n} of sliding_attention / full_attention")
+    types = _hf_layer_types(cfg, "gemma2", 2)
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     if params.get("rope_type", params.get("type", "default")) != "default":
         raise ValueError(f"gemma2 rope scaling {params.get('rope_type', params.get('type'))!r} is not supported")
@@ -428,16 +436,13 @@ def _gemma2_hf(cfg: dict[str, Any]) -> dict[str, Any]:
 def _gemma2_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
     """llama.cpp's gemma2 hparams: the window and the soft-caps from the file (50 and 30 where it lacks them,
     llama.cpp's defaults), every other layer local from the first, the attention scale by gemma_pytorch's
-    rule (the 27B, 46 layers: hidden / heads; else head_dim)."""
-    n = int(md[f"{arch}.block_count"])
-    hidden, heads = int(md[f"{arch}.embedding_length"]), int(md[f"{arch}.attention.head_count"])
-    head_dim = int(md.get(f"{arch}.attention.key_length", hidden // heads))
+    rule."""
     attn_cap, final_cap = md.get(f"{arch}.attn_logit_softcapping"), md.get(f"{arch}.final_logit_softcapping")
     return {
         "sliding_window": int(md.get(f"{arch}.attention.sliding_window", 4096)) or None,
-        "layer_types": _gemma3_pattern(n, 2),
+        "layer_types": _gemma3_pattern(int(md[f"{arch}.block_count"]), 2),
         "rope_local_theta": float(md.get(f"{arch}.rope.freq_base", 10_000.0)),
-        "query_pre_attn_scalar": float(hidden // heads if n == 46 else head_dim),
+        "query_pre_attn_scalar": _gguf_query_pre_attn_scalar(md, arch, 46),  # the 27B: 46 layers
         "attn_logit_softcapping": float(50.0 if attn_cap is None else attn_cap),
         "final_logit_softcapping": float(30.0 if final_cap is None else final_cap),
         "hidden_act": "gelu_pytorch_tanh",

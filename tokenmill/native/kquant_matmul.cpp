@@ -153,6 +153,22 @@ inline void k4_weight_scales(const uint8_t* blk, const uint32_t w[4], __m256& ws
     wmn = k4_weight_mins(blk, w);
 }
 
+// Q6_K's scale picks, byte-shuffle indices: 128-bit lane k takes scale k into each 16-bit lane's low byte
+// (kPickEven) or high byte (kPickOdd), zero in the other (an index with its top bit set picks zero; adding the
+// sub-block's first scale keeps that bit). The 256-bit loop reads lanes 0-1, the 512-bit one all four.
+alignas(64) constexpr int8_t kPickEven[64] = {
+    0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128,
+    1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127,
+    2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126,
+    3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125,
+};
+alignas(64) constexpr int8_t kPickOdd[64] = {
+    -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0,
+    -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1,
+    -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2,
+    -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3,
+};
+
 // acc + the 8 int32 lanes of a 32-element group's dot: w even / odd elements (16 int16 each) against x's
 inline __m256i dot32(__m256i acc, __m256i we, __m256i wo, const int16_t* xb) {
     const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
@@ -180,20 +196,6 @@ inline __m512i dot64(__m512i acc, __m512i we, __m512i wo, const int16_t* xp) {
 inline __m512i lanes16(int a, int b) {  // 16-bit lanes 0-15 = a, 16-31 = b (shift counts, table indices)
     return _mm512_inserti64x4(_mm512_set1_epi16(short(a)), _mm256_set1_epi16(short(b)), 1);
 }
-
-// Q6_K's scale picks (dot_rows_512): 128-bit lane k, each 16-bit lane's bytes (k, zero) / (zero, k)
-alignas(64) constexpr int8_t kPickEven[64] = {
-    0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128,
-    1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127,
-    2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126,
-    3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125,
-};
-alignas(64) constexpr int8_t kPickOdd[64] = {
-    -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0,
-    -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1,
-    -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2, -126, 2,
-    -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3, -125, 3,
-};
 
 // dot_rows on 512-bit vectors: the same integer sums per super-block as the AVX2 code, in other lanes
 template <int TYPE, int R>
@@ -268,8 +270,6 @@ inline void dot_rows_512(const uint8_t* wrow, int64_t nsb, const int16_t* xq, co
             // the 16 signed scales in each 128-bit lane (a byte shuffle picks within its lane)
             const __m512i sc8 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
             const __m512i nib = _mm512_set1_epi8(0x0f), top2 = _mm512_set1_epi8(0x30), b32 = _mm512_set1_epi8(32);
-            // shuffle indices: 128-bit lane k (16-bit lanes 8k .. 8k + 7) takes scale k into each 16-bit lane's low
-            // byte (kPickEven) or high byte (kPickOdd), zero in the other (top bit set; + s keeps it set)
             const __m512i pe = _mm512_load_si512(kPickEven), po = _mm512_load_si512(kPickOdd);
             for (int h = 0; h < 2; ++h) {
                 // bytes 0-31: ql bytes 0-31 of the half (groups 0 and 2), 32-63: bytes 32-63 (groups 1 and 3); qh's 32
@@ -394,12 +394,9 @@ inline void dot_rows(const uint8_t* wrow, int64_t nsb, const int16_t* xq, const 
             // the 16 signed scales in both 128-bit halves (a byte shuffle picks within its half)
             const __m256i sc8 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
             const __m256i nib = _mm256_set1_epi8(0x0f), top2 = _mm256_set1_epi8(0x30), b32 = _mm256_set1_epi8(32);
-            // shuffle indices: 16-bit lanes 0-7 take scale 0 (lanes 8-15 scale 1) into their low byte (pe) or their
-            // high byte (po), zero in the other (an index with its top bit set picks zero; + s keeps that bit)
-            const __m256i pe = _mm256_setr_epi8(0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128,
-                                                1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127);
-            const __m256i po = _mm256_setr_epi8(-128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0,
-                                                -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1, -127, 1);
+            // 16-bit lanes 0-7 take the sub-block pair's first scale, 8-15 its second (kPickEven / kPickOdd's lanes 0-1)
+            const __m256i pe = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPickEven));
+            const __m256i po = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPickOdd));
             for (int h = 0; h < 2; ++h) {
                 const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h));
                 const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h + 32));
