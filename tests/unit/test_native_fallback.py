@@ -18,6 +18,7 @@ from tokenmill.layers.rotary import RotaryEmbedding, inv_frequencies, rotate, ro
 from tokenmill.native import kernels
 
 FP32 = dict(rtol=1e-4, atol=1e-5)
+BF16 = dict(rtol=2e-2, atol=2e-2)  # two bf16 roundings of outputs of magnitude ~1 apart
 needs_kernels = pytest.mark.skipif(kernels.library() is None, reason="the native kernels did not build here")
 
 
@@ -177,17 +178,23 @@ def prefill_steps(base: int) -> tuple[list[tuple[AttentionStep, int]], list[int]
 @needs_kernels
 @pytest.mark.parametrize("base", [0, 230])  # 230: rows on both sides of the kernel's 256-key partitions
 @pytest.mark.parametrize("window", [0, 24])
-def test_prefill_rows_on_the_kernel_match_torch_and_keep_their_bits_across_chunks(base: int, window: int) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prefill_rows_on_the_kernel_match_torch_and_keep_their_bits_across_chunks(base: int, window: int,
+                                                                                  dtype: torch.dtype,
+                                                                                  monkeypatch) -> None:
     """Prefill chunks attend on the decode kernel, their rows as queries at successive positions: the
-    result agrees with the torch path (SDPA per chunk), and each row's bits are the same whether its prompt
-    came whole or in chunks beside another request's decodes (the kernel's result for a row depends on its
-    keys only)."""
+    result agrees with the torch path (SDPA per chunk; at bf16 within bf16's rounding), and each row's bits
+    are the same whether its prompt came whole or in chunks beside another request's decodes (the kernel's
+    result for a row depends on its keys only). (bf16: the rule of a CPU without AMX.)"""
+    from tokenmill.attention import native_paged
+
+    monkeypatch.setattr(native_paged, "cpu_has_amx_bf16", lambda: False)
     bs, nh, nkv, hd = 16, 9, 3, 64
     steps, table = prefill_steps(base)
     torch.manual_seed(0)
-    kv = torch.randn(2, 1, 5 + len(table), bs, nkv, hd)  # cached: the prompt's first `base`, the other's 38
-    q_all, k_all, v_all = torch.randn(70, nh, hd), torch.randn(70, nkv, hd), torch.randn(70, nkv, hd)
-    dq, dk, dv = torch.randn(2, nh, hd), torch.randn(2, nkv, hd), torch.randn(2, nkv, hd)
+    kv = torch.randn(2, 1, 5 + len(table), bs, nkv, hd).to(dtype)  # cached: the prompt's first `base`, the other's 38
+    q_all, k_all, v_all = (torch.randn(70, n, hd).to(dtype) for n in (nh, nkv, nkv))
+    dq, dk, dv = (torch.randn(2, n, hd).to(dtype) for n in (nh, nkv, nkv))
     native = NativePagedAttentionBackend(bs, torch.device("cpu"), kv)
     assert native.native_prefill
     paged = PagedAttentionBackend(bs, torch.device("cpu"))
@@ -203,7 +210,7 @@ def test_prefill_rows_on_the_kernel_match_torch_and_keep_their_bits_across_chunk
         got = native.forward(0, q, k, v, (kv[0, 0], kv[1, 0]), meta, hd ** -0.5, window)
         want = paged.forward(0, q, k, v, (ref[0, 0], ref[1, 0]), paged.build_metadata(step), hd ** -0.5, window)
         assert torch.equal(kv, ref)  # the same K/V in the same slots
-        torch.testing.assert_close(got, want, **FP32)
+        torch.testing.assert_close(got.float(), want.float(), **(FP32 if dtype == torch.float32 else BF16))
         results.append(got[first:])
     assert torch.equal(results[0], torch.cat(results[1:]))
 
@@ -211,7 +218,7 @@ def test_prefill_rows_on_the_kernel_match_torch_and_keep_their_bits_across_chunk
 @needs_kernels
 def test_long_prefill_chunks_and_bf16_take_the_torch_path(monkeypatch) -> None:
     """A chunk past NATIVE_PREFILL_MAX_KEYS keys, and the chunks after it, take SDPA; so does every chunk
-    over a bf16 cache, and every chunk with TOKENMILL_NATIVE_PREFILL=0."""
+    over a bf16 cache on a CPU with AMX (not over one without), and every chunk with TOKENMILL_NATIVE_PREFILL=0."""
     from tokenmill.attention import native_paged
 
     bs = 16
@@ -234,7 +241,10 @@ def test_long_prefill_chunks_and_bf16_take_the_torch_path(monkeypatch) -> None:
     monkeypatch.setattr(native_paged.kernels, "DEFAULT_PARTITION", 16)
     monkeypatch.setattr(native_paged, "NATIVE_PREFILL_MAX_SPLIT_PARTITIONS", 30)
     assert native.build_metadata(step).extra is None  # no chunk on the kernel: the decode alone, as before
+    monkeypatch.setattr(native_paged, "cpu_has_amx_bf16", lambda: True)
     bf16 = NativePagedAttentionBackend(bs, torch.device("cpu"), kv.to(torch.bfloat16))
     assert bf16.use_kernel and not bf16.native_prefill and bf16.build_metadata(step).extra is None
+    monkeypatch.setattr(native_paged, "cpu_has_amx_bf16", lambda: False)
+    assert NativePagedAttentionBackend(bs, torch.device("cpu"), kv.to(torch.bfloat16)).native_prefill
     monkeypatch.setenv("TOKENMILL_NATIVE_PREFILL", "0")
     assert NativePagedAttentionBackend(bs, torch.device("cpu"), kv).build_metadata(step).extra is None

@@ -2,13 +2,13 @@
 
 Decodes attend over the paged cache where it lies: the kernel walks each sequence's block table, so
 there is no per-step gather of every block (the paged backend) and no contiguous copy to keep in step
-(the decode mirror). At fp32, prefill chunks whose context is at most NATIVE_PREFILL_MAX_KEYS keys go to
+(the decode mirror). At fp32 (and bf16 without AMX), prefill chunks whose context is at most NATIVE_PREFILL_MAX_KEYS keys go to
 the same kernel call: each of a chunk's rows is a query at its own position over the chunk's block table
 (its context ending at that position), and the kernel attends up to 16 such rows together, reading each
 tile of keys once for all of them. So a step's attention is one call per layer, and a row gets the same
 bits as a prefill row, a decode or a verification row (the kernel's result for a row depends only on its
-keys, never on the rows beside it). Longer chunks (each 16 rows would read the whole context again),
-chunks at bf16 (unmeasured against SDPA's kernels on AMX), and everything the kernel does not take (a
+keys, never on the rows beside it). At bf16 the same, on CPUs without AMX. Longer chunks (each 16 rows would
+read the whole context again), chunks at bf16 on AMX (unmeasured against SDPA's kernels there), and everything the kernel does not take (a
 dtype other than fp32 or bf16, a head dim not a multiple of 8, the kernels switched off or not built)
 take the paged backend's torch path.
 """
@@ -23,6 +23,7 @@ import torch
 
 from tokenmill.attention.backend import AttentionMetadata, AttentionStep
 from tokenmill.attention.paged import PagedAttentionBackend
+from tokenmill.cpu_features import cpu_has_amx_bf16
 from tokenmill.native import kernels
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,12 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
             log.info("native decode attention does not take %s K/V of head dim %d on %s (or the native kernels "
                      "are off): decodes gather their blocks as the paged backend does", kv.dtype, kv.shape[-1],
                      device)
-        # prefill rows on the kernel at fp32 only (measured against SDPA there); TOKENMILL_NATIVE_PREFILL=0: off
-        self.native_prefill = (self.use_kernel and kv.dtype == torch.float32
+        # prefill rows on the kernel at fp32, and at bf16 on CPUs without AMX (measured against SDPA there:
+        # at bf16 on a 2-core Zen 4, 30 layers of the default model, chunks of 64-512 rows 1.6-2.5x, 212 after
+        # 300 cached 1.2x; benchmarks/README.md, "8-bit VNNI panels"); at bf16 on AMX unmeasured, so SDPA
+        # stays. TOKENMILL_NATIVE_PREFILL=0: off
+        self.native_prefill = (self.use_kernel and (kv.dtype == torch.float32 or
+                                                    (kv.dtype == torch.bfloat16 and not cpu_has_amx_bf16()))
                                and os.environ.get("TOKENMILL_NATIVE_PREFILL", "1") != "0")
 
     def build_metadata(self, step: AttentionStep) -> AttentionMetadata:
