@@ -108,8 +108,19 @@ DENSE_COPY_CHOICES = ("auto", "on", "off")
 DENSE_COPY_RAM_SHARE = 8  # auto keeps the dense copy only where it takes at most 1/8 of the machine's RAM
 
 
+# the GGUF types the 8-bit VNNI panel kernel multiplies (native/vnni_matmul.cpp), as gguf.py names them
+INT8_PANEL_TYPES = frozenset({"q4_0", "q4_1", "q8_0"})
+
+
+def int8_panel_covers(matrices: list[tuple[int, int, str]] | None, kernel_here: bool) -> bool:
+    """The 8-bit VNNI panel kernel (`kernel_here`: built and running on this CPU, which has no AMX) takes
+    every matrix of a GGUF file (`matrices`: (rows, row length, type name)) past the block kernels'
+    crossover, so the dense copy has no batch left to take."""
+    return kernel_here and bool(matrices) and all(t in INT8_PANEL_TYPES for _, _, t in matrices or ())
+
+
 def choose_dense_copy(setting: str, compute: ComputeChoice, copy_bytes: int, ram_bytes: int,
-                      packable: bool) -> ComputeChoice:
+                      packable: bool, int8_panel: bool = False) -> ComputeChoice:
     """`compute` with dense_copy decided (`--dense-copy`). Only the gguf method has one. Its blocks are
     the fastest at a few rows (they are fewer bytes to read); past the crossover that `calibrate` measures,
     the block kernels do integer work per row while a dense matmul does it on the matrix units. On a CPU
@@ -117,7 +128,10 @@ def choose_dense_copy(setting: str, compute: ComputeChoice, copy_bytes: int, ram
     blocks' dequantize-a-tile path (benchmarks/README.md, "AMX"). auto: on where that holds (bf16 compute
     that oneDNN can prepack) and the copy (`copy_bytes`, memory_plan.dense_copy_bytes) takes at most
     1/DENSE_COPY_RAM_SHARE of `ram_bytes`, so a model that must load in its own size still does; on: at
-    any dtype (fp32: a plain copy for F.linear), ValueError without the gguf method; off: never."""
+    any dtype (fp32: a plain copy for F.linear), ValueError without the gguf method; off: never. auto is also
+    off where the 8-bit VNNI panel kernel takes every matrix (`int8_panel`, int8_panel_covers): on a 2-core
+    Zen 4 it ran the default model's matrices at 1.1-1.9x the prepacked bf16 copy from 16 to 512 rows
+    (benchmarks/README.md, "8-bit VNNI panels"), without the copy's 256 MiB."""
     if setting not in DENSE_COPY_CHOICES:
         raise ValueError(f"dense_copy must be one of {', '.join(DENSE_COPY_CHOICES)}, got {setting!r}")
     if setting == "off":
@@ -127,8 +141,8 @@ def choose_dense_copy(setting: str, compute: ComputeChoice, copy_bytes: int, ram
             raise ValueError(f"dense_copy on is for GGUF blocks on CPU (the gguf linear method); here the "
                              f"method is {compute.linear_method}, whose weights are dense already")
         return compute
-    if setting == "auto" and not (compute.dtype == "bfloat16" and packable
-                                  and copy_bytes * DENSE_COPY_RAM_SHARE <= ram_bytes):
+    if setting == "auto" and (int8_panel or not (compute.dtype == "bfloat16" and packable
+                                                 and copy_bytes * DENSE_COPY_RAM_SHARE <= ram_bytes)):
         return compute
     return dataclasses.replace(compute, dense_copy=True)
 

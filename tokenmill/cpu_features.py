@@ -49,6 +49,11 @@ def cpu_has_native_bf16() -> bool:
     return cpu_has_amx_bf16() or cpu_has_avx512_bf16()
 
 
+def cpu_has_avx512_vnni() -> bool:
+    """AVX-512's 8-bit dot product (`vpdpbusd`), with the byte and word forms native/vnni_matmul.cpp uses."""
+    return {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags()
+
+
 def cpu_has_avx512_bf16() -> bool:
     return {"avx512f", "avx512_bf16"} <= cpu_flags()
 

@@ -86,7 +86,8 @@ def test_plan_counts_the_gguf_blocks_a_gguf_file_keeps(capsys, default_model_pat
 def test_plan_counts_the_dense_copy(capsys, monkeypatch) -> None:
     """--dense-copy: the gguf method's dense copy of every matmul weight and of the tied output layer, at
     the compute dtype, is in the plan. auto keeps it only at bf16 on a CPU with native bf16 (AMX or
-    AVX512_BF16), and only where it takes at most 1/8 of the RAM."""
+    AVX512_BF16), only where it takes at most 1/8 of the RAM, and not where the 8-bit VNNI panel kernel takes
+    every matrix (this Q4_1 / Q8_0 file on a CPU with AVX512-VNNI and no AMX); on asks for one there too."""
     import tokenmill.cpu_features as cf
     import tokenmill.entrypoints.plan as plan_mod
     from tokenmill.native import ggml
@@ -95,13 +96,31 @@ def test_plan_counts_the_dense_copy(capsys, monkeypatch) -> None:
         pytest.skip(f"ggml not built here: {ggml.unavailable_reason()}")
     amx, avx2 = frozenset({"avx2", "amx_tile", "amx_bf16"}), frozenset({"avx2"})
     zen4 = frozenset({"avx2", "avx512f", "avx512_bf16"})
+    zen4_vnni = zen4 | {"avx512bw", "avx512_vnni"}
+    spr = amx | zen4_vnni  # AMX with VNNI: the AMX kernel takes bf16 batches, the copy stays
     copy16, copy32 = "+ 256.5 MiB (a dense copy at 16-bit", "+ 513.0 MiB (a dense copy at 32-bit"  # 134.5M values
     monkeypatch.setattr(plan_mod, "total_ram", lambda: 24 * 2**30)
     for flags, setting, ram, want in ((amx, "auto", 24 * 2**30, copy16), (avx2, "auto", 24 * 2**30, None),
                                       (amx, "off", 24 * 2**30, None), (amx, "auto", 1 * 2**30, None),
-                                      (avx2, "on", 1 * 2**30, copy32), (zen4, "auto", 24 * 2**30, copy16)):
+                                      (avx2, "on", 1 * 2**30, copy32), (zen4, "auto", 24 * 2**30, copy16),
+                                      (zen4_vnni, "auto", 24 * 2**30, None), (zen4_vnni, "on", 24 * 2**30, copy16),
+                                      (spr, "auto", 24 * 2**30, copy16)):
         monkeypatch.setattr(cf, "cpu_flags", lambda f=flags: f)
         monkeypatch.setattr(plan_mod, "total_ram", lambda r=ram: r)
         assert main(["plan", "--kv-cache-memory", "1GiB", "--dense-copy", setting]) == 0
         out = capsys.readouterr().out
         assert (want in out) if want else ("dense copy" not in out), (flags, setting, ram, out)
+
+
+def test_the_int8_panel_covers_a_file_only_when_it_takes_every_matrix() -> None:
+    from tokenmill.compute import ComputeChoice, choose_dense_copy, int8_panel_covers
+
+    q41 = [(576, 576, "q4_1"), (49152, 576, "q8_0"), (576, 576, "q4_0")]
+    assert int8_panel_covers(q41, True)
+    assert not int8_panel_covers(q41, False)  # no VNNI kernel here (or AMX, or fp32 compute)
+    assert not int8_panel_covers(q41 + [(4096, 4096, "q4_k")], True)  # a K-quant: the copy may still pay
+    assert not int8_panel_covers(None, True) and not int8_panel_covers([], True)  # an HF checkpoint
+    compute = ComputeChoice(dtype="bfloat16", linear_method="gguf")
+    assert choose_dense_copy("auto", compute, 2**28, 24 * 2**30, True).dense_copy
+    assert not choose_dense_copy("auto", compute, 2**28, 24 * 2**30, True, int8_panel=True).dense_copy
+    assert choose_dense_copy("on", compute, 2**28, 24 * 2**30, True, int8_panel=True).dense_copy

@@ -84,7 +84,8 @@ class LLMEngine:
             self.tokenizer.chat_template = load_chat_template(config.chat_template)
         cfg = self.model_config
         self.platform = self.platform.with_dense_copy(config.dense_copy,
-                                                      dense_copy_bytes(cfg, self.platform.compute.dtype_bytes))
+                                                      dense_copy_bytes(cfg, self.platform.compute.dtype_bytes),
+                                                      matrices)
         get_model_class(cfg.architecture)  # an unsupported architecture fails now, before the plan
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()

@@ -11,8 +11,9 @@ import argparse
 import sys
 
 from tokenmill.compute import (DENSE_COPY_CHOICES, DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute, choose_dense_copy,
-                               default_token_budget)
-from tokenmill.cpu_features import auto_dtype, bf16_reason, cpu_has_native_bf16
+                               default_token_budget, int8_panel_covers)
+from tokenmill.cpu_features import (auto_dtype, bf16_reason, cpu_has_amx_bf16, cpu_has_avx512_vnni,
+                                    cpu_has_native_bf16)
 from tokenmill.config import SpeculativeConfig, format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
@@ -48,7 +49,10 @@ def plan_model(model: str, device: str, dtype: str, quantization: str | None, bl
     # from the CPU's flags alone (plan imports no torch); serve also asks oneDNN whether it can prepack, so
     # on a bf16 CPU whose torch build cannot, serve keeps no copy where this plan counts one
     compute = choose_dense_copy(dense_copy, compute, dense_copy_bytes(cfg, compute.dtype_bytes), total_ram(),
-                                device == "cpu" and compute.dtype == "bfloat16" and cpu_has_native_bf16())
+                                device == "cpu" and compute.dtype == "bfloat16" and cpu_has_native_bf16(),
+                                int8_panel_covers(matrices, device == "cpu" and compute.dtype == "bfloat16"
+                                                  and cpu_has_avx512_vnni()
+                                                  and not cpu_has_amx_bf16() and ggml.available()))
     max_len = max_model_len or cfg.max_position_embeddings
     max_chunk_tokens = max_chunk_tokens or default_token_budget(device, compute)
     plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens)

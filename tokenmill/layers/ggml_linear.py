@@ -24,7 +24,10 @@ Per call, by the number of rows M:
   16-32 rows on a 2-core AVX2 EPYC), plain Q4_0 / Q4_1 / Q8_0 blocks go to the fp32 panel kernel instead
   (native/panel_matmul.cpp: 16 weight rows at a time dequantized into an L2-sized fp32 panel, every row of
   x multiplied into it by an FMA register tile: 150-190 GFLOPS at 64-512 rows there, against ~90 for the
-  integer kernel and ~155 for dequantize + F.linear), x unrounded;
+  integer kernel and ~155 for dequantize + F.linear), x unrounded; at bf16 on CPUs with AVX512-VNNI and no
+  AMX, the 8-bit panel kernel instead (native/vnni_matmul.cpp: x at 8 bits per 32-block as in llama.cpp,
+  integer products on vpdpbusd; 1.1-1.9x the prepacked bf16 copy at 16-512 rows on Zen 4, which then keeps
+  no copy: compute.int8_panel_covers);
 - above max_ggml_rows: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
   compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
   compute-bound. Repacked matrices have no plain blocks left; the shim reads ggml's repacked Q4_K back
@@ -144,6 +147,8 @@ class GGUFLinearMethod(LinearMethod):
         self.dense_copy = dense_copy  # keep each matrix dense at this dtype too (None: no copy)
         self._onednn = dense_copy == torch.bfloat16 and can_prepack_here()  # the copy prepacked for oneDNN
         self._amx = block_matmul.amx_available()  # plain blocks multiplied on AMX when x is bf16
+        # the panel kernel in 8-bit integers on AVX512-VNNI (vnni_matmul.cpp) instead of fp32 where it runs
+        self._vnni = block_matmul.vnni_available()
         # ... and the K-quants' big batches (TOKENMILL_AMX_K_QUANTS=0: ggml's kernels, as before)
         self._amx_k_quants = os.environ.get("TOKENMILL_AMX_K_QUANTS") != "0"
         # Q4_K left in the file's blocks for our kernel rather than repacked for ggml's (_keeps_plain);
@@ -320,6 +325,12 @@ class GGUFLinearMethod(LinearMethod):
             y = self._ggml(layer, x)
         return y if layer.bias is None else y + layer.bias
 
+    def vnni_panel(self, dtype: torch.dtype) -> bool:
+        """The panel kernel at this compute dtype is the 8-bit VNNI one (vnni_matmul.cpp): at bf16 only, where
+        x is rounded anyway (the default model teacher-forced against the fp32 reference, every prompt row on
+        the path: top-1 0.951 against the dense bf16 copy's 0.971; at fp32 the fp32 panel keeps 1.000)."""
+        return self._vnni and dtype == torch.bfloat16
+
     def _ggml(self, layer: Linear, x: torch.Tensor, panel: bool | None = None) -> torch.Tensor:
         """ggml's kernels, or ours on plain blocks: the block kernel, the AMX one, or from panel_min_rows rows
         the fp32 panel kernel (panel: force it on or off, for calibrate)."""
@@ -343,9 +354,11 @@ class GGUFLinearMethod(LinearMethod):
                 # (amx here: a wide-output layer at bf16, on the kernel's fp32 entry, the same products unrounded)
                 if panel is None:
                     panel = not amx and self.panel_min_rows is not None and m >= self.panel_min_rows
+                vnni = panel and self.vnni_panel(x.dtype)
                 for qtype, wp, n, off in layer.block_mm:
                     self.threads.run(m * k * n, lambda t: block_matmul.matmul(qtype, wp, n, k, xp, m, yp + 4 * off,
-                                                                              n_out, t, amx=amx, panel=panel))
+                                                                              n_out, t, amx=amx, panel=panel,
+                                                                              vnni=vnni))
             else:
                 self.threads.run(m * k * n_out, lambda t: mm(xp, m, yp, t))
         return y if x.dtype == torch.float32 or layer.wide_out else y.to(x.dtype)
@@ -504,13 +517,15 @@ class GGUFLinearMethod(LinearMethod):
         log.info("gguf matmuls: block kernels %s%s, decode-only steps %s in one native call; %s (%s on %d "
                  "(%d, %d) %s layers, %s%s/dense%s: %s)",
                  f"up to {self.max_ggml_rows} rows" if bounded else "at any number of rows",
-                 f" (the fp32 panel kernel from {self.panel_min_rows})" if self.panel_min_rows is not None else "",
+                 f" (the {'8-bit VNNI' if self._vnni else 'fp32'} panel kernel from {self.panel_min_rows})"
+                 if self.panel_min_rows is not None else "",
                  f"up to {self.max_step_rows} rows" if self.max_step_rows < _UNBOUNDED_ROWS else "of any size",
                  f"{above} above" if bounded else f"{above} never measured faster", where,
                  len(group), layer.out_features, layer.in_features,
                  ggml.type_name(layer.matmul.weights[0].ggml_type),
                  ("amx_matmul" if self.uses_amx(layer, dtype) else "block_matmul") if layer.block_mm is not None
-                 else "ggml", "/panel_matmul" if timing_panel else "", "/plain" if plain else "",
+                 else "ggml", ("/vnni_matmul" if self._vnni else "/panel_matmul") if timing_panel else "",
+                 "/plain" if plain else "",
                  ", ".join(crossover.figures))
 
     def _calibration_key(self, layer: Linear, num_layers: int, dtype: torch.dtype, plain: bool,
@@ -522,7 +537,7 @@ class GGUFLinearMethod(LinearMethod):
             cpu_model(), sorted(cpu_flags()), layer.out_features, layer.in_features,
             ggml.type_name(layer.matmul.weights[0].ggml_type), num_layers, str(dtype), plain,
             layer.packed is not None, bool(getattr(layer, "dense_ok", False)), layer.block_mm is not None,
-            self.uses_amx(layer, dtype), timing_panel, self.panel_min_rows if self._fixed_panel else None,
+            self.uses_amx(layer, dtype), timing_panel, self._vnni, self.panel_min_rows if self._fixed_panel else None,
             self._amx_k_layer(layer, dtype),
             str(self.dense_copy), self.repack, torch.get_num_threads(), settings])
 

@@ -156,7 +156,8 @@ class NativeDecode:
                          partition=kernels.DEFAULT_PARTITION, eps=cfg.rms_norm_eps,
                          scale=_layers(m)[0].self_attn.scale, layers=layers,
                          final_norm=m.model.norm.weight.data_ptr(),
-                         k=decode_step.kernel_table(self._method.panel_min_rows))
+                         k=decode_step.kernel_table(self._method.panel_min_rows,
+                                                     self._method.vnni_panel(self.dtype)))
         self._plan = (key, struct, [caches, keep])
         return struct
 

@@ -445,7 +445,7 @@ int dispatch(int type, A... args) {
 
 extern "C" {
 
-int tm_block_matmul_abi() { return 2; }
+int tm_block_matmul_abi() { return 3; }
 
 // 1 when `type` is one this library multiplies
 int tm_block_matmul_supports(int type) {

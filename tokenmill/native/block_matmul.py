@@ -27,12 +27,14 @@ SOURCE = Path(__file__).with_name("block_matmul.cpp")
 AMX_SOURCE = Path(__file__).with_name("amx_matmul.cpp")
 PANEL_SOURCE = Path(__file__).with_name("panel_matmul.cpp")
 KQUANT_SOURCE = Path(__file__).with_name("kquant_matmul.cpp")
-SOURCES = (SOURCE, AMX_SOURCE, PANEL_SOURCE, KQUANT_SOURCE)  # one library (`python -m tokenmill.native.build`)
+VNNI_SOURCE = Path(__file__).with_name("vnni_matmul.cpp")
+SOURCES = (SOURCE, AMX_SOURCE, PANEL_SOURCE, KQUANT_SOURCE, VNNI_SOURCE)  # one library (`python -m tokenmill.native.build`)
 FLAGS = ("-fopenmp", "-ffp-contract=off")
-ABI = 2
+ABI = 3
 ENV_SWITCH = "TOKENMILL_BLOCK_MATMUL"
 AMX_SWITCH = "TOKENMILL_AMX_MATMUL"
 PANEL_SWITCH = "TOKENMILL_PANEL_MATMUL"
+VNNI_SWITCH = "TOKENMILL_VNNI_MATMUL"
 # Below this many rows the integer kernel's one pass over the blocks beats the AMX kernel's dequantization:
 # 30 (3072, 576) Q4_1 layers at 1 row, 2 threads: 6.0-6.4 ms against 9.7-12.1 (AMX Xeon, 2026-12-03). The
 # layer path (GGUFLinearMethod) and the native decode step both take it from here.
@@ -55,6 +57,7 @@ def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
         lib.tm_amx_matmul.argtypes = lib.tm_block_matmul.argtypes
         lib.tm_amx_matmul_bf16.argtypes = lib.tm_block_matmul.argtypes
         lib.tm_panel_matmul.argtypes = lib.tm_block_matmul.argtypes
+        lib.tm_vnni_matmul.argtypes = lib.tm_block_matmul.argtypes
         lib.tm_amx_matmul_grouped.argtypes = [*lib.tm_block_matmul_grouped.argtypes, _I64]
     except (NativeBuildError, OSError, AttributeError) as e:
         log.warning("block matmul kernel unavailable, ggml's kernels multiply every GGUF matrix: %s", e)
@@ -102,17 +105,26 @@ def panel_available() -> bool:
     return available() and os.environ.get(PANEL_SWITCH) != "0"
 
 
+def vnni_available() -> bool:
+    """The 8-bit VNNI panel kernel (vnni_matmul.cpp) runs here: the library built for a CPU with AVX512
+    F/BW/VNNI, and TOKENMILL_VNNI_MATMUL is not 0. The gguf method takes it instead of the fp32 panel kernel
+    at bf16 compute (GGUFLinearMethod.vnni_panel)."""
+    lib = library()
+    return available() and os.environ.get(VNNI_SWITCH) != "0" and lib is not None and bool(lib.tm_vnni_available())
+
+
 def matmul(ggml_type: int, w_ptr: int, n: int, k: int, x_ptr: int, m: int, y_ptr: int, ldy: int,
            threads: int, lib: ctypes.CDLL | None = None, amx: bool = False, panel: bool = False,
-           bf16: bool = False) -> None:
+           bf16: bool = False, vnni: bool = False) -> None:
     """y[:, :n] (rows ldy apart) = x (m, k) fp32 contiguous . W^T, W (n, k) in blocks at w_ptr. amx: on the
     AMX kernel (bf16 products; only where amx_available() and amx_supports(n)); panel: on the fp32 panel
-    kernel (panel_matmul.cpp). bf16 (with amx only): x and y are bf16 rows, y rounded as torch rounds (the
-    bits of the fp32 call's result rounded to bf16)."""
+    kernel (panel_matmul.cpp), or with vnni on the 8-bit VNNI one (vnni_matmul.cpp; only where
+    vnni_available()). bf16 (with amx only): x and y are bf16 rows, y rounded as torch rounds (the bits of
+    the fp32 call's result rounded to bf16)."""
     lib = lib or library()
-    assert lib is not None and (amx or not bf16)
+    assert lib is not None and (amx or not bf16) and (panel or not vnni)
     fn = (lib.tm_amx_matmul_bf16 if bf16 else lib.tm_amx_matmul) if amx else \
-        lib.tm_panel_matmul if panel else lib.tm_block_matmul
+        (lib.tm_vnni_matmul if vnni else lib.tm_panel_matmul) if panel else lib.tm_block_matmul
     rc = fn(ggml_type, w_ptr, n, k, x_ptr, k, m, y_ptr, ldy, threads)
     if rc:
         raise RuntimeError(f"block matmul failed (status {rc})")

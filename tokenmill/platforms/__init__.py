@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenmill.compute import ComputeChoice, choose_compute, choose_dense_copy
+from tokenmill.compute import ComputeChoice, choose_compute, choose_dense_copy, int8_panel_covers
 from tokenmill.config import EngineConfig
 from tokenmill.memory_plan import available_ram, default_kv_cache_bytes, total_ram
 from tokenmill.native import kernels as native_kernels
@@ -43,11 +43,18 @@ class Platform:
             return int(free)
         return available_ram()
 
-    def with_dense_copy(self, setting: str, copy_bytes: int) -> Platform:
+    def with_dense_copy(self, setting: str, copy_bytes: int,
+                        matrices: list[tuple[int, int, str]] | None = None) -> Platform:
         """This platform with the gguf method's dense copy decided (compute.choose_dense_copy), against
-        this machine's RAM and whether oneDNN can prepack here."""
+        this machine's RAM, whether oneDNN can prepack here, and whether the 8-bit VNNI panel kernel takes
+        every one of the file's `matrices` (rows, row length, type name) here."""
+        from tokenmill.native import block_matmul
+
+        vnni = (not self.is_cuda and self.compute.dtype == "bfloat16" and block_matmul.vnni_available()
+                and not block_matmul.amx_available())
         compute = choose_dense_copy(setting, self.compute, copy_bytes, total_ram(),
-                                    self.compute.dtype == "bfloat16" and not self.is_cuda and can_prepack_here())
+                                    self.compute.dtype == "bfloat16" and not self.is_cuda and can_prepack_here(),
+                                    int8_panel_covers(matrices, vnni))
         return Platform(self.device, compute)
 
     def default_kv_cache_memory(self) -> int:
