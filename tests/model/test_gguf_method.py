@@ -222,7 +222,11 @@ def q4_k_m_layer():
 def test_q4_k_m_layer_small_batches_on_the_block_kernels(monkeypatch) -> None:
     """A Q4_K_M layer asked to repack keeps its Q4_K in the file's blocks, and small batches of both parts run
     on our K-quant kernel (kquant_matmul.cpp: ~1e-5 of fp64, each row its own bits in any batch), not the AMX
-    kernel; TOKENMILL_Q4K_PLAIN=0 repacks it for ggml's kernels where this CPU has the layout."""
+    kernel (TOKENMILL_Q4K_PLAIN=1; the default on CPUs other than AVX-512 without AMX: q4k_plain_here);
+    TOKENMILL_Q4K_PLAIN=0 repacks it for ggml's kernels where this CPU has the layout."""
+    from tokenmill.layers import ggml_linear
+
+    monkeypatch.setenv("TOKENMILL_Q4K_PLAIN", "1")
     k, blocks, deq, layer = q4_k_m_layer()
     lyr = layer(True)
     x = torch.randn(7, k)
@@ -240,6 +244,14 @@ def test_q4_k_m_layer_small_batches_on_the_block_kernels(monkeypatch) -> None:
         assert again.block_mm is None
         y = again.method._ggml(again, x)
         assert float((y.double() - ref).norm() / ref.norm()) < 2e-2  # ggml's 8-bit activations
+    # unset: the CPU's rule; Q6_K (no repacked layout in ggml) stays ours either way
+    monkeypatch.delenv("TOKENMILL_Q4K_PLAIN")
+    for flags, plain in (({"avx2"}, True), ({"avx2", "avx512f"}, False),
+                         ({"avx2", "avx512f", "amx_tile", "amx_bf16"}, True)):
+        monkeypatch.setattr(ggml_linear, "cpu_flags", lambda f=frozenset(flags): f)
+        assert ggml_linear.q4k_plain_here() == plain
+        chosen = layer(True)
+        assert chosen.method._keeps_plain(12) == plain and chosen.method._keeps_plain(14)
 
 
 def test_k_quants_on_the_amx_kernel_for_big_batches(monkeypatch) -> None:

@@ -6,7 +6,8 @@ unquantized checkpoint with `--quantization q8_0|q4_k|...`, as a dense tensor th
 into blocks at once (so an fp32 copy of the whole model never exists). At finish_loading, adjacent shards
 of one type (q|k|v, gate|up) are joined into one matrix, and each matrix is handed to ggml, repacked into
 an interleaved layout where the running CPU has one for its type (Q4_0 / Q4_K / IQ4_NL on AVX2; more with
-AVX-512 and AMX), else used in place; Q4_K stays in place for our kernel (_keeps_plain).
+AVX-512 and AMX), else used in place; Q4_K stays in place for our kernel (_keeps_plain) except on AVX-512
+without AMX (q4k_plain_here).
 
 Per call, by the number of rows M:
 - M <= max_ggml_rows: block kernels on 8-bit activations per 32-block as in llama.cpp (ggml's, ~5e-3
@@ -120,6 +121,21 @@ class _Scratch:
         return self.buf[:n]
 
 
+_Q4_K = int(GGMLQuantizationType.Q4_K)
+
+
+def q4k_plain_here() -> bool:
+    """Q4_K matrices stay in the file's blocks for our K-quant kernel on this CPU, rather than in ggml's
+    repacked layout: everywhere but on AVX-512 without AMX. A 7B Q4_K_M file's decode, one stream, 2 cores:
+    on an AMX Xeon our kernel 1.21-1.30x llama-server (ggml's repacked kernel ~1.0x); on a Zen 4 EPYC
+    (AVX-512 executed in 256-bit halves, VNNI, no AMX) ggml's repacked kernel 6.6-7.5 tok/s against our
+    5.6-5.9, alternating (benchmarks/README.md, "8-bit VNNI panels"), its 8-bit products at twice the rate of
+    our 16-bit ones where the loads no longer bound them. The prompt then reads the repacked blocks back
+    (slower than plain at a few tens of rows, still past llama-server's there)."""
+    flags = cpu_flags()
+    return "avx512f" not in flags or {"amx_bf16", "amx_tile"} <= flags
+
+
 class GGUFLinearMethod(LinearMethod):
     name = "gguf"
     keeps_blocks = True  # the embedding keeps its blocks too (layers/embedding.py)
@@ -151,9 +167,12 @@ class GGUFLinearMethod(LinearMethod):
         self._vnni = block_matmul.vnni_available()
         # ... and the K-quants' big batches (TOKENMILL_AMX_K_QUANTS=0: ggml's kernels, as before)
         self._amx_k_quants = os.environ.get("TOKENMILL_AMX_K_QUANTS") != "0"
-        # Q4_K left in the file's blocks for our kernel rather than repacked for ggml's (_keeps_plain);
-        # TOKENMILL_Q4K_PLAIN=0 repacks it as before
-        self._q4k_plain = os.environ.get("TOKENMILL_Q4K_PLAIN", "1") != "0"
+        # Q4_K left in the file's blocks for our kernel rather than repacked for ggml's (_keeps_plain) where
+        # that measured faster (q4k_plain_here); TOKENMILL_Q4K_PLAIN=1 keeps every K-quant plain, 0 repacks
+        # what ggml can repack, as before our kernel
+        env = os.environ.get("TOKENMILL_Q4K_PLAIN")
+        self._k_plain = env != "0"
+        self._q4k_plain = env == "1" or (env is None and q4k_plain_here())
         self._threads = ThreadChooser(1)  # one thread or all for each ggml call (layers/thread_choice.py)
 
     @property
@@ -276,8 +295,8 @@ class GGUFLinearMethod(LinearMethod):
         path takes over. The prompt's big batches lose nothing: they read repacked Q4_K back into these
         blocks anyway (at fp32 without the AMX kernel a 7B file's 128-token prompt took 4.2 s plain against
         6.0 repacked, decode 229 against 264 ms a token; benchmarks/README.md). TOKENMILL_Q4K_PLAIN=0: repack."""
-        return (self._q4k_plain and ggml_type in block_matmul.AMX_K_TYPES and block_matmul.available()
-                and block_matmul.supports(ggml_type))
+        return ((self._q4k_plain if ggml_type == _Q4_K else self._k_plain) and ggml_type in block_matmul.AMX_K_TYPES
+                and block_matmul.available() and block_matmul.supports(ggml_type))
 
     def _dequantize_into(self, part: GGUFQuantized, out: torch.Tensor) -> None:
         """part's rows as `out`'s values (out: (rows, k) at the copy's dtype), a tile at a time."""
