@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The commands behind benchmarks/results/2026-12-06-zen4/ (issue 10 on the Zen 4 kind, 2026-12-06 midday), in order.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+R=benchmarks/results/2026-12-06-zen4
+lscpu > $R/lscpu.txt
+# before (e7abc61: the bf16 dense copy past the crossover, prefill attention on SDPA at bf16)
+PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$R benchmarks/compare.sh
+# the 8-bit VNNI panel kernel (no dense copy)
+PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$R/vnni benchmarks/compare.sh
+# ... and prefill attention on the native kernel at bf16 (CPUs without AMX)
+PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$R/vnni-prefill benchmarks/compare.sh
+# where a C=64 step goes, each lever on and off
+TOKENMILL_VNNI_MATMUL=0 TOKENMILL_NATIVE_PREFILL=0 .venv/bin/python benchmarks/experiments/step_breakdown.py 64
+.venv/bin/python benchmarks/experiments/step_breakdown.py 64
+# the kernel against the prepacked bf16 copy, and the agreement of each path with the fp32 reference
+.venv/bin/python benchmarks/experiments/vnni_vs_bf16.py > $R/vnni_vs_bf16.txt
+.venv/bin/python benchmarks/experiments/vnni_agreement.py > $R/agreement.txt
+.venv/bin/python benchmarks/experiments/prefill_attention_ab.py bf16 0:200 0:512 88:112 300:212 0:64 > $R/prefill_attention_bf16.txt
