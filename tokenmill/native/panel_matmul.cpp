@@ -33,6 +33,23 @@
 
 __attribute__((visibility("hidden"))) float tm_half_to_float(uint16_t h);  // block_matmul.cpp, the same library
 
+// Shared with vnni_matmul.cpp (hidden: not the ABI). The calling thread's scratch in v, 64-byte aligned: at
+// least `bytes` bytes.
+__attribute__((visibility("hidden"))) void* tm_scratch(std::vector<uint8_t>& v, size_t bytes) {
+    if (v.size() < bytes + 64) v.resize(bytes + 64);
+    const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
+    return reinterpret_cast<void*>((p + 63) & ~uintptr_t(63));
+}
+
+// Part `part` of `parts` of the prefetch of [next, next + bytes) into L2: a panel kernel asks for the next
+// work item's weight rows a share before each of this item's tiles (16 row streams at once, which the
+// hardware prefetchers do not keep ahead of).
+__attribute__((visibility("hidden"))) void tm_prefetch_share(const char* next, int64_t bytes, int64_t parts,
+                                                             int64_t part) {
+    const int64_t share = (bytes + parts - 1) / parts;
+    for (int64_t o = part * share; o < std::min(bytes, (part + 1) * share); o += 64) __builtin_prefetch(next + o, 0, 2);
+}
+
 namespace {
 
 enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type numbers
@@ -181,19 +198,15 @@ void micro(const float* xp, const float* panel, int64_t K, float* y, int64_t ldy
         for (int c = 0; c < nc; ++c) y[r * ldy + c] = t[r][c];
 }
 
-// the calling thread's scratch, 32-byte aligned: at least n floats
-float* scratch(std::vector<float>& v, size_t n) {
-    if (v.size() < n + 8) v.resize(n + 8);
-    const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
-    return reinterpret_cast<float*>((p + 31) & ~uintptr_t(31));
-}
+// the calling thread's scratch: at least n floats
+float* scratch(std::vector<uint8_t>& v, size_t n) { return static_cast<float*>(tm_scratch(v, 4 * n)); }
 
 template <int TYPE>
 void panel_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y,
                   int64_t ldy, int nthreads) {
     if (M <= 0 || N <= 0) return;
     const int64_t tiles = (M + MR - 1) / MR, items = (N + NR - 1) / NR;
-    thread_local std::vector<float> xbuf;
+    thread_local std::vector<uint8_t> xbuf;
     float* xp = scratch(xbuf, size_t(tiles * K * MR));  // tile t: (K, MR), rows past M zero
     auto pack = [&](int64_t t) {
         float* o = xp + t * K * MR;
@@ -214,9 +227,8 @@ void panel_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_
         const int64_t rb = K / 32 * block_bytes<TYPE>();
         const char* next = reinterpret_cast<const char*>(W + (n0 + NR) * rb);
         const int64_t bytes = std::max<int64_t>(0, std::min<int64_t>(NR, N - n0 - NR)) * rb;
-        const int64_t share = (bytes + tiles - 1) / tiles;
         for (int64_t t = 0; t < tiles; ++t) {
-            for (int64_t o = t * share; o < std::min(bytes, (t + 1) * share); o += 64) __builtin_prefetch(next + o, 0, 2);
+            tm_prefetch_share(next, bytes, tiles, t);
             const float* xt = xp + t * K * MR;
             float* yt = y + t * MR * ldy + n0;
             switch (std::min<int64_t>(MR, M - t * MR)) {
@@ -236,7 +248,7 @@ void panel_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < tiles; ++t) pack(t);
             // (the loop's barrier: every tile is packed before any item reads one)
-            thread_local std::vector<float> pbuf;
+            thread_local std::vector<uint8_t> pbuf;
             float* panel = scratch(pbuf, size_t(K * NR));
 #pragma omp for schedule(static)
             for (int64_t it = 0; it < items; ++it) item(it, panel);
@@ -245,7 +257,7 @@ void panel_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_
     }
 #endif
     for (int64_t t = 0; t < tiles; ++t) pack(t);
-    thread_local std::vector<float> pbuf;
+    thread_local std::vector<uint8_t> pbuf;
     float* panel = scratch(pbuf, size_t(K * NR));
     for (int64_t it = 0; it < items; ++it) item(it, panel);
 }

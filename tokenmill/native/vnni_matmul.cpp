@@ -34,6 +34,11 @@
 #define TM_VNNI 1
 #endif
 
+// panel_matmul.cpp, the same library (hidden: not the ABI)
+__attribute__((visibility("hidden"))) void* tm_scratch(std::vector<uint8_t>& v, size_t bytes);
+__attribute__((visibility("hidden"))) void tm_prefetch_share(const char* next, int64_t bytes, int64_t parts,
+                                                             int64_t part);
+
 namespace {
 
 #ifdef TM_VNNI
@@ -139,12 +144,9 @@ void tile(const uint8_t* panel, int64_t K, const int8_t* xq, const float* xd, co
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, mk, acc[r]);
 }
 
-// the calling thread's scratch, 64-byte aligned: at least n bytes
 template <typename T>
-T* scratch(std::vector<uint8_t>& v, size_t n) {
-    if (v.size() < n + 64) v.resize(n + 64);
-    const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
-    return reinterpret_cast<T*>((p + 63) & ~uintptr_t(63));
+T* scratch(std::vector<uint8_t>& v, size_t bytes) {
+    return static_cast<T*>(tm_scratch(v, bytes));
 }
 
 template <int TYPE>
@@ -162,13 +164,12 @@ void vnni_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t
         const int nc = int(std::min<int64_t>(NR, N - n0));
         make_panel<TYPE>(W, n0, nc, K, panel);
         // the next item's weight rows (this thread's next, under the static schedule) asked into L2 while this
-        // item's tiles run, a share before each tile (as panel_matmul.cpp does: 16 row streams at once)
+        // item's tiles run, a share before each tile (tm_prefetch_share)
         const int64_t tiles = (m1 - m0 + MR - 1) / MR;
         const char* next = reinterpret_cast<const char*>(W + (n0 + NR) * rb);
         const int64_t bytes = std::max<int64_t>(0, std::min<int64_t>(NR, N - n0 - NR)) * rb;
-        const int64_t share = (bytes + tiles - 1) / tiles;
         for (int64_t t = 0; t < tiles; ++t) {
-            for (int64_t o = t * share; o < std::min(bytes, (t + 1) * share); o += 64) __builtin_prefetch(next + o, 0, 2);
+            tm_prefetch_share(next, bytes, tiles, t);
             const int64_t r = m0 + t * MR;
             const int8_t* q = xq + r * K;
             const float *d = xd + r * nb, *s = xs + r * nb;
