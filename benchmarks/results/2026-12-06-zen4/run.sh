@@ -17,3 +17,8 @@ TOKENMILL_VNNI_MATMUL=0 TOKENMILL_NATIVE_PREFILL=0 .venv/bin/python benchmarks/e
 .venv/bin/python benchmarks/experiments/vnni_vs_bf16.py > $R/vnni_vs_bf16.txt
 .venv/bin/python benchmarks/experiments/vnni_agreement.py > $R/agreement.txt
 .venv/bin/python benchmarks/experiments/prefill_attention_ab.py bf16 0:200 0:512 88:112 300:212 0:64 > $R/prefill_attention_bf16.txt
+# issue 15 on this kind at the final code, and with the bf16 copy (TOKENMILL_VNNI_MATMUL=0) for the texts' sake
+bash benchmarks/spec_grounded.sh $R/spec
+TOKENMILL_VNNI_MATMUL=0 bash benchmarks/spec_grounded.sh $R/spec-bf16copy
+TAG=vnni-panel .venv/bin/python benchmarks/experiments/grounded_text.py > $R/code_edit_texts.txt
+TOKENMILL_VNNI_MATMUL=0 TAG=bf16-copy .venv/bin/python benchmarks/experiments/grounded_text.py >> $R/code_edit_texts.txt
