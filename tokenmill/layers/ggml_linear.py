@@ -27,8 +27,8 @@ Per call, by the number of rows M:
   x multiplied into it by an FMA register tile: 150-190 GFLOPS at 64-512 rows there, against ~90 for the
   integer kernel and ~155 for dequantize + F.linear), x unrounded; at bf16 on CPUs with AVX512-VNNI and no
   AMX, the 8-bit panel kernel instead (native/vnni_matmul.cpp: x at 8 bits per 32-block as in llama.cpp,
-  integer products on vpdpbusd; 1.1-1.9x the prepacked bf16 copy at 16-512 rows on Zen 4, which then keeps
-  no copy: compute.int8_panel_covers);
+  integer products on vpdpbusd; the default model's layers 1.3-1.6x the prepacked bf16 copy at 8-512 rows on
+  Zen 4, the (576, 1536) ones 0.9-1.2x, and a file it covers keeps no copy: compute.int8_panel_covers);
 - above max_ggml_rows: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
   compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
   compute-bound. Repacked matrices have no plain blocks left; the shim reads ggml's repacked Q4_K back
@@ -536,14 +536,14 @@ class GGUFLinearMethod(LinearMethod):
         log.info("gguf matmuls: block kernels %s%s, decode-only steps %s in one native call; %s (%s on %d "
                  "(%d, %d) %s layers, %s%s/dense%s: %s)",
                  f"up to {self.max_ggml_rows} rows" if bounded else "at any number of rows",
-                 f" (the {'8-bit VNNI' if self._vnni else 'fp32'} panel kernel from {self.panel_min_rows})"
+                 f" (the {'8-bit VNNI' if self.vnni_panel(dtype) else 'fp32'} panel kernel from {self.panel_min_rows})"
                  if self.panel_min_rows is not None else "",
                  f"up to {self.max_step_rows} rows" if self.max_step_rows < _UNBOUNDED_ROWS else "of any size",
                  f"{above} above" if bounded else f"{above} never measured faster", where,
                  len(group), layer.out_features, layer.in_features,
                  ggml.type_name(layer.matmul.weights[0].ggml_type),
                  ("amx_matmul" if self.uses_amx(layer, dtype) else "block_matmul") if layer.block_mm is not None
-                 else "ggml", ("/vnni_matmul" if self._vnni else "/panel_matmul") if timing_panel else "",
+                 else "ggml", ("/vnni_matmul" if self.vnni_panel(dtype) else "/panel_matmul") if timing_panel else "",
                  "/plain" if plain else "",
                  ", ".join(crossover.figures))
 
@@ -556,7 +556,7 @@ class GGUFLinearMethod(LinearMethod):
             cpu_model(), sorted(cpu_flags()), layer.out_features, layer.in_features,
             ggml.type_name(layer.matmul.weights[0].ggml_type), num_layers, str(dtype), plain,
             layer.packed is not None, bool(getattr(layer, "dense_ok", False)), layer.block_mm is not None,
-            self.uses_amx(layer, dtype), timing_panel, self._vnni, self.panel_min_rows if self._fixed_panel else None,
+            self.uses_amx(layer, dtype), timing_panel, self.vnni_panel(dtype), self.panel_min_rows if self._fixed_panel else None,
             self._amx_k_layer(layer, dtype),
             str(self.dense_copy), self.repack, torch.get_num_threads(), settings])
 
