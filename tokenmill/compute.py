@@ -129,7 +129,8 @@ def choose_dense_copy(setting: str, compute: ComputeChoice, copy_bytes: int, ram
     that oneDNN can prepack) and the copy (`copy_bytes`, memory_plan.dense_copy_bytes) takes at most
     1/DENSE_COPY_RAM_SHARE of `ram_bytes`, so a model that must load in its own size still does; on: at
     any dtype (fp32: a plain copy for F.linear), ValueError without the gguf method; off: never. auto is also
-    off where the 8-bit VNNI panel kernel takes every matrix (`int8_panel`, int8_panel_covers): on a 2-core
+    off where the 8-bit VNNI panel kernel, asked for (TOKENMILL_VNNI_MATMUL=1), takes every matrix
+    (`int8_panel`, int8_panel_covers): on a 2-core
     Zen 4 it ran the default model's layers at 1.3-1.6x the prepacked bf16 copy from 8 to 512 rows (the
     (576, 1536) ones 0.9-1.2x) and its C=16 / C=64 serving 1.3x / 1.2x faster (benchmarks/README.md,
     "8-bit VNNI panels"), without the copy's 256 MiB."""

@@ -17,7 +17,7 @@ from gguf_blocks import multiply, quantized
 
 from tokenmill.native import block_matmul
 
-pytestmark = pytest.mark.skipif(not block_matmul.vnni_available(), reason="the VNNI kernel runs on AVX512-VNNI")
+pytestmark = pytest.mark.skipif(not block_matmul.vnni_built(), reason="the VNNI kernel runs on AVX512-VNNI")
 
 
 def int8_x(x: torch.Tensor) -> torch.Tensor:
@@ -75,7 +75,8 @@ def test_honours_the_row_stride_of_x_and_hands_other_types_on() -> None:
 
 
 def test_the_method_takes_it_at_bf16_only_and_drops_the_dense_copy(monkeypatch) -> None:
-    """On this CPU (VNNI; no AMX, or the test is skipped) at bf16 the default model keeps no dense copy (the
+    """Asked for (TOKENMILL_VNNI_MATMUL=1), on this CPU (VNNI; no AMX, or the test is skipped) at bf16 the
+    default model keeps no dense copy (the
     panel takes every Q4_1 / Q8_0 matrix), the method's panel and the native step's are the VNNI kernel, and
     teacher-forced logits stay near the fp32 dequantized reference (measured: top-1 0.958 against the dense
     bf16 copy's 0.975 on 2,000 tokens; benchmarks/experiments/vnni_agreement.py); at fp32 the fp32 panel."""
@@ -89,6 +90,8 @@ def test_the_method_takes_it_at_bf16_only_and_drops_the_dense_copy(monkeypatch) 
 
     monkeypatch.setenv("TOKENMILL_PANEL_MIN_ROWS", "1")
     monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", str(10**6))
+    assert not block_matmul.vnni_available()  # opt-in
+    monkeypatch.setenv("TOKENMILL_VNNI_MATMUL", "1")
     ours = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, dtype="bfloat16")
     assert not ours.engine.platform.compute.dense_copy
     method = ours.engine.executor.worker.model.lm_head.method

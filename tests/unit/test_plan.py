@@ -55,6 +55,7 @@ def test_plan_auto_dtype_follows_the_cpu(capsys, monkeypatch) -> None:
                              (frozenset({"avx2", "amx_tile", "amx_bf16"}), "22.5 KiB"),
                              (frozenset({"avx2", "avx512f", "avx512_bf16"}), "22.5 KiB")):
         monkeypatch.setattr(cf, "cpu_flags", lambda f=flags: f)
+        monkeypatch.setenv("TOKENMILL_VNNI_MATMUL", "1")
         args = ["plan", "--kv-cache-memory", "1GiB", "--max-model-len", "4096", "--quantization", "dequantize"]
         assert main(args) == 0
         out = capsys.readouterr().out
@@ -86,8 +87,9 @@ def test_plan_counts_the_gguf_blocks_a_gguf_file_keeps(capsys, default_model_pat
 def test_plan_counts_the_dense_copy(capsys, monkeypatch) -> None:
     """--dense-copy: the gguf method's dense copy of every matmul weight and of the tied output layer, at
     the compute dtype, is in the plan. auto keeps it only at bf16 on a CPU with native bf16 (AMX or
-    AVX512_BF16), only where it takes at most 1/8 of the RAM, and not where the 8-bit VNNI panel kernel takes
-    every matrix (this Q4_1 / Q8_0 file on a CPU with AVX512-VNNI and no AMX); on asks for one there too."""
+    AVX512_BF16), only where it takes at most 1/8 of the RAM, and not where the 8-bit VNNI panel kernel,
+    asked for, takes every matrix (this Q4_1 / Q8_0 file on a CPU with AVX512-VNNI and no AMX); on asks for
+    one there too."""
     import tokenmill.cpu_features as cf
     import tokenmill.entrypoints.plan as plan_mod
     from tokenmill.native import ggml
@@ -105,7 +107,9 @@ def test_plan_counts_the_dense_copy(capsys, monkeypatch) -> None:
                                       (avx2, "on", 1 * 2**30, copy32), (zen4, "auto", 24 * 2**30, copy16),
                                       (zen4_vnni, "auto", 24 * 2**30, None), (zen4_vnni, "on", 24 * 2**30, copy16),
                                       (spr, "auto", 24 * 2**30, copy16)):
+        # (the VNNI panel asked for: TOKENMILL_VNNI_MATMUL=1; without it the Zen 4 rule above keeps the copy)
         monkeypatch.setattr(cf, "cpu_flags", lambda f=flags: f)
+        monkeypatch.setenv("TOKENMILL_VNNI_MATMUL", "1")
         monkeypatch.setattr(plan_mod, "total_ram", lambda r=ram: r)
         assert main(["plan", "--kv-cache-memory", "1GiB", "--dense-copy", setting]) == 0
         out = capsys.readouterr().out

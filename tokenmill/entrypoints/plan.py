@@ -19,6 +19,7 @@ from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
 from tokenmill.memory_plan import (CacheTooSmallError, MemoryPlan, available_ram, default_kv_cache_bytes,
                                    dense_copy_bytes, make_plan, total_ram)
+from tokenmill.native.block_matmul import vnni_asked
 
 
 def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int, int, str]] | None]:
@@ -51,7 +52,7 @@ def plan_model(model: str, device: str, dtype: str, quantization: str | None, bl
     compute = choose_dense_copy(dense_copy, compute, dense_copy_bytes(cfg, compute.dtype_bytes), total_ram(),
                                 device == "cpu" and compute.dtype == "bfloat16" and cpu_has_native_bf16(),
                                 int8_panel_covers(matrices, device == "cpu" and compute.dtype == "bfloat16"
-                                                  and cpu_has_avx512_vnni()
+                                                  and cpu_has_avx512_vnni() and vnni_asked()
                                                   and not cpu_has_amx_bf16() and ggml.available()))
     max_len = max_model_len or cfg.max_position_embeddings
     max_chunk_tokens = max_chunk_tokens or default_token_budget(device, compute)

@@ -25,8 +25,8 @@ Per call, by the number of rows M:
   16-32 rows on a 2-core AVX2 EPYC), plain Q4_0 / Q4_1 / Q8_0 blocks go to the fp32 panel kernel instead
   (native/panel_matmul.cpp: 16 weight rows at a time dequantized into an L2-sized fp32 panel, every row of
   x multiplied into it by an FMA register tile: 150-190 GFLOPS at 64-512 rows there, against ~90 for the
-  integer kernel and ~155 for dequantize + F.linear), x unrounded; at bf16 on CPUs with AVX512-VNNI and no
-  AMX, the 8-bit panel kernel instead (native/vnni_matmul.cpp: x at 8 bits per 32-block as in llama.cpp,
+  integer kernel and ~155 for dequantize + F.linear), x unrounded; with TOKENMILL_VNNI_MATMUL=1, at bf16 on
+  CPUs with AVX512-VNNI and no AMX, the 8-bit panel kernel instead (native/vnni_matmul.cpp: x at 8 bits per 32-block as in llama.cpp,
   integer products on vpdpbusd; the default model's layers 1.3-1.6x the prepacked bf16 copy at 8-512 rows on
   Zen 4, the (576, 1536) ones 0.9-1.2x, and a file it covers keeps no copy: compute.int8_panel_covers);
 - above max_ggml_rows: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
@@ -163,7 +163,7 @@ class GGUFLinearMethod(LinearMethod):
         self.dense_copy = dense_copy  # keep each matrix dense at this dtype too (None: no copy)
         self._onednn = dense_copy == torch.bfloat16 and can_prepack_here()  # the copy prepacked for oneDNN
         self._amx = block_matmul.amx_available()  # plain blocks multiplied on AMX when x is bf16
-        # the panel kernel in 8-bit integers on AVX512-VNNI (vnni_matmul.cpp) instead of fp32 where it runs
+        # the panel kernel in 8-bit integers on AVX512-VNNI (vnni_matmul.cpp) instead of fp32, where asked for
         self._vnni = block_matmul.vnni_available()
         # ... and the K-quants' big batches (TOKENMILL_AMX_K_QUANTS=0: ggml's kernels, as before)
         self._amx_k_quants = os.environ.get("TOKENMILL_AMX_K_QUANTS") != "0"
