@@ -1,7 +1,7 @@
 """Teacher-forced agreement with the fp32 dequantized reference (the `dequantize` engine), 2,000 tokens of the
 repo's README and scheduler source in 250-token prompts, for the default model at bf16 on each big-batch path:
-the dense bf16 copy (oneDNN), the 8-bit VNNI panel kernel, the 16-bit block kernel, and at fp32 on the fp32
-panel kernel (at fp32 the method never takes the VNNI one). Every prompt
+the dense bf16 copy (oneDNN), the 8-bit and 16-bit VNNI panel kernels, the fp32 panel kernel (bf16 rows in),
+the 16-bit block kernel, and at fp32 on the fp32 panel kernel (at fp32 the method never takes the VNNI one). Every prompt
 row takes the path (TOKENMILL_GGML_MAX_ROWS / TOKENMILL_PANEL_MIN_ROWS fix the choice).
 
     .venv/bin/python benchmarks/experiments/vnni_agreement.py
@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = {  # name -> (env, engine kwargs)
     "bf16, dense copy": ({"TOKENMILL_GGML_MAX_ROWS": "1", "TOKENMILL_VNNI_MATMUL": "0"}, "dtype='bfloat16', dense_copy='on'"),
     "bf16, 8-bit VNNI panel": ({"TOKENMILL_PANEL_MIN_ROWS": "1", "TOKENMILL_GGML_MAX_ROWS": "1000000", "TOKENMILL_VNNI_MATMUL": "1"}, "dtype='bfloat16', dense_copy='off'"),
+    "bf16, 16-bit VNNI panel": ({"TOKENMILL_PANEL_MIN_ROWS": "1", "TOKENMILL_GGML_MAX_ROWS": "1000000"}, "dtype='bfloat16', dense_copy='off'"),
+    "bf16, fp32 panel": ({"TOKENMILL_PANEL_MIN_ROWS": "1", "TOKENMILL_GGML_MAX_ROWS": "1000000", "TOKENMILL_VNNI_MATMUL": "0"}, "dtype='bfloat16', dense_copy='off'"),
     "bf16, 16-bit block kernel": ({"TOKENMILL_PANEL_MATMUL": "0", "TOKENMILL_GGML_MAX_ROWS": "1000000"}, "dtype='bfloat16', dense_copy='off'"),
     "fp32, fp32 panel": ({"TOKENMILL_PANEL_MIN_ROWS": "1", "TOKENMILL_GGML_MAX_ROWS": "1000000", "TOKENMILL_VNNI_MATMUL": "0"}, "dtype='float32', dense_copy='off'"),
 }

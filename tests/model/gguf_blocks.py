@@ -24,15 +24,15 @@ def quantized(type_name: str, n: int, k: int, seed: int) -> tuple[int, np.ndarra
 
 
 def multiply(qtype: int, blocks: np.ndarray, x: torch.Tensor, threads: int = 1, lib=None, amx: bool = False,
-             panel: bool = False, vnni: bool = False) -> torch.Tensor:
+             panel: bool = False, vnni: int = 0, rows: int | None = None) -> torch.Tensor:
     """x (m, k) . W^T on one of block_matmul's kernels (the block kernel; amx: the AMX one; panel: the fp32
-    panel one; vnni: the 8-bit VNNI panel), into rows n + 3 apart, checking that the kernel writes only its n
-    columns -> (m, n)."""
+    panel one; vnni: the VNNI panel rounding x to 8 or 16 bits), into rows n + 3 apart, checking that the
+    kernel writes only its n columns -> (m, n). n: blocks' rows, or `rows` (a packed buffer's)."""
     from tokenmill.native import block_matmul
 
-    n, (m, k), xc = blocks.shape[0], x.shape, x.contiguous()  # xc held: a temporary's pointer would dangle
+    n, (m, k), xc = rows or blocks.shape[0], x.shape, x.contiguous()  # xc held: a temporary's pointer would dangle
     y = torch.full((m, n + 3), float("nan"))
     block_matmul.matmul(qtype, blocks.ctypes.data, n, k, xc.data_ptr(), m, y.data_ptr(), n + 3, threads, lib,
-                        amx=amx, panel=panel or vnni, vnni=vnni)
+                        amx=amx, panel=panel or bool(vnni), vnni=vnni)
     assert torch.isnan(y[:, n:]).all()
     return y[:, :n]

@@ -150,7 +150,7 @@ def test_k_quant_sums_stay_exact_at_the_extremes(type_name: str, sign: int) -> N
         assert err < 1e-4, f"{type_name}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("kernel", ["tm_block_matmul", "tm_panel_matmul", "tm_vnni_matmul"])
+@pytest.mark.parametrize("kernel", ["tm_block_matmul", "tm_panel_matmul", "tm_vnni_matmul", "tm_vnni16_matmul"])
 def test_unsupported_types_and_shapes_are_refused(kernel: str) -> None:
     lib = block_matmul.library()
     assert lib is not None

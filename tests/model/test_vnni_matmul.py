@@ -1,11 +1,12 @@
-"""native/vnni_matmul.cpp, the 8-bit panel kernel on AVX512-VNNI for plain Q4_0 / Q4_1 / Q8_0 blocks (the gguf
-method's panel kernel at bf16 on CPUs with VNNI and no AMX). Its arithmetic is llama.cpp's: x quantized to
-int8 per 32-block (d = max|x| / 127, q = round-half-even(x * 127 / max|x|)), integer products with the
-weights' quants, the blocks' scales applied in fp32. So it is checked two ways: against that arithmetic done
-in fp64 on gguf-py's dequantized weights (within fp32 rounding: a wrong layout, lane or scale is far off),
-and against the unrounded fp64 product (the one-matmul bound of the gguf method's tests, 2e-2). Each row's
-result is the same bits alone or in any batch, at any thread count. Skipped where the kernel is not built
-(a CPU without AVX512-VNNI: the entry then hands the call to the fp32 panel kernel).
+"""native/vnni_matmul.cpp, the panel kernels on AVX512-VNNI for plain Q4_0 / Q4_1 / Q8_0 blocks (the gguf
+method's panel kernel at bf16 on CPUs with VNNI and no AMX), x at 16 bits (the default) or 8 (llama.cpp's,
+opt-in). Their arithmetic: x quantized per 32-block (d = max|x| / (2^(bits-1) - 1), q = round-half-even(x /
+d)), integer products with the weights' quants, the blocks' scales applied in fp32. So each is checked two
+ways: against that arithmetic done in fp64 on gguf-py's dequantized weights (within fp32 rounding: a wrong
+layout, lane or scale is far off), and against the unrounded fp64 product (at 8 bits the one-matmul bound of
+the gguf method's tests, 2e-2; at 16 bits 1e-4, finer than a bf16 copy of the weights). Each row's result is
+the same bits alone or in any batch, at any thread count. Skipped where the kernels are not built (a CPU
+without AVX512-VNNI: the entries then hand the call to the fp32 panel kernel).
 """
 
 from __future__ import annotations
@@ -20,27 +21,32 @@ from tokenmill.native import block_matmul
 pytestmark = pytest.mark.skipif(not block_matmul.vnni_built(), reason="the VNNI kernel runs on AVX512-VNNI")
 
 
-def int8_x(x: torch.Tensor) -> torch.Tensor:
+def rounded_x(x: torch.Tensor, bits: int) -> torch.Tensor:
     """x (m, k) as the kernel rounds it: per 32-block q * d, in fp64 (the fp32 steps as the kernel takes them)."""
+    top = np.float32(2 ** (bits - 1) - 1)
     xb = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 32)
     amax = np.abs(xb).max(axis=2, keepdims=True)
-    inv = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    inv = np.where(amax > 0, top / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
     q = np.rint((xb * inv).astype(np.float32))
-    d = (amax / np.float32(127.0)).astype(np.float32)
+    d = (amax / top).astype(np.float32)
     return torch.from_numpy((q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape))
 
 
+BOUND = {8: (2e-2, 1e-2), 16: (1e-4, 5e-5)}  # bits -> (max, median) relative error against the unrounded product
+
+
+@pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
 @pytest.mark.parametrize("n,k", [(37, 96), (64, 576), (48, 1536)])
-def test_against_its_arithmetic_and_the_unrounded_product(type_name: str, n: int, k: int) -> None:
+def test_against_its_arithmetic_and_the_unrounded_product(type_name: str, n: int, k: int, bits: int) -> None:
     """n = 37: a partial last panel; 300 rows: past the kernel's 256-row chunk, with tiles of 8 and a tail."""
     qtype, blocks, w = quantized(type_name, n, k, seed=n + k)
     g = torch.Generator().manual_seed(k)
     x = torch.randn(300, k, generator=g)
     x[1] = 0.0  # a zero row (scale 0)
     x[2, :32] *= 40.0  # an outlier block
-    y = multiply(qtype, blocks, x, threads=2, vnni=True).double()
-    emulated = int8_x(x) @ w.T
+    y = multiply(qtype, blocks, x, threads=2, vnni=bits).double()
+    emulated = rounded_x(x, bits) @ w.T
     ref = x.double() @ w.T
     scale = ref.norm(dim=1).clamp_min(1e-30)
     assert torch.equal(y[1], torch.zeros(n, dtype=torch.float64)) and torch.equal(y[:, 0], torch.zeros(300).double())
@@ -48,30 +54,117 @@ def test_against_its_arithmetic_and_the_unrounded_product(type_name: str, n: int
     assert err < 1e-5, f"{type_name}: {err:.2e} from the kernel's own arithmetic"
     rel = (y - ref).norm(dim=1) / scale
     rel[1] = 0.0
-    assert float(rel.max()) < 2e-2 and float(rel.median()) < 1e-2, f"{type_name}: {float(rel.max()):.2e} unrounded"
+    worst, typical = BOUND[bits]
+    assert float(rel.max()) < worst and float(rel.median()) < typical, f"{type_name}: {float(rel.max()):.2e} unrounded"
 
 
+@pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
-def test_a_row_gives_the_same_bits_alone_or_batched(type_name: str) -> None:
+def test_a_row_gives_the_same_bits_alone_or_batched(type_name: str, bits: int) -> None:
     qtype, blocks, _ = quantized(type_name, 70, 256, seed=5)
     x = torch.randn(23, 256, generator=torch.Generator().manual_seed(6))
-    whole = multiply(qtype, blocks, x, threads=2, vnni=True)
+    whole = multiply(qtype, blocks, x, threads=2, vnni=bits)
     for start, m in ((0, 1), (5, 3), (7, 9), (22, 1)):
-        part = multiply(qtype, blocks, x[start : start + m], threads=1 + m % 3, vnni=True)
+        part = multiply(qtype, blocks, x[start : start + m], threads=1 + m % 3, vnni=bits)
         assert torch.equal(part, whole[start : start + m])
 
 
-def test_honours_the_row_stride_of_x_and_hands_other_types_on() -> None:
+@pytest.mark.parametrize("bits", [8, 16])
+def test_honours_the_row_stride_of_x_and_hands_other_types_on(bits: int) -> None:
     lib = block_matmul.library()
     qtype, blocks, _ = quantized("Q4_1", 20, 64, seed=1)
     wide = torch.randn(7, 100)
     y = torch.empty(7, 20)
-    assert lib.tm_vnni_matmul(qtype, blocks.ctypes.data, 20, 64, wide.data_ptr(), 100, 7, y.data_ptr(), 20, 2) == 0
-    assert torch.equal(y, multiply(qtype, blocks, wide[:, :64], vnni=True))
+    entry = getattr(lib, block_matmul.panel_entry(bits))
+    assert entry(qtype, blocks.ctypes.data, 20, 64, wide.data_ptr(), 100, 7, y.data_ptr(), 20, 2) == 0
+    assert torch.equal(y, multiply(qtype, blocks, wide[:, :64], vnni=bits))
     # a K-quant: the block kernel's result, as the fp32 panel entry gives it
     kq, kblocks, _ = quantized("Q4_K", 16, 256, seed=2)
     x = torch.randn(12, 256)
-    assert torch.equal(multiply(kq, kblocks, x, vnni=True), multiply(kq, kblocks, x))
+    assert torch.equal(multiply(kq, kblocks, x, vnni=bits), multiply(kq, kblocks, x))
+
+
+def packed(qtype: int, blocks: np.ndarray, parts: tuple[int, ...] = ()) -> np.ndarray:
+    """blocks (n, row bytes) in the packed layout, packed in parts of these many rows (multiples of 16) and the
+    rest, as the gguf method packs a fused layer's shards -> a 64-byte-aligned uint8 buffer."""
+    n, k = blocks.shape[0], blocks.shape[1] // {2: 18, 3: 20, 8: 34}[qtype] * 32
+    total = block_matmul.packed_bytes(qtype, n, k)
+    buf = np.empty(total + 64, np.uint8)
+    out = buf[-buf.ctypes.data % 64:][:total]
+    r0, at = 0, out.ctypes.data
+    for rows in (*parts, n - sum(parts)):
+        block_matmul.pack(qtype, blocks[r0:].ctypes.data, rows, k, at)
+        at += block_matmul.packed_bytes(qtype, rows, k)
+        r0 += rows
+    return out
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("n,parts", [(37, ()), (64, (16, 32)), (80, (48,))])
+def test_the_packed_layout_gives_the_plain_blocks_bits(type_name: str, n: int, parts: tuple[int, ...]) -> None:
+    """The packed layout is the plain blocks reordered: each VNNI entry gives the same bits on it (a type code
+    with PACKED) as on the plain blocks, whole or packed in parts; the block kernel's entry, the fp32 panel's
+    and the grouped one take the 16-bit kernel for a packed code; the library says it supports the codes."""
+    k = 96
+    qtype, blocks, _ = quantized(type_name, n, k, seed=n)
+    p = packed(qtype, blocks, parts)
+    assert block_matmul.supports(block_matmul.PACKED | qtype)
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(4))
+    code = block_matmul.PACKED | qtype
+    plain16 = multiply(qtype, blocks, x, threads=2, vnni=16)
+    assert torch.equal(multiply(code, p, x, rows=n, threads=2, vnni=16), plain16)
+    assert torch.equal(multiply(code, p, x, rows=n, threads=2, vnni=8), multiply(qtype, blocks, x, threads=2, vnni=8))
+    assert torch.equal(multiply(code, p, x, rows=n, threads=2), plain16)  # the block kernel's entry
+    assert torch.equal(multiply(code, p, x, rows=n, threads=1, panel=True), plain16)  # the fp32 panel's
+    y = torch.empty(19, n)
+    block_matmul.matmul_grouped(code, [p.ctypes.data, p.ctypes.data], [7, 12], n, k, x.contiguous().data_ptr(),
+                                y.data_ptr(), 2)
+    assert torch.equal(y, plain16)
+
+
+def test_the_method_takes_16_bits_by_default_keeping_the_dense_copy(monkeypatch) -> None:
+    """By default at bf16 (on this CPU: VNNI, no AMX) the panel is the 16-bit kernel, in the layer path and the
+    native step's table, and the decoder's blocks are packed for it; the dense copy stays (the 16-bit panel is
+    slower past ~32 rows); at fp32 the fp32 panel; TOKENMILL_VNNI_MATMUL=0 the fp32 panel at bf16 too. With every prompt row on the panel the default
+    model's teacher-forced logits match the fp32 dequantized reference at least as well as the bf16 copy's."""
+    if block_matmul.amx_available():
+        pytest.skip("on AMX the AMX kernel takes bf16 batches")
+    import ctypes
+
+    from raw_forward import prompt_logits
+    from test_gguf_method import corpus_ids
+
+    from tokenmill import LLM
+    from tokenmill.native import decode_step
+
+    monkeypatch.delenv("TOKENMILL_VNNI_MATMUL", raising=False)
+    assert block_matmul.vnni_bits() == 16
+    monkeypatch.setenv("TOKENMILL_PANEL_MIN_ROWS", "1")
+    monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", str(10**6))
+    ours = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, dtype="bfloat16")
+    assert ours.engine.platform.compute.dense_copy
+    model = ours.engine.executor.worker.model
+    method = model.lm_head.method
+    assert method.vnni_panel(torch.bfloat16) == 16 and method.vnni_panel(torch.float32) == 0
+    # the decoder's Q4_1 matrices in the packed layout (no plain blocks nor ggml matrices kept), the head plain
+    layer = model.model.layers[0]
+    for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        assert lin.matmul is None and all(p[0] == block_matmul.PACKED | 3 for p in lin.block_mm), lin.block_mm
+    assert model.lm_head.block_mm[0][0] == 8 and model.lm_head.matmul is not None
+    table = decode_step.kernel_table(1, method.vnni_panel(torch.bfloat16))
+    assert table.panel_matmul == ctypes.cast(block_matmul.library().tm_vnni16_matmul, ctypes.c_void_p).value
+    ref = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, dtype="float32",
+              quantization="dequantize")
+    agree = total = 0
+    for ids in corpus_ids(ref.tokenizer, 1000):
+        a, b = prompt_logits(ref, ids), prompt_logits(ours, ids).float()
+        rel = (a - b).norm(dim=-1) / a.norm(dim=-1)
+        assert float(rel.median()) < 1.5e-2
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        total += len(ids)
+    assert agree / total >= 0.97, f"teacher-forced top-1 agreement {agree / total:.3f}"
+    monkeypatch.setenv("TOKENMILL_VNNI_MATMUL", "0")
+    assert block_matmul.vnni_bits() == 0
 
 
 def test_the_method_takes_it_at_bf16_only_and_drops_the_dense_copy(monkeypatch) -> None:
@@ -95,7 +188,7 @@ def test_the_method_takes_it_at_bf16_only_and_drops_the_dense_copy(monkeypatch) 
     ours = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, dtype="bfloat16")
     assert not ours.engine.platform.compute.dense_copy
     method = ours.engine.executor.worker.model.lm_head.method
-    assert method.vnni_panel(torch.bfloat16) and not method.vnni_panel(torch.float32)
+    assert method.vnni_panel(torch.bfloat16) == 8 and method.vnni_panel(torch.float32) == 0
     table = decode_step.kernel_table(1, method.vnni_panel(torch.bfloat16))
     lib = block_matmul.library()
     import ctypes

@@ -25,10 +25,13 @@ Per call, by the number of rows M:
   16-32 rows on a 2-core AVX2 EPYC), plain Q4_0 / Q4_1 / Q8_0 blocks go to the fp32 panel kernel instead
   (native/panel_matmul.cpp: 16 weight rows at a time dequantized into an L2-sized fp32 panel, every row of
   x multiplied into it by an FMA register tile: 150-190 GFLOPS at 64-512 rows there, against ~90 for the
-  integer kernel and ~155 for dequantize + F.linear), x unrounded; with TOKENMILL_VNNI_MATMUL=1, at bf16 on
-  CPUs with AVX512-VNNI and no AMX, the 8-bit panel kernel instead (native/vnni_matmul.cpp: x at 8 bits per 32-block as in llama.cpp,
-  integer products on vpdpbusd; the default model's layers 1.3-1.6x the prepacked bf16 copy at 8-512 rows on
-  Zen 4, the (576, 1536) ones 0.9-1.2x, and a file it covers keeps no copy: compute.int8_panel_covers);
+  integer kernel and ~155 for dequantize + F.linear), x unrounded; at bf16 on CPUs with AVX512-VNNI and no
+  AMX a VNNI panel kernel instead (native/vnni_matmul.cpp, block_matmul.vnni_bits): by default x at 16 bits
+  per 32-block as the block kernel rounds it, int16 products on vpdpwssd (on Zen 4 1.5-2x the fp32 panel;
+  against the prepacked bf16 copy 0.9-2.7x at 4-8 rows, 0.9-1.16x at 16, 0.76-0.98x from 32, so calibration
+  keeps the copy for big batches where there is one); with TOKENMILL_VNNI_MATMUL=1 x at 8 bits as in llama.cpp, on vpdpbusd (the
+  default model's layers 1.3-1.6x the copy at 8-512 rows on Zen 4, the (576, 1536) ones 0.9-1.2x, and a
+  file it covers keeps no copy: compute.int8_panel_covers);
 - above max_ggml_rows: each matrix is dequantized tile by tile into a scratch buffer and multiplied by F.linear at the
   compute dtype (oneDNN), which wins for big batches on CPUs where ggml's plain-block kernels are
   compute-bound. Repacked matrices have no plain blocks left; the shim reads ggml's repacked Q4_K back
@@ -81,6 +84,11 @@ _UNBOUNDED_ROWS = 1 << 40  # max_ggml_rows when no batch measured goes to the de
 _PANEL_MARGIN = 0.95  # calibrate: the panel kernel takes a row count where it measured under 0.95x the block kernel
 _STEP_ROWS = 8  # the block kernel's row tile: each weight block is unpacked once for up to 8 rows
 _AMX_STEP_ROWS = 64  # the AMX kernel's: each dequantized tile serves up to 64 rows (4 tiles of 16)
+# ... and the packed blocks' (the 16-bit VNNI kernel, _packs): one panel serves up to 256 rows. Offline decode-only
+# steps of the default model on a 2-core Zen 4 (median of 3 x 64 steps, native step against the layer path on
+# the dense bf16 copy past its 8-row crossover): 16 rows 28.2-29.9 ms against 33.9-34.4, 32 rows 41-49
+# against 50-51, 64 rows 78-89 against 84-90 (benchmarks/README.md, "Packed blocks for the 16-bit VNNI kernel")
+_PACKED_STEP_ROWS = 64
 # The output head (a wide_out layer) stays on its kernels, whose logits are fp32, up to at least this many
 # rows whatever the calibrated crossover: speculative verification (up to 2 requests x 7 rows) and small
 # batches. On the dense path at bf16 its logits are bf16 and tie; verification then rejects drafts that the
@@ -107,6 +115,22 @@ def to_blocks(tensor: torch.Tensor, type_name: str) -> GGUFQuantized:
     dst = np.empty((rows, k // block * type_size), dtype=np.uint8)
     ggml.quantize(int(qtype), src.ctypes.data, dst.ctypes.data, rows, k)
     return GGUFQuantized(dst, qtype, (rows, k))
+
+
+def _blocks_bytes(layer: Linear) -> int:
+    """Bytes of the layer's blocks, plain (ggml's matrices) or packed."""
+    if layer.matmul is not None:
+        return sum(w.nbytes for w in layer.matmul.weights)
+    return sum(b.nbytes - 64 for b in layer.packed_blocks)
+
+
+def _type_name(layer: Linear) -> str:
+    """The first matrix's type, as ggml names it ("packed " before a packed one's)."""
+    if layer.matmul is not None:
+        return ggml.type_name(layer.matmul.weights[0].ggml_type)
+    assert layer.block_mm is not None
+    code = layer.block_mm[0][0]
+    return ("packed " if code & block_matmul.PACKED else "") + ggml.type_name(code & ~block_matmul.PACKED)
 
 
 class _Scratch:
@@ -163,8 +187,9 @@ class GGUFLinearMethod(LinearMethod):
         self.dense_copy = dense_copy  # keep each matrix dense at this dtype too (None: no copy)
         self._onednn = dense_copy == torch.bfloat16 and can_prepack_here()  # the copy prepacked for oneDNN
         self._amx = block_matmul.amx_available()  # plain blocks multiplied on AMX when x is bf16
-        # the panel kernel in 8-bit integers on AVX512-VNNI (vnni_matmul.cpp) instead of fp32, where asked for
-        self._vnni = block_matmul.vnni_available()
+        # at bf16 the panel kernel in integers on AVX512-VNNI (vnni_matmul.cpp) instead of fp32: x to 16 bits,
+        # or 8 where asked for; none on AMX (block_matmul.vnni_bits)
+        self._vnni = block_matmul.vnni_bits()
         # ... and the K-quants' big batches (TOKENMILL_AMX_K_QUANTS=0: ggml's kernels, as before)
         self._amx_k_quants = os.environ.get("TOKENMILL_AMX_K_QUANTS") != "0"
         # Q4_K left in the file's blocks for our kernel rather than repacked for ggml's (_keeps_plain) where
@@ -240,11 +265,16 @@ class GGUFLinearMethod(LinearMethod):
                 groups.append((a, [part]))
         copy = None if self.dense_copy is None else torch.empty(layer.out_features, layer.in_features,
                                                                   dtype=self.dense_copy)
+        pack = self._packs(layer, groups)
         weights, offsets = [], []
+        packed: list[tuple[int, int, int, int]] = []
         for offset, parts in groups:
             if copy is not None:
                 for p, r0 in zip(parts, itertools.accumulate((q.shape[0] for q in parts), initial=offset)):
                     self._dequantize_into(p, copy[r0: r0 + p.shape[0]])
+            if pack:
+                packed.append(self._pack(layer, offset, parts))
+                continue
             if len(parts) == 1:
                 data, release = parts[0].data, parts[0].release
             else:  # join the rows: a copy, after which the file's pages can go
@@ -262,6 +292,12 @@ class GGUFLinearMethod(LinearMethod):
                 layer.dense.append((w, offset))
             weights.append(w)
             offsets.append(offset)
+        layer.blocks = {}
+        if copy is not None:
+            layer.packed = prepack(copy) if self._onednn else copy
+        if pack:  # no plain blocks kept (nor ggml's matrices): every path but the dense copy's reads the packed ones
+            layer.block_mm = packed
+            return
         layer.matmul = ggml.GgmlMatmul(weights, offsets, layer.out_features)
         # the big-batch path on the blocks (_plain): for repacked Q4_K (read back a tile at a time), and on AMX
         # for the K-quants its kernel takes
@@ -283,9 +319,41 @@ class GGUFLinearMethod(LinearMethod):
         # (benchmarks/experiments/kquant_vs_ggml.py)
         layer.block_amx = self._amx and layer.block_mm is not None and all(
             block_matmul.amx_supports(w.n) and w.ggml_type not in block_matmul.AMX_K_TYPES for w in weights)
-        layer.blocks = {}
-        if copy is not None:
-            layer.packed = prepack(copy) if self._onednn else copy
+
+    def _packs(self, layer: Linear, groups: list[tuple[int, list[GGUFQuantized]]]) -> bool:
+        """The layer's blocks go into the VNNI kernels' packed layout (native/vnni_matmul.cpp, tm_vnni_pack)
+        instead of staying plain: where the 16-bit VNNI panel is the bf16 panel (vnni_bits) and a dense bf16
+        copy takes the big batches, for a decoder matrix (not the head, whose embedding rows stay plain) of
+        Q4_0 / Q4_1 / Q8_0 blocks in parts of whole 16-row groups. The packed blocks are the file's bytes
+        reordered so that the kernel reads 16 rows' blocks with plain loads where the plain ones take gathers:
+        on a 2-core Zen 4 the default model's matrices at 1-32 rows 1.1-2.6x the prepacked bf16 copy and
+        1.3-2.6x the plain blocks' 16-bit kernel, at 1-16 rows 0.9-1.8x the block kernel (benchmarks/README.md,
+        "Packed blocks for the 16-bit VNNI kernel"). TOKENMILL_VNNI_PACK=0: plain."""
+        if (self._vnni != 16 or self.dense_copy != torch.bfloat16 or layer.wide_out
+                or os.environ.get("TOKENMILL_VNNI_PACK") == "0" or not block_matmul.available()):
+            return False
+        for _, parts in groups:
+            if any(int(p.ggml_type) not in block_matmul.PANEL_TYPES for p in parts):
+                return False
+            if any(p.shape[0] % block_matmul.PACK_ROWS for p in parts[:-1]):
+                return False
+        return True
+
+    def _pack(self, layer: Linear, offset: int, parts: list[GGUFQuantized]) -> tuple[int, int, int, int]:
+        """Adjacent parts of one type, their rows from output column `offset`, into one packed matrix (kept on
+        the layer); the parts' pages are released -> its block_mm entry."""
+        qtype, k = int(parts[0].ggml_type), layer.in_features
+        n = sum(p.shape[0] for p in parts)
+        nbytes = block_matmul.packed_bytes(qtype, n, k)
+        buf = np.empty(nbytes + 64, dtype=np.uint8)
+        start = -buf.ctypes.data % 64
+        at = buf.ctypes.data + start
+        for p in parts:
+            block_matmul.pack(qtype, p.data.ctypes.data, p.shape[0], k, at)
+            at += block_matmul.packed_bytes(qtype, p.shape[0], k)  # whole 16-row groups but the last part's
+            p.release()
+        layer.packed_blocks.append(buf)
+        return (block_matmul.PACKED | qtype, buf.ctypes.data + start, n, offset)
 
     def _keeps_plain(self, ggml_type: int) -> bool:
         """Leave a matrix of this type in the file's blocks rather than ggml's repacked layout (Q4_K) where our
@@ -344,16 +412,17 @@ class GGUFLinearMethod(LinearMethod):
             y = self._ggml(layer, x)
         return y if layer.bias is None else y + layer.bias
 
-    def vnni_panel(self, dtype: torch.dtype) -> bool:
-        """The panel kernel at this compute dtype is the 8-bit VNNI one (vnni_matmul.cpp): at bf16 only, where
-        x is rounded anyway (the default model teacher-forced against the fp32 reference, every prompt row on
-        the path: top-1 0.958 against the dense bf16 copy's 0.975; at fp32 the fp32 panel keeps 1.000)."""
-        return self._vnni and dtype == torch.bfloat16
+    def vnni_panel(self, dtype: torch.dtype) -> int:
+        """The bits x is rounded to in the panel kernel at this compute dtype: 16 or 8 on a VNNI one
+        (vnni_matmul.cpp), at bf16 only, where x is rounded anyway; 0: the fp32 panel kernel (at fp32, or
+        without VNNI). The default model teacher-forced against the fp32 reference, every prompt row on the
+        panel: top-1 0.958 at 8 bits, against the dense bf16 copy's 0.975; the fp32 panel 1.000 at fp32."""
+        return self._vnni if dtype == torch.bfloat16 else 0
 
     def _ggml(self, layer: Linear, x: torch.Tensor, panel: bool | None = None) -> torch.Tensor:
         """ggml's kernels, or ours on plain blocks: the block kernel, the AMX one, or from panel_min_rows rows
         the fp32 panel kernel (panel: force it on or off, for calibrate)."""
-        assert layer.matmul is not None, "finish_loading() builds the matmul"
+        assert layer.matmul is not None or layer.block_mm is not None, "finish_loading() builds the matmul"
         m, mm, k, n_out = x.shape[0], layer.matmul, layer.in_features, layer.out_features
         amx = layer.block_mm is not None and self.uses_amx(layer, x.dtype, m)
         if amx and not layer.wide_out and layer.block_mm is not None:  # (the last for mypy: amx implies it)
@@ -373,7 +442,7 @@ class GGUFLinearMethod(LinearMethod):
                 # (amx here: a wide-output layer at bf16, on the kernel's fp32 entry, the same products unrounded)
                 if panel is None:
                     panel = not amx and self.panel_min_rows is not None and m >= self.panel_min_rows
-                vnni = panel and self.vnni_panel(x.dtype)
+                vnni = self.vnni_panel(x.dtype) if panel else 0
                 for qtype, wp, n, off in layer.block_mm:
                     self.threads.run(m * k * n, lambda t: block_matmul.matmul(qtype, wp, n, k, xp, m, yp + 4 * off,
                                                                               n_out, t, amx=amx, panel=panel,
@@ -500,7 +569,7 @@ class GGUFLinearMethod(LinearMethod):
         group, nbytes = [], 0
         for lyr in same:
             group.append(lyr)
-            nbytes += sum(w.nbytes for w in lyr.matmul.weights)
+            nbytes += _blocks_bytes(lyr)
             if nbytes >= _STREAM_BYTES:
                 break
         # a layer with repacked Q4_K and no dense copy has two big-batch paths: dequantize + F.linear, and ggml's
@@ -526,7 +595,8 @@ class GGUFLinearMethod(LinearMethod):
         # decode-only steps in the native step up to the kernel's row tile, whatever the per-matmul figure:
         # on AMX at 48 and 64 rows (crossover 32) the native step on the AMX kernel took 88-95 / 108-147 ms
         # against the layer path's 109-113 / 128-154 on the dense copy (offline decode, interleaved)
-        self._step_rows = _AMX_STEP_ROWS if self.uses_amx(layer, dtype) else _STEP_ROWS
+        packed = layer.block_mm is not None and any(p[0] & block_matmul.PACKED for p in layer.block_mm)
+        self._step_rows = _AMX_STEP_ROWS if self.uses_amx(layer, dtype) else _PACKED_STEP_ROWS if packed else _STEP_ROWS
         bounded = self.max_ggml_rows < _UNBOUNDED_ROWS
         amx_k = self._amx_k_layer(layer, dtype)
         above = ("the dense copy" if layer.packed is not None else
@@ -536,14 +606,14 @@ class GGUFLinearMethod(LinearMethod):
         log.info("gguf matmuls: block kernels %s%s, decode-only steps %s in one native call; %s (%s on %d "
                  "(%d, %d) %s layers, %s%s/dense%s: %s)",
                  f"up to {self.max_ggml_rows} rows" if bounded else "at any number of rows",
-                 f" (the {'8-bit VNNI' if self.vnni_panel(dtype) else 'fp32'} panel kernel from {self.panel_min_rows})"
+                 f" (the {f'{v}-bit VNNI' if (v := self.vnni_panel(dtype)) else 'fp32'} panel kernel from {self.panel_min_rows})"
                  if self.panel_min_rows is not None else "",
                  f"up to {self.max_step_rows} rows" if self.max_step_rows < _UNBOUNDED_ROWS else "of any size",
                  f"{above} above" if bounded else f"{above} never measured faster", where,
                  len(group), layer.out_features, layer.in_features,
-                 ggml.type_name(layer.matmul.weights[0].ggml_type),
+                 _type_name(layer),
                  ("amx_matmul" if self.uses_amx(layer, dtype) else "block_matmul") if layer.block_mm is not None
-                 else "ggml", ("/vnni_matmul" if self.vnni_panel(dtype) else "/panel_matmul") if timing_panel else "",
+                 else "ggml", ("/" + block_matmul.panel_entry(self.vnni_panel(dtype))[3:]) if timing_panel else "",
                  "/plain" if plain else "",
                  ", ".join(crossover.figures))
 
@@ -554,7 +624,7 @@ class GGUFLinearMethod(LinearMethod):
         settings = sorted((k, v) for k, v in os.environ.items() if k.startswith("TOKENMILL_") and k != CACHE_ENV)
         return json.dumps([
             cpu_model(), sorted(cpu_flags()), layer.out_features, layer.in_features,
-            ggml.type_name(layer.matmul.weights[0].ggml_type), num_layers, str(dtype), plain,
+            _type_name(layer), num_layers, str(dtype), plain,
             layer.packed is not None, bool(getattr(layer, "dense_ok", False)), layer.block_mm is not None,
             self.uses_amx(layer, dtype), timing_panel, self.vnni_panel(dtype), self.panel_min_rows if self._fixed_panel else None,
             self._amx_k_layer(layer, dtype),

@@ -207,6 +207,7 @@ class Linear(nn.Module):
         self.dense: list[tuple[Any, int]] = []
         self.dense_ok = False
         self.block_mm: list[tuple[int, int, int, int]] | None = None  # plain blocks for native/block_matmul.cpp
+        self.packed_blocks: list[Any] = []  # the buffers of block_mm's packed matrices (type codes with PACKED)
         self.block_amx = False  # block_mm's matrices also fit the AMX kernel (native/amx_matmul.cpp)
         # where a weight is ggml's repacked Q4_K or (on AMX) a K-quant: (weight, first output column, its one-weight
         # matmul, or None for the repacked Q4_K ones, whose big batches run on the plain-block kernel read back;

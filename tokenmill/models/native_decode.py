@@ -67,7 +67,7 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
             return "an MLP other than the native SiLU-gated one (a mixture of experts)"
         norms += [layer.input_layernorm, layer.post_attention_layernorm]
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-            if not isinstance(lin.method, GGUFLinearMethod) or lin.matmul is None:
+            if not isinstance(lin.method, GGUFLinearMethod) or (lin.matmul is None and lin.block_mm is None):
                 return "matmuls not on the gguf method's block kernels"
             if lin.block_mm is None and not has_ggml:
                 return "ggml not loaded"

@@ -69,7 +69,7 @@ __attribute__((visibility("hidden"))) float tm_half_to_float(uint16_t h) {
 
 namespace {
 
-enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type numbers
+enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kPacked = 0x100 };  // ggml's type numbers; the packed flag (vnni_matmul.cpp)
 
 inline float half_to_float(uint16_t h) { return tm_half_to_float(h); }
 
@@ -445,16 +445,26 @@ int dispatch(int type, A... args) {
 
 extern "C" {
 
-int tm_block_matmul_abi() { return 3; }
+int tm_block_matmul_abi() { return 4; }
 
-// 1 when `type` is one this library multiplies
+int tm_vnni16_matmul_packed(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
+                            float* y, int64_t ldy, int nthreads);  // vnni_matmul.cpp
+int tm_vnni_available();                                           // vnni_matmul.cpp
+
+// 1 when `type` is one this library multiplies: a ggml type, or TM_PACKED | Q4_0 / Q4_1 / Q8_0 for a matrix in
+// vnni_matmul.cpp's packed layout (tm_vnni_pack), where that kernel is built
 int tm_block_matmul_supports(int type) {
+    if (type & kPacked) return tm_vnni_available() && ((type & ~kPacked) == kQ4_0 || (type & ~kPacked) == kQ4_1 ||
+                                                       (type & ~kPacked) == kQ8_0);
     return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || tm_kquant_supports(type);
 }
 
-// See the header. Returns 0; -1 for a type it does not take; -2 when K % 32 != 0.
+// See the header. Returns 0; -1 for a type it does not take; -2 when K % 32 != 0. A packed matrix (type
+// TM_PACKED | its ggml type) is multiplied by vnni_matmul.cpp's 16-bit kernel: x rounded as here, to 16 bits
+// per 32-block (the same rounding, a different order of sums: not the same bits as the plain blocks).
 int tm_block_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
                     float* y, int64_t ldy, int nthreads) {
+    if (type & kPacked) return tm_vnni16_matmul_packed(type & ~kPacked, W, N, K, x, ldx, M, y, ldy, nthreads);
     if (K % 32) return -2;
     const auto* w = static_cast<const uint8_t*>(W);
     const int64_t zero = 0;
@@ -466,6 +476,15 @@ int tm_block_matmul(int type, const void* W, int64_t N, int64_t K, const float* 
 int tm_block_matmul_grouped(int type, const void* const* W, int64_t groups, const int64_t* starts,
                             const int64_t* counts, int64_t N, int64_t K, const float* x, int64_t M, float* y,
                             int nthreads) {
+    if (type & kPacked) {  // group by group, as tm_block_matmul on its rows
+        for (int64_t g = 0; g < groups; ++g) {
+            if (!counts[g]) continue;
+            const int rc = tm_block_matmul(type, W[g], N, K, x + starts[g] * K, K, counts[g], y + starts[g] * N, N,
+                                           nthreads);
+            if (rc) return rc;
+        }
+        return 0;
+    }
     if (K % 32) return -2;
     return dispatch(type, reinterpret_cast<const uint8_t* const*>(W), groups, starts, counts, N, K, x, K, M, y, N,
                     nthreads);

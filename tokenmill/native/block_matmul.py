@@ -5,7 +5,8 @@ the same product on Intel AMX at bf16 (weights dequantized to bf16 in registers,
 Q5_K and Q6_K blocks too), for
 bf16 compute on a CPU that has the tile unit (`amx_available()`; TOKENMILL_AMX_MATMUL=0 turns it off); and to
 panel_matmul.cpp, the same product at fp32 for batches of rows (weights dequantized into an L2-sized panel,
-x unrounded; TOKENMILL_PANEL_MATMUL=0 turns it off).
+x unrounded; TOKENMILL_PANEL_MATMUL=0 turns it off); and to vnni_matmul.cpp, the panel product in integers
+on AVX512-VNNI, x at 16 bits or 8 (vnni_bits; TOKENMILL_VNNI_MATMUL).
 
 Built with g++ on first use and cached (compile.py), like kernels.cpp; `available()` is False when it
 cannot be built, or with TOKENMILL_BLOCK_MATMUL=0, and the caller then uses ggml's kernels.
@@ -30,7 +31,7 @@ KQUANT_SOURCE = Path(__file__).with_name("kquant_matmul.cpp")
 VNNI_SOURCE = Path(__file__).with_name("vnni_matmul.cpp")
 SOURCES = (SOURCE, AMX_SOURCE, PANEL_SOURCE, KQUANT_SOURCE, VNNI_SOURCE)  # one library (`python -m tokenmill.native.build`)
 FLAGS = ("-fopenmp", "-ffp-contract=off")
-ABI = 3
+ABI = 4
 ENV_SWITCH = "TOKENMILL_BLOCK_MATMUL"
 AMX_SWITCH = "TOKENMILL_AMX_MATMUL"
 PANEL_SWITCH = "TOKENMILL_PANEL_MATMUL"
@@ -58,6 +59,12 @@ def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
         lib.tm_amx_matmul_bf16.argtypes = lib.tm_block_matmul.argtypes
         lib.tm_panel_matmul.argtypes = lib.tm_block_matmul.argtypes
         lib.tm_vnni_matmul.argtypes = lib.tm_block_matmul.argtypes
+        lib.tm_vnni16_matmul.argtypes = lib.tm_block_matmul.argtypes
+        lib.tm_vnni16_matmul_packed.argtypes = lib.tm_block_matmul.argtypes
+        lib.tm_vnni_matmul_packed.argtypes = lib.tm_block_matmul.argtypes
+        lib.tm_vnni_packed_bytes.argtypes = [_I32, _I64, _I64]
+        lib.tm_vnni_packed_bytes.restype = _I64
+        lib.tm_vnni_pack.argtypes = [_I32, _P, _I64, _I64, _P]
         lib.tm_amx_matmul_grouped.argtypes = [*lib.tm_block_matmul_grouped.argtypes, _I64]
     except (NativeBuildError, OSError, AttributeError) as e:
         log.warning("block matmul kernel unavailable, ggml's kernels multiply every GGUF matrix: %s", e)
@@ -111,7 +118,7 @@ def vnni_asked() -> bool:
 
 
 def vnni_built() -> bool:
-    """The library has the 8-bit VNNI panel kernel (vnni_matmul.cpp): built for a CPU with AVX512 F/BW/VNNI."""
+    """The library has the VNNI panel kernels (vnni_matmul.cpp): built for a CPU with AVX512 F/BW/VNNI."""
     lib = library()
     return available() and lib is not None and bool(lib.tm_vnni_available())
 
@@ -126,18 +133,64 @@ def vnni_available() -> bool:
     return vnni_asked() and vnni_built()
 
 
+def vnni_bits() -> int:
+    """The bits x is rounded to in the VNNI panel kernel the gguf method takes at bf16 compute in place of
+    the fp32 panel kernel: 16 by default where built (vpdpwssd; x to 16 bits per 32-block, as the block
+    kernel rounds it, finer than bf16's 8-bit significand: ~2e-5 relative to the fp32 product against the
+    dense bf16 copy's ~2e-3), 8 with TOKENMILL_VNNI_MATMUL=1 (vnni_available), 0 (the fp32 panel) with
+    TOKENMILL_VNNI_MATMUL=0, where not built, or where the AMX kernel takes bf16 batches instead."""
+    if os.environ.get(VNNI_SWITCH) == "0" or not vnni_built() or amx_available():
+        return 0
+    return 8 if vnni_asked() else 16
+
+
+def int8_panel_runs() -> bool:
+    """The 8-bit VNNI panel takes bf16 batches here (asked for, built, no AMX): the rule the gguf method
+    applies (vnni_bits) and the dense-copy decision counts on (platforms.Platform.with_dense_copy);
+    `tokenmill plan` applies it from the CPU's flags."""
+    return vnni_bits() == 8
+
+
+def panel_entry(vnni_bits: int) -> str:
+    """The library's panel entry point for a VNNI bit count (0: the fp32 panel kernel)."""
+    return {0: "tm_panel_matmul", 8: "tm_vnni_matmul", 16: "tm_vnni16_matmul"}[vnni_bits]
+
+
+# A type code's flag (block_mm, the native step's tables): the matrix is in vnni_matmul.cpp's packed layout
+# (pack()); every entry point of the library takes such a code (the block kernel's entry, the grouped one and
+# the panel ones multiply it on the 16-bit VNNI kernel, the 8-bit entry on the 8-bit one)
+PACKED = 0x100
+PACK_ROWS = 16  # the layout's row group: a matrix packed in parts starts each part but the last at a multiple
+
+
+def packed_bytes(ggml_type: int, n: int, k: int) -> int:
+    """Bytes of the packed layout of an (n, k) matrix of this type (Q4_0 / Q4_1 / Q8_0; 0 where the VNNI
+    kernels are not built or the type is another): per 16 rows the file's bytes (Q8_0: 576 a block of 16
+    rows against 544)."""
+    lib = library()
+    return int(lib.tm_vnni_packed_bytes(ggml_type, n, k)) if lib is not None and vnni_built() else 0
+
+
+def pack(ggml_type: int, src_ptr: int, n: int, k: int, dst_ptr: int) -> None:
+    """n rows of plain blocks at src_ptr -> the packed layout at dst_ptr (packed_bytes(), 64-byte aligned)."""
+    lib = library()
+    assert lib is not None and dst_ptr % 64 == 0
+    if lib.tm_vnni_pack(ggml_type, src_ptr, n, k, dst_ptr):
+        raise ValueError(f"cannot pack a ({n}, {k}) matrix of ggml type {ggml_type}")
+
+
 def matmul(ggml_type: int, w_ptr: int, n: int, k: int, x_ptr: int, m: int, y_ptr: int, ldy: int,
            threads: int, lib: ctypes.CDLL | None = None, amx: bool = False, panel: bool = False,
-           bf16: bool = False, vnni: bool = False) -> None:
+           bf16: bool = False, vnni: int = 0) -> None:
     """y[:, :n] (rows ldy apart) = x (m, k) fp32 contiguous . W^T, W (n, k) in blocks at w_ptr. amx: on the
     AMX kernel (bf16 products; only where amx_available() and amx_supports(n)); panel: on the fp32 panel
-    kernel (panel_matmul.cpp), or with vnni on the 8-bit VNNI one (vnni_matmul.cpp; only where
-    vnni_available()). bf16 (with amx only): x and y are bf16 rows, y rounded as torch rounds (the bits of
-    the fp32 call's result rounded to bf16)."""
+    kernel (panel_matmul.cpp), or with vnni = 8 or 16 on the VNNI one that rounds x to that many bits
+    (vnni_matmul.cpp; without vnni_built() its entries give the fp32 panel's result). bf16 (with amx only):
+    x and y are bf16 rows, y rounded as torch rounds (the bits of the fp32 call's result rounded to bf16)."""
     lib = lib or library()
     assert lib is not None and (amx or not bf16) and (panel or not vnni)
     fn = (lib.tm_amx_matmul_bf16 if bf16 else lib.tm_amx_matmul) if amx else \
-        (lib.tm_vnni_matmul if vnni else lib.tm_panel_matmul) if panel else lib.tm_block_matmul
+        getattr(lib, panel_entry(vnni)) if panel else lib.tm_block_matmul
     rc = fn(ggml_type, w_ptr, n, k, x_ptr, k, m, y_ptr, ldy, threads)
     if rc:
         raise RuntimeError(f"block matmul failed (status {rc})")

@@ -85,11 +85,11 @@ def _address(lib: ctypes.CDLL | None, name: str) -> int | None:
     return None if lib is None else ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
-def kernel_table(panel_min_rows: int | None = None, vnni: bool = False) -> TmKernels:
+def kernel_table(panel_min_rows: int | None = None, vnni: int = 0) -> TmKernels:
     """The entry points of the loaded kernel libraries (NULL for a library that is not built: the step
     then must not have a linear of that kind). panel_min_rows: plain blocks take the panel kernel from this
-    many rows (the gguf method's calibrated figure); None: never. vnni: that panel kernel is the 8-bit VNNI one
-    (the method's vnni_panel at the step's dtype), else the fp32 one."""
+    many rows (the gguf method's calibrated figure); None: never. vnni: that panel kernel is the VNNI one
+    rounding x to that many bits (8 or 16: the method's vnni_panel at the step's dtype), else (0) the fp32 one."""
     k = kernels.library()
     blocks = block_matmul.library() if block_matmul.available() else None
     amx = blocks if block_matmul.amx_available() else None
@@ -97,7 +97,7 @@ def kernel_table(panel_min_rows: int | None = None, vnni: bool = False) -> TmKer
                      amx_matmul_bf16=_address(amx, "tm_amx_matmul_bf16"),
                      amx_min_rows=block_matmul.AMX_MIN_ROWS,
                      panel_matmul=_address(blocks if panel_min_rows is not None and block_matmul.panel_available()
-                                           else None, "tm_vnni_matmul" if vnni else "tm_panel_matmul"),
+                                           else None, block_matmul.panel_entry(vnni)),
                      panel_min_rows=panel_min_rows or 0,  # read only where panel_matmul is set
                      ggml_matmul=_address(ggml.lib(), "tm_matmul"),
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),

@@ -274,6 +274,7 @@ int tm_block_matmul(int type, const void* W, int64_t N, int64_t K, const float* 
 // kernel's result (kquant_matmul.cpp), so a caller may hand this entry any block_mm layer.
 int tm_panel_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
                     float* y, int64_t ldy, int nthreads) {
+    if (type & 0x100) return tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);  // packed (vnni_matmul.cpp)
     if (type != kQ4_0 && type != kQ4_1 && type != kQ8_0)
         return tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
     if (K % 32) return -2;

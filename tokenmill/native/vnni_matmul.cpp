@@ -1,24 +1,31 @@
-// y = x . W^T for a GGUF matrix W kept in its file's blocks (Q4_0, Q4_1, Q8_0), for batches of rows, in 8-bit
-// integer arithmetic on AVX512-VNNI (`vpdpbusd`: 64 byte products a 512-bit instruction, twice bf16's
-// `vdpbf16ps`): the panel kernel of CPUs that have VNNI and no AMX (Zen 4, Intel before Sapphire Rapids),
-// where oneDNN's bf16 or fp32 matmul on a dense copy is otherwise what runs past the block kernels' crossover.
+// y = x . W^T for a GGUF matrix W kept in its file's blocks (Q4_0, Q4_1, Q8_0), for batches of rows, in integer
+// arithmetic on AVX512-VNNI: the panel kernels of CPUs that have VNNI and no AMX (Zen 4, Intel before
+// Sapphire Rapids), where oneDNN's bf16 or fp32 matmul on a dense copy is otherwise what runs past the block
+// kernels' crossover. Two precisions of x, one code (the template's BITS):
+//   8 bits  (tm_vnni_matmul): llama.cpp's, `vpdpbusd`, 64 byte products a 512-bit instruction (twice bf16's
+//           `vdpbf16ps`); ~5e-3 relative to the fp32 product.
+//   16 bits (tm_vnni16_matmul): the block kernel's (block_matmul.cpp), `vpdpwssd`, 32 int16 products an
+//           instruction (bf16's rate); ~2e-5 relative, where a dense bf16 copy's rounding of the weights
+//           gives ~2e-3.
 //
-// Per call: x is quantized row by row to int8 per 32-block as llama.cpp's Q8_1 (d = max|x| / 127, q =
-// round(x / d), s = d * sum q). Per work item, 16 weight rows are unpacked from their blocks into a panel that
-// stays in L1/L2: per 32-block, eight 512-bit vectors whose lane j holds 4 consecutive weights of row j as
-// unsigned bytes (u = q for Q4_1's nibbles, q for Q4_0's (its -8 moved into m), q + 128 for Q8_0), and the
-// rows' d and m as fp32 (w = d * u + m: Q4_1's m; -8 d for Q4_0; -128 d for Q8_0). Each tile of x rows then
-// runs over the panel: per block, eight `vpdpbusd` per row (the weight vector times 4 broadcast bytes of x)
-// give the 16 rows' integer dot products, and y += (isum * dw) * dx + mw * sx in fp32.
+// Per call: x is quantized row by row per 32-block (d = max|x| / (2^(BITS-1) - 1), q = round(x / d), s =
+// d * sum q: llama.cpp's Q8_1 at 8 bits). Per work item, 16 weight rows are unpacked from their blocks into a
+// panel that stays in L1/L2: per 32-block, BITS 512-bit vectors whose lane j holds consecutive weights of row
+// j (8 bits: 4 as unsigned bytes; 16 bits: 2 as int16), u = q for Q4_1's nibbles, q for Q4_0's (its -8
+// moved into m), and Q8_0's q + 128 at 8 bits (unsigned) or q at 16; and the rows' d and m as fp32 (w = d * u
+// + m: Q4_1's m; -8 d for Q4_0; -128 d or 0 for Q8_0). Each tile of x rows then runs over the panel: per
+// block, BITS dot-product instructions per row (a weight vector times 4 broadcast bytes of x) give the 16
+// rows' integer dot products, and y += (isum * dw) * dx + mw * sx in fp32.
 // The weights are read from their blocks once per 256-row chunk of x (4.5-8.5 bits a weight; no dense copy
 // is kept), the unpacking is paid once per chunk rather than per row.
 //
 // Plain C++ (no torch, no ggml headers), in block_matmul.py's library, called through ctypes and from the native
 // decode step (decode_step.cpp's kernel table, as the panel kernel).
 //
-//   tm_vnni_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads): tm_block_matmul's arguments and layouts.
+//   tm_vnni_matmul / tm_vnni16_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads): tm_block_matmul's
+//   arguments and layouts.
 //
-// Numerics: llama.cpp's (x at 8 bits per 32-block; the weights exact): ~5e-3 relative to the fp32 product.
+// Numerics: the weights exact, x rounded to BITS per 32-block (above).
 // Invariant: y[m, n] is computed by the same instructions in the same order whatever M, the row's place in
 // the batch or the thread count: a row gives the same bits alone or in any batch.
 #include <algorithm>
@@ -34,6 +41,8 @@
 #define TM_VNNI 1
 #endif
 
+constexpr int kPackedBit = 0x100;  // a type code's flag: the matrix is in the packed layout (tm_vnni_pack)
+
 // panel_matmul.cpp, the same library (hidden: not the ABI)
 __attribute__((visibility("hidden"))) void* tm_scratch(std::vector<uint8_t>& v, size_t bytes);
 __attribute__((visibility("hidden"))) void tm_prefetch_share(const char* next, int64_t bytes, int64_t parts,
@@ -45,93 +54,170 @@ namespace {
 enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type numbers
 constexpr int NR = 16;                           // weight rows (output columns) a panel: the 16 lanes
 constexpr int MR = 8;                            // rows of x a tile
-constexpr int64_t PIECE = 8 * 64 + 2 * 64;       // a panel's bytes a 32-block: 8 vectors of u8, dw[16], mw[16]
 constexpr int64_t CHUNK = 256;                   // rows of x a panel is unpacked for
+
+// a panel's bytes a 32-block: BITS vectors of weights (8-bit: 8 of u8 quads; 16-bit: 16 of int16 pairs), dw[16],
+// mw[16]
+template <int BITS>
+constexpr int64_t piece() {
+    return BITS * 64 + 2 * 64;
+}
 
 template <int TYPE>
 constexpr int64_t block_bytes() {
     return TYPE == kQ4_0 ? 18 : TYPE == kQ4_1 ? 20 : 34;
 }
 
-// x row (K) -> q (K int8), d and s (one each a 32-block)
-void quantize_row(const float* x, int64_t K, int8_t* q, float* d, float* s) {
+// x row (K) -> q (K int8 or int16: BITS), d and s (one each a 32-block): d = max|x| / (2^(BITS-1) - 1),
+// q = round(x / d), s = d * sum q
+template <int BITS>
+void quantize_row(const float* x, int64_t K, void* qv, float* d, float* s) {
+    constexpr float top = BITS == 8 ? 127.0f : 32767.0f;
     for (int64_t b = 0; b < K / 32; ++b) {
         const __m512 a0 = _mm512_loadu_ps(x + 32 * b), a1 = _mm512_loadu_ps(x + 32 * b + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1)));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float id = amax > 0.0f ? top / amax : 0.0f;
         const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(a0, _mm512_set1_ps(id)));  // to nearest, ties even
         const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(a1, _mm512_set1_ps(id)));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b), _mm512_cvtsepi32_epi8(q0));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b + 16), _mm512_cvtsepi32_epi8(q1));
-        d[b] = amax / 127.0f;
+        if constexpr (BITS == 8) {
+            int8_t* q = static_cast<int8_t*>(qv) + 32 * b;
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(q0));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(q1));
+        } else {
+            int16_t* q = static_cast<int16_t*>(qv) + 32 * b;
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_cvtsepi32_epi16(q0));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), _mm512_cvtsepi32_epi16(q1));
+        }
+        d[b] = amax / top;
         s[b] = d[b] * float(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
     }
 }
 
-// weight rows [n0, n0 + nc) (nc <= NR; lanes past nc zero) -> panel (K / 32 pieces), by gathers down the rows
+// a 512-bit vector's 16 lanes of 4 bytes (b0..b3) -> two vectors of 16 lanes of 2 int16: (b0, b1) and (b2, b3),
+// zero-extended (SIGNED false) or sign-extended
+template <bool SIGNED>
+inline void widen_pairs(__m512i q, __m512i& lo, __m512i& hi) {
+    const char z = char(0x80);  // pshufb: a zero byte
+    if constexpr (SIGNED) {  // each byte into its word's high byte, then an arithmetic shift down
+        const __m512i c0 = _mm512_broadcast_i32x4(_mm_setr_epi8(z, 0, z, 1, z, 4, z, 5, z, 8, z, 9, z, 12, z, 13));
+        const __m512i c1 = _mm512_broadcast_i32x4(_mm_setr_epi8(z, 2, z, 3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15));
+        lo = _mm512_srai_epi16(_mm512_shuffle_epi8(q, c0), 8);
+        hi = _mm512_srai_epi16(_mm512_shuffle_epi8(q, c1), 8);
+    } else {
+        const __m512i c0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, z, 1, z, 4, z, 5, z, 8, z, 9, z, 12, z, 13, z));
+        const __m512i c1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, z, 3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15, z));
+        lo = _mm512_shuffle_epi8(q, c0);
+        hi = _mm512_shuffle_epi8(q, c1);
+    }
+}
+
+// weight rows [n0, n0 + nc) (nc <= NR; lanes past nc zero) -> panel (K / 32 pieces), by gathers down the rows.
+// 8-bit: vector g (0..7) of a piece holds each row's weights 4g..4g+3 as u8; 16-bit: vector p (0..15) its
+// weights 2p, 2p+1 as int16 (Q8_0's as they are: m = 0)
+// The packed layout (tm_vnni_pack): per group of 16 rows, per 32-block, the vectors make_panel would gather:
+// the rows' first 4 bytes of the block (lane j: row j; d, and Q4_1's m or Q8_0's first quants), then the
+// quants 4 bytes a lane at a time (4 vectors for Q4_0 / Q4_1, 8 for Q8_0); lanes past the last row zero.
 template <int TYPE>
+constexpr int64_t packed_piece() {
+    return 64 * (1 + (TYPE == kQ8_0 ? 8 : 4));
+}
+
+template <int TYPE, int BITS, bool PACKED>
 void make_panel(const uint8_t* W, int64_t n0, int nc, int64_t K, uint8_t* panel) {
     const int64_t nb = K / 32, rb = nb * block_bytes<TYPE>();
     const __mmask16 live = nc >= NR ? __mmask16(0xffff) : __mmask16((1u << nc) - 1);
     const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32(int32_t(rb)));
     const __m512i nib = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
-    const uint8_t* base = W + n0 * rb;
+    const uint8_t* base = PACKED ? W + n0 / NR * nb * packed_piece<TYPE>() : W + n0 * rb;
+    constexpr int64_t vec = BITS * 64;  // the weight vectors' bytes a piece
+    // vector v of block b: gathered down the rows from byte `at` of their blocks, or read from the packed piece
+    auto rows4 = [&](const uint8_t* blk, const uint8_t* packed, int at, int v) {
+        if constexpr (PACKED) return _mm512_load_si512(packed + 64 * v);
+        else return _mm512_mask_i32gather_epi32(zero, live, rows, blk + at, 1);
+    };
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = base + b * block_bytes<TYPE>();
-        uint8_t* p = panel + b * PIECE;
+        const uint8_t* packed = base + b * packed_piece<TYPE>();
+        uint8_t* p = panel + b * piece<BITS>();
         // the first 4 bytes of each row's block: d (and Q4_1's m) as halves
-        const __m512i head = _mm512_mask_i32gather_epi32(zero, live, rows, blk, 1);
+        const __m512i head = rows4(blk, packed, 0, 0);
         const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
         __m512 m;
         if constexpr (TYPE == kQ8_0) {
-            m = _mm512_mul_ps(d, _mm512_set1_ps(-128.0f));
+            m = BITS == 8 ? _mm512_mul_ps(d, _mm512_set1_ps(-128.0f)) : _mm512_setzero_ps();
             for (int g = 0; g < 8; ++g) {
-                const __m512i q = _mm512_mask_i32gather_epi32(zero, live, rows, blk + 2 + 4 * g, 1);
-                // signed bytes + 128: xor the sign bit (zero lanes stay zero: their d is zero)
-                _mm512_store_si512(p + 64 * g, _mm512_maskz_xor_epi32(live, q, _mm512_set1_epi8(char(0x80))));
+                const __m512i q = rows4(blk, packed, 2 + 4 * g, 1 + g);
+                if constexpr (BITS == 8) {
+                    // signed bytes + 128: xor the sign bit (zero lanes stay zero: their d is zero)
+                    _mm512_store_si512(p + 64 * g, _mm512_maskz_xor_epi32(live, q, _mm512_set1_epi8(char(0x80))));
+                } else {
+                    __m512i lo, hi;
+                    widen_pairs<true>(q, lo, hi);
+                    _mm512_store_si512(p + 128 * g, lo);
+                    _mm512_store_si512(p + 128 * g + 64, hi);
+                }
             }
         } else {
             m = TYPE == kQ4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
                               : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
             constexpr int qs = TYPE == kQ4_1 ? 4 : 2;
             for (int g = 0; g < 4; ++g) {  // bytes 4g..4g+3: elements 4g.. in the low nibbles, 16 + 4g.. high
-                const __m512i q = _mm512_mask_i32gather_epi32(zero, live, rows, blk + qs + 4 * g, 1);
-                _mm512_store_si512(p + 64 * g, _mm512_and_si512(q, nib));
-                _mm512_store_si512(p + 64 * (g + 4), _mm512_and_si512(_mm512_srli_epi16(q, 4), nib));
+                const __m512i q = rows4(blk, packed, qs + 4 * g, 1 + g);
+                const __m512i low = _mm512_and_si512(q, nib), high = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
+                if constexpr (BITS == 8) {
+                    _mm512_store_si512(p + 64 * g, low);
+                    _mm512_store_si512(p + 64 * (g + 4), high);
+                } else {
+                    __m512i a, c;
+                    widen_pairs<false>(low, a, c);
+                    _mm512_store_si512(p + 128 * g, a);
+                    _mm512_store_si512(p + 128 * g + 64, c);
+                    widen_pairs<false>(high, a, c);
+                    _mm512_store_si512(p + 128 * (g + 4), a);
+                    _mm512_store_si512(p + 128 * (g + 4) + 64, c);
+                }
             }
         }
-        _mm512_store_ps(reinterpret_cast<float*>(p + 512), d);
-        _mm512_store_ps(reinterpret_cast<float*>(p + 576), m);
+        _mm512_store_ps(reinterpret_cast<float*>(p + vec), d);
+        _mm512_store_ps(reinterpret_cast<float*>(p + vec + 64), m);
     }
 }
 
-// R (<= MR) rows of quantized x (rows K bytes apart; d and s K / 32 apart) times the panel -> y (R rows ldy
-// apart, the first nc columns)
-template <int R>
-void tile(const uint8_t* panel, int64_t K, const int8_t* xq, const float* xd, const float* xs, float* y,
+// R (<= MR) rows of quantized x (rows K values apart; d and s K / 32 apart) times the panel -> y (R rows ldy
+// apart, the first nc columns). Per block, each of the BITS weight vectors times 4 broadcast bytes of x
+// (4 u8 x s8 products a lane on `vpdpbusd`, 2 int16 x int16 on `vpdpwssd`).
+template <int R, int BITS>
+void tile(const uint8_t* panel, int64_t K, const void* xqv, const float* xd, const float* xs, float* y,
           int64_t ldy, int nc) {
     const int64_t nb = K / 32;
+    constexpr int G = BITS;                       // weight vectors a block
+    constexpr int64_t vec = G * 64;
+    const auto* xq = static_cast<const uint8_t*>(xqv);
+    const int64_t row = K * (BITS / 8);           // x's bytes a row
     __m512 acc[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* p = panel + b * PIECE;
+        const uint8_t* p = panel + b * piece<BITS>();
         __m512i ia[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) ia[r] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) {
+#pragma GCC unroll 16
+        for (int g = 0; g < G; ++g) {
             const __m512i w = _mm512_load_si512(p + 64 * g);
 #pragma GCC unroll 8
             for (int r = 0; r < R; ++r) {
                 int32_t four;
-                std::memcpy(&four, xq + r * K + 32 * b + 4 * g, 4);
-                ia[r] = _mm512_dpbusd_epi32(ia[r], w, _mm512_set1_epi32(four));
+                std::memcpy(&four, xq + r * row + b * (4 * BITS) + 4 * g, 4);
+                if constexpr (BITS == 8)
+                    ia[r] = _mm512_dpbusd_epi32(ia[r], w, _mm512_set1_epi32(four));
+                else
+                    ia[r] = _mm512_dpwssd_epi32(ia[r], w, _mm512_set1_epi32(four));
             }
         }
-        const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(p + 512));
-        const __m512 mw = _mm512_load_ps(reinterpret_cast<const float*>(p + 576));
+        const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(p + vec));
+        const __m512 mw = _mm512_load_ps(reinterpret_cast<const float*>(p + vec + 64));
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
             const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[r]), dw);
@@ -149,40 +235,43 @@ T* scratch(std::vector<uint8_t>& v, size_t bytes) {
     return static_cast<T*>(tm_scratch(v, bytes));
 }
 
-template <int TYPE>
+template <int TYPE, int BITS, bool PACKED>
 void vnni_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M, float* y,
                  int64_t ldy, int nthreads) {
     if (M <= 0 || N <= 0) return;
     const int64_t nb = K / 32, items = (N + NR - 1) / NR, rb = nb * block_bytes<TYPE>();
     thread_local std::vector<uint8_t> qbuf, sbuf;
-    int8_t* xq = scratch<int8_t>(qbuf, size_t(M * K));
+    uint8_t* xq = scratch<uint8_t>(qbuf, size_t(M * K * (BITS / 8)));
     float* xd = scratch<float>(sbuf, size_t(2 * M * nb * 4));
     float* xs = xd + M * nb;
-    auto quantize = [&](int64_t r) { quantize_row(x + r * ldx, K, xq + r * K, xd + r * nb, xs + r * nb); };
+    const int64_t row = K * (BITS / 8);  // a quantized row's bytes
+    auto quantize = [&](int64_t r) { quantize_row<BITS>(x + r * ldx, K, xq + r * row, xd + r * nb, xs + r * nb); };
     auto item = [&](int64_t it, int64_t m0, int64_t m1, uint8_t* panel) {
         const int64_t n0 = it * NR;
         const int nc = int(std::min<int64_t>(NR, N - n0));
-        make_panel<TYPE>(W, n0, nc, K, panel);
+        make_panel<TYPE, BITS, PACKED>(W, n0, nc, K, panel);
         // the next item's weight rows (this thread's next, under the static schedule) asked into L2 while this
         // item's tiles run, a share before each tile (tm_prefetch_share)
         const int64_t tiles = (m1 - m0 + MR - 1) / MR;
-        const char* next = reinterpret_cast<const char*>(W + (n0 + NR) * rb);
-        const int64_t bytes = std::max<int64_t>(0, std::min<int64_t>(NR, N - n0 - NR)) * rb;
+        const char* next = reinterpret_cast<const char*>(PACKED ? W + (it + 1) * nb * packed_piece<TYPE>()
+                                                                 : W + (n0 + NR) * rb);
+        const int64_t bytes = n0 + NR >= N ? 0 : PACKED ? nb * packed_piece<TYPE>()
+                                                         : std::min<int64_t>(NR, N - n0 - NR) * rb;
         for (int64_t t = 0; t < tiles; ++t) {
             tm_prefetch_share(next, bytes, tiles, t);
             const int64_t r = m0 + t * MR;
-            const int8_t* q = xq + r * K;
+            const uint8_t* q = xq + r * row;
             const float *d = xd + r * nb, *s = xs + r * nb;
             float* yt = y + r * ldy + n0;
             switch (std::min<int64_t>(MR, m1 - r)) {
-                case 8: tile<8>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 7: tile<7>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 6: tile<6>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 5: tile<5>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 4: tile<4>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 3: tile<3>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 2: tile<2>(panel, K, q, d, s, yt, ldy, nc); break;
-                default: tile<1>(panel, K, q, d, s, yt, ldy, nc); break;
+                case 8: tile<8, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
+                case 7: tile<7, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
+                case 6: tile<6, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
+                case 5: tile<5, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
+                case 4: tile<4, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
+                case 3: tile<3, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
+                case 2: tile<2, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
+                default: tile<1, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
             }
         }
     };
@@ -194,7 +283,7 @@ void vnni_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t
             for (int64_t r = 0; r < M; ++r) quantize(r);
             // (the loop's barrier: every row is quantized before any item reads one)
             thread_local std::vector<uint8_t> pbuf;
-            uint8_t* panel = scratch<uint8_t>(pbuf, size_t(nb * PIECE));
+            uint8_t* panel = scratch<uint8_t>(pbuf, size_t(nb * piece<BITS>()));
             for (int64_t m0 = 0; m0 < M; m0 += CHUNK) {
 #pragma omp for schedule(static)
                 for (int64_t it = 0; it < items; ++it) item(it, m0, std::min(M, m0 + CHUNK), panel);
@@ -205,7 +294,7 @@ void vnni_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t
 #endif
     for (int64_t r = 0; r < M; ++r) quantize(r);
     thread_local std::vector<uint8_t> pbuf;
-    uint8_t* panel = scratch<uint8_t>(pbuf, size_t(nb * PIECE));
+    uint8_t* panel = scratch<uint8_t>(pbuf, size_t(nb * piece<BITS>()));
     for (int64_t m0 = 0; m0 < M; m0 += CHUNK)
         for (int64_t it = 0; it < items; ++it) item(it, m0, std::min(M, m0 + CHUNK), panel);
 }
@@ -232,20 +321,89 @@ int tm_panel_matmul(int type, const void* W, int64_t N, int64_t K, const float* 
 // See the header. Returns 0; -2 when K % 32 != 0. Like tm_panel_matmul it takes any block_mm layer: types
 // without a VNNI panel (the K-quants) get the block kernel's result, and a build without VNNI the fp32
 // panel kernel's.
-int tm_vnni_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
-                   float* y, int64_t ldy, int nthreads) {
+}  // extern "C"
+template <int BITS, bool PACKED = false>
+static int vnni_call(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
+                     float* y, int64_t ldy, int nthreads) {
+    if (!PACKED && (type & kPackedBit)) return vnni_call<BITS, true>(type & ~kPackedBit, W, N, K, x, ldx, M, y, ldy,
+                                                                      nthreads);
 #ifdef TM_VNNI
     if (K % 32) return -2;
     const auto* w = static_cast<const uint8_t*>(W);
     switch (type) {
-        case kQ4_0: vnni_matmul<kQ4_0>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
-        case kQ4_1: vnni_matmul<kQ4_1>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
-        case kQ8_0: vnni_matmul<kQ8_0>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
-        default: return tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
+        case kQ4_0: vnni_matmul<kQ4_0, BITS, PACKED>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
+        case kQ4_1: vnni_matmul<kQ4_1, BITS, PACKED>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
+        case kQ8_0: vnni_matmul<kQ8_0, BITS, PACKED>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
+        default: return PACKED ? -1 : tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
     }
 #else
-    return tm_panel_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
+    return PACKED ? -3 : tm_panel_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
 #endif
+}
+extern "C" {
+
+// x at 8 bits per 32-block (llama.cpp's precision)
+int tm_vnni_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
+                   float* y, int64_t ldy, int nthreads) {
+    return vnni_call<8>(type, W, N, K, x, ldx, M, y, ldy, nthreads);
+}
+
+// x at 16 bits per 32-block (finer than bf16's 8-bit significand)
+int tm_vnni16_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
+                     float* y, int64_t ldy, int nthreads) {
+    return vnni_call<16>(type, W, N, K, x, ldx, M, y, ldy, nthreads);
+}
+
+// Bytes of the packed layout of an (N, K) matrix of `type` (Q4_0, Q4_1, Q8_0; K % 32 == 0), else 0.
+int64_t tm_vnni_packed_bytes(int type, int64_t N, int64_t K) {
+#ifdef TM_VNNI
+    if (K % 32 || N <= 0) return 0;
+    const int64_t groups = (N + NR - 1) / NR, nb = K / 32;
+    switch (type) {
+        case kQ4_0: return groups * nb * packed_piece<kQ4_0>();
+        case kQ4_1: return groups * nb * packed_piece<kQ4_1>();
+        case kQ8_0: return groups * nb * packed_piece<kQ8_0>();
+        default: return 0;
+    }
+#else
+    (void)type, (void)N, (void)K;
+    return 0;
+#endif
+}
+
+// W's blocks -> out (tm_vnni_packed_bytes, 64-byte aligned) in the packed layout. Returns 0, or -1 for a type
+// or shape it does not take.
+int tm_vnni_pack(int type, const void* W, int64_t N, int64_t K, void* out) {
+    const int64_t total = tm_vnni_packed_bytes(type, N, K);
+    if (!total) return -1;
+    const int64_t nb = K / 32, bb = type == 2 ? 18 : type == 3 ? 20 : 34, rb = nb * bb, qs = type == 3 ? 4 : 2;
+    const int nq = type == 8 ? 8 : 4;  // quant vectors a piece
+    const auto* w = static_cast<const uint8_t*>(W);
+    auto* o = static_cast<uint8_t*>(out);
+    std::memset(o, 0, size_t(total));
+    for (int64_t g0 = 0; g0 < N; g0 += NR) {
+        for (int64_t b = 0; b < nb; ++b) {
+            uint8_t* piece = o + (g0 / NR * nb + b) * 64 * (1 + nq);
+            for (int j = 0; j < NR && g0 + j < N; ++j) {
+                const uint8_t* blk = w + (g0 + j) * rb + b * bb;
+                std::memcpy(piece + 4 * j, blk, 4);
+                for (int v = 0; v < nq; ++v) std::memcpy(piece + 64 * (1 + v) + 4 * j, blk + qs + 4 * v, 4);
+            }
+        }
+    }
+    return 0;
+}
+
+// tm_vnni16_matmul on W packed by tm_vnni_pack (Q4_0 / Q4_1 / Q8_0 only: -1 otherwise; -3 without VNNI)
+int tm_vnni16_matmul_packed(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
+                            float* y, int64_t ldy, int nthreads) {
+    return vnni_call<16, true>(type, W, N, K, x, ldx, M, y, ldy, nthreads);
+}
+
+// tm_vnni_matmul (8 bits) on W packed by tm_vnni_pack
+int tm_vnni_matmul_packed(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
+                          float* y, int64_t ldy, int nthreads) {
+    return vnni_call<8, true>(type, W, N, K, x, ldx, M, y, ldy, nthreads);
 }
 
 }  // extern "C"

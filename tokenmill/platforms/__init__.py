@@ -50,8 +50,7 @@ class Platform:
         every one of the file's `matrices` (rows, row length, type name) here."""
         from tokenmill.native import block_matmul
 
-        vnni = (not self.is_cuda and self.compute.dtype == "bfloat16" and block_matmul.vnni_available()
-                and not block_matmul.amx_available())
+        vnni = not self.is_cuda and self.compute.dtype == "bfloat16" and block_matmul.int8_panel_runs()
         compute = choose_dense_copy(setting, self.compute, copy_bytes, total_ram(),
                                     self.compute.dtype == "bfloat16" and not self.is_cuda and can_prepack_here(),
                                     int8_panel_covers(matrices, vnni))
