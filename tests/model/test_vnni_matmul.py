@@ -103,8 +103,9 @@ def packed(qtype: int, blocks: np.ndarray, parts: tuple[int, ...] = ()) -> np.nd
 @pytest.mark.parametrize("n,parts", [(37, ()), (64, (16, 32)), (80, (48,))])
 def test_the_packed_layout_gives_the_plain_blocks_bits(type_name: str, n: int, parts: tuple[int, ...]) -> None:
     """The packed layout is the plain blocks reordered: each VNNI entry gives the same bits on it (a type code
-    with PACKED) as on the plain blocks, whole or packed in parts; the block kernel's entry, the fp32 panel's
-    and the grouped one take the 16-bit kernel for a packed code; the library says it supports the codes."""
+    with PACKED) as on the plain blocks, whole or packed in parts, a few rows (read straight from the packed
+    bytes) or many; the block kernel's entry, the fp32 panel's and the grouped one take the 16-bit kernel for
+    a packed code; the library says it supports the codes."""
     k = 96
     qtype, blocks, _ = quantized(type_name, n, k, seed=n)
     p = packed(qtype, blocks, parts)
@@ -116,6 +117,9 @@ def test_the_packed_layout_gives_the_plain_blocks_bits(type_name: str, n: int, p
     assert torch.equal(multiply(code, p, x, rows=n, threads=2, vnni=8), multiply(qtype, blocks, x, threads=2, vnni=8))
     assert torch.equal(multiply(code, p, x, rows=n, threads=2), plain16)  # the block kernel's entry
     assert torch.equal(multiply(code, p, x, rows=n, threads=1, panel=True), plain16)  # the fp32 panel's
+    for m in (1, 2, 3, 4):  # a few rows: straight from the packed bytes, no panel (the same bits)
+        for threads in (1, 2):
+            assert torch.equal(multiply(code, p, x[:m], rows=n, threads=threads), plain16[:m])
     y = torch.empty(19, n)
     block_matmul.matmul_grouped(code, [p.ctypes.data, p.ctypes.data], [7, 12], n, k, x.contiguous().data_ptr(),
                                 y.data_ptr(), 2)

@@ -207,7 +207,8 @@ class GGUFLinearMethod(LinearMethod):
         least _STEP_ROWS: one native call also saves the per-op dispatch of the layer path, which a
         one-matmul calibration does not see (AMX, bf16, crossover measured at 1 row: n-gram speculation at
         C=1 0.95-0.98x with verification on the layer path, 1.24-1.29x with it in the native step;
-        benchmarks/README.md, "AMX again"); on the AMX kernel (bf16 on AMX), at least _AMX_STEP_ROWS."""
+        benchmarks/README.md, "AMX again"); on the AMX kernel (bf16 on AMX), at least _AMX_STEP_ROWS; on packed
+        blocks (the 16-bit VNNI kernel), at least _PACKED_STEP_ROWS."""
         return max(self.max_ggml_rows, self._step_rows)
 
     @property
@@ -325,10 +326,11 @@ class GGUFLinearMethod(LinearMethod):
         instead of staying plain: where the 16-bit VNNI panel is the bf16 panel (vnni_bits) and a dense bf16
         copy takes the big batches, for a decoder matrix (not the head, whose embedding rows stay plain) of
         Q4_0 / Q4_1 / Q8_0 blocks in parts of whole 16-row groups. The packed blocks are the file's bytes
-        reordered so that the kernel reads 16 rows' blocks with plain loads where the plain ones take gathers:
-        on a 2-core Zen 4 the default model's matrices at 1-32 rows 1.1-2.6x the prepacked bf16 copy and
-        1.3-2.6x the plain blocks' 16-bit kernel, at 1-16 rows 0.9-1.8x the block kernel (benchmarks/README.md,
-        "Packed blocks for the 16-bit VNNI kernel"). TOKENMILL_VNNI_PACK=0: plain."""
+        reordered so that the kernel reads 16 rows' blocks with plain loads where the plain ones take gathers
+        (Q4_1 the same bytes; Q4_0 +11%, Q8_0 +6%): on a 2-core Zen 4 the default model's matrices at 1-32
+        rows 1.0-2.6x the prepacked bf16 copy, 1.1-2.0x the 16-bit kernel on the plain blocks and at 1-16 rows
+        0.9-1.8x the block kernel (benchmarks/README.md, "Packed blocks for the 16-bit VNNI kernel").
+        TOKENMILL_VNNI_PACK=0: plain."""
         if (self._vnni != 16 or self.dense_copy != torch.bfloat16 or layer.wide_out
                 or os.environ.get("TOKENMILL_VNNI_PACK") == "0" or not block_matmul.available()):
             return False
@@ -596,7 +598,8 @@ class GGUFLinearMethod(LinearMethod):
         # on AMX at 48 and 64 rows (crossover 32) the native step on the AMX kernel took 88-95 / 108-147 ms
         # against the layer path's 109-113 / 128-154 on the dense copy (offline decode, interleaved)
         packed = layer.block_mm is not None and any(p[0] & block_matmul.PACKED for p in layer.block_mm)
-        self._step_rows = _AMX_STEP_ROWS if self.uses_amx(layer, dtype) else _PACKED_STEP_ROWS if packed else _STEP_ROWS
+        self._step_rows = (_AMX_STEP_ROWS if self.uses_amx(layer, dtype) else
+                           _PACKED_STEP_ROWS if packed else _STEP_ROWS)
         bounded = self.max_ggml_rows < _UNBOUNDED_ROWS
         amx_k = self._amx_k_layer(layer, dtype)
         above = ("the dense copy" if layer.packed is not None else

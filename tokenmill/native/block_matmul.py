@@ -185,7 +185,8 @@ def matmul(ggml_type: int, w_ptr: int, n: int, k: int, x_ptr: int, m: int, y_ptr
     """y[:, :n] (rows ldy apart) = x (m, k) fp32 contiguous . W^T, W (n, k) in blocks at w_ptr. amx: on the
     AMX kernel (bf16 products; only where amx_available() and amx_supports(n)); panel: on the fp32 panel
     kernel (panel_matmul.cpp), or with vnni = 8 or 16 on the VNNI one that rounds x to that many bits
-    (vnni_matmul.cpp; without vnni_built() its entries give the fp32 panel's result). bf16 (with amx only):
+    (vnni_matmul.cpp; without vnni_built() its entries give the fp32 panel's result). A type code with PACKED
+    (blocks in the packed layout) goes to the 16-bit VNNI kernel unless vnni is 8. bf16 (with amx only):
     x and y are bf16 rows, y rounded as torch rounds (the bits of the fp32 call's result rounded to bf16)."""
     lib = lib or library()
     assert lib is not None and (amx or not bf16) and (panel or not vnni)

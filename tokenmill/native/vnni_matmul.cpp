@@ -24,6 +24,11 @@
 //
 //   tm_vnni_matmul / tm_vnni16_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads): tm_block_matmul's
 //   arguments and layouts.
+//   tm_vnni_pack(type, W, N, K, out): the packed layout (tm_vnni_packed_bytes): per 16 rows and 32-block the
+//   vectors the gathers would build (the file's bytes reordered), which make_panel then reads with plain
+//   loads (1.1-2.0x at 1-32 rows on Zen 4, where gathers are slow). A type code with the 0x100 flag names a
+//   packed matrix: these entries, and block_matmul.cpp's and panel_matmul.cpp's, take it (the latter two on
+//   the 16-bit kernel); tm_vnni_matmul_packed / tm_vnni16_matmul_packed take the plain type.
 //
 // Numerics: the weights exact, x rounded to BITS per 32-block (above).
 // Invariant: y[m, n] is computed by the same instructions in the same order whatever M, the row's place in
@@ -230,6 +235,73 @@ void tile(const uint8_t* panel, int64_t K, const void* xqv, const float* xd, con
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, mk, acc[r]);
 }
 
+// R (<= 8) rows of 16-bit x times one packed 16-row group (no panel: each block's weights widened in registers
+// and multiplied at once) -> y (R rows ldy apart, the first nc columns). Up to DIRECT_ROWS rows (8 a pass over
+// the group, whose blocks stay in L1) the panel's stores and loads cost more than they save: on a 2-core Zen 4
+// the default model's matrices at 1 row 1.9-2.2x the panel path (and the block kernel), at 16 rows 1.1x the
+// panel path (benchmarks/experiments/vnni_vs_bf16.py). The same integer products and epilogue as tile<R, 16>
+// over make_panel's panel (integer sums in another order: exact), so the same bits.
+#ifndef TM_DIRECT_ROWS
+#define TM_DIRECT_ROWS 32
+#endif
+constexpr int DIRECT_ROWS = TM_DIRECT_ROWS;
+
+template <int TYPE, int R>
+void direct16(const uint8_t* group, int64_t K, const int16_t* xq, const float* xd, const float* xs, float* y,
+              int64_t ldy, int nc) {
+    const int64_t nb = K / 32;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* pc = group + b * packed_piece<TYPE>();
+        const __m512i head = _mm512_load_si512(pc);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        __m512 m;
+        __m512i ia[R];
+        for (int r = 0; r < R; ++r) ia[r] = _mm512_setzero_si512();
+        // weight pair vector p (elements 2p, 2p + 1) times x's pair p of each row
+        auto dot = [&](int p, __m512i w) {
+            for (int r = 0; r < R; ++r) {
+                int32_t two;
+                std::memcpy(&two, xq + r * K + 32 * b + 2 * p, 4);
+                ia[r] = _mm512_dpwssd_epi32(ia[r], w, _mm512_set1_epi32(two));
+            }
+        };
+        if constexpr (TYPE == kQ8_0) {
+            m = _mm512_setzero_ps();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; ++g) {
+                __m512i lo, hi;
+                widen_pairs<true>(_mm512_load_si512(pc + 64 * (1 + g)), lo, hi);
+                dot(2 * g, lo);
+                dot(2 * g + 1, hi);
+            }
+        } else {
+            m = TYPE == kQ4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+                              : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; ++g) {
+                const __m512i q = _mm512_load_si512(pc + 64 * (1 + g));
+                __m512i a, c;
+                widen_pairs<false>(_mm512_and_si512(q, nib), a, c);
+                dot(2 * g, a);
+                dot(2 * g + 1, c);
+                widen_pairs<false>(_mm512_and_si512(_mm512_srli_epi16(q, 4), nib), a, c);
+                dot(8 + 2 * g, a);
+                dot(8 + 2 * g + 1, c);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[r]), d);
+            acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(xd[r * nb + b]), acc[r]);
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[r * nb + b]), acc[r]);
+        }
+    }
+    const __mmask16 mk = nc >= NR ? __mmask16(0xffff) : __mmask16((1u << nc) - 1);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, mk, acc[r]);
+}
+
 template <typename T>
 T* scratch(std::vector<uint8_t>& v, size_t bytes) {
     return static_cast<T*>(tm_scratch(v, bytes));
@@ -246,6 +318,40 @@ void vnni_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t
     float* xs = xd + M * nb;
     const int64_t row = K * (BITS / 8);  // a quantized row's bytes
     auto quantize = [&](int64_t r) { quantize_row<BITS>(x + r * ldx, K, xq + r * row, xd + r * nb, xs + r * nb); };
+    if constexpr (PACKED && BITS == 16) {
+        if (M <= DIRECT_ROWS) {  // a few rows: quantized here, then each group straight from its packed bytes
+            for (int64_t r = 0; r < M; ++r) quantize(r);
+            const auto* q16 = reinterpret_cast<const int16_t*>(xq);
+            auto group = [&](int64_t it) {
+                const uint8_t* g = W + it * nb * packed_piece<TYPE>();
+                const int nc = int(std::min<int64_t>(NR, N - it * NR));
+                for (int64_t r = 0; r < M; r += 8) {  // 8 rows a pass over the group's blocks (in L1 after the first)
+                    const int16_t* q = q16 + r * K;
+                    const float *d = xd + r * nb, *sx = xs + r * nb;
+                    float* yt = y + r * ldy + it * NR;
+                    switch (std::min<int64_t>(8, M - r)) {
+                        case 8: direct16<TYPE, 8>(g, K, q, d, sx, yt, ldy, nc); break;
+                        case 7: direct16<TYPE, 7>(g, K, q, d, sx, yt, ldy, nc); break;
+                        case 6: direct16<TYPE, 6>(g, K, q, d, sx, yt, ldy, nc); break;
+                        case 5: direct16<TYPE, 5>(g, K, q, d, sx, yt, ldy, nc); break;
+                        case 4: direct16<TYPE, 4>(g, K, q, d, sx, yt, ldy, nc); break;
+                        case 3: direct16<TYPE, 3>(g, K, q, d, sx, yt, ldy, nc); break;
+                        case 2: direct16<TYPE, 2>(g, K, q, d, sx, yt, ldy, nc); break;
+                        default: direct16<TYPE, 1>(g, K, q, d, sx, yt, ldy, nc); break;
+                    }
+                }
+            };
+#if defined(_OPENMP)
+            if (nthreads > 1 && items > 1) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+                for (int64_t it = 0; it < items; ++it) group(it);
+                return;
+            }
+#endif
+            for (int64_t it = 0; it < items; ++it) group(it);
+            return;
+        }
+    }
     auto item = [&](int64_t it, int64_t m0, int64_t m1, uint8_t* panel) {
         const int64_t n0 = it * NR;
         const int nc = int(std::min<int64_t>(NR, N - n0));
@@ -378,6 +484,7 @@ int tm_vnni_pack(int type, const void* W, int64_t N, int64_t K, void* out) {
     if (!total) return -1;
     const int64_t nb = K / 32, bb = type == 2 ? 18 : type == 3 ? 20 : 34, rb = nb * bb, qs = type == 3 ? 4 : 2;
     const int nq = type == 8 ? 8 : 4;  // quant vectors a piece
+    constexpr int NR = 16;             // rows a group (the kernel's panel rows)
     const auto* w = static_cast<const uint8_t*>(W);
     auto* o = static_cast<uint8_t*>(out);
     std::memset(o, 0, size_t(total));
