@@ -327,9 +327,9 @@ class GGUFLinearMethod(LinearMethod):
         copy takes the big batches, for a decoder matrix (not the head, whose embedding rows stay plain) of
         Q4_0 / Q4_1 / Q8_0 blocks in parts of whole 16-row groups. The packed blocks are the file's bytes
         reordered so that the kernel reads 16 rows' blocks with plain loads where the plain ones take gathers
-        (Q4_1 the same bytes; Q4_0 +11%, Q8_0 +6%): on a 2-core Zen 4 the default model's matrices at 1-32
-        rows 1.0-2.6x the prepacked bf16 copy, 1.1-2.0x the 16-bit kernel on the plain blocks and at 1-16 rows
-        0.9-1.8x the block kernel (benchmarks/README.md, "Packed blocks for the 16-bit VNNI kernel").
+        (Q4_1 the same bytes; Q4_0 +11%, Q8_0 +6%), up to 32 rows without a panel: on a 2-core Zen 4 the
+        default model's matrices at 1-32 rows 1.07-7x the prepacked bf16 copy (0.8-1.0x past 64), and 1.4-2.7x
+        the block kernel at any rows (benchmarks/README.md, "Packed blocks for the 16-bit VNNI kernel").
         TOKENMILL_VNNI_PACK=0: plain."""
         if (self._vnni != 16 or self.dense_copy != torch.bfloat16 or layer.wide_out
                 or os.environ.get("TOKENMILL_VNNI_PACK") == "0" or not block_matmul.available()):
@@ -351,7 +351,8 @@ class GGUFLinearMethod(LinearMethod):
         start = -buf.ctypes.data % 64
         at = buf.ctypes.data + start
         for p in parts:
-            block_matmul.pack(qtype, p.data.ctypes.data, p.shape[0], k, at)
+            data = np.ascontiguousarray(p.data)  # (a view of the file's pages: no copy)
+            block_matmul.pack(qtype, data.ctypes.data, p.shape[0], k, at)
             at += block_matmul.packed_bytes(qtype, p.shape[0], k)  # whole 16-row groups but the last part's
             p.release()
         layer.packed_blocks.append(buf)
