@@ -126,6 +126,26 @@ def test_the_packed_layout_gives_the_plain_blocks_bits(type_name: str, n: int, p
     assert torch.equal(y, plain16)
 
 
+def assert_near_the_fp32_model(ours, median_error: float, top1: float) -> None:
+    """The default model's teacher-forced logits on 1,000 tokens of the repo's text against the fp32 dequantized
+    reference: each prompt's median relative error under `median_error`, argmax agreement at least `top1`."""
+    from raw_forward import prompt_logits
+    from test_gguf_method import corpus_ids
+
+    from tokenmill import LLM
+
+    ref = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, dtype="float32",
+              quantization="dequantize")
+    agree = total = 0
+    for ids in corpus_ids(ref.tokenizer, 1000):
+        a, b = prompt_logits(ref, ids), prompt_logits(ours, ids).float()
+        rel = (a - b).norm(dim=-1) / a.norm(dim=-1)
+        assert float(rel.median()) < median_error
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        total += len(ids)
+    assert agree / total >= top1, f"teacher-forced top-1 agreement {agree / total:.3f}"
+
+
 def test_the_method_takes_16_bits_by_default_keeping_the_dense_copy(monkeypatch) -> None:
     """By default at bf16 (on this CPU: VNNI, no AMX) the panel is the 16-bit kernel, in the layer path and the
     native step's table, and the decoder's blocks are packed for it; the dense copy stays (the 16-bit panel is
@@ -134,9 +154,6 @@ def test_the_method_takes_16_bits_by_default_keeping_the_dense_copy(monkeypatch)
     if block_matmul.amx_available():
         pytest.skip("on AMX the AMX kernel takes bf16 batches")
     import ctypes
-
-    from raw_forward import prompt_logits
-    from test_gguf_method import corpus_ids
 
     from tokenmill import LLM
     from tokenmill.native import decode_step
@@ -157,16 +174,7 @@ def test_the_method_takes_16_bits_by_default_keeping_the_dense_copy(monkeypatch)
     assert model.lm_head.block_mm[0][0] == 8 and model.lm_head.matmul is not None
     table = decode_step.kernel_table(1, method.vnni_panel(torch.bfloat16))
     assert table.panel_matmul == ctypes.cast(block_matmul.library().tm_vnni16_matmul, ctypes.c_void_p).value
-    ref = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, dtype="float32",
-              quantization="dequantize")
-    agree = total = 0
-    for ids in corpus_ids(ref.tokenizer, 1000):
-        a, b = prompt_logits(ref, ids), prompt_logits(ours, ids).float()
-        rel = (a - b).norm(dim=-1) / a.norm(dim=-1)
-        assert float(rel.median()) < 1.5e-2
-        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-        total += len(ids)
-    assert agree / total >= 0.97, f"teacher-forced top-1 agreement {agree / total:.3f}"
+    assert_near_the_fp32_model(ours, median_error=1.5e-2, top1=0.97)
     monkeypatch.setenv("TOKENMILL_VNNI_MATMUL", "0")
     assert block_matmul.vnni_bits() == 0
 
@@ -179,9 +187,6 @@ def test_the_method_takes_it_at_bf16_only_and_drops_the_dense_copy(monkeypatch) 
     bf16 copy's 0.975 on 2,000 tokens; benchmarks/experiments/vnni_agreement.py); at fp32 the fp32 panel."""
     if block_matmul.amx_available():
         pytest.skip("on AMX the AMX kernel takes bf16 batches")
-    from raw_forward import prompt_logits
-    from test_gguf_method import corpus_ids
-
     from tokenmill import LLM
     from tokenmill.native import decode_step
 
@@ -197,13 +202,4 @@ def test_the_method_takes_it_at_bf16_only_and_drops_the_dense_copy(monkeypatch) 
     lib = block_matmul.library()
     import ctypes
     assert table.panel_matmul == ctypes.cast(lib.tm_vnni_matmul, ctypes.c_void_p).value
-    ref = LLM(progress=False, kv_cache_memory=32 * 2**20, max_model_len=256, dtype="float32",
-              quantization="dequantize")
-    agree = total = 0
-    for ids in corpus_ids(ref.tokenizer, 1000):
-        a, b = prompt_logits(ref, ids), prompt_logits(ours, ids).float()
-        rel = (a - b).norm(dim=-1) / a.norm(dim=-1)
-        assert float(rel.median()) < 3e-2
-        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-        total += len(ids)
-    assert agree / total >= 0.93, f"teacher-forced top-1 agreement {agree / total:.3f}"
+    assert_near_the_fp32_model(ours, median_error=3e-2, top1=0.93)

@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #if defined(_OPENMP)
 #include <omp.h>
@@ -302,6 +303,21 @@ void direct16(const uint8_t* group, int64_t K, const int16_t* xq, const float* x
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, mk, acc[r]);
 }
 
+// f(std::integral_constant<int, r>{}) for r in 1..8: a row count known at run time as a template argument
+template <typename F>
+inline void with_rows(int64_t r, F&& f) {
+    switch (r) {
+        case 8: f(std::integral_constant<int, 8>{}); break;
+        case 7: f(std::integral_constant<int, 7>{}); break;
+        case 6: f(std::integral_constant<int, 6>{}); break;
+        case 5: f(std::integral_constant<int, 5>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        default: f(std::integral_constant<int, 1>{}); break;
+    }
+}
+
 template <typename T>
 T* scratch(std::vector<uint8_t>& v, size_t bytes) {
     return static_cast<T*>(tm_scratch(v, bytes));
@@ -329,16 +345,8 @@ void vnni_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t
                     const int16_t* q = q16 + r * K;
                     const float *d = xd + r * nb, *sx = xs + r * nb;
                     float* yt = y + r * ldy + it * NR;
-                    switch (std::min<int64_t>(8, M - r)) {
-                        case 8: direct16<TYPE, 8>(g, K, q, d, sx, yt, ldy, nc); break;
-                        case 7: direct16<TYPE, 7>(g, K, q, d, sx, yt, ldy, nc); break;
-                        case 6: direct16<TYPE, 6>(g, K, q, d, sx, yt, ldy, nc); break;
-                        case 5: direct16<TYPE, 5>(g, K, q, d, sx, yt, ldy, nc); break;
-                        case 4: direct16<TYPE, 4>(g, K, q, d, sx, yt, ldy, nc); break;
-                        case 3: direct16<TYPE, 3>(g, K, q, d, sx, yt, ldy, nc); break;
-                        case 2: direct16<TYPE, 2>(g, K, q, d, sx, yt, ldy, nc); break;
-                        default: direct16<TYPE, 1>(g, K, q, d, sx, yt, ldy, nc); break;
-                    }
+                    with_rows(std::min<int64_t>(8, M - r),
+                              [&](auto R) { direct16<TYPE, R.value>(g, K, q, d, sx, yt, ldy, nc); });
                 }
             };
 #if defined(_OPENMP)
@@ -369,16 +377,7 @@ void vnni_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t
             const uint8_t* q = xq + r * row;
             const float *d = xd + r * nb, *s = xs + r * nb;
             float* yt = y + r * ldy + n0;
-            switch (std::min<int64_t>(MR, m1 - r)) {
-                case 8: tile<8, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 7: tile<7, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 6: tile<6, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 5: tile<5, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 4: tile<4, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 3: tile<3, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
-                case 2: tile<2, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
-                default: tile<1, BITS>(panel, K, q, d, s, yt, ldy, nc); break;
-            }
+            with_rows(std::min<int64_t>(MR, m1 - r), [&](auto R) { tile<R.value, BITS>(panel, K, q, d, s, yt, ldy, nc); });
         }
     };
 #if defined(_OPENMP)
