@@ -18,3 +18,8 @@ PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$R/final benchmarks/co
 .venv/bin/python benchmarks/experiments/decode_step_rows.py 64 A=1 TOKENMILL_VNNI_PACK=0 >> $R/decode_step_rows.txt
 # issue 15 on this kind at the final code
 bash benchmarks/spec_grounded.sh $R/spec
+# a second round at the final code, C=16 / C=64 against vLLM bf16 only (C=64 had moved between the rounds above)
+PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$R/final-round2 benchmarks/compare.sh
+# memory: RSS after load and after 16 requests, packed and plain (the 2 GiB KV cache included)
+.venv/bin/python benchmarks/experiments/engine_rss.py > $R/rss.txt
+TOKENMILL_VNNI_PACK=0 .venv/bin/python benchmarks/experiments/engine_rss.py >> $R/rss.txt
