@@ -110,18 +110,18 @@ def test_the_packed_layout_gives_the_plain_blocks_bits(type_name: str, n: int, p
     qtype, blocks, _ = quantized(type_name, n, k, seed=n)
     p = packed(qtype, blocks, parts)
     assert block_matmul.supports(block_matmul.PACKED | qtype)
-    x = torch.randn(19, k, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(4))  # past DIRECT_ROWS: the panel path
     code = block_matmul.PACKED | qtype
     plain16 = multiply(qtype, blocks, x, threads=2, vnni=16)
     assert torch.equal(multiply(code, p, x, rows=n, threads=2, vnni=16), plain16)
     assert torch.equal(multiply(code, p, x, rows=n, threads=2, vnni=8), multiply(qtype, blocks, x, threads=2, vnni=8))
     assert torch.equal(multiply(code, p, x, rows=n, threads=2), plain16)  # the block kernel's entry
     assert torch.equal(multiply(code, p, x, rows=n, threads=1, panel=True), plain16)  # the fp32 panel's
-    for m in (1, 2, 3, 4):  # a few rows: straight from the packed bytes, no panel (the same bits)
+    for m in (1, 2, 3, 4, 9, 19):  # up to 32 rows: straight from the packed bytes, no panel (the same bits)
         for threads in (1, 2):
             assert torch.equal(multiply(code, p, x[:m], rows=n, threads=threads), plain16[:m])
-    y = torch.empty(19, n)
-    block_matmul.matmul_grouped(code, [p.ctypes.data, p.ctypes.data], [7, 12], n, k, x.contiguous().data_ptr(),
+    y = torch.empty(40, n)
+    block_matmul.matmul_grouped(code, [p.ctypes.data, p.ctypes.data], [7, 33], n, k, x.contiguous().data_ptr(),
                                 y.data_ptr(), 2)
     assert torch.equal(y, plain16)
 

@@ -16,8 +16,9 @@
 // + m: Q4_1's m; -8 d for Q4_0; -128 d or 0 for Q8_0). Each tile of x rows then runs over the panel: per
 // block, BITS dot-product instructions per row (a weight vector times 4 broadcast bytes of x) give the 16
 // rows' integer dot products, and y += (isum * dw) * dx + mw * sx in fp32.
-// The weights are read from their blocks once per 256-row chunk of x (4.5-8.5 bits a weight; no dense copy
-// is kept), the unpacking is paid once per chunk rather than per row.
+// The weights are read from their blocks once per 256-row chunk of x (4.5-8.5 bits a weight), the unpacking
+// is paid once per chunk rather than per row. Up to DIRECT_ROWS rows of a packed matrix skip the panel: each
+// block's weights are widened in registers and multiplied into 8 rows at a time (direct16).
 //
 // Plain C++ (no torch, no ggml headers), in block_matmul.py's library, called through ctypes and from the native
 // decode step (decode_step.cpp's kernel table, as the panel kernel).
@@ -25,14 +26,15 @@
 //   tm_vnni_matmul / tm_vnni16_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads): tm_block_matmul's
 //   arguments and layouts.
 //   tm_vnni_pack(type, W, N, K, out): the packed layout (tm_vnni_packed_bytes): per 16 rows and 32-block the
-//   vectors the gathers would build (the file's bytes reordered), which make_panel then reads with plain
-//   loads (1.1-2.0x at 1-32 rows on Zen 4, where gathers are slow). A type code with the 0x100 flag names a
+//   vectors the gathers would build (the file's bytes reordered), read with plain loads instead (Zen 4's
+//   gathers are slow: with the direct path, 1.4-2.7x the block kernel at any rows there). A type code with the 0x100 flag names a
 //   packed matrix: these entries, and block_matmul.cpp's and panel_matmul.cpp's, take it (the latter two on
 //   the 16-bit kernel); tm_vnni_matmul_packed / tm_vnni16_matmul_packed take the plain type.
 //
 // Numerics: the weights exact, x rounded to BITS per 32-block (above).
-// Invariant: y[m, n] is computed by the same instructions in the same order whatever M, the row's place in
-// the batch or the thread count: a row gives the same bits alone or in any batch.
+// Invariant: y[m, n] is the same integer sums per block (exact in any order) and the same fp32 steps in the same
+// order whatever M, the row's place in the batch, the thread count, the layout (plain or packed) or the path
+// (panel or direct): a row gives the same bits alone or in any batch.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
