@@ -447,8 +447,8 @@ extern "C" {
 
 int tm_block_matmul_abi() { return 4; }
 
-int tm_vnni16_matmul_packed(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
-                            float* y, int64_t ldy, int nthreads);  // vnni_matmul.cpp
+int tm_vnni16_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
+                     float* y, int64_t ldy, int nthreads);  // vnni_matmul.cpp
 int tm_vnni_available();                                           // vnni_matmul.cpp
 
 // 1 when `type` is one this library multiplies: a ggml type, or TM_PACKED | Q4_0 / Q4_1 / Q8_0 for a matrix in
@@ -464,7 +464,7 @@ int tm_block_matmul_supports(int type) {
 // per 32-block (the same rounding, a different order of sums: not the same bits as the plain blocks).
 int tm_block_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
                     float* y, int64_t ldy, int nthreads) {
-    if (type & kPacked) return tm_vnni16_matmul_packed(type & ~kPacked, W, N, K, x, ldx, M, y, ldy, nthreads);
+    if (type & kPacked) return tm_vnni16_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
     if (K % 32) return -2;
     const auto* w = static_cast<const uint8_t*>(W);
     const int64_t zero = 0;

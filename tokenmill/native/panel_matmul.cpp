@@ -52,7 +52,7 @@ __attribute__((visibility("hidden"))) void tm_prefetch_share(const char* next, i
 
 namespace {
 
-enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type numbers
+enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kPacked = 0x100 };  // ggml's type numbers; the packed flag (vnni_matmul.cpp)
 constexpr int MR = 6;   // rows of x a microkernel tile
 constexpr int NR = 16;  // weight rows (output columns) a panel
 
@@ -274,7 +274,7 @@ int tm_block_matmul(int type, const void* W, int64_t N, int64_t K, const float* 
 // kernel's result (kquant_matmul.cpp), so a caller may hand this entry any block_mm layer.
 int tm_panel_matmul(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
                     float* y, int64_t ldy, int nthreads) {
-    if (type & 0x100) return tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);  // packed (vnni_matmul.cpp)
+    if (type & kPacked) return tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
     if (type != kQ4_0 && type != kQ4_1 && type != kQ8_0)
         return tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
     if (K % 32) return -2;

@@ -27,9 +27,9 @@
 //   arguments and layouts.
 //   tm_vnni_pack(type, W, N, K, out): the packed layout (tm_vnni_packed_bytes): per 16 rows and 32-block the
 //   vectors the gathers would build (the file's bytes reordered), read with plain loads instead (Zen 4's
-//   gathers are slow: with the direct path, 1.4-2.7x the block kernel at any rows there). A type code with the 0x100 flag names a
-//   packed matrix: these entries, and block_matmul.cpp's and panel_matmul.cpp's, take it (the latter two on
-//   the 16-bit kernel); tm_vnni_matmul_packed / tm_vnni16_matmul_packed take the plain type.
+//   gathers are slow: with the direct path, 1.4-2.7x the block kernel at any rows there). A type code with
+//   the 0x100 flag names a packed matrix: these entries, and block_matmul.cpp's and panel_matmul.cpp's, take
+//   it (the latter two on the 16-bit kernel).
 //
 // Numerics: the weights exact, x rounded to BITS per 32-block (above).
 // Invariant: y[m, n] is the same integer sums per block (exact in any order) and the same fp32 steps in the same
@@ -500,18 +500,6 @@ int tm_vnni_pack(int type, const void* W, int64_t N, int64_t K, void* out) {
         }
     }
     return 0;
-}
-
-// tm_vnni16_matmul on W packed by tm_vnni_pack (Q4_0 / Q4_1 / Q8_0 only: -1 otherwise; -3 without VNNI)
-int tm_vnni16_matmul_packed(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
-                            float* y, int64_t ldy, int nthreads) {
-    return vnni_call<16, true>(type, W, N, K, x, ldx, M, y, ldy, nthreads);
-}
-
-// tm_vnni_matmul (8 bits) on W packed by tm_vnni_pack
-int tm_vnni_matmul_packed(int type, const void* W, int64_t N, int64_t K, const float* x, int64_t ldx, int64_t M,
-                          float* y, int64_t ldy, int nthreads) {
-    return vnni_call<8, true>(type, W, N, K, x, ldx, M, y, ldy, nthreads);
 }
 
 }  // extern "C"
