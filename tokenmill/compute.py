@@ -18,6 +18,7 @@ The compute dtype (activations, norms, KV cache) is bf16 on CUDA and on CPUs wit
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +39,10 @@ class ComputeChoice:
     # gguf method: also a dense copy of every matmul weight at the compute dtype (oneDNN-prepacked at bf16),
     # multiplied by batches past the block kernels' crossover (choose_dense_copy)
     dense_copy: bool = False
+    # gguf method with a bf16 dense copy on a CPU whose bf16 panel is the 16-bit VNNI kernel: the decoder's
+    # Q4_0 / Q4_1 / Q8_0 matrices are repacked at load into that kernel's layout (vnni_packs), which is not
+    # the file's size for every type (VNNI_PACKED_PIECE); the memory plan counts it
+    vnni_pack: bool = False
 
     @property
     def dtype_bytes(self) -> int:
@@ -147,6 +152,31 @@ def choose_dense_copy(setting: str, compute: ComputeChoice, copy_bytes: int, ram
                                                  and copy_bytes * DENSE_COPY_RAM_SHARE <= ram_bytes)):
         return compute
     return dataclasses.replace(compute, dense_copy=True)
+
+
+VNNI_PACK_SWITCH = "TOKENMILL_VNNI_PACK"  # =0: the blocks stay plain (A/B runs)
+# Bytes of one piece of the 16-bit VNNI kernel's packed layout (native/vnni_matmul.cpp, tm_vnni_packed_bytes):
+# 16 rows' blocks of 32 values. Q4_1's piece is its 16 blocks' bytes exactly (16 x 20); Q4_0 takes 320 for
+# 16 x 18 (+11%), Q8_0 576 for 16 x 34 (+6%).
+VNNI_PACKED_PIECE = {"q4_0": 320, "q4_1": 320, "q8_0": 576}
+VNNI_PACK_ROWS = 16
+
+
+def vnni_packs(bf16_copy: bool, vnni_bits: int) -> bool:
+    """The gguf method repacks the decoder's Q4_0 / Q4_1 / Q8_0 blocks for the 16-bit VNNI kernel: where a bf16
+    dense copy takes the big batches (`bf16_copy`) and the bf16 panel here is that kernel (`vnni_bits` 16:
+    native/block_matmul.vnni_bits), unless TOKENMILL_VNNI_PACK=0. The method (layers/ggml_linear.py, _packs),
+    the platform and `tokenmill plan` all ask this."""
+    return bf16_copy and vnni_bits == 16 and os.environ.get(VNNI_PACK_SWITCH) != "0"
+
+
+def vnni_packed_bytes(out_features: int, in_features: int, stored_type: str) -> int | None:
+    """Bytes of an (out, in) matrix of `stored_type` in the 16-bit VNNI kernel's packed layout (whole 16-row
+    groups), or None for a type it does not take."""
+    piece = VNNI_PACKED_PIECE.get(stored_type)
+    if piece is None or in_features % 32:
+        return None
+    return -(-out_features // VNNI_PACK_ROWS) * (in_features // 32) * piece
 
 
 def linear_weight_bytes(method: str, out_features: int, in_features: int, dtype_bytes: int) -> int:

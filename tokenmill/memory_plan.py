@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tokenmill.compute import ComputeChoice, linear_weight_bytes, stored_matrix_bytes
+from tokenmill.compute import (UNQUANTIZED_TYPES, ComputeChoice, linear_weight_bytes, requant_type_for,
+                               stored_matrix_bytes, vnni_packed_bytes)
 from tokenmill.config import format_size
 from tokenmill.loader.model_config import ModelConfig
 
@@ -154,6 +155,19 @@ def dense_copy_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     return sum(n * k for n, k in [*cfg.linear_shapes(), *head]) * dtype_bytes
 
 
+def _gguf_matrix_bytes(cfg: ModelConfig, compute: ComputeChoice, n: int, k: int, stored_type: str) -> int:
+    """Bytes the gguf method holds for one of the file's matrices: its blocks, or their packed layout where
+    compute.vnni_pack repacks a decoder matrix (not the embedding or the output head, (vocab, hidden), whose
+    rows the embedding gathers or which gives fp32 logits; layers/ggml_linear.py, _packs)."""
+    if compute.vnni_pack and (n, k) != (cfg.vocab_size, cfg.hidden_size):
+        if compute.requant_type is not None and stored_type in UNQUANTIZED_TYPES:  # quantized at load first
+            stored_type = requant_type_for(compute.requant_type, k)
+        packed = vnni_packed_bytes(n, k, stored_type)
+        if packed is not None:
+            return packed
+    return stored_matrix_bytes("gguf", n, k, stored_type, compute.requant_type)
+
+
 def default_kv_cache_bytes(is_cuda: bool, free_bytes: int) -> int:
     """A sensible share of free memory: on a GPU 90% of what is free after the weights, less 2 GiB for
     activations; on CPU a quarter of available RAM, at most 2 GiB (CPU decode is bandwidth-bound long
@@ -173,13 +187,14 @@ def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cach
     The gguf method keeps every 2-D checkpoint tensor (embedding included) as ggml blocks: `matrices`
     lists them as (out, in, stored type, e.g. "q4_k" or "f32"), from the GGUF header (GGUFFile.matrices);
     without it (an HF checkpoint) they are the config's matmul shapes and the embedding, stored as f32.
-    A tied output layer multiplies by the embedding's own blocks."""
+    A tied output layer multiplies by the embedding's own blocks. Where the method repacks the decoder's
+    blocks for the 16-bit VNNI kernel (compute.vnni_pack), those matrices count at the packed size."""
     per_token = cfg.kv_bytes_per_token(compute.dtype_bytes)
     method, nbytes = compute.linear_method, compute.dtype_bytes
     if method == "gguf":
         mats = matrices if matrices is not None else [
             (n, k, "f32") for n, k in [*cfg.linear_shapes(), (cfg.vocab_size, cfg.hidden_size)]]
-        stored = sum(stored_matrix_bytes(method, n, k, t, compute.requant_type) for n, k, t in mats)
+        stored = sum(_gguf_matrix_bytes(cfg, compute, n, k, t) for n, k, t in mats)
         rest = (cfg.num_parameters() - sum(n * k for n, k, _ in mats)) * nbytes  # norms, biases
         return MemoryPlan(cfg.num_parameters(), stored + max(rest, 0), nbytes, per_token, block_size,
                           kv_cache_bytes, kv_cache_bytes // (per_token * block_size), max_model_len,

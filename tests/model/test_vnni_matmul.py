@@ -204,3 +204,48 @@ def test_the_method_takes_it_at_bf16_only_and_drops_the_dense_copy(monkeypatch) 
     import ctypes
     assert table.panel_matmul == ctypes.cast(lib.tm_vnni_matmul, ctypes.c_void_p).value
     assert_near_the_fp32_model(ours, median_error=3e-2, top1=0.93)
+
+
+def test_the_planner_counts_the_packed_layout_as_the_library_sizes_it() -> None:
+    """compute.vnni_packed_bytes (torch-free, for the memory plan) is the library's packed size."""
+    from tokenmill.compute import vnni_packed_bytes
+
+    for name, qtype in (("q4_0", 2), ("q4_1", 3), ("q8_0", 8)):
+        for n, k in ((37, 96), (64, 576), (1536, 576), (49152, 576)):
+            assert vnni_packed_bytes(n, k, name) == block_matmul.packed_bytes(qtype, n, k)
+    assert vnni_packed_bytes(64, 256, "q4_k") is None
+
+
+@pytest.mark.parametrize("mix", ["q4_0", "q8_0"])
+def test_the_memory_plan_counts_the_packed_blocks(mix: str, tmp_path) -> None:
+    """Where the decoder's blocks are packed (bf16 with the dense copy, the 16-bit VNNI panel), the engine's
+    memory plan and `tokenmill plan` count the packed bytes (Q4_0 +11%, Q8_0 +6% over the file's), not the
+    file's: weights = the plain plan's - the packed matrices' file bytes + the buffers the method holds."""
+    if block_matmul.vnni_bits() != 16:
+        pytest.skip("the blocks are packed where the 16-bit VNNI kernel is the bf16 panel (no AMX)")
+    import dataclasses
+
+    from tokenmill import LLM
+    from tokenmill.benchmarks.random_gguf import Shape, write_random_gguf
+    from tokenmill.entrypoints.plan import plan_model
+    from tokenmill.loader.gguf import GGUFFile
+    from tokenmill.memory_plan import make_plan
+
+    path = write_random_gguf(tmp_path / f"{mix}.gguf", Shape(), mix, std=0.03)
+    llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="bfloat16",
+              dense_copy="on")
+    engine, model = llm.engine, llm.engine.executor.worker.model
+    assert engine.platform.compute.vnni_pack
+    decoder = [lin for lin in model.modules() if getattr(lin, "block_mm", None) is not None and lin is not model.lm_head]
+    assert decoder and all(p[0] & block_matmul.PACKED for lin in decoder for p in lin.block_mm)
+    held = sum(b.nbytes - 64 for lin in decoder for b in lin.packed_blocks)
+    gf = GGUFFile(path)
+    file_bytes = sum(t.num_bytes for name, t in gf.tensors.items() if len(t.shape) == 2 and name.startswith("blk."))
+    matrices = gf.matrices()
+    gf.close()
+    plain = make_plan(engine.model_config, dataclasses.replace(engine.platform.compute, vnni_pack=False), 16,
+                      16 * 2**20, 256, matrices)
+    assert held != file_bytes  # Q4_0 and Q8_0 grow when packed
+    assert engine.plan.weight_bytes == plain.weight_bytes - file_bytes + held
+    _, _, planned = plan_model(str(path), "cpu", "bfloat16", None, 16, 16 * 2**20, 256, None, dense_copy="on")
+    assert planned.weight_bytes == engine.plan.weight_bytes

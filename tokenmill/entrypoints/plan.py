@@ -8,10 +8,12 @@ verdict. `serve` and the engine run the same arithmetic (tokenmill.memory_plan) 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 
 from tokenmill.compute import (DENSE_COPY_CHOICES, DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute, choose_dense_copy,
-                               default_token_budget, int8_panel_covers)
+                               default_token_budget, int8_panel_covers, vnni_packs)
 from tokenmill.cpu_features import (auto_dtype, bf16_reason, cpu_has_amx_bf16, cpu_has_avx512_vnni,
                                     cpu_has_native_bf16)
 from tokenmill.config import SpeculativeConfig, format_size, parse_size
@@ -19,7 +21,7 @@ from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
 from tokenmill.memory_plan import (CacheTooSmallError, MemoryPlan, available_ram, default_kv_cache_bytes,
                                    dense_copy_bytes, make_plan, total_ram)
-from tokenmill.native.block_matmul import vnni_asked
+from tokenmill.native.block_matmul import VNNI_SWITCH, vnni_asked
 
 
 def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int, int, str]] | None]:
@@ -54,6 +56,12 @@ def plan_model(model: str, device: str, dtype: str, quantization: str | None, bl
                                 int8_panel_covers(matrices, device == "cpu" and compute.dtype == "bfloat16"
                                                   and cpu_has_avx512_vnni() and vnni_asked()
                                                   and not cpu_has_amx_bf16() and ggml.available()))
+    # the 16-bit VNNI kernel is the bf16 panel where the library builds it (AVX512 F/BW/VNNI), without AMX and
+    # unless the 8-bit one is asked for or the VNNI panel switched off (native/block_matmul.vnni_bits)
+    vnni16 = (device == "cpu" and cpu_has_avx512_vnni() and not cpu_has_amx_bf16() and not vnni_asked()
+              and os.environ.get(VNNI_SWITCH) != "0" and ggml.available())
+    compute = dataclasses.replace(compute, vnni_pack=compute.linear_method == "gguf" and vnni_packs(
+        compute.dense_copy and compute.dtype == "bfloat16", 16 if vnni16 else 0))
     max_len = max_model_len or cfg.max_position_embeddings
     max_chunk_tokens = max_chunk_tokens or default_token_budget(device, compute)
     plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens)

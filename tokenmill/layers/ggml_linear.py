@@ -66,7 +66,7 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
-from tokenmill.compute import UNQUANTIZED_TYPES, requant_type_for
+from tokenmill.compute import UNQUANTIZED_TYPES, requant_type_for, vnni_packs
 from tokenmill.cpu_features import cpu_flags, cpu_model
 from tokenmill.layers.calibration_cache import CACHE_ENV, CALIBRATIONS, Crossover
 from tokenmill.layers.linear import Linear, LinearMethod
@@ -327,12 +327,12 @@ class GGUFLinearMethod(LinearMethod):
         copy takes the big batches, for a decoder matrix (not the head, whose embedding rows stay plain) of
         Q4_0 / Q4_1 / Q8_0 blocks in parts of whole 16-row groups. The packed blocks are the file's bytes
         reordered so that the kernel reads 16 rows' blocks with plain loads where the plain ones take gathers
-        (Q4_1 the same bytes; Q4_0 +11%, Q8_0 +6%), up to 32 rows without a panel: on a 2-core Zen 4 the
+        (Q4_1 the same bytes; Q4_0 +11%, Q8_0 +6%: compute.VNNI_PACKED_PIECE, counted by the memory plan), up to 32 rows without a panel: on a 2-core Zen 4 the
         default model's matrices at 1-32 rows 1.07-7x the prepacked bf16 copy (0.8-1.0x past 64), and 1.4-2.7x
         the block kernel at any rows (benchmarks/README.md, "Packed blocks for the 16-bit VNNI kernel").
         TOKENMILL_VNNI_PACK=0: plain."""
-        if (self._vnni != 16 or self.dense_copy != torch.bfloat16 or layer.wide_out
-                or os.environ.get("TOKENMILL_VNNI_PACK") == "0" or not block_matmul.available()):
+        if (not vnni_packs(self.dense_copy == torch.bfloat16, self._vnni) or layer.wide_out
+                or not block_matmul.available()):
             return False
         for _, parts in groups:
             if any(int(p.ggml_type) not in block_matmul.PANEL_TYPES for p in parts):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
 
 import torch
 
-from tokenmill.compute import ComputeChoice, choose_compute, choose_dense_copy, int8_panel_covers
+from tokenmill.compute import ComputeChoice, choose_compute, choose_dense_copy, int8_panel_covers, vnni_packs
 from tokenmill.config import EngineConfig
 from tokenmill.memory_plan import available_ram, default_kv_cache_bytes, total_ram
 from tokenmill.native import kernels as native_kernels
@@ -47,13 +48,17 @@ class Platform:
                         matrices: list[tuple[int, int, str]] | None = None) -> Platform:
         """This platform with the gguf method's dense copy decided (compute.choose_dense_copy), against
         this machine's RAM, whether oneDNN can prepack here, and whether the 8-bit VNNI panel kernel takes
-        every one of the file's `matrices` (rows, row length, type name) here."""
+        every one of the file's `matrices` (rows, row length, type name) here; and with it whether the
+        blocks are repacked for the 16-bit VNNI kernel (compute.vnni_packs), which the memory plan counts."""
         from tokenmill.native import block_matmul
 
         vnni = not self.is_cuda and self.compute.dtype == "bfloat16" and block_matmul.int8_panel_runs()
         compute = choose_dense_copy(setting, self.compute, copy_bytes, total_ram(),
                                     self.compute.dtype == "bfloat16" and not self.is_cuda and can_prepack_here(),
                                     int8_panel_covers(matrices, vnni))
+        bits = block_matmul.vnni_bits() if not self.is_cuda and block_matmul.available() else 0
+        compute = dataclasses.replace(compute, vnni_pack=compute.linear_method == "gguf" and vnni_packs(
+            compute.dense_copy and compute.dtype == "bfloat16", bits))
         return Platform(self.device, compute)
 
     def default_kv_cache_memory(self) -> int:
