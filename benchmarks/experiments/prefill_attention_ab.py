@@ -1,6 +1,7 @@
 """Prefill attention, the torch path (SDPA per chunk, tokenmill/attention/paged.py) against the native
 decode kernel taking the chunk's rows as queries at successive positions (runs of up to 16 rows read each
-tile once): the default model's shapes (9 query heads, 3 KV heads, head dim 64), 30 layers a call,
+tile once), and with the rows marked as prompt rows (prefill_from=0: at bf16 on AVX-512 the lane-wise
+tiles, kernels.cpp attend_range_lanes): the default model's shapes (9 query heads, 3 KV heads, head dim 64), 30 layers a call,
 alternating, median of R rounds. Chunks given as prefix:length pairs (prefix: positions already cached).
 
     .venv/bin/python benchmarks/experiments/prefill_attention_ab.py [dtype] [prefix:len ...]
@@ -53,20 +54,25 @@ for prefix, n in specs:
     tables = table[None].expand(n, nb)  # one table for every row (row stride 0)
     lens = torch.arange(prefix + 1, ctx + 1, dtype=torch.long)
 
-    def native_path() -> list[torch.Tensor]:
+    def native_path(prefill: bool = False) -> list[torch.Tensor]:
         outs = []
         for i in range(L):
             o = torch.empty_like(q[i])
-            assert kernels.paged_decode_attention(o, q[i], caches[i][0], caches[i][1], tables, lens, scale)
+            assert kernels.paged_decode_attention(o, q[i], caches[i][0], caches[i][1], tables, lens, scale,
+                                                  prefill_from=0 if prefill else None)
             outs.append(o)
         return outs
 
-    a, b = torch_path(), native_path()
+    a, b, c = torch_path(), native_path(), native_path(True)
     err = max(((x.float() - y.float()).abs().max() / x.float().abs().max()).item() for x, y in zip(a, b))
-    ta, tb = [], []
+    err_c = max(((x.float() - y.float()).abs().max() / x.float().abs().max()).item() for x, y in zip(a, c))
+    ta, tb, tc = [], [], []
     for _ in range(R):
         s = time.perf_counter(); torch_path(); ta.append(time.perf_counter() - s)
         s = time.perf_counter(); native_path(); tb.append(time.perf_counter() - s)
-    A, B = statistics.median(ta) * 1e3, statistics.median(tb) * 1e3
+        s = time.perf_counter(); native_path(True); tc.append(time.perf_counter() - s)
+    A, B, C = (statistics.median(t) * 1e3 for t in (ta, tb, tc))
+    flops = 4 * L * nh * hd * sum(prefix + i + 1 for i in range(n))
     print(f"{dtype} prefix {prefix} chunk {n}, {L} layers, {torch.get_num_threads()} threads: torch {A:.2f} ms, "
-          f"native {B:.2f} ms, torch/native {A / B:.2f}x; max rel diff {err:.1e}")
+          f"native {B:.2f} ms ({flops / B / 1e6:.0f} GFLOPS), as prompt rows {C:.2f} ms ({flops / C / 1e6:.0f} "
+          f"GFLOPS); torch/native {A / B:.2f}x, native/prompt rows {B / C:.2f}x; max rel diff {err:.1e} / {err_c:.1e}")
