@@ -14,7 +14,8 @@
 //                     those take lane-wise tiles (query heads in the lanes; attend_range_lanes)
 //
 // Element types: fp32 (`float`) and bf16 (`uint16_t`, converted to fp32 in registers; all arithmetic is
-// fp32, results rounded to nearest even once). The `dtype` argument: 0 = fp32, 1 = bf16.
+// fp32, results rounded to nearest even once; but prompt rows' lane-wise tiles with AVX512_BF16: q.k as bf16
+// products summed in fp32, the probabilities rounded to bf16 for p.v). The `dtype` argument: 0 = fp32, 1 = bf16.
 //
 // Every result is a function of its own row (or sequence) only (and of whether it is a prompt row): the partition size is fixed, never
 // chosen from the batch or the thread count, so a sequence gets the same bits alone or in any batch.
