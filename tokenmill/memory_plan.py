@@ -155,11 +155,12 @@ def dense_copy_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     return sum(n * k for n, k in [*cfg.linear_shapes(), *head]) * dtype_bytes
 
 
-def _gguf_matrix_bytes(cfg: ModelConfig, compute: ComputeChoice, n: int, k: int, stored_type: str) -> int:
+def _gguf_matrix_bytes(cfg: ModelConfig, compute: ComputeChoice, n: int, k: int, stored_type: str,
+                       is_head: bool) -> int:
     """Bytes the gguf method holds for one of the file's matrices: its blocks, or their packed layout where
-    compute.vnni_pack repacks a decoder matrix (not the embedding or the output head, (vocab, hidden), whose
-    rows the embedding gathers or which gives fp32 logits; layers/ggml_linear.py, _packs)."""
-    if compute.vnni_pack and (n, k) != (cfg.vocab_size, cfg.hidden_size):
+    compute.vnni_pack repacks the matrices of a linear layer (layers/ggml_linear.py, _packs): the decoder's and
+    the output layer's (`is_head`; a tied embedding gathers from those), not an untied embedding's."""
+    if compute.vnni_pack and (is_head or (n, k) != (cfg.vocab_size, cfg.hidden_size)):
         if compute.requant_type is not None and stored_type in UNQUANTIZED_TYPES:  # quantized at load first
             stored_type = requant_type_for(compute.requant_type, k)
         packed = vnni_packed_bytes(n, k, stored_type)
@@ -194,7 +195,9 @@ def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cach
     if method == "gguf":
         mats = matrices if matrices is not None else [
             (n, k, "f32") for n, k in [*cfg.linear_shapes(), (cfg.vocab_size, cfg.hidden_size)]]
-        stored = sum(_gguf_matrix_bytes(cfg, compute, n, k, t) for n, k, t in mats)
+        # the output layer's matrix: the last (vocab, hidden) one (tied: the embedding's, the only one)
+        head = max((i for i, (n, k, _) in enumerate(mats) if (n, k) == (cfg.vocab_size, cfg.hidden_size)), default=-1)
+        stored = sum(_gguf_matrix_bytes(cfg, compute, n, k, t, i == head) for i, (n, k, t) in enumerate(mats))
         rest = (cfg.num_parameters() - sum(n * k for n, k, _ in mats)) * nbytes  # norms, biases
         return MemoryPlan(cfg.num_parameters(), stored + max(rest, 0), nbytes, per_token, block_size,
                           kv_cache_bytes, kv_cache_bytes // (per_token * block_size), max_model_len,

@@ -168,11 +168,13 @@ def test_the_method_takes_16_bits_by_default_keeping_the_dense_copy(monkeypatch)
     model = ours.engine.executor.worker.model
     method = model.lm_head.method
     assert method.vnni_panel(torch.bfloat16) == 16 and method.vnni_panel(torch.float32) == 0
-    # the decoder's Q4_1 matrices in the packed layout (no plain blocks nor ggml matrices kept), the head plain
+    # the decoder's Q4_1 matrices in the packed layout (no plain blocks nor ggml matrices kept), and the tied
+    # head's Q8_0 one, which the embedding then gathers from
     layer = model.model.layers[0]
     for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
         assert lin.matmul is None and all(p[0] == block_matmul.PACKED | 3 for p in lin.block_mm), lin.block_mm
-    assert model.lm_head.block_mm[0][0] == 8 and model.lm_head.matmul is not None
+    assert model.lm_head.block_mm[0][0] == block_matmul.PACKED | 8 and model.lm_head.matmul is None
+    assert model.model.embed_tokens.packed_rows is not None
     table = decode_step.kernel_table(1, method.vnni_panel(torch.bfloat16))
     assert table.panel_matmul == ctypes.cast(block_matmul.library().tm_vnni16_matmul, ctypes.c_void_p).value
     assert_near_the_fp32_model(ours, median_error=1.5e-2, top1=0.97)
@@ -216,11 +218,13 @@ def test_the_planner_counts_the_packed_layout_as_the_library_sizes_it() -> None:
     assert vnni_packed_bytes(64, 256, "q4_k") is None
 
 
-@pytest.mark.parametrize("mix", ["q4_0", "q8_0"])
-def test_the_memory_plan_counts_the_packed_blocks(mix: str, tmp_path) -> None:
-    """Where the decoder's blocks are packed (bf16 with the dense copy, the 16-bit VNNI panel), the engine's
-    memory plan and `tokenmill plan` count the packed bytes (Q4_0 +11%, Q8_0 +6% over the file's), not the
-    file's: weights = the plain plan's - the packed matrices' file bytes + the buffers the method holds."""
+@pytest.mark.parametrize("mix,tied", [("q4_0", False), ("q8_0", False), ("q8_0", True)])
+def test_the_memory_plan_counts_the_packed_blocks(mix: str, tied: bool, tmp_path) -> None:
+    """Where the blocks are packed (bf16 with the dense copy, the 16-bit VNNI panel: the decoder's and the
+    output layer's, not an untied embedding's), the engine's memory plan and `tokenmill plan` count the packed
+    bytes (Q4_0 +11%, Q8_0 +6% over the file's), not the file's: weights = the plain plan's - the packed
+    matrices' file bytes + the buffers the method holds. A tied embedding gathers its rows from the packed
+    head: the same values as from the file's blocks."""
     if block_matmul.vnni_bits() != 16:
         pytest.skip("the blocks are packed where the 16-bit VNNI kernel is the bf16 panel (no AMX)")
     import dataclasses
@@ -231,17 +235,29 @@ def test_the_memory_plan_counts_the_packed_blocks(mix: str, tmp_path) -> None:
     from tokenmill.loader.gguf import GGUFFile
     from tokenmill.memory_plan import make_plan
 
-    path = write_random_gguf(tmp_path / f"{mix}.gguf", Shape(), mix, std=0.03)
+    path = write_random_gguf(tmp_path / f"{mix}.gguf", Shape(tied=tied), mix, std=0.03)
     llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="bfloat16",
               dense_copy="on")
     engine, model = llm.engine, llm.engine.executor.worker.model
     assert engine.platform.compute.vnni_pack
-    decoder = [lin for lin in model.modules() if getattr(lin, "block_mm", None) is not None and lin is not model.lm_head]
-    assert decoder and all(p[0] & block_matmul.PACKED for lin in decoder for p in lin.block_mm)
-    held = sum(b.nbytes - 64 for lin in decoder for b in lin.packed_blocks)
+    linears = [lin for lin in model.modules() if getattr(lin, "block_mm", None) is not None]
+    assert model.lm_head in linears and all(p[0] & block_matmul.PACKED for lin in linears for p in lin.block_mm)
+    held = sum(b.nbytes - 64 for lin in linears for b in lin.packed_blocks)
     gf = GGUFFile(path)
-    file_bytes = sum(t.num_bytes for name, t in gf.tensors.items() if len(t.shape) == 2 and name.startswith("blk."))
+    head = "token_embd.weight" if tied else "output.weight"
+    file_bytes = sum(t.num_bytes for name, t in gf.tensors.items()
+                     if len(t.shape) == 2 and (name.startswith("blk.") or name == head))
     matrices = gf.matrices()
+    embed = model.model.embed_tokens
+    assert (embed.packed_rows is not None) == tied
+    ids = torch.tensor([0, 5, 17, 4095, 49151, 17, 300])
+    from tokenmill.native import ggml
+    table = gf.tensors["token_embd.weight"]
+    want = torch.empty(len(ids), table.shape[1])
+    raw = np.ascontiguousarray(gf.raw("token_embd.weight"))
+    ggml.get_rows(int(table.ggml_type), raw.ctypes.data, table.shape[1], ids.data_ptr(), len(ids), want.data_ptr())
+    del raw
+    assert torch.equal(embed(ids), want.to(embed.weight.dtype))
     gf.close()
     plain = make_plan(engine.model_config, dataclasses.replace(engine.platform.compute, vnni_pack=False), 16,
                       16 * 2**20, 256, matrices)

@@ -324,15 +324,19 @@ class GGUFLinearMethod(LinearMethod):
     def _packs(self, layer: Linear, groups: list[tuple[int, list[GGUFQuantized]]]) -> bool:
         """The layer's blocks go into the VNNI kernels' packed layout (native/vnni_matmul.cpp, tm_vnni_pack)
         instead of staying plain: where the 16-bit VNNI panel is the bf16 panel (vnni_bits) and a dense bf16
-        copy takes the big batches, for a decoder matrix (not the head, whose embedding rows stay plain) of
-        Q4_0 / Q4_1 / Q8_0 blocks in parts of whole 16-row groups. The packed blocks are the file's bytes
+        copy takes the big batches, for a matrix of Q4_0 / Q4_1 / Q8_0 blocks in parts of whole 16-row groups,
+        the output layer's included (a tied embedding then gathers its rows from the packed blocks:
+        VocabEmbedding.share_packed_head). The packed blocks are the file's bytes
         reordered so that the kernel reads 16 rows' blocks with plain loads where the plain ones take gathers
         (Q4_1 the same bytes; Q4_0 +11%, Q8_0 +6%: compute.VNNI_PACKED_PIECE, counted by the memory plan), up to 32 rows without a panel: on a 2-core Zen 4 the
         default model's matrices at 1-32 rows 1.07-7x the prepacked bf16 copy (0.8-1.0x past 64), and 1.4-2.7x
         the block kernel at any rows (benchmarks/README.md, "Packed blocks for the 16-bit VNNI kernel").
-        TOKENMILL_VNNI_PACK=0: plain."""
-        if (not vnni_packs(self.dense_copy == torch.bfloat16, self._vnni) or layer.wide_out
-                or not block_matmul.available()):
+        The output layer packed: on the default model's (49152, 576) Q8_0 head 1.9x its plain blocks at one
+        row, 1.8x at 7, 1.7x at 16 (benchmarks/README.md, "The output layer packed too").
+        TOKENMILL_VNNI_PACK=0: plain; TOKENMILL_VNNI_PACK_HEAD=0: all but the output layer's packed."""
+        if not vnni_packs(self.dense_copy == torch.bfloat16, self._vnni) or not block_matmul.available():
+            return False
+        if layer.wide_out and os.environ.get("TOKENMILL_VNNI_PACK_HEAD") == "0":  # A/B runs (the plan counts it packed)
             return False
         for _, parts in groups:
             if any(int(p.ggml_type) not in block_matmul.PANEL_TYPES for p in parts):

@@ -156,6 +156,8 @@ class Gemma3ForCausalLM(nn.Module):
         for m in self.modules():
             if isinstance(m, Linear):
                 m.finish_loading()
+        if embed.blocks is not None:  # gather from the head's blocks if it packed them
+            embed.share_packed_head(self.lm_head)
         hd = self.cfg.head_dim
         self.rope_global = RotaryEmbedding(hd, self.max_positions,
                                            inv_frequencies(hd, self.cfg.rope_theta, self.cfg.rope_scaling),

@@ -144,6 +144,8 @@ class LlamaForCausalLM(nn.Module):
         for m in self.modules():
             if isinstance(m, Linear):
                 m.finish_loading()
+        if self.cfg.tie_word_embeddings and embed.blocks is not None:  # gather from the head's blocks if it packed them
+            embed.share_packed_head(self.lm_head)
         self.rope = self.make_rotary(device, dtype)
         if device.type == "cpu":
             reason = unsupported(self)

@@ -63,6 +63,7 @@ def library(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
         lib.tm_vnni_packed_bytes.argtypes = [_I32, _I64, _I64]
         lib.tm_vnni_packed_bytes.restype = _I64
         lib.tm_vnni_pack.argtypes = [_I32, _P, _I64, _I64, _P]
+        lib.tm_vnni_unpack_rows.argtypes = [_I32, _P, _I64, _I64, _P, _I64, _P]
         lib.tm_amx_matmul_grouped.argtypes = [*lib.tm_block_matmul_grouped.argtypes, _I64]
     except (NativeBuildError, OSError, AttributeError) as e:
         log.warning("block matmul kernel unavailable, ggml's kernels multiply every GGUF matrix: %s", e)
@@ -175,6 +176,15 @@ def pack(ggml_type: int, src_ptr: int, n: int, k: int, dst_ptr: int) -> None:
     assert lib is not None and dst_ptr % 64 == 0
     if lib.tm_vnni_pack(ggml_type, src_ptr, n, k, dst_ptr):
         raise ValueError(f"cannot pack a ({n}, {k}) matrix of ggml type {ggml_type}")
+
+
+def unpack_rows(ggml_type: int, packed_ptr: int, n: int, k: int, ids_ptr: int, count: int, out_ptr: int) -> None:
+    """Rows ids (count int64 at ids_ptr, each < n) of a packed (n, k) matrix back as plain blocks at out_ptr
+    (count rows of the type's row bytes): the embedding's gather from a tied output layer's packed blocks."""
+    lib = library()
+    assert lib is not None
+    if lib.tm_vnni_unpack_rows(ggml_type, packed_ptr, n, k, ids_ptr, count, out_ptr):
+        raise ValueError(f"cannot read rows of a packed ({n}, {k}) matrix of ggml type {ggml_type} (an id out of range?)")
 
 
 def matmul(ggml_type: int, w_ptr: int, n: int, k: int, x_ptr: int, m: int, y_ptr: int, ldy: int,

@@ -30,6 +30,8 @@
 //   gathers are slow: with the direct path, 1.4-2.7x the block kernel at any rows there). A type code with
 //   the 0x100 flag names a packed matrix: these entries, and block_matmul.cpp's and panel_matmul.cpp's, take
 //   it (the latter two on the 16-bit kernel).
+//   tm_vnni_unpack_rows(type, packed, N, K, ids, count, out): rows of a packed matrix back as the file's blocks
+//   (a tied embedding's gather from the packed output layer).
 //
 // Numerics: the weights exact, x rounded to BITS per 32-block (above).
 // Invariant: y[m, n] is the same integer sums per block (exact in any order) and the same fp32 steps in the same
@@ -497,6 +499,29 @@ int tm_vnni_pack(int type, const void* W, int64_t N, int64_t K, void* out) {
                 std::memcpy(piece + 4 * j, blk, 4);
                 for (int v = 0; v < nq; ++v) std::memcpy(piece + 64 * (1 + v) + 4 * j, blk + qs + 4 * v, 4);
             }
+        }
+    }
+    return 0;
+}
+
+// Rows ids[0 .. count) of a packed (N, K) matrix back as the file's blocks (the row's bytes, rb a row), into
+// out: the embedding's gather where the tied output layer's blocks were packed. Returns 0, or -1 for a type
+// or shape it does not take or an id out of range.
+int tm_vnni_unpack_rows(int type, const void* packed, int64_t N, int64_t K, const int64_t* ids, int64_t count,
+                        void* out) {
+    if (!tm_vnni_packed_bytes(type, N, K)) return -1;
+    const int64_t nb = K / 32, bb = type == 2 ? 18 : type == 3 ? 20 : 34, rb = nb * bb, qs = type == 3 ? 4 : 2;
+    const int nq = type == 8 ? 8 : 4;
+    const auto* p = static_cast<const uint8_t*>(packed);
+    auto* o = static_cast<uint8_t*>(out);
+    for (int64_t i = 0; i < count; ++i) {
+        const int64_t r = ids[i], j = r % 16;
+        if (r < 0 || r >= N) return -1;
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* piece = p + (r / 16 * nb + b) * 64 * (1 + nq);
+            uint8_t* blk = o + i * rb + b * bb;
+            std::memcpy(blk, piece + 4 * j, size_t(qs));  // d (and Q4_1's m)
+            for (int v = 0; v < nq; ++v) std::memcpy(blk + qs + 4 * v, piece + 64 * (1 + v) + 4 * j, 4);
         }
     }
     return 0;
