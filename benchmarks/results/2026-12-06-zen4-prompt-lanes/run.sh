@@ -10,6 +10,21 @@ lscpu > $R/lscpu.txt
 # where a C=64 step's time goes, the lane-wise tiles on and off
 .venv/bin/python benchmarks/experiments/step_breakdown.py 64 > $R/step_breakdown.txt
 TOKENMILL_PROMPT_LANES=0 .venv/bin/python benchmarks/experiments/step_breakdown.py 64 >> $R/step_breakdown.txt
-# serving against vLLM's CPU build at bf16: the final code, then the same with the lane-wise tiles off
-PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$R/final benchmarks/compare.sh
+# serving against vLLM's CPU build at bf16 at a997bfa: the lane-wise tiles on, then off (TOKENMILL_PROMPT_LANES=0)
+PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$R/lanes-on benchmarks/compare.sh
 TOKENMILL_PROMPT_LANES=0 PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$R/lanes-off benchmarks/compare.sh
+# later: the output layer packed too (2907c89); n-gram speculation on the grounded workload, the head packed (1) and
+# plain (0), alternating, two rounds
+for i in 1 2; do for e in 1 0; do
+  TOKENMILL_VNNI_PACK_HEAD=$e .venv/bin/tokenmill bench spec --workload grounded --concurrency 1 --repeats 4 --output-len 128 \
+      --speculative-config '{"method": "ngram"}' --result-json $R/spec-head-ab/head$e-$i.json > /dev/null
+done; done
+# decode-only steps, the head packed and plain (one stream, 16 requests)
+.venv/bin/python benchmarks/experiments/decode_step_rows.py 1 A=1 TOKENMILL_VNNI_PACK_HEAD=0 > $R/decode_step_rows.txt
+.venv/bin/python benchmarks/experiments/decode_step_rows.py 16 A=1 TOKENMILL_VNNI_PACK_HEAD=0 >> $R/decode_step_rows.txt
+# memory with the head packed and plain
+.venv/bin/python benchmarks/experiments/engine_rss.py > $R/rss.txt
+TOKENMILL_VNNI_PACK_HEAD=0 .venv/bin/python benchmarks/experiments/engine_rss.py >> $R/rss.txt
+# the final code against both peers, then a second round against vLLM
+PEERS="llama-server vllm-bf16" LEVELS=1,16,64 RESULTS_DIR=$R/head-packed benchmarks/compare.sh
+PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$R/head-packed-round2 benchmarks/compare.sh
