@@ -188,8 +188,9 @@ def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cach
     The gguf method keeps every 2-D checkpoint tensor (embedding included) as ggml blocks: `matrices`
     lists them as (out, in, stored type, e.g. "q4_k" or "f32"), from the GGUF header (GGUFFile.matrices);
     without it (an HF checkpoint) they are the config's matmul shapes and the embedding, stored as f32.
-    A tied output layer multiplies by the embedding's own blocks. Where the method repacks the decoder's
-    blocks for the 16-bit VNNI kernel (compute.vnni_pack), those matrices count at the packed size."""
+    A tied output layer multiplies by the embedding's own blocks. Where the method repacks blocks for the
+    16-bit VNNI kernel (compute.vnni_pack: the decoder's and the output layer's), those matrices count at the
+    packed size."""
     per_token = cfg.kv_bytes_per_token(compute.dtype_bytes)
     method, nbytes = compute.linear_method, compute.dtype_bytes
     if method == "gguf":

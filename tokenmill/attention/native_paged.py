@@ -88,7 +88,9 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
         # prompt rows marked as such (the kernel's prefill_from): at bf16 on AVX-512 they take the lane-wise tiles
         # (query heads in the lanes, vdpbf16ps with AVX512_BF16), 1.55-1.74x the decode tiles for the default
         # model's chunks of 112-512 rows on a 2-core Zen 4 (benchmarks/experiments/prefill_attention_ab.py;
-        # benchmarks/README.md, "Prompt rows on lane-wise tiles"). TOKENMILL_PROMPT_LANES=0: as decode rows
+        # benchmarks/README.md, "Prompt rows on lane-wise tiles"); not under a sliding window, whose rows each
+        # start at another key and so attend one at a time, where lanes for one row's heads measured 0.65-0.86x
+        # the decode tiles. TOKENMILL_PROMPT_LANES=0: as decode rows
         self.prompt_lanes = os.environ.get("TOKENMILL_PROMPT_LANES", "1") != "0"
 
     def build_metadata(self, step: AttentionStep) -> AttentionMetadata:
@@ -138,7 +140,7 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
         n = rows.count
         if kernels.paged_decode_attention(out[:n], q[:n], kv_cache[0], kv_cache[1], rows.tables, rows.lens, scale,
                                           starts=starts, softcap=softcap,
-                                          prefill_from=meta.num_decodes if self.prompt_lanes else None):
+                                          prefill_from=meta.num_decodes if self.prompt_lanes and not window else None):
             return rows.chunks
         return None
 
