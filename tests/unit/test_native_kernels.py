@@ -296,27 +296,28 @@ def test_rows_of_one_sequence_attend_together_and_keep_their_bits(nh: int, nkv: 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd,bs", [(9, 3, 64, 16), (32, 8, 128, 16), (8, 1, 64, 5), (16, 16, 64, 32),
-                                          (6, 1, 96, 16), (10, 2, 72, 16)])
+                                          (6, 1, 96, 16), (10, 2, 72, 16), (32, 1, 64, 16)])
 def test_prompt_rows_match_torch_and_keep_their_bits(nh: int, nkv: int, hd: int, bs: int, dtype: torch.dtype,
                                                      monkeypatch) -> None:
-    """A step's rows as the native backend passes them: decodes, then prompt rows (prefill_from). At bf16 on
-    AVX-512 the prompt rows take the lane-wise tiles (vdpbf16ps with AVX512_BF16; -DTM_NO_DPBF16 the fp32
-    variant, checked too): within bf16's rounding of the torch reference, with and without a soft cap; a
-    prompt row gets the same bits alone (as a prompt row) as in its chunk's runs, beside decodes, at 1 and
-    2 threads; the decodes keep the bits they get without prompt rows. Elsewhere (fp32, AVX2, a head dim
-    not a multiple of 16) prompt rows are computed as any row: the same bits as without prefill_from."""
+    """A step's rows as the native backend passes them: decodes, then prompt rows (prefill_from). At bf16 with
+    AVX512_BF16 the prompt rows take the lane-wise tiles: within bf16's rounding of the torch reference, with
+    and without a soft cap; a prompt row gets the same bits alone (as a prompt row) as in its chunk's runs,
+    beside decodes, at 1 and 2 threads; the decodes keep the bits they get without prompt rows. Elsewhere
+    (fp32, no AVX512_BF16 or a build without it, -DTM_NO_DPBF16, a head dim not a multiple of 16) prompt rows
+    are computed as any row: the same bits as without prefill_from. GQA 32 (one KV head): 512 query heads in
+    a 16-row run's lanes."""
     decodes = [(300, 1), (17, 1), (1, 1)]  # (L, 1): one decode at length L
     chunks = [(1, 40), (90, 23), (500, 20)]  # (first length, rows): a prompt chunk's rows at successive positions
     k_cache, v_cache, tables, lens_t = verification_batch(decodes + chunks, nkv, hd, bs, seed=nh + hd)
     k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
     d = len(decodes)
     q = torch.randn(len(lens_t), nh, hd).to(dtype)
-    libs = [kernels.library()]
-    if dtype == torch.bfloat16 and "avx512f" in cpu_flags():
-        libs.append(kernels.library(kernels.FLAGS + ("-DTM_NO_DPBF16",)))
+    libs = [(kernels.library(), {"avx512f", "avx512_bf16"} <= cpu_flags())]
+    if dtype == torch.bfloat16 and "avx512_bf16" in cpu_flags():
+        libs.append((kernels.library(kernels.FLAGS + ("-DTM_NO_DPBF16",)), False))
     threads = torch.get_num_threads()
     try:
-        for lib in libs:
+        for lib, lanes in libs:
             monkeypatch.setattr(kernels, "library", lambda flags=kernels.FLAGS, lib=lib: lib)
             for softcap in (0.0, 5.0):
                 plain = torch.empty_like(q)
@@ -330,8 +331,10 @@ def test_prompt_rows_match_torch_and_keep_their_bits(nh: int, nkv: int, hd: int,
                                                           softcap=softcap, prefill_from=d)
                     torch.testing.assert_close(out.float(), want, **tol(dtype))
                     assert torch.equal(out[:d], plain[:d])
-                    if dtype == torch.float32 or "avx512f" not in cpu_flags() or hd % 16:
+                    if dtype == torch.float32 or not lanes or hd % 16:
                         assert torch.equal(out, plain)
+                    else:
+                        assert not torch.equal(out[d:], plain[d:])  # the lane-wise tiles ran
                     for b in range(d, len(lens_t), 7):
                         alone = torch.empty(1, nh, hd, dtype=dtype)
                         assert kernels.paged_decode_attention(alone, q[b: b + 1], k_cache, v_cache, tables[b: b + 1],

@@ -10,11 +10,11 @@
 //                     query heads against tiles of 16 keys, online softmax; the context is cut into
 //                     fixed partitions (flash-decoding), merged at the end
 //   tm_paged_attention_rows
-//                     the same, with the rows from one index on marked as a prompt's: at bf16 on AVX-512
-//                     those take lane-wise tiles (query heads in the lanes; attend_range_lanes)
+//                     the same, with the rows from one index on marked as a prompt's: at bf16 with
+//                     AVX512_BF16 those take lane-wise tiles (query heads in the lanes; attend_range_lanes)
 //
 // Element types: fp32 (`float`) and bf16 (`uint16_t`, converted to fp32 in registers; all arithmetic is
-// fp32, results rounded to nearest even once; but prompt rows' lane-wise tiles with AVX512_BF16: q.k as bf16
+// fp32, results rounded to nearest even once; but prompt rows' lane-wise tiles, AVX512_BF16's: q.k as bf16
 // products summed in fp32, the probabilities rounded to bf16 for p.v). The `dtype` argument: 0 = fp32, 1 = bf16.
 //
 // Every result is a function of its own row (or sequence) only (and of whether it is a prompt row): the partition size is fixed, never
@@ -759,49 +759,48 @@ void attend_range(const AttnArgs& a, int64_t nc_rt, const float* q, int64_t G, c
     }
 }
 
-#ifdef TM_AVX512
-#if defined(__AVX512BF16__) && !defined(TM_NO_DPBF16)
-#define TM_DPBF16 1
-#endif
-// Prefill rows at bf16 on AVX-512 (the caller's rows from `lanes_from`): attend_range's inputs and outputs,
-// with the query heads in the vector lanes instead of the head dim. A prefill run has R (up to 16) rows of G
-// query heads on each KV head: scores for 16 heads at once against each key, q transposed once per item
-// (lane i: query head 16 b + i of the KV head, in attend_range's order), each key value broadcast. No
-// horizontal sums: attend_tile's fold and reduce of every score cost as much as its multiply-adds at head
-// dim 64 (the default model's 200-token prompt: ~80 GFLOPS on a 2-core Zen 4, against ~430 for the
-// matmuls). The softmax runs lane-wise over the tile's 16 score vectors; values as attend_tile's (a head
-// dim's vectors, its probability broadcast), from the tile widened once for all heads.
-// A head's bits depend on its own q and keys only (not on R, its lane or the other rows), so a prefill row
-// gets the same bits alone or in any batch or chunk; not those a decode row gets on attend_range (prefill
+#if defined(TM_AVX512) && defined(__AVX512BF16__) && !defined(TM_NO_DPBF16)
+#define TM_PROMPT_LANES 1
+// Prompt rows at bf16 on AVX-512 with AVX512_BF16 (the caller's rows from `lanes_from`): attend_range's inputs
+// and outputs, with the query heads in the vector lanes instead of the head dim. A prompt's run has R (up to 16)
+// rows of G query heads on each KV head: scores for 16 heads at once against each key, no horizontal sums
+// (attend_tile's fold and reduce of every score cost about what its multiply-adds do at head dim 64), the
+// softmax lane-wise over the tile's 16 score vectors. The products are vdpbf16ps's on bf16 pairs, summed in
+// fp32: q.k on q's pairs (q as given, `qb16`: the item's first row's first head of KV head h0, rows q_stride
+// apart; transposed once per item, lane i = query head 16 b + i in attend_range's order) against each key's
+// pair broadcast from the cache as it lies, then scaled; p.v on the probabilities rounded to bf16 (as bf16
+// flash attention does; the sum l stays fp32) against the tile's values interleaved by key pairs. On the
+// default model's shapes 1.6-1.8x attend_range for a prompt's rows; a run of one row (3 of 16 lanes busy)
+// is slower, which is why the backend keeps rows under a sliding window (never in runs) off it.
+// A head's bits depend on its own q and keys only (not on R, its lane or the other rows), so a prompt row
+// gets the same bits alone or in any batch or chunk; not those a decode row gets on attend_range (prompt
 // rows of positions a preempted request decoded then differ in their last bits: bf16 is held to closeness,
 // fp32 keeps one path for every row).
-// With AVX512_BF16 the scores are vdpbf16ps's: q's and the keys' bf16 pairs multiplied exactly and summed in
-// fp32 (the keys broadcast from the cache as they lie, no widening), then scaled; `qb16` (the item's q rows as
-// given, bf16, rows q_stride apart, its first row's first head of KV head h0) is read instead of q.
 template <int NCT>
-void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const float* q, const bf16* qb16, int64_t q_stride,
-                        int64_t G, const bf16* kc, const bf16* vc, const int64_t* table, int64_t h0, int64_t h1,
-                        int64_t p0, int64_t p1, const int64_t* ends, int64_t R, float* m, float* l, float* acc) {
+void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const bf16* qb16, int64_t q_stride, int64_t G,
+                        const bf16* kc, const bf16* vc, const int64_t* table, int64_t h0, int64_t h1, int64_t p0,
+                        int64_t p1, const int64_t* ends, int64_t R, float* m, float* l, float* acc) {
     const int64_t NC = NCT ? NCT : nc_rt;  // vectors of 8 per head
     const int64_t hd = NC * 8, N16 = hd / 16, H = R * G, HB = (H + 15) / 16, nk = h1 - h0;
-    thread_local std::vector<float> buf;
-    // qt (nk, HB, hd, 16); m, l (nk, HB, 16) each; the tile's keys and values widened (16, hd) each; the
-    // probabilities (16 keys, 16 lanes) and each lane's rescale factor
-    const size_t qt_n = size_t(nk * HB * hd * 16), ml_n = size_t(nk * HB * 16);
-    const size_t need = qt_n + 2 * ml_n + 2 * size_t(kTile * hd) + kTile * 16 + 16;
-    if (buf.size() < need) buf.resize(need);
-    float* qt = buf.data();
-    float* mv = qt + qt_n;
-    float* lv = mv + ml_n;
-    float* kf = lv + ml_n;
-    float* vf = kf + kTile * hd;
-    float* pr = vf + kTile * hd;
-    float* al = pr + kTile * 16;
+    // qp (nk, HB, hd / 2, 16) bf16 pairs: lane i's d and d + 1; mv, lv (nk, HB, 16); the tile's values as
+    // (8 key pairs, hd) bf16 pairs; the probabilities as (8 key pairs, 16 lanes) bf16 pairs; each lane's
+    // rescale factor; each lane's keys seen in the current tile
+    thread_local std::vector<uint32_t> qbuf, vbuf, pbuf;
+    thread_local std::vector<float> fbuf;
+    thread_local std::vector<int32_t> seen_buf;
+    qbuf.resize(size_t(nk * HB * (hd / 2) * 16));
+    vbuf.resize(size_t((kTile / 2) * hd));
+    pbuf.resize(size_t((kTile / 2) * 16));
+    fbuf.resize(size_t(2 * nk * HB * 16 + 16));
+    seen_buf.resize(size_t(HB * 16));
+    uint32_t* qp = qbuf.data();
+    uint32_t* vp2 = vbuf.data();
+    uint32_t* pp = pbuf.data();
+    float* mv = fbuf.data();
+    float* lv = mv + nk * HB * 16;
+    float* al = lv + nk * HB * 16;
+    int32_t* seen = seen_buf.data();
     const float ninf = -std::numeric_limits<float>::infinity();
-#ifdef TM_DPBF16
-    (void)q;
-    // qt as (nk, HB, hd / 2, 16) pairs of bf16: lane i's d and d + 1
-    uint32_t* qp = reinterpret_cast<uint32_t*>(qt);
     for (int64_t hh = 0; hh < nk; ++hh)
         for (int64_t i = 0; i < HB * 16; ++i) {
             const bf16* row = qb16 + (i / G) * q_stride + (hh * G + i % G) * hd;  // row i / G, head i % G of hh
@@ -809,49 +808,32 @@ void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const float* q, const 
                 qp[((hh * HB + i / 16) * (hd / 2) + d / 2) * 16 + i % 16] =
                     i < H ? uint32_t(row[d]) | uint32_t(row[d + 1]) << 16 : 0u;
         }
+    for (int64_t i = 0; i < nk * HB * 16; ++i) mv[i] = ninf, lv[i] = 0.0f;
+    for (int64_t i = 0; i < nk * H * hd; ++i) acc[i] = 0.0f;
     const __m512 scale = _mm512_set1_ps(a.scale);
     // 16-bit lane 2i of the result: lane i of the first half; 2i + 1: lane i of the second
     alignas(64) int16_t idx[32];
     for (int i = 0; i < 16; ++i) idx[2 * i] = int16_t(i), idx[2 * i + 1] = int16_t(16 + i);
     const __m512i pair_index = _mm512_load_si512(idx);
-#else
-    (void)qb16, (void)q_stride;
-    for (int64_t hh = 0; hh < nk; ++hh)
-        for (int64_t i = 0; i < HB * 16; ++i)
-            for (int64_t d = 0; d < hd; ++d)
-                qt[((hh * HB + i / 16) * hd + d) * 16 + i % 16] = i < H ? q[(hh * H + i) * hd + d] : 0.0f;
-#endif
-    for (size_t i = 0; i < ml_n; ++i) mv[i] = ninf, lv[i] = 0.0f;
-    for (int64_t i = 0; i < nk * H * hd; ++i) acc[i] = 0.0f;
-    // lanes' keys seen in the current tile: row r's heads see ns[r]; pad lanes see all (their q is 0)
-    alignas(64) int32_t seen[kTile * 16];
     const bf16* kr[kTile];
     const bf16* vr[kTile];
     for (int64_t pos = p0; pos < p1; pos += kTile) {
         const int n = int(p1 - pos < kTile ? p1 - pos : kTile);
         tile_slots(a, table, kc, vc, h0 * hd, pos, n, kr, vr);
-        for (int64_t i = 0; i < HB * 16; ++i) {
+        for (int64_t i = 0; i < HB * 16; ++i) {  // row r's heads see its keys; pad lanes all (their q is 0)
             const int64_t e = i < H ? ends[i / G] - pos : kTile;
             seen[i] = int32_t(e < 0 ? 0 : e < kTile ? e : kTile);
         }
         for (int64_t hh = 0; hh < nk; ++hh) {
-#ifdef TM_DPBF16
             // values as (8 key pairs, hd) pairs of bf16: lane d of pair t is (v_2t[d], v_2t+1[d])
-            uint32_t* vp2 = reinterpret_cast<uint32_t*>(vf);
             for (int t = 0; t < kTile / 2; ++t)
                 for (int64_t c = 0; c < N16; ++c) {
-                    const __m512i two = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr[2 * t] + hh * hd + 16 * c))),
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr[2 * t + 1] + hh * hd + 16 * c)), 1);
+                    const auto* v0 = reinterpret_cast<const __m256i*>(vr[2 * t] + hh * hd + 16 * c);
+                    const auto* v1 = reinterpret_cast<const __m256i*>(vr[2 * t + 1] + hh * hd + 16 * c);
+                    const __m512i two = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(v0)),
+                                                           _mm256_loadu_si256(v1), 1);
                     _mm512_storeu_si512(vp2 + t * hd + 16 * c, _mm512_permutexvar_epi16(pair_index, two));
                 }
-#else
-            for (int j = 0; j < kTile; ++j)
-                for (int64_t c = 0; c < N16; ++c) {
-                    vstore(kf + j * hd + 16 * c, vload16(kr[j] + hh * hd + 16 * c));
-                    vstore(vf + j * hd + 16 * c, vload16(vr[j] + hh * hd + 16 * c));
-                }
-#endif
             if (pos + kTile < p1)  // the next tile's first lines of this head, requested while this one is worked on
                 for (int j = 0; j < kTile; ++j) {
                     __builtin_prefetch(kr[j] + kTile * a.kv_slot_stride + hh * hd, 0, 2);
@@ -860,7 +842,6 @@ void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const float* q, const 
             for (int64_t b = 0; b < HB; ++b) {
                 __m512 s[kTile];
                 for (int j = 0; j < kTile; ++j) s[j] = _mm512_setzero_ps();
-#ifdef TM_DPBF16
                 const uint32_t* qb = qp + (hh * HB + b) * (hd / 2) * 16;
                 for (int64_t d = 0; d < hd / 2; ++d) {
                     const __m512bh qv = (__m512bh)_mm512_loadu_si512(qb + d * 16);
@@ -870,13 +851,6 @@ void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const float* q, const 
                     }
                 }
                 for (int j = 0; j < kTile; ++j) s[j] = _mm512_mul_ps(s[j], scale);
-#else
-                const float* qb = qt + (hh * HB + b) * hd * 16;
-                for (int64_t d = 0; d < hd; ++d) {
-                    const __m512 qv = _mm512_loadu_ps(qb + d * 16);
-                    for (int j = 0; j < kTile; ++j) s[j] = _mm512_fmadd_ps(_mm512_set1_ps(kf[j * hd + d]), qv, s[j]);
-                }
-#endif
                 if (a.softcap > 0.0f)
                     for (int j = 0; j < kTile; ++j) {
                         alignas(64) float t[16];
@@ -884,7 +858,7 @@ void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const float* q, const 
                         for (int i = 0; i < 16; ++i) t[i] = a.softcap * std::tanh(t[i] / a.softcap);
                         s[j] = _mm512_load_ps(t);
                     }
-                const __m512i nsv = _mm512_load_si512(seen + 16 * b);
+                const __m512i nsv = _mm512_loadu_si512(seen + 16 * b);
                 __m512 mt = _mm512_set1_ps(ninf);
                 for (int j = 0; j < kTile; ++j) {
                     s[j] = _mm512_mask_blend_ps(_mm512_cmpgt_epi32_mask(nsv, _mm512_set1_epi32(j)),
@@ -903,19 +877,12 @@ void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const float* q, const 
                 for (int j = 0; j < kTile; ++j) {
                     s[j] = vexp(V16{_mm512_sub_ps(s[j], base)}).v;
                     sum = _mm512_add_ps(sum, s[j]);
-#ifndef TM_DPBF16
-                    _mm512_storeu_ps(pr + j * 16, s[j]);
-#endif
                 }
-#ifdef TM_DPBF16
-                // the probabilities as bf16 pairs of keys: lane i of pair t is (p_2t[i], p_2t+1[i]) (rounded to
-                // bf16 for the products with the values, as bf16 flash attention does; the sum l stays fp32)
-                uint32_t* pp = reinterpret_cast<uint32_t*>(pr);
+                // the probabilities as bf16 pairs of keys: lane i of pair t is (p_2t[i], p_2t+1[i])
                 for (int t = 0; t < kTile / 2; ++t) {
                     const __m512i two = _mm512_castps_si512((__m512)_mm512_cvtne2ps_pbh(s[2 * t + 1], s[2 * t]));
                     _mm512_storeu_si512(pp + t * 16, _mm512_permutexvar_epi16(pair_index, two));
                 }
-#endif
                 _mm512_storeu_ps(mb, mn);
                 _mm512_storeu_ps(lb, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(lb), alpha), sum));
                 _mm512_storeu_ps(al, alpha);
@@ -933,7 +900,6 @@ void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const float* q, const 
                                     ? _mm512_mul_ps(_mm512_loadu_ps(acc + (hh * H + 16 * b + i0 + i) * hd + 16 * (c0 + c)),
                                                     _mm512_set1_ps(al[i0 + i]))
                                     : _mm512_setzero_ps();
-#ifdef TM_DPBF16
                         for (int t = 0; t < kTile / 2; ++t) {
                             __m512bh v[4];
                             for (int c = 0; c < 4; ++c)
@@ -944,17 +910,6 @@ void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const float* q, const 
                                 for (int c = 0; c < 4; ++c) o[i][c] = _mm512_dpbf16_ps(o[i][c], pb, v[c]);
                             }
                         }
-#else
-                        for (int j = 0; j < kTile; ++j) {
-                            __m512 v[4];
-                            for (int c = 0; c < 4; ++c)
-                                v[c] = c < cn ? _mm512_loadu_ps(vf + j * hd + 16 * (c0 + c)) : _mm512_setzero_ps();
-                            for (int i = 0; i < 4; ++i) {
-                                const __m512 pb = _mm512_set1_ps(pr[j * 16 + i0 + i]);
-                                for (int c = 0; c < 4; ++c) o[i][c] = _mm512_fmadd_ps(pb, v[c], o[i][c]);
-                            }
-                        }
-#endif
                         for (int i = 0; i < in; ++i)
                             for (int c = 0; c < cn; ++c)
                                 _mm512_storeu_ps(acc + (hh * H + 16 * b + i0 + i) * hd + 16 * (c0 + c), o[i][c]);
@@ -976,9 +931,9 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
                   const int64_t* tables, int64_t table_stride, const int64_t* lens, const int64_t* starts,
                   int64_t num_seqs, const AttnArgs& a, int64_t part, int nthreads, int64_t lanes_from) {
     const int64_t G = a.nh / a.nkv, hd = a.hd, nc = hd / 8;
-    // rows from lanes_from on (prefill rows) take attend_range_lanes where it runs: bf16 on AVX-512, hd % 16 == 0
+    // rows from lanes_from on (prompt rows) take attend_range_lanes where it is built (AVX512_BF16): bf16, hd % 16 == 0
     bool lanes_here = false;
-#ifdef TM_AVX512
+#ifdef TM_PROMPT_LANES
     lanes_here = std::is_same<T, bf16>::value && hd % 16 == 0;
 #endif
     if (!lanes_here) lanes_from = num_seqs;
@@ -1069,10 +1024,10 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
                 float* qd = qs + (((h - h0) * R + r) * G) * hd;
                 for (int64_t i = 0; i < G * hd; i += 8) vstore(qd + i, vload(qrow + i) * vset1(a.scale));
             }
-#ifdef TM_AVX512
+#ifdef TM_PROMPT_LANES
         if constexpr (std::is_same<T, bf16>::value) {
             if (b0 >= lanes_from)
-                attend_range_lanes<NCT>(a, nc, qs, q + b0 * q_stride + h0 * G * hd, q_stride, G, kc, vc,
+                attend_range_lanes<NCT>(a, nc, q + b0 * q_stride + h0 * G * hd, q_stride, G, kc, vc,
                                         tables + last * table_stride, h0, h1, p0, ends[R - 1], ends, R, m, l, acc);
         }
 #endif
@@ -1231,7 +1186,7 @@ int tm_rotary(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, c
 // `partition` positions (a multiple of 16), attended independently and merged. softcap > 0: each score s (after
 // the scale) becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's attention); 0: none.
 // prefill_from: the rows from this one on are a prompt's (the rest decodes and verification rows); at bf16 on
-// AVX-512 they take the lane-wise tiles (attend_range_lanes), elsewhere the same as the others.
+// AVX-512 with AVX512_BF16 they take the lane-wise tiles (attend_range_lanes), elsewhere the same as the others.
 // Returns 0; -1 unknown dtype; -2 shapes it does not handle (hd % 8 != 0, nh % nkv != 0).
 int tm_paged_attention_rows(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
                             const void* k_cache, const void* v_cache, const int64_t* tables, int64_t table_stride,
