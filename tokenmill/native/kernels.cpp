@@ -15,7 +15,7 @@
 //
 // Element types: fp32 (`float`) and bf16 (`uint16_t`, converted to fp32 in registers; all arithmetic is
 // fp32, results rounded to nearest even once; but prompt rows' lane-wise tiles, AVX512_BF16's: q.k as bf16
-// products summed in fp32, the probabilities rounded to bf16 for p.v). The `dtype` argument: 0 = fp32, 1 = bf16.
+// products summed in fp32, p.v with each probability as the sum of two bf16). The `dtype` argument: 0 = fp32, 1 = bf16.
 //
 // Every result is a function of its own row (or sequence) only (and of whether it is a prompt row): the partition size is fixed, never
 // chosen from the batch or the thread count, so a sequence gets the same bits alone or in any batch.
@@ -768,10 +768,12 @@ void attend_range(const AttnArgs& a, int64_t nc_rt, const float* q, int64_t G, c
 // softmax lane-wise over the tile's 16 score vectors. The products are vdpbf16ps's on bf16 pairs, summed in
 // fp32: q.k on q's pairs (q as given, `qb16`: the item's first row's first head of KV head h0, rows q_stride
 // apart; transposed once per item, lane i = query head 16 b + i in attend_range's order) against each key's
-// pair broadcast from the cache as it lies, then scaled; p.v on the probabilities rounded to bf16 (as bf16
-// flash attention does; the sum l stays fp32) against the tile's values interleaved by key pairs. On the
-// default model's shapes 1.6-1.8x attend_range for a prompt's rows; a run of one row (3 of 16 lanes busy)
-// is slower, which is why the backend keeps rows under a sliding window (never in runs) off it.
+// pair broadcast from the cache as it lies, then scaled; p.v on each probability split into two bf16 (hi, and
+// lo = p - hi rounded: ~16 significant bits, where one bf16 (as bf16 flash attention rounds it) flipped the
+// default model's near-tie first token of "What is the capital of France?") against the tile's values
+// interleaved by key pairs. On the default model's shapes 1.4-1.5x attend_range for a prompt's rows (1.6-1.8x
+// with one bf16 per probability); a run of one row (3 of 16 lanes busy) is slower, which is why the backend
+// keeps rows under a sliding window (never in runs) off it.
 // A head's bits depend on its own q and keys only (not on R, its lane or the other rows), so a prompt row
 // gets the same bits alone or in any batch or chunk; not those a decode row gets on attend_range (prompt
 // rows of positions a preempted request decoded then differ in their last bits: bf16 is held to closeness,
@@ -790,7 +792,7 @@ void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const bf16* qb16, int6
     thread_local std::vector<int32_t> seen_buf;
     qbuf.resize(size_t(nk * HB * (hd / 2) * 16));
     vbuf.resize(size_t((kTile / 2) * hd));
-    pbuf.resize(size_t((kTile / 2) * 16));
+    pbuf.resize(size_t(2 * (kTile / 2) * 16));
     fbuf.resize(size_t(2 * nk * HB * 16 + 16));
     seen_buf.resize(size_t(HB * 16));
     uint32_t* qp = qbuf.data();
@@ -878,10 +880,18 @@ void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const bf16* qb16, int6
                     s[j] = vexp(V16{_mm512_sub_ps(s[j], base)}).v;
                     sum = _mm512_add_ps(sum, s[j]);
                 }
-                // the probabilities as bf16 pairs of keys: lane i of pair t is (p_2t[i], p_2t+1[i])
+                // the probabilities as bf16 pairs of keys: lane i of pair t is (p_2t[i], p_2t+1[i]); each p as the
+                // sum of two bf16 (hi, then lo = p - hi rounded), so that p.v loses what fp32 products would
                 for (int t = 0; t < kTile / 2; ++t) {
-                    const __m512i two = _mm512_castps_si512((__m512)_mm512_cvtne2ps_pbh(s[2 * t + 1], s[2 * t]));
+                    const __m512bh hi = _mm512_cvtne2ps_pbh(s[2 * t + 1], s[2 * t]);
+                    const __m512i two = _mm512_castps_si512((__m512)hi);
                     _mm512_storeu_si512(pp + t * 16, _mm512_permutexvar_epi16(pair_index, two));
+                    const __m512i hw = _mm512_castps_si512((__m512)hi);
+                    const __m512 hi0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hw)), 16));
+                    const __m512 hi1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hw, 1)), 16));
+                    const __m512bh lo = _mm512_cvtne2ps_pbh(_mm512_sub_ps(s[2 * t + 1], hi1), _mm512_sub_ps(s[2 * t], hi0));
+                    _mm512_storeu_si512(pp + (kTile / 2 + t) * 16,
+                                        _mm512_permutexvar_epi16(pair_index, _mm512_castps_si512((__m512)lo)));
                 }
                 _mm512_storeu_ps(mb, mn);
                 _mm512_storeu_ps(lb, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(lb), alpha), sum));
@@ -907,7 +917,9 @@ void attend_range_lanes(const AttnArgs& a, int64_t nc_rt, const bf16* qb16, int6
                                                          : _mm512_setzero_si512());
                             for (int i = 0; i < 4; ++i) {
                                 const __m512bh pb = (__m512bh)_mm512_set1_epi32(int32_t(pp[t * 16 + i0 + i]));
+                                const __m512bh pl = (__m512bh)_mm512_set1_epi32(int32_t(pp[(kTile / 2 + t) * 16 + i0 + i]));
                                 for (int c = 0; c < 4; ++c) o[i][c] = _mm512_dpbf16_ps(o[i][c], pb, v[c]);
+                                for (int c = 0; c < 4; ++c) o[i][c] = _mm512_dpbf16_ps(o[i][c], pl, v[c]);
                             }
                         }
                         for (int i = 0; i < in; ++i)
