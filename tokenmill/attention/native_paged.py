@@ -8,7 +8,7 @@ the same kernel call: each of a chunk's rows is a query at its own position over
 tile of keys once for all of them. So a step's attention is one call per layer, and a row gets the same
 bits as a prefill row, a decode or a verification row (the kernel's result for a row depends only on its
 keys, never on the rows beside it). At bf16 the same, on CPUs without AMX; there, with AVX512_BF16, prompt
-rows take lane-wise tiles (kernels.cpp, attend_range_lanes: ~1.7x) whose last bits differ from a decode row's. Longer chunks (each 16 rows would
+rows take lane-wise tiles (kernels.cpp, attend_range_lanes: ~1.5x) whose last bits differ from a decode row's. Longer chunks (each 16 rows would
 read the whole context again), chunks at bf16 on AMX (unmeasured against SDPA's kernels there), and everything the kernel does not take (a
 dtype other than fp32 or bf16, a head dim not a multiple of 8, the kernels switched off or not built)
 take the paged backend's torch path.
@@ -86,7 +86,7 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
                                                     (kv.dtype == torch.bfloat16 and not cpu_has_amx_bf16()))
                                and os.environ.get("TOKENMILL_NATIVE_PREFILL", "1") != "0")
         # prompt rows marked as such (the kernel's prefill_from): at bf16 with AVX512_BF16 they take the lane-wise
-        # tiles (query heads in the lanes, vdpbf16ps), 1.6-1.8x the decode tiles for the default model's chunks
+        # tiles (query heads in the lanes, vdpbf16ps), 1.45-1.52x the decode tiles for the default model's chunks
         # of 112-512 rows on a 2-core Zen 4 (benchmarks/experiments/prefill_attention_ab.py;
         # benchmarks/README.md, "Prompt rows on lane-wise tiles"); not under a sliding window, whose rows each
         # start at another key and so attend one at a time, where lanes for one row's heads measured 0.65-0.86x

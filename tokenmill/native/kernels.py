@@ -163,7 +163,7 @@ def paged_decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Te
     adjacent. GQA: query head h reads KV head h // (nh // nkv). softcap > 0: each (scaled) score s becomes
     softcap * tanh(s / softcap) before the softmax (Gemma 2). False: not for the kernel (nothing written).
     prefill_from: rows from this index on are prompt rows (None: none); at bf16 with AVX512_BF16 they attend
-    on lane-wise tiles (query heads in the lanes: kernels.cpp, attend_range_lanes), 1.6-1.8x for a prompt's
+    on lane-wise tiles (query heads in the lanes: kernels.cpp, attend_range_lanes), 1.45-1.52x for a prompt's
     runs of 16 rows, with other last bits than a decode row of the same position gets.
     Each sequence's result depends on its own inputs (and whether it is a prompt row) only, not on the batch
     or the thread count."""
