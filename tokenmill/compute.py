@@ -39,9 +39,9 @@ class ComputeChoice:
     # gguf method: also a dense copy of every matmul weight at the compute dtype (oneDNN-prepacked at bf16),
     # multiplied by batches past the block kernels' crossover (choose_dense_copy)
     dense_copy: bool = False
-    # gguf method with a bf16 dense copy on a CPU whose bf16 panel is the 16-bit VNNI kernel: the decoder's
-    # Q4_0 / Q4_1 / Q8_0 matrices are repacked at load into that kernel's layout (vnni_packs), which is not
-    # the file's size for every type (VNNI_PACKED_PIECE); the memory plan counts it
+    # gguf method with a bf16 dense copy on a CPU whose bf16 panel is the 16-bit VNNI kernel: the Q4_0 / Q4_1 /
+    # Q8_0 matrices of the decoder and the output layer are repacked at load into that kernel's layout
+    # (vnni_packs), which is not the file's size for every type (VNNI_PACKED_PIECE); the memory plan counts it
     vnni_pack: bool = False
 
     @property
@@ -163,7 +163,8 @@ VNNI_PACK_ROWS = 16
 
 
 def vnni_packs(bf16_copy: bool, vnni_bits: int) -> bool:
-    """The gguf method repacks the decoder's Q4_0 / Q4_1 / Q8_0 blocks for the 16-bit VNNI kernel: where a bf16
+    """The gguf method repacks the Q4_0 / Q4_1 / Q8_0 blocks of the decoder and the output layer (not an untied
+    embedding's) for the 16-bit VNNI kernel: where a bf16
     dense copy takes the big batches (`bf16_copy`) and the bf16 panel here is that kernel (`vnni_bits` 16:
     native/block_matmul.vnni_bits), unless TOKENMILL_VNNI_PACK=0. The method (layers/ggml_linear.py, _packs),
     the platform and `tokenmill plan` all ask this."""
