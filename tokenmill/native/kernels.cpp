@@ -1029,23 +1029,24 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
         const int64_t R = last + 1 - b0, nq = (h1 - h0) * R * G;
         int64_t ends[kMaxRun];
         for (int64_t r = 0; r < R; ++r) ends[r] = std::min(p0 + part, lens[b0 + r]);
-        // q rows in attend_range's order: KV head, then row, then the head's G query heads
-        for (int64_t h = h0; h < h1; ++h)
-            for (int64_t r = 0; r < R; ++r) {
-                const T* qrow = q + (b0 + r) * q_stride + h * G * hd;
-                float* qd = qs + (((h - h0) * R + r) * G) * hd;
-                for (int64_t i = 0; i < G * hd; i += 8) vstore(qd + i, vload(qrow + i) * vset1(a.scale));
-            }
 #ifdef TM_PROMPT_LANES
         if constexpr (std::is_same<T, bf16>::value) {
-            if (b0 >= lanes_from)
+            if (b0 >= lanes_from)  // q read as given (transposed there)
                 attend_range_lanes<NCT>(a, nc, q + b0 * q_stride + h0 * G * hd, q_stride, G, kc, vc,
                                         tables + last * table_stride, h0, h1, p0, ends[R - 1], ends, R, m, l, acc);
         }
 #endif
-        if (b0 < lanes_from)
+        if (b0 < lanes_from) {
+            // q rows in attend_range's order, scaled to fp32: KV head, then row, then the head's G query heads
+            for (int64_t h = h0; h < h1; ++h)
+                for (int64_t r = 0; r < R; ++r) {
+                    const T* qrow = q + (b0 + r) * q_stride + h * G * hd;
+                    float* qd = qs + (((h - h0) * R + r) * G) * hd;
+                    for (int64_t i = 0; i < G * hd; i += 8) vstore(qd + i, vload(qrow + i) * vset1(a.scale));
+                }
             attend_range<T, NCT>(a, nc, qs, G, kc, vc, tables + last * table_stride, h0, h1, p0, ends[R - 1], ends,
                                  R, m, l, acc);
+        }
         for (int64_t i = 0; i < nq; ++i) {
             const int64_t h = h0 + i / (R * G), b = b0 + (i / G) % R, qh = h * G + i % G;
             if (first[b + 1] - first[b] == 1) {  // the whole context: normalize into out

@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 #include <vector>
 #if defined(_OPENMP)
@@ -50,6 +51,8 @@
 #include <immintrin.h>
 #define TM_VNNI 1
 #endif
+
+void tm_run_items(int64_t items, int nthreads, const std::function<void(int64_t)>& item);  // block_matmul.cpp
 
 constexpr int kPackedBit = 0x100;  // a type code's flag: the matrix is in the packed layout (tm_vnni_pack)
 
@@ -353,14 +356,7 @@ void vnni_matmul(const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t
                               [&](auto R) { direct16<TYPE, R.value>(g, K, q, d, sx, yt, ldy, nc); });
                 }
             };
-#if defined(_OPENMP)
-            if (nthreads > 1 && items > 1) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-                for (int64_t it = 0; it < items; ++it) group(it);
-                return;
-            }
-#endif
-            for (int64_t it = 0; it < items; ++it) group(it);
+            tm_run_items(items, nthreads, group);
             return;
         }
     }
@@ -480,27 +476,36 @@ int64_t tm_vnni_packed_bytes(int type, int64_t N, int64_t K) {
 #endif
 }
 
+// Where a row's block lies in the plain and the packed layouts (tm_vnni_pack, tm_vnni_unpack_rows): a row of nb
+// blocks of bb bytes (rb), its quants from byte qs of a block; a packed piece (16 rows, one block) of 64 bytes
+// of the blocks' first 4 bytes, then nq vectors of 64 bytes of 4 quant bytes a row.
+struct PackGeometry {
+    int64_t nb, bb, rb, qs;
+    int nq;
+    int64_t piece(int64_t row, int64_t b) const { return (row / 16 * nb + b) * 64 * (1 + nq); }
+};
+static PackGeometry pack_geometry(int type, int64_t K) {
+    const int64_t nb = K / 32, bb = type == 2 ? 18 : type == 3 ? 20 : 34;
+    return {nb, bb, nb * bb, type == 3 ? 4 : 2, type == 8 ? 8 : 4};
+}
+
 // W's blocks -> out (tm_vnni_packed_bytes, 64-byte aligned) in the packed layout. Returns 0, or -1 for a type
 // or shape it does not take.
 int tm_vnni_pack(int type, const void* W, int64_t N, int64_t K, void* out) {
     const int64_t total = tm_vnni_packed_bytes(type, N, K);
     if (!total) return -1;
-    const int64_t nb = K / 32, bb = type == 2 ? 18 : type == 3 ? 20 : 34, rb = nb * bb, qs = type == 3 ? 4 : 2;
-    const int nq = type == 8 ? 8 : 4;  // quant vectors a piece
-    constexpr int NR = 16;             // rows a group (the kernel's panel rows)
+    const PackGeometry pg = pack_geometry(type, K);
     const auto* w = static_cast<const uint8_t*>(W);
     auto* o = static_cast<uint8_t*>(out);
     std::memset(o, 0, size_t(total));
-    for (int64_t g0 = 0; g0 < N; g0 += NR) {
-        for (int64_t b = 0; b < nb; ++b) {
-            uint8_t* piece = o + (g0 / NR * nb + b) * 64 * (1 + nq);
-            for (int j = 0; j < NR && g0 + j < N; ++j) {
-                const uint8_t* blk = w + (g0 + j) * rb + b * bb;
-                std::memcpy(piece + 4 * j, blk, 4);
-                for (int v = 0; v < nq; ++v) std::memcpy(piece + 64 * (1 + v) + 4 * j, blk + qs + 4 * v, 4);
-            }
+    for (int64_t r = 0; r < N; ++r)
+        for (int64_t b = 0; b < pg.nb; ++b) {
+            uint8_t* piece = o + pg.piece(r, b);
+            const uint8_t* blk = w + r * pg.rb + b * pg.bb;
+            const int64_t j = r % 16;
+            std::memcpy(piece + 4 * j, blk, 4);
+            for (int v = 0; v < pg.nq; ++v) std::memcpy(piece + 64 * (1 + v) + 4 * j, blk + pg.qs + 4 * v, 4);
         }
-    }
     return 0;
 }
 
@@ -510,18 +515,17 @@ int tm_vnni_pack(int type, const void* W, int64_t N, int64_t K, void* out) {
 int tm_vnni_unpack_rows(int type, const void* packed, int64_t N, int64_t K, const int64_t* ids, int64_t count,
                         void* out) {
     if (!tm_vnni_packed_bytes(type, N, K)) return -1;
-    const int64_t nb = K / 32, bb = type == 2 ? 18 : type == 3 ? 20 : 34, rb = nb * bb, qs = type == 3 ? 4 : 2;
-    const int nq = type == 8 ? 8 : 4;
+    const PackGeometry pg = pack_geometry(type, K);
     const auto* p = static_cast<const uint8_t*>(packed);
     auto* o = static_cast<uint8_t*>(out);
     for (int64_t i = 0; i < count; ++i) {
         const int64_t r = ids[i], j = r % 16;
         if (r < 0 || r >= N) return -1;
-        for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t* piece = p + (r / 16 * nb + b) * 64 * (1 + nq);
-            uint8_t* blk = o + i * rb + b * bb;
-            std::memcpy(blk, piece + 4 * j, size_t(qs));  // d (and Q4_1's m)
-            for (int v = 0; v < nq; ++v) std::memcpy(blk + qs + 4 * v, piece + 64 * (1 + v) + 4 * j, 4);
+        for (int64_t b = 0; b < pg.nb; ++b) {
+            const uint8_t* piece = p + pg.piece(r, b);
+            uint8_t* blk = o + i * pg.rb + b * pg.bb;
+            std::memcpy(blk, piece + 4 * j, size_t(pg.qs));  // d (and Q4_1's m)
+            for (int v = 0; v < pg.nq; ++v) std::memcpy(blk + pg.qs + 4 * v, piece + 64 * (1 + v) + 4 * j, 4);
         }
     }
     return 0;
