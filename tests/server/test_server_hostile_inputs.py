@@ -36,7 +36,13 @@ def _chat(**kw: Any) -> dict[str, Any]:
 CASES = [
     Case("invalid JSON", raw=b'{"prompt": "hi",', message="not valid JSON"),
     Case("body not an object", body=[1, 2, 3], message="must be a JSON object"),
-    Case("no content type", raw=b'{"prompt": "hi"}', headers={}, message="must be a JSON object"),
+    Case("no content type from a browser", raw=b'{"prompt": "hi"}', headers={"origin": "http://evil.example"},
+         message="must be a JSON object"),
+    Case("text/plain body from a browser", raw=b'{"prompt": "hi"}',
+         headers={"content-type": "text/plain;charset=UTF-8", "origin": "http://evil.example"},
+         message="must be a JSON object"),
+    Case("an XML body", raw=b'{"prompt": "hi"}', headers={"content-type": "application/xml"},
+         message="must be a JSON object"),
     Case("invalid UTF-8", raw=b'{"prompt": "caf\xc3\x28 \xff\xfe"}', message="not valid UTF-8"),
     # valid JSON, but half a UTF-16 pair is no Unicode text: the tokenizer cannot take it (was a 500)
     Case("lone surrogate in a prompt", raw=b'{"prompt": "hi \\ud800 there"}', message="not valid Unicode",
@@ -98,6 +104,14 @@ CASES = [
          message="messages[0].role", param="messages[0].role"),
     Case("image content part", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          path="/v1/chat/completions", message="only text content parts", param="messages[0].content[0].type"),
+    Case("text part without text", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+         path="/v1/chat/completions", message="a text part needs its `text`", param="messages[0].content[0].text"),
+    Case("verbosity", _chat(verbosity="low"), path="/v1/chat/completions", message="verbosity is not supported",
+         param="verbosity"),
+    Case("predicted output", _chat(prediction={"type": "content", "content": "hi"}), path="/v1/chat/completions",
+         message="prediction is not supported", param="prediction"),
+    Case("audio modality", _chat(modalities=["text", "audio"]), path="/v1/chat/completions",
+         message="modalities[1]", param="modalities[1]"),
     Case("unknown model", {"prompt": "hi", "model": "gpt-9"}, status=404, message="`gpt-9` does not exist",
          param="model"),
     Case("detokenize out of range", {"tokens": [VOCAB]}, path="/detokenize", message="out of range",
@@ -192,14 +206,16 @@ def test_prompt_one_token_over_and_under_the_context(small_server: ServerProcess
 
 def test_curl_style_form_encoded_json_is_read_as_json(small_server: ServerProcess) -> None:
     """`curl -d '{...}'` without -H sends application/x-www-form-urlencoded; Ollama's and llama-server's
-    documented examples rely on those servers reading it as JSON, so this one does too (no Origin header:
-    not a browser, whose form posts stay refused, see the cases above)."""
-    form = {"content-type": "application/x-www-form-urlencoded"}
+    documented examples rely on those servers reading it as JSON, so this one does too; as it does a body with no
+    Content-Type (Python's `requests.post(url, data=json.dumps(body))`) or text/plain. Without an Origin header:
+    not a browser, whose such posts stay refused (see the cases above)."""
     with httpx.Client(base_url=small_server.url, timeout=60) as client:
-        r = client.post("/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2}', headers=form)
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 2
-        r = client.post("/api/generate", content=b'{"model": "SmolLM2-135M-Instruct", "prompt": "hi", "stream": false, '
-                                                 b'"options": {"num_predict": 2}}', headers=form)
-        assert r.status_code == 200, r.text
-        assert r.json()["done"] is True and r.json()["eval_count"] == 2
+        for ctype in ("application/x-www-form-urlencoded", None, "text/plain;charset=UTF-8"):
+            headers = {"content-type": ctype} if ctype else {}
+            r = client.post("/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2}', headers=headers)
+            assert r.status_code == 200, (ctype, r.text)
+            assert r.json()["usage"]["completion_tokens"] == 2
+            r = client.post("/api/generate", content=b'{"model": "SmolLM2-135M-Instruct", "prompt": "hi", '
+                                                     b'"stream": false, "options": {"num_predict": 2}}', headers=headers)
+            assert r.status_code == 200, (ctype, r.text)
+            assert r.json()["done"] is True and r.json()["eval_count"] == 2

@@ -1,7 +1,7 @@
 """The server's ASGI guards, protocol-neutral. Outermost first (as build_app adds them): CORS; the API key
 (constant-time compare; every route but the exempt ones needs it); the body-size limit (413 past the
 limit, checked against Content-Length before anything is read, and counted as a chunked body arrives); a
-curl-style form-encoded body read as the JSON it is.
+non-browser client's body without a JSON content type (curl's form encoding, none, text/plain) read as the JSON it is.
 Each answers in the error shape the app's ErrorShapes give the request's path.
 """
 
@@ -36,10 +36,15 @@ class APIKeyMiddleware:
 
 
 class FormBodyAsJSONMiddleware:
-    """A POST body sent as `application/x-www-form-urlencoded` without an Origin header is read as JSON: that is
-    what `curl -d '{...}'` sends when no Content-Type is given (Ollama's and llama-server's documented examples,
-    which those servers accept). Requests with an Origin header (browsers) keep their content type, so a
-    cross-origin page's no-preflight form POST is still refused as not JSON."""
+    """A POST body sent without a JSON content type by a client that is not a browser (no Origin header) is read
+    as the JSON it is: `curl -d '{...}'` sends application/x-www-form-urlencoded (Ollama's and llama-server's
+    documented examples, which those servers accept), Python's `requests.post(url, data=json.dumps(body))` sends
+    no Content-Type, and some clients send text/plain. Ollama ignores the content type altogether. Requests with
+    an Origin header (browsers) keep their content type, so a cross-origin page's no-preflight POST (form,
+    text/plain, or a Blob with no type) is still refused as not JSON."""
+
+    # none, and the types of a JSON text a browser may also send cross-origin without a preflight
+    _READ_AS_JSON = frozenset({b"", b"application/x-www-form-urlencoded", b"text/plain"})
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -48,10 +53,11 @@ class FormBodyAsJSONMiddleware:
         if scope["type"] == "http" and scope["method"] == "POST":
             headers = scope["headers"]
             ctype = next((v for k, v in headers if k == b"content-type"), b"")
-            if (ctype.split(b";")[0].strip().lower() == b"application/x-www-form-urlencoded"
+            if (ctype.split(b";")[0].strip().lower() in self._READ_AS_JSON
                     and not any(k == b"origin" for k, _ in headers)):
                 scope = dict(scope)
-                scope["headers"] = [(k, b"application/json" if k == b"content-type" else v) for k, v in headers]
+                scope["headers"] = [*((k, v) for k, v in headers if k != b"content-type"),
+                                    (b"content-type", b"application/json")]
         await self.app(scope, receive, send)
 
 
