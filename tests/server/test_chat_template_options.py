@@ -17,7 +17,8 @@ from tokenmill.entrypoints.server.config import ServerConfig
 # renders "[no thinking]" after the assistant header when enable_thinking is false, as Qwen3's does
 TEMPLATE = ("{% for m in messages %}### {{ m.role }}\n{{ m.content }}\n{% endfor %}"
             "{% if add_generation_prompt %}### assistant\n"
-            "{% if enable_thinking is defined and not enable_thinking %}[no thinking]\n{% endif %}{% endif %}")
+            "{% if enable_thinking is defined and not enable_thinking %}[no thinking]\n{% endif %}"
+            "{% if reasoning_effort is defined %}[effort {{ reasoning_effort }}]\n{% endif %}{% endif %}")
 CHAT = [{"role": "user", "content": "Say hi."}]
 
 
@@ -48,6 +49,25 @@ def test_the_template_and_its_kwargs_render(app: Any) -> None:
     assert r.status_code == 200, r.text
     ids = call(app, "POST", "/tokenize", {"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}})
     assert r.json()["usage"]["prompt_tokens"] == ids.json()["count"]
+
+
+def test_openai_fields_clients_send_by_default(app: Any) -> None:
+    """OpenAI's reasoning_effort is the template variable of that name (chat_template_kwargs' own wins); store,
+    metadata, service_tier, prompt_cache_key, safety_identifier and text-only modalities are accepted."""
+    def prompt_tokens(**fields: Any) -> int:
+        r = call(app, "POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "temperature": 0, **fields})
+        assert r.status_code == 200, r.text
+        return int(r.json()["usage"]["prompt_tokens"])
+
+    def count(**kwargs: Any) -> int:
+        return int(call(app, "POST", "/tokenize", {"messages": CHAT, "chat_template_kwargs": kwargs}).json()["count"])
+
+    assert text_of(app, {"messages": CHAT, "chat_template_kwargs": {"reasoning_effort": "low"}}).endswith("[effort low]\n")
+    assert prompt_tokens(reasoning_effort="low") == count(reasoning_effort="low") > count()
+    assert prompt_tokens(reasoning_effort="low", chat_template_kwargs={"reasoning_effort": "high"}) == \
+        count(reasoning_effort="high")
+    assert prompt_tokens(store=False, metadata={"team": "a"}, service_tier="auto", prompt_cache_key="k",
+                         safety_identifier="u1", modalities=["text"], user="u1") == count()
 
 
 def test_ollama_think_false_turns_thinking_off(app: Any) -> None:

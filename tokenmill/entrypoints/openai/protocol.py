@@ -221,6 +221,19 @@ class ChatCompletionRequest(SamplingFields):
     # None: "auto" with tools, "none" without; "required": at least one call; a NamedToolChoice: that call
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # None: true; false: at most one call
+    # OpenAI's fields that ask nothing this server does differently: accepted (clients send them by default)
+    store: bool | None = None  # OpenAI keeps the completion for retrieval; this server keeps none (no retrieval API)
+    metadata: dict[str, str] | None = None  # tags for a stored completion
+    service_tier: str | None = None  # every request is served alike
+    prompt_cache_key: str | None = None  # a caching hint: the prefix cache matches prompts by their tokens anyway
+    safety_identifier: str | None = None  # an end-user id, as `user`
+    # a chat template variable (gpt-oss's templates read it); chat_template_kwargs' own entry wins
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    modalities: list[Literal["text"]] | None = None  # text answers only: ["audio"] is a 400
+    # declared so a client hears why they are refused, not "unknown field": 400 unless null
+    verbosity: str | None = None
+    prediction: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
 
 
 class TokenizeRequest(_Request):

@@ -54,9 +54,12 @@ def messages_for_template(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
+                if part.type != "text":
                     raise bad_request(f"messages[{i}].content[{j}]: only text content parts are supported, got "
                                       f"type {part.type!r}", f"messages[{i}].content[{j}].type")
+                if part.text is None:
+                    raise bad_request(f"messages[{i}].content[{j}]: a text part needs its `text`",
+                                      f"messages[{i}].content[{j}].text")
                 texts.append(part.text)
             content = "\n".join(texts)
         msg: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
@@ -91,6 +94,10 @@ class OpenAIServingChat(OpenAIServing):
                                      raw_request: Request) -> Response | ChatCompletionResponse:
         """Validate, render, then stream SSE or return the whole ChatCompletionResponse. Raises APIError."""
         self.check_model(req.model)
+        for name, what in (("verbosity", "a GPT-5 setting"), ("prediction", "predicted outputs (see --speculative-config "
+                           "for n-gram speculation, which drafts from the prompt)"), ("audio", "audio output")):
+            if getattr(req, name) is not None:
+                raise bad_request(f"{name} is not supported by this server ({what}): leave it out or null", name)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
@@ -109,7 +116,7 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request("messages must not be empty", "messages")
         prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt,
                                                        req.continue_final_message, calling,
-                                                       req.chat_template_kwargs), params, "messages")
+                                                       self._template_kwargs(req)), params, "messages")
         self.check_admission()
         request_id = self.new_id("chatcmpl")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages])
@@ -128,6 +135,14 @@ class OpenAIServingChat(OpenAIServing):
         result = await self.until_disconnect(self._collect(request_id, prompt, params, echo, options, calling,
                                                            reasoning), raw_request)
         return result if result is not None else Response(status_code=499)
+
+    @staticmethod
+    def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
+        """chat_template_kwargs, with OpenAI's reasoning_effort as the template variable of that name (as
+        gpt-oss's templates read it) unless chat_template_kwargs sets it."""
+        if req.reasoning_effort is None:
+            return req.chat_template_kwargs
+        return {"reasoning_effort": req.reasoning_effort, **(req.chat_template_kwargs or {})}
 
     async def render(self, messages: list[ChatMessage], add_generation_prompt: bool | None = None,
                      continue_final_message: bool | None = False, calling: ToolCalling | None = None,
