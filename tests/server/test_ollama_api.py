@@ -68,6 +68,9 @@ def test_list_show_ps_version(server: ServerProcess, client: Any) -> None:
     assert running[0].context_length == 2048 and running[0].size > m.size and running[0].size_vram == 0
     assert running[0].expires_at.year > 2200  # never unloaded
     assert httpx.get(f"{server.url}/api/version", headers=HEADERS).json()["version"]
+    for path in ("/api/tags", "/api/version"):  # Ollama answers HEAD there (clients' health checks)
+        r = httpx.head(f"{server.url}{path}", headers=HEADERS)
+        assert r.status_code == 200 and r.content == b"", (path, r.status_code)
 
 
 def test_generate_raw_equals_completions(server: ServerProcess, client: Any) -> None:
@@ -200,13 +203,22 @@ def test_options(server: ServerProcess, client: Any) -> None:
     assert wait_for(lambda: "option num_thread is fixed when the server starts" in server.output(), 10)
     assert server.output().count("option num_thread is fixed") == 1 and "option use_mmap is fixed" in server.output()
 
-    for options, words in (({"num_ctx": 4096}, "num_ctx 4096 is larger than this server's context of 2048"),
-                           ({"bogus": 1}, "options.bogus: unknown field"),
+    # what Ollama takes leniently: a num_ctx past the server's context (clamped to it, logged once), an empty
+    # template (the model's), truncate and shift true (nothing to cut or shift when the prompt fits)
+    big = client.generate(model=MODEL, prompt=prompt, raw=True, options={**GREEDY, "num_predict": 3, "num_ctx": 32768})
+    assert big.eval_count == 3 and "num_ctx 32768 is larger than this server's context of 2048" in server.output()
+    plain = client.generate(model=MODEL, prompt="Name a color.", options={**GREEDY, "num_predict": 4})
+    empty = client.generate(model=MODEL, prompt="Name a color.", template="", options={**GREEDY, "num_predict": 4})
+    assert empty.response == plain.response and empty.prompt_eval_count == plain.prompt_eval_count
+    r = httpx.post(f"{server.url}/api/chat", headers=HEADERS,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": False,
+                         "truncate": True, "shift": True, "options": {**GREEDY, "num_predict": 2}})
+    assert r.status_code == 200 and r.json()["eval_count"] == 2, r.text
+
+    for options, words in (({"bogus": 1}, "options.bogus: unknown field"),
                            ({"temperature": "hot"}, "options.temperature"),
-                           ({"num_predict": 0}, "num_predict must be at least 1"),
                            ({"repeat_penalty": 1.2, "repeat_last_n": 64}, "repeat_last_n 64"),
-                           ({"mirostat": 2}, "mirostat 2 is not supported"),
-                           ({"top_p": 0.0}, "top_p")):
+                           ({"mirostat": 2}, "mirostat 2 is not supported")):
         with pytest.raises(ollama.ResponseError) as e:
             client.generate(model=MODEL, prompt="Hi", options=options)
         assert e.value.status_code == 400 and words in e.value.error, (options, e.value.error)

@@ -96,8 +96,14 @@ def test_options_map_to_sampling_params() -> None:
     assert mapper.map(Options(seed=-1, top_k=0, num_predict=-2)).params.seed is None
     off = mapper.map(Options(repeat_last_n=0, repeat_penalty=1.5, presence_penalty=1.0)).params
     assert (off.repetition_penalty, off.presence_penalty) == (1.0, 0.0)  # llama.cpp: window 0 turns them off
-    for bad in (Options(num_ctx=4096), Options(num_predict=-3), Options(repeat_penalty=1.1, repeat_last_n=64),
-                Options(typical_p=0.5), Options(penalize_newline=False), Options(temperature=-1)):
+    # as Ollama's runners and sampler take them: num_ctx past the server's clamped to it, num_predict 0 or below
+    # unbounded, temperature below 0 greedy, top_p outside (0, 1) off
+    lenient = mapper.map(Options(num_ctx=32768, num_predict=0, temperature=-1, top_p=0.0))
+    assert (lenient.num_ctx, lenient.num_predict, lenient.params.temperature, lenient.params.top_p) == (2048, None, 0.0, 1.0)
+    assert mapper.map(Options(num_predict=-3, top_p=1.5)).num_predict is None
+    assert mapper.map(Options(top_p=1.5)).params.top_p == 1.0
+    for bad in (Options(num_ctx=0), Options(repeat_penalty=1.1, repeat_last_n=64), Options(top_k=5, min_p=2.0),
+                Options(typical_p=0.5), Options(penalize_newline=False)):
         with pytest.raises(APIError) as e:
             mapper.map(bad)
         assert e.value.status == 400 and e.value.param and e.value.param.startswith("options.")

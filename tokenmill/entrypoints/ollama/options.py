@@ -1,15 +1,17 @@
 """Ollama's `options` -> SamplingParams, and the request's own context window (`num_ctx`).
 
     option              here                                   absent
-    temperature         temperature (0: greedy)                0.8 (Ollama's default)
+    temperature         temperature (0 or below: greedy)       0.8 (Ollama's default)
     top_k               top_k (0 or below: off)                40
-    top_p, min_p        top_p, min_p                           0.9, 0.0
+    top_p, min_p        top_p (0 or below, 1 or above: off),   0.9, 0.0
+                        min_p
     seed                seed (negative: random)                random
     stop                stop strings                           none
-    num_predict         max_tokens; -1 and -2: until the       -1
+    num_predict         max_tokens; 0 or below: until the      -1
                         context ends (no context shift here)
-    num_ctx             the request's context: prompt + output the server's (--max-model-len); more is a 400
-                        fit in it (a longer prompt is a 400)
+    num_ctx             the request's context: prompt + output the server's (--max-model-len); more is
+                        fit in it (a longer prompt is a 400)   clamped to it (logged once), as Ollama
+                                                               clamps to the model's
     repeat_penalty      repetition_penalty over the prompt     1.0 (off: Ollama's new engine applies
                         and the output                         none either)
     repeat_last_n       -1, 0 (all three penalties off) or a   -1
@@ -83,9 +85,10 @@ class OptionsMapper:
         top_k = DEFAULT_TOP_K if o.top_k is None else max(o.top_k, 0)
         try:
             params = SamplingParams(
-                temperature=DEFAULT_TEMPERATURE if o.temperature is None else o.temperature,
+                # Ollama's sampler: greedy at 0 and below; top_p only inside (0, 1)
+                temperature=DEFAULT_TEMPERATURE if o.temperature is None else max(o.temperature, 0.0),
                 top_k=min(top_k, self.vocab_size),
-                top_p=DEFAULT_TOP_P if o.top_p is None else o.top_p,
+                top_p=DEFAULT_TOP_P if o.top_p is None else o.top_p if 0.0 < o.top_p < 1.0 else 1.0,
                 min_p=o.min_p or 0.0,
                 seed=o.seed if o.seed is not None and o.seed >= 0 else None,
                 stop=list(o.stop) if o.stop else None,
@@ -100,19 +103,20 @@ class OptionsMapper:
             return self.max_model_len
         if num_ctx < 1:
             raise bad_request(f"option num_ctx must be at least 1, got {num_ctx}", "options.num_ctx")
-        if num_ctx > self.max_model_len:
-            raise bad_request(f"option num_ctx {num_ctx} is larger than this server's context of {self.max_model_len} "
-                              "tokens (set when it starts: tokenmill serve --max-model-len)", "options.num_ctx")
+        if num_ctx > self.max_model_len:  # clients (Open WebUI) send large ones; Ollama clamps to the model's
+            if "num_ctx" not in self._logged:
+                self._logged.add("num_ctx")
+                log.info("ollama option num_ctx %d is larger than this server's context of %d tokens (tokenmill serve "
+                         "--max-model-len): requests get %d; logged once", num_ctx, self.max_model_len,
+                         self.max_model_len)
+            return self.max_model_len
         return num_ctx
 
     @staticmethod
     def _num_predict(num_predict: int | None) -> int | None:
-        if num_predict is None or num_predict in (-1, -2):
-            return None
-        if num_predict < 1:
-            raise bad_request(f"option num_predict must be at least 1, or -1 (until the context ends) or -2 (fill "
-                              f"the context), got {num_predict}", "options.num_predict")
-        return num_predict
+        """None (until the context ends) for -1, -2 and 0: Ollama's runners stop on num_predict only when it is
+        positive."""
+        return None if num_predict is None or num_predict <= 0 else num_predict
 
     @staticmethod
     def _penalties(o: Options, num_ctx: int) -> tuple[float, float, float]:

@@ -90,8 +90,10 @@ class GenerationFields(_Request):
     think: bool | Literal["high", "medium", "low"] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None  # alternatives per token, with logprobs
-    truncate: bool | None = None  # only false: a prompt that does not fit is a 400, never cut
-    shift: bool | None = None  # only false: the context never shifts
+    # Ollama's defaults are true; accepted either way, but this server never cuts a prompt (one that does not
+    # fit is a 400 that says so) and never shifts the context (output stops at its end: done_reason "length")
+    truncate: bool | None = None
+    shift: bool | None = None
 
 
 class GenerateRequest(GenerationFields):

@@ -135,7 +135,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
         return await held.answer(lambda m: serving_of(m).create_chat(req, raw_request, held.load_seconds,
                                                                      is_unloading))
 
-    @router.get("/api/tags")
+    @router.api_route("/api/tags", methods=["GET", "HEAD"])
     async def tags() -> TagsResponse:
         """Every served model, loaded or not."""
         models = []
@@ -176,7 +176,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
                                 modified_at=card.modified_at)
         return await held.answer(run)
 
-    @router.get("/api/version")
+    @router.api_route("/api/version", methods=["GET", "HEAD"])  # Ollama answers HEAD on both (health checks)
     async def version() -> OllamaVersionResponse:
         return OllamaVersionResponse(version=__version__)
 

@@ -90,10 +90,6 @@ class OllamaServing(OpenAIServing):
         if req.think is True and self.reasoning_parser is None:
             raise bad_request(f'"{req.model}" does not support thinking (Ollama\'s words): this server splits the '
                               "thinking out only when started with --reasoning-parser (qwen3 or deepseek_r1)", "think")
-        for name, what in (("truncate", "cuts a prompt"), ("shift", "shifts the context")):
-            if getattr(req, name):
-                raise bad_request(f"{name}: this server never {what}; a prompt that does not fit in the context is an "
-                                  "error (set it false)", name)
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
@@ -113,7 +109,7 @@ class OllamaServing(OpenAIServing):
                     raise bad_request(f"{name} is not used with raw: true (the prompt goes to the model as it is)",
                                       name)
             ids = await self.encode(prompt, special)
-        elif req.template is not None:
+        elif req.template:  # an empty template: the model's, as Ollama takes it
             if suffix and not go_template.uses_field(req.template, "Suffix"):
                 raise bad_request("suffix: the template does not use {{ .Suffix }}", "suffix")
             messages = [*([{"Role": "system", "Content": system}] if system else []),
@@ -167,7 +163,7 @@ class OllamaServing(OpenAIServing):
         if room < 1:
             raise bad_request(f"the prompt is {len(prompt.prompt_token_ids)} tokens, which leaves no room for output "
                               f"in num_ctx {ro.num_ctx}; shorten the prompt or raise num_ctx (at most "
-                              f"{self.max_model_len})", field)
+                              f"{self.max_model_len}): this server never truncates a prompt", field)
         return dataclasses.replace(prompt, max_tokens=min(prompt.max_tokens, room, ro.num_predict or room))
 
     # -- the endpoints ---------------------------------------------------------------------------------
