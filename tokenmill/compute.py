@@ -96,7 +96,9 @@ TOKEN_BUDGET = 512
 # default model at C=64 (200 in / 64 out, served, 2-core AMX Xeon, 2026-12-05), 512 / 1024 / 2048 gave 545 / 582 / 664
 # output tok/s (and 560 / 547 against 636 / 619 in two alternating pairs), at C=16 474 / 473 / 479 with TTFT
 # p50 0.35 / 0.54 / 0.61 s. vLLM's CPU server schedules 2048 too. On AVX2 CPUs (fp32) 2048 gained nothing and
-# doubled TTFT (2026-12-04), so they keep 512 (benchmarks/README.md, "The AMX Xeon again").
+# doubled TTFT (2026-12-04), so they keep 512 (benchmarks/README.md, "The AMX Xeon again"); so do CPUs with
+# AVX512_BF16 and no AMX (Zen 4: bf16 on the copy, 1024 served 0.97-1.0x at C=16 / 64 with twice the TTFT,
+# 2026-12-06, benchmarks/README.md "Where C=64 and a verification row still go on Zen 4").
 AMX_TOKEN_BUDGET = 2048
 
 

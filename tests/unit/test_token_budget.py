@@ -20,7 +20,7 @@ GGUF_COPY = dict(linear_method="gguf", dense_copy=True)  # a small GGUF file: bl
     ("cpu", "bfloat16", dict(linear_method="prepacked"), True, AMX_TOKEN_BUDGET),  # an HF checkpoint at bf16
     ("cpu", "bfloat16", dict(linear_method="gguf"), True, TOKEN_BUDGET),  # blocks alone (a 7B file): unmeasured
     ("cpu", "float32", GGUF_COPY, True, TOKEN_BUDGET),  # --dtype float32 on AMX: fp32 matmuls, as on AVX2 hosts
-    ("cpu", "bfloat16", GGUF_COPY, False, TOKEN_BUDGET),  # AVX512_BF16 without AMX (Zen 4): unmeasured
+    ("cpu", "bfloat16", GGUF_COPY, False, TOKEN_BUDGET),  # AVX512_BF16 without AMX (Zen 4): 1024 gained nothing served
     ("cpu", "float32", dict(linear_method="gguf"), False, TOKEN_BUDGET),
     ("cuda", "bfloat16", dict(linear_method="unquantized"), True, TOKEN_BUDGET),
 ])
