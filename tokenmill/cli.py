@@ -166,6 +166,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from tokenmill.entrypoints.server.served_model import engine_config_for, name_models
 
+    problem = listen_problem(args.host, args.port)
+    if problem is not None:  # before the model loads (seconds to minutes), not after
+        print(f"tokenmill serve: {problem}", file=sys.stderr)
+        return 2
     base = engine_config_from_args(args, "default")
     try:
         named = name_models(args.model or ([] if args.models_dir else ["default"]), args.models_dir,
@@ -178,6 +182,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     routers = [openai_router.build_router, ollama_router.build_router, web_router.build_router]
     return run_server(ServerConfig.from_args(args), models, routers,
                       "An LLM inference server: OpenAI's API under /v1, Ollama's under /api, a chat page at /.")
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (None: it can), found by binding a socket as uvicorn will
+    (SO_REUSEADDR) and closing it: a bad port, an address that is not this machine's, a port in use."""
+    import errno
+    import socket
+
+    if not 0 <= port <= 65535:
+        return f"--port {port} is not a port number (0-65535)"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        return f"--host {host!r} is not an address to listen on ({e.strerror})"
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            hint = ("another process listens there: stop it or choose another --port" if e.errno == errno.EADDRINUSE
+                    else "--host must be an address of this machine (127.0.0.1, 0.0.0.0, or one of its own)"
+                    if e.errno == errno.EADDRNOTAVAIL else "")
+            return f"cannot listen on {host}:{port}: {e.strerror}" + (f"; {hint}" if hint else "")
+    return None
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -216,7 +245,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "stalled: /health answers 503, waiting requests fail, the server exits 1 (default 300; "
                         "0: no watchdog)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="on SIGTERM/SIGINT, seconds in-flight requests may take before they are aborted")
+                   help="on SIGTERM/SIGINT, seconds in-flight requests may take before they are aborted (default 30)")
     g.add_argument("--cors-origins", default=None, help="comma-separated origins allowed by CORS (default: none)")
     g.add_argument("--log-prompts", action="store_true",
                    help="log each request's prompt text (off by default: logs never contain prompts or outputs)")

@@ -1,4 +1,4 @@
-"""`tokenmill bench ...`: registers serve, soak, plot, compare, throughput and latency on the CLI.
+"""`tokenmill bench ...`: registers serve, soak, plot, compare, throughput, structured, latency and spec on the CLI.
 
 Imports of the benchmark modules happen when a command runs, so `tokenmill --help` stays fast.
 """
@@ -133,7 +133,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     from tokenmill.benchmarks.serve import add_serve_bench_args
 
     b = sub.add_parser("bench", help="benchmarks: serve (load test a server), soak, plot, compare, throughput, "
-                                     "structured, latency")
+                                     "structured, latency, spec")
     bsub = b.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
 
     s = bsub.add_parser("serve", help="load-test an OpenAI-compatible server (TTFT, TPOT, ITL, throughput)")
