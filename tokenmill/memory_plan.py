@@ -122,8 +122,10 @@ class MemoryPlan:
                 f"{what} needs {format_size(need)} of KV cache for one sequence, "
                 f"but the cache holds {self.num_cache_tokens} tokens ({format_size(self.kv_cache_bytes)} at "
                 f"{format_size(self.kv_bytes_per_token)} per token). Raise --kv-cache-memory to at least "
-                f"{format_size(need + self.kv_bytes_per_block)}, or lower --max-model-len to at most "
-                f"{max(self.num_cache_tokens, 0)}.")
+                f"{format_size(need + self.kv_bytes_per_block)}" + (
+                    f", or lower --max-model-len to at most {self.num_cache_tokens}." if self.num_cache_tokens > 0
+                    else " (it holds not one block).")
+            )
 
 
 def _meminfo(key: str, default: int) -> int:

@@ -26,6 +26,26 @@ def test_plan_refuses_with_the_setting_to_change(capsys) -> None:
     assert "--kv-cache-memory to at least" in out and "--max-model-len to at most 2272" in out
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--block-size", "0"], "block_size must be a power of two, got 0"),
+    (["--block-size", "7"], "block_size must be a power of two, got 7"),
+    (["--max-num-seqs", "0"], "max_num_seqs must be at least 1, got 0"),
+    (["--max-model-len", "0"], "max_model_len must be at least 1, got 0"),
+    (["--seq-len", "-1"], "seq_len must be at least 1, got -1"),
+])
+def test_plan_refuses_what_serve_refuses(flags: list[str], words: str, capsys) -> None:
+    """The settings serve refuses are refused by plan in the same words (it once said "works", or divided by 0)."""
+    assert main(["plan", *flags]) == 2
+    assert capsys.readouterr().err.strip() == f"tokenmill plan: {words}"
+
+
+def test_a_cache_without_one_block_names_only_the_cache(capsys) -> None:
+    assert main(["plan", "--kv-cache-memory", "1000", "--dtype", "float32"]) == 1
+    verdict = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict"))
+    assert "Raise --kv-cache-memory to at least" in verdict and "(it holds not one block)" in verdict
+    assert "--max-model-len" not in verdict
+
+
 def test_plan_counts_a_draft_model(capsys) -> None:
     """A draft_model's weights and its K/V per token join the plan: the same budget holds half the blocks
     when the draft is the model itself."""

@@ -16,7 +16,7 @@ from tokenmill.compute import (DENSE_COPY_CHOICES, DTYPE_BYTES, QUANTIZATION_CHO
                                default_token_budget, int8_panel_covers, vnni_packs)
 from tokenmill.cpu_features import (auto_dtype, bf16_reason, cpu_has_amx_bf16, cpu_has_avx512_vnni,
                                     cpu_has_native_bf16)
-from tokenmill.config import SpeculativeConfig, format_size, parse_size
+from tokenmill.config import EngineConfig, SpeculativeConfig, format_size, parse_size
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.loader.model_source import resolve_model
 from tokenmill.memory_plan import (CacheTooSmallError, MemoryPlan, available_ram, default_kv_cache_bytes,
@@ -93,7 +93,16 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    kv = parse_size(args.kv_cache_memory)
+    try:  # serve's checks of the same settings, in its words
+        kv = parse_size(args.kv_cache_memory)
+        EngineConfig(max_model_len=args.max_model_len, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                     max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=kv, dtype=args.dtype,
+                     quantization=args.quantization, dense_copy=args.dense_copy)
+        if args.seq_len is not None and args.seq_len < 1:
+            raise ValueError(f"seq_len must be at least 1, got {args.seq_len}")
+    except ValueError as e:
+        print(f"tokenmill plan: {e}", file=sys.stderr)
+        return 2
     if kv is None:
         if args.device == "cuda":
             print("tokenmill plan: --kv-cache-memory is needed with --device cuda (GPU memory is not probed)",
