@@ -57,10 +57,26 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         with open(self.path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise GGUFError(f"{self.path} is empty, not a GGUF file")
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._pos = 4  # past the magic
         if self._mm[:4] != b"GGUF":
             raise GGUFError(f"{self.path} is not a GGUF file (bad magic {bytes(self._mm[:4])!r})")
+        try:
+            self._parse()
+        except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as e:
+            if isinstance(e, GGUFError):
+                raise
+            raise GGUFError(f"{self.path} is truncated or corrupt: its header does not parse within the file's "
+                            f"{len(self._mm)} bytes ({e}); an interrupted download or copy?") from None
+        end = max((t.offset + t.num_bytes for t in self.tensors.values()), default=0)
+        if end > len(self._mm):
+            raise GGUFError(f"{self.path} is truncated: its tensors need {end} bytes, the file has {len(self._mm)} "
+                            "(an interrupted download or copy?)")
+
+    def _parse(self) -> None:
+        """The header: version, metadata and the tensors' table (TensorInfo, offsets absolute)."""
         (self.version,) = self._read("<I")
         if self.version not in (2, 3):
             raise GGUFError(f"{self.path}: unsupported GGUF version {self.version}")
@@ -81,7 +97,10 @@ class GGUFFile:
         data_start = (self._pos + align - 1) // align * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, dims, ggml_type, offset in raw:
-            qtype = GGMLQuantizationType(ggml_type)
+            try:
+                qtype = GGMLQuantizationType(ggml_type)
+            except ValueError:
+                raise GGUFError(f"{name}: unknown tensor type {ggml_type} (a newer GGUF than this reader knows?)") from None
             block, type_size = GGML_QUANT_SIZES[qtype]
             n_elements = int(np.prod(dims)) if dims else 1
             if dims[0] % block:
@@ -99,6 +118,8 @@ class GGUFFile:
 
     def _string(self) -> str:
         (n,) = self._read("<Q")
+        if self._pos + n > len(self._mm):
+            raise ValueError(f"a string of {n} bytes at offset {self._pos}")
         s = self._mm[self._pos : self._pos + n].decode("utf-8", errors="replace")
         self._pos += n
         return s
