@@ -231,6 +231,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health, /metrics and the chat page's "
                         "files (or set TOKENMILL_API_KEY); compared in constant time")
+    g.add_argument("--metrics-prefix", choices=["tokenmill", "vllm"], default="tokenmill",
+                   help="the /metrics names' prefix: tokenmill: (default) or vllm:, so that dashboards and alerts "
+                        "built for vLLM's server (vllm:num_requests_running, ...) read them unchanged")
     g.add_argument("--metrics-require-key", action="store_true",
                    help="require the API key on /metrics too (by default /metrics is open, for scrapers)")
     g.add_argument("--max-waiting-requests", type=int, default=None,

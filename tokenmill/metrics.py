@@ -1,4 +1,5 @@
-"""ServerMetrics: Prometheus metrics with vLLM's names under the `tokenmill:` prefix, and the request log.
+"""ServerMetrics: Prometheus metrics with vLLM's names under the `tokenmill:` prefix (or vLLM's own `vllm:`, with
+`--metrics-prefix vllm`), and the request log.
 
 Each app gets its own CollectorRegistry (no process-global state, so tests can build many apps), one for
 every model it serves: each metric is one family, and each model is its `model_name` label value, so the
@@ -15,6 +16,7 @@ output: that is what lets `on_step` time inter-token latency for streaming and n
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +34,10 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
                     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+# the names' prefix: ours, or vLLM's (--metrics-prefix vllm), so that dashboards built for vLLM read them as they are
+PREFIX = "tokenmill:"
+PREFIXES = (PREFIX, "vllm:")
+_NAME_AT = re.compile(rb"^((?:# (?:HELP|TYPE) )?)tokenmill:", re.M)
 
 
 @dataclass
@@ -101,7 +107,10 @@ class ServerMetrics:
     every loaded model."""
 
     def __init__(self, model_name: str | None = None, stats: Callable[[], dict[str, float]] | None = None,
-                 log_requests: bool = True, engines: EngineStats | None = None) -> None:
+                 log_requests: bool = True, engines: EngineStats | None = None, prefix: str = PREFIX) -> None:
+        if prefix not in PREFIXES:
+            raise ValueError(f"metrics prefix must be one of {', '.join(PREFIXES)}, got {prefix!r}")
+        self.prefix = prefix
         self.log_requests = log_requests
         self.registry = CollectorRegistry()
         self._models: dict[str, ModelMetrics] = {}
@@ -149,8 +158,12 @@ class ServerMetrics:
         self._first.on_request_error()
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition of every metric, its names under `self.prefix`."""
+        text = generate_latest(self.registry)
+        if self.prefix == PREFIX:
+            return text
+        # the metric name starts a sample line and follows '# HELP ' / '# TYPE '; label values are left alone
+        return _NAME_AT.sub(lambda m: m.group(1) + self.prefix.encode(), text)
 
 
 class ModelMetrics:

@@ -286,3 +286,12 @@ def test_metrics_carry_vllms_spec_decode_names(spec: LLM) -> None:
     for name in ("drafts", "draft_tokens", "accepted_tokens", "accepted_tokens_per_pos"):
         assert values[f"tokenmill:spec_decode_num_{name}_total"] > 0, name
     assert values["tokenmill:spec_decode_num_draft_tokens_total"] >= values["tokenmill:spec_decode_num_accepted_tokens_total"]
+    # --metrics-prefix vllm: the same families under vLLM's own names, which its dashboards read
+    vllm = ServerMetrics("tokenmill:model", spec.engine.stats, log_requests=False, prefix="vllm:").render().decode()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {f.name for f in text_string_to_metric_families(vllm)}
+    assert {"vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens_per_pos", "vllm:num_requests_running",
+            "vllm:kv_cache_usage_perc", "vllm:prompt_tokens", "vllm:time_to_first_token_seconds"} <= names, names
+    assert all(n.startswith("vllm:") for n in names)
+    assert 'model_name="tokenmill:model"' in vllm  # label values keep their text

@@ -20,6 +20,7 @@ class ServerConfig:
     served_model_name: str | None = None  # the name clients use; None: the model's own
     api_key: str | None = None  # 'Authorization: Bearer <key>' on every route but /health (and /metrics)
     metrics_require_key: bool = False
+    metrics_prefix: str = "tokenmill:"  # or "vllm:" (--metrics-prefix vllm): vLLM dashboards read the names as they are
     cors_origins: tuple[str, ...] = ()
     max_waiting_requests: int | None = None  # admission: 503 with Retry-After past this many waiting
     max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # 413 past it
@@ -73,6 +74,7 @@ class ServerConfig:
         api_key = args.api_key or os.environ.get("TOKENMILL_API_KEY") or None
         return cls(
             served_model_name=args.served_model_name, api_key=api_key, metrics_require_key=args.metrics_require_key,
+            metrics_prefix=f"{getattr(args, 'metrics_prefix', 'tokenmill')}:",
             cors_origins=cors,
             max_waiting_requests=args.max_waiting_requests, max_request_bytes=args.max_request_bytes or None,
             request_timeout=args.request_timeout, log_prompts=args.log_prompts,
