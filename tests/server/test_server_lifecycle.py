@@ -176,6 +176,34 @@ def test_queue_limit_then_graceful_drain() -> None:
         srv.stop()
 
 
+def test_a_second_signal_aborts_in_flight_streams_cleanly() -> None:
+    """SIGTERM starts a drain; SIGINT a second later stops at once, and the in-flight stream still ends with an
+    error event and [DONE] (it was cut mid-chunk, with a CancelledError traceback in the log)."""
+    srv = ServerProcess("--shutdown-timeout", "60").wait_ready()
+    long = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    results: dict[str, bytes] = {}
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{srv.url}/v1/completions", json=long, timeout=60) as r:
+            results["raw"] = b"".join(r.iter_raw())
+
+    try:
+        t = threading.Thread(target=stream)
+        t.start()
+        assert wait_for(lambda: _gauges(srv)["num_requests_running"] == 1), _gauges(srv)
+        srv.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: httpx.get(f"{srv.url}/health", timeout=5).status_code != 200)
+        srv.proc.send_signal(signal.SIGINT)
+        srv.proc.wait(timeout=20)
+        t.join(20)
+        raw = results["raw"]
+        assert raw.endswith(b"data: [DONE]\n\n") and b"shutting down" in raw.rsplit(b"\n\n", 3)[-3], raw[-500:]
+        out = srv.output()
+        assert "aborting the in-flight requests and exiting now" in out and "Traceback" not in out, out[-3000:]
+    finally:
+        srv.stop()
+
+
 def test_sigterm_right_after_a_burst_of_aborted_streams_exits_0() -> None:
     """200 streams with a large max_tokens whose clients hang up after their first token, then SIGTERM at
     once: the server drains and exits 0 within --shutdown-timeout + 5 s (it used to die of SIGABRT when it

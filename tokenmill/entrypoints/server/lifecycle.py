@@ -6,7 +6,7 @@ the port is bound and answers 503 while the default model loads; /health turns 2
 installed. The other models load on their first request (model_pool.py). SIGTERM/SIGINT start a drain:
 /health and new requests get 503, in-flight requests may finish for up to `shutdown_timeout` seconds, the
 rest are aborted in whichever engine runs them (clients get a 503 error), then every engine stops and the
-process exits 0. A second signal exits at once. If any engine thread dies, or hangs past `watchdog_timeout`
+process exits 0. A second signal aborts what is still in flight (its clients get the error) and exits at once. If any engine thread dies, or hangs past `watchdog_timeout`
 while it has work (each AsyncEngine has its watchdog), the process logs why and exits 1 within seconds.
 
 Test hook: TOKENMILL_FAULT_AFTER_STEPS=N makes the engine loop raise after N steps (an injected fault, used
@@ -59,11 +59,13 @@ class _LoadingGate:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn.Server whose first SIGTERM/SIGINT drains instead of stopping; the second stops at once."""
+    """uvicorn.Server whose first SIGTERM/SIGINT drains instead of stopping; the second stops at once (its
+    in-flight requests aborted first, so that each client gets its error instead of a cut connection)."""
 
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
         self.on_first_signal: Any = None  # set once the app is up
+        self.on_second_signal: Any = None
         self.num_signals = 0
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:  # runs in the main thread
@@ -71,6 +73,9 @@ class _Server(uvicorn.Server):
         if self.num_signals == 1 and self.on_first_signal is not None:
             log.info("got %s: draining", signal.Signals(sig).name)
             self.on_first_signal()
+        elif self.num_signals == 2 and self.on_second_signal is not None:
+            log.warning("got %s again: aborting the in-flight requests and exiting now", signal.Signals(sig).name)
+            self.on_second_signal()
         else:
             self.should_exit = True
             self.force_exit = self.num_signals > 1
@@ -92,6 +97,18 @@ async def _drain(server: _Server, pool: ModelPool, state: ServerState, timeout: 
         while state.in_flight and time.monotonic() < end:  # let their error responses go out
             await asyncio.sleep(0.05)
     server.should_exit = True
+
+
+async def _stop_now(server: _Server, pool: ModelPool, state: ServerState) -> None:
+    """A second signal: abort what is in flight, give the error responses a moment to go out, then stop."""
+    state.is_draining = True
+    for rid in list(state.in_flight):
+        pool.abort(rid, "server shutting down")
+    end = time.monotonic() + 1.0
+    while state.in_flight and time.monotonic() < end:
+        await asyncio.sleep(0.02)
+    server.should_exit = True
+    server.force_exit = True
 
 
 def _install_fault_injection(async_engine: AsyncEngine) -> None:
@@ -196,6 +213,7 @@ async def _serve(config: ServerConfig, models: ModelConfigs, routers: Sequence[R
     gate.app = build_app(pool, config, routers=routers, state=state, description=description)
     server.on_first_signal = lambda: loop.call_soon_threadsafe(
         lambda: loop.create_task(_drain(server, pool, state, config.shutdown_timeout)))
+    server.on_second_signal = lambda: loop.call_soon_threadsafe(lambda: loop.create_task(_stop_now(server, pool, state)))
     state.is_ready = True
     others = f"; also serving {', '.join(n for n in pool.names if n != pool.default_name)} (loaded on first use)" \
         if len(pool.names) > 1 else ""
