@@ -24,12 +24,35 @@ class Logprob:
 
 @dataclass
 class TokenLogprobs:
-    """The sampled token's logprob plus the top-N alternatives at one position."""
+    """The sampled token's logprob plus the top-N alternatives at one position. Also read as vLLM's position
+    entry, a dict token id -> Logprob over the alternatives and the sampled token: `entry[token_id].logprob`,
+    `entry.items()`, `token_id in entry`, so vLLM's offline code reads it unchanged."""
 
     token_id: int
     logprob: float
     rank: int
     top: list[Logprob] = field(default_factory=list)
+
+    def as_dict(self) -> dict[int, Logprob]:
+        """vLLM's shape: the top-N alternatives, and the sampled token (if it is not among them)."""
+        out = {t.token_id: t for t in self.top}
+        out.setdefault(self.token_id, Logprob(self.token_id, self.logprob, self.rank))
+        return out
+
+    def __getitem__(self, token_id: int) -> Logprob:
+        return self.as_dict()[token_id]
+
+    def __contains__(self, token_id: object) -> bool:
+        return token_id in self.as_dict()
+
+    def keys(self) -> list[int]:
+        return list(self.as_dict())
+
+    def values(self) -> list[Logprob]:
+        return list(self.as_dict().values())
+
+    def items(self) -> list[tuple[int, Logprob]]:
+        return list(self.as_dict().items())
 
 
 @dataclass
@@ -46,6 +69,11 @@ class CompletionOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """vLLM's: the sum of the sampled tokens' logprobs, when logprobs were asked for (None otherwise)."""
+        return None if self.logprobs is None else float(sum(e.logprob for e in self.logprobs))
 
 
 @dataclass

@@ -117,6 +117,11 @@ def test_logprobs(llm) -> None:
         assert len(lp.top) == 3 and lp.top[0].token_id == tok
         assert lp.top[0].logprob >= lp.top[1].logprob >= lp.top[2].logprob
         assert abs(lp.logprob - lp.top[0].logprob) < 1e-5
+        # vLLM's shape too: token id -> Logprob over the alternatives (the sampled one among them)
+        assert lp[tok].logprob == lp.logprob and tok in lp and set(lp.keys()) == {t.token_id for t in lp.top}
+        assert [v.logprob for v in lp.values()] == [t.logprob for t in lp.top] and dict(lp.items())[tok].rank == 1
+    assert out.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in out.logprobs))
+    assert greedy(llm, max_tokens=2).cumulative_logprob is None  # as vLLM: only when logprobs are asked for
 
 
 def test_memory_plan_refuses_settings_that_cannot_work() -> None:
