@@ -62,7 +62,8 @@ def test_openai_fields_clients_send_by_default(app: Any) -> None:
     def count(**kwargs: Any) -> int:
         return int(call(app, "POST", "/tokenize", {"messages": CHAT, "chat_template_kwargs": kwargs}).json()["count"])
 
-    assert text_of(app, {"messages": CHAT, "chat_template_kwargs": {"reasoning_effort": "low"}}).endswith("[effort low]\n")
+    rendered = text_of(app, {"messages": CHAT, "chat_template_kwargs": {"reasoning_effort": "low"}})
+    assert rendered.endswith("[effort low]\n")
     assert prompt_tokens(reasoning_effort="low") == count(reasoning_effort="low") > count()
     assert prompt_tokens(reasoning_effort="low", chat_template_kwargs={"reasoning_effort": "high"}) == \
         count(reasoning_effort="high")

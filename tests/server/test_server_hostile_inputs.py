@@ -215,7 +215,7 @@ def test_curl_style_form_encoded_json_is_read_as_json(small_server: ServerProces
             r = client.post("/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2}', headers=headers)
             assert r.status_code == 200, (ctype, r.text)
             assert r.json()["usage"]["completion_tokens"] == 2
-            r = client.post("/api/generate", content=b'{"model": "SmolLM2-135M-Instruct", "prompt": "hi", '
-                                                     b'"stream": false, "options": {"num_predict": 2}}', headers=headers)
+            body = b'{"model": "SmolLM2-135M-Instruct", "prompt": "hi", "stream": false, "options": {"num_predict": 2}}'
+            r = client.post("/api/generate", content=body, headers=headers)
             assert r.status_code == 200, (ctype, r.text)
             assert r.json()["done"] is True and r.json()["eval_count"] == 2

@@ -100,7 +100,8 @@ class GGUFFile:
             try:
                 qtype = GGMLQuantizationType(ggml_type)
             except ValueError:
-                raise GGUFError(f"{name}: unknown tensor type {ggml_type} (a newer GGUF than this reader knows?)") from None
+                raise GGUFError(f"{name}: unknown tensor type {ggml_type} (a newer GGUF than this reader "
+                                "knows?)") from None
             block, type_size = GGML_QUANT_SIZES[qtype]
             n_elements = int(np.prod(dims)) if dims else 1
             if dims[0] % block:

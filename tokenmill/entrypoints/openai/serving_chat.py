@@ -94,8 +94,10 @@ class OpenAIServingChat(OpenAIServing):
                                      raw_request: Request) -> Response | ChatCompletionResponse:
         """Validate, render, then stream SSE or return the whole ChatCompletionResponse. Raises APIError."""
         self.check_model(req.model)
-        for name, what in (("verbosity", "a GPT-5 setting"), ("prediction", "predicted outputs (see --speculative-config "
-                           "for n-gram speculation, which drafts from the prompt)"), ("audio", "audio output")):
+        for name, what in (("verbosity", "a GPT-5 setting"),
+                           ("prediction", "predicted outputs (see --speculative-config for n-gram speculation, which "
+                                          "drafts from the prompt)"),
+                           ("audio", "audio output")):
             if getattr(req, name) is not None:
                 raise bad_request(f"{name} is not supported by this server ({what}): leave it out or null", name)
         if req.top_logprobs is not None and not req.logprobs:

@@ -20,7 +20,7 @@ class ServerConfig:
     served_model_name: str | None = None  # the name clients use; None: the model's own
     api_key: str | None = None  # 'Authorization: Bearer <key>' on every route but /health (and /metrics)
     metrics_require_key: bool = False
-    metrics_prefix: str = "tokenmill:"  # or "vllm:" (--metrics-prefix vllm): vLLM dashboards read the names as they are
+    metrics_prefix: str = "tokenmill:"  # or "vllm:" (--metrics-prefix vllm): as vLLM's dashboards read them
     cors_origins: tuple[str, ...] = ()
     max_waiting_requests: int | None = None  # admission: 503 with Retry-After past this many waiting
     max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # 413 past it

@@ -6,8 +6,9 @@ the port is bound and answers 503 while the default model loads; /health turns 2
 installed. The other models load on their first request (model_pool.py). SIGTERM/SIGINT start a drain:
 /health and new requests get 503, in-flight requests may finish for up to `shutdown_timeout` seconds, the
 rest are aborted in whichever engine runs them (clients get a 503 error), then every engine stops and the
-process exits 0. A second signal aborts what is still in flight (its clients get the error) and exits at once. If any engine thread dies, or hangs past `watchdog_timeout`
-while it has work (each AsyncEngine has its watchdog), the process logs why and exits 1 within seconds.
+process exits 0. A second signal aborts what is still in flight (its clients get the error) and exits at
+once. If any engine thread dies, or hangs past `watchdog_timeout` while it has work (each AsyncEngine has its
+watchdog), the process logs why and exits 1 within seconds.
 
 Test hook: TOKENMILL_FAULT_AFTER_STEPS=N makes the engine loop raise after N steps (an injected fault, used
 by the test that checks the server exits non-zero when its engine dies).
@@ -213,7 +214,8 @@ async def _serve(config: ServerConfig, models: ModelConfigs, routers: Sequence[R
     gate.app = build_app(pool, config, routers=routers, state=state, description=description)
     server.on_first_signal = lambda: loop.call_soon_threadsafe(
         lambda: loop.create_task(_drain(server, pool, state, config.shutdown_timeout)))
-    server.on_second_signal = lambda: loop.call_soon_threadsafe(lambda: loop.create_task(_stop_now(server, pool, state)))
+    server.on_second_signal = lambda: loop.call_soon_threadsafe(
+        lambda: loop.create_task(_stop_now(server, pool, state)))
     state.is_ready = True
     others = f"; also serving {', '.join(n for n in pool.names if n != pool.default_name)} (loaded on first use)" \
         if len(pool.names) > 1 else ""
