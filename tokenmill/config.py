@@ -16,6 +16,8 @@ def parse_size(value: str | int | None) -> int | None:
     if value is None or isinstance(value, int):
         return value
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if re.fullmatch(r"\s*-.*", str(value)):
+        raise ValueError(f"a size must be positive, got {value!r}")
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot read {value!r} as a size: use a number with a unit, like 2GiB or 512MiB")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
@@ -128,7 +130,10 @@ class SpeculativeConfig:
         """From the flag's JSON text (or a dict); None stays None. Unknown fields are an error naming them."""
         if value is None:
             return None
-        data = json.loads(value) if isinstance(value, str) else dict(value)
+        try:
+            data = json.loads(value) if isinstance(value, str) else dict(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--speculative-config is not valid JSON ({e}): {value!r}") from None
         if not isinstance(data, dict):
             raise ValueError("--speculative-config must be a JSON object")
         known = {f.name for f in fields(cls)}

@@ -68,7 +68,7 @@ def test_list_show_ps_version(server: ServerProcess, client: Any) -> None:
     assert running[0].context_length == 2048 and running[0].size > m.size and running[0].size_vram == 0
     assert running[0].expires_at.year > 2200  # never unloaded
     assert httpx.get(f"{server.url}/api/version", headers=HEADERS).json()["version"]
-    for path in ("/api/tags", "/api/version"):  # Ollama answers HEAD there (clients' health checks)
+    for path in ("/api/tags", "/api/version", "/metrics"):  # Ollama answers HEAD there (clients' health checks)
         r = httpx.head(f"{server.url}{path}", headers=HEADERS)
         assert r.status_code == 200 and r.content == b"", (path, r.status_code)
 

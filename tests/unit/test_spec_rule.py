@@ -252,3 +252,15 @@ def test_ngram_drafts_reach_the_default_ceiling_on_a_verbatim_copy() -> None:
     r.num_computed_tokens = len(r.token_ids) - 1
     spec.propose([r])
     assert r.spec_token_ids == list(range(10, 16))
+
+
+def test_flag_values_that_do_not_read_say_which_flag_and_why() -> None:
+    import pytest
+
+    from tokenmill.config import parse_size
+
+    with pytest.raises(ValueError, match=r"--speculative-config is not valid JSON \(Expecting property name"):
+        SpeculativeConfig.parse("{bad")
+    with pytest.raises(ValueError, match="a size must be positive, got '-1GiB'"):
+        parse_size("-1GiB")
+    assert parse_size("1.5KiB") == 1536
