@@ -55,6 +55,22 @@ def test_eos_ends_with_stop(llm) -> None:
     assert "<|im_end|>" not in o.text
 
 
+def test_chat_messages_are_checked_as_the_server_checks_them(llm) -> None:
+    from tokenmill.sampling_params import ParamError
+
+    for messages, field, words in (([{"role": "user"}], "messages[0].content", "content is missing"),
+                                   ([{"role": "wizard", "content": "hi"}], "messages[0].role", "must be one of"),
+                                   (["hi"], "messages[0]", "must be a dict"),
+                                   ([[]], "messages", "must not be empty")):
+        with pytest.raises(ParamError, match=words) as e:
+            llm.chat(messages, SamplingParams(max_tokens=1))
+        assert e.value.field == field
+    # an assistant turn may carry tool calls and no content, as on the server
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None},
+               {"role": "user", "content": "Again"}]
+    assert llm.chat(history, SamplingParams(max_tokens=1))[0].outputs[0].token_ids
+
+
 def test_context_length_errors(small_llm) -> None:
     llm = small_llm  # at a 256-token context: the same limits, a prompt as long as the context is cheap
     limit = llm.engine.max_model_len

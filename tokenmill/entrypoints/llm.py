@@ -153,7 +153,8 @@ class LLM:
         processor = self.engine.input_processor
         prompts: list[Prompt] = []
         for c in conversations:
-            messages, offered = self._tools().prepare(list(c), calling)  # type: ignore[arg-type]
+            checked = _check_messages(c)  # type: ignore[arg-type]
+            messages, offered = self._tools().prepare(checked, calling)
             prompts.append(processor.render_chat_ids(messages, add_generation_prompt, offered,
                                                      continue_final_message=continue_final_message,
                                                      template_kwargs=chat_template_kwargs, template=chat_template))
@@ -248,3 +249,25 @@ def _validated(model: type[M], value: Any, field: str) -> M:
         err = e.errors()[0]
         where = ".".join(str(p) for p in (field, *err["loc"]))
         raise ParamError(field, f"{where}: {err['msg']}") from None
+
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _check_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The checks the server's chat makes of each message (protocol.ChatMessage), as ParamErrors naming
+    messages[i]: a dict with a known role, and content for every role but an assistant's (which may carry
+    tool calls instead). -> the messages, an assistant's missing content as "" (as the server renders it)."""
+    if not messages:
+        raise ParamError("messages", "messages must not be empty")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ParamError(f"messages[{i}]", f"messages[{i}] must be a dict with 'role' and 'content', got "
+                                              f"{type(m).__name__}")
+        if m.get("role") not in _ROLES:
+            raise ParamError(f"messages[{i}].role", f"messages[{i}].role must be one of {', '.join(_ROLES)}, got "
+                                                   f"{m.get('role')!r}")
+        if m.get("content") is None and m["role"] != "assistant":
+            raise ParamError(f"messages[{i}].content", f"messages[{i}].content is missing (a {m['role']} message "
+                                                      "needs it)")
+    return [{**m, "content": ""} if m.get("content") is None else m for m in messages]
