@@ -117,8 +117,8 @@ def build_app(models: AsyncEngine | ModelPool, config: ServerConfig | None = Non
     async def version() -> VersionResponse:
         return VersionResponse(version=__version__)
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"], response_class=Response,
-                   responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    @app.head("/metrics", include_in_schema=False)  # probes (load balancers, scrapers' checks)
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
