@@ -16,7 +16,6 @@ output: that is what lets `on_step` time inter-token latency for streaming and n
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 # the names' prefix: ours, or vLLM's (--metrics-prefix vllm), so that dashboards built for vLLM read them as they are
 PREFIX = "tokenmill:"
 PREFIXES = (PREFIX, "vllm:")
-_NAME_AT = re.compile(rb"^((?:# (?:HELP|TYPE) )?)tokenmill:", re.M)
 
 
 @dataclass
@@ -55,8 +53,9 @@ class _EngineCollector(Collector):
     """Gauges and cumulative counters read from each loaded engine's stats() when Prometheus scrapes:
     one family per metric, a sample per model."""
 
-    def __init__(self, engines: EngineStats) -> None:
+    def __init__(self, engines: EngineStats, prefix: str) -> None:
         self.engines = engines
+        self.prefix = prefix
 
     def collect(self) -> Iterable[Metric]:
         loaded = list(self.engines())
@@ -65,7 +64,7 @@ class _EngineCollector(Collector):
             ("num_requests_waiting", "Sequences waiting to be scheduled.", "num_waiting"),
             ("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).", "kv_cache_usage"),
         ):
-            g = GaugeMetricFamily(f"tokenmill:{name}", doc, labels=["model_name"])
+            g = GaugeMetricFamily(f"{self.prefix}{name}", doc, labels=["model_name"])
             for model, s in loaded:
                 g.add_metric([model], float(s[key]))
             yield g
@@ -74,7 +73,7 @@ class _EngineCollector(Collector):
             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
         ):
-            c = CounterMetricFamily(f"tokenmill:{name}", doc, labels=["model_name"])
+            c = CounterMetricFamily(f"{self.prefix}{name}", doc, labels=["model_name"])
             for model, s in loaded:
                 c.add_metric([model], float(s[key]))
             yield c
@@ -85,11 +84,11 @@ class _EngineCollector(Collector):
         for name, doc in (("spec_decode_num_drafts", "Verification runs: a request's drafts checked in a step."),
                           ("spec_decode_num_draft_tokens", "Draft tokens proposed and verified."),
                           ("spec_decode_num_accepted_tokens", "Draft tokens accepted.")):
-            c = CounterMetricFamily(f"tokenmill:{name}", doc, labels=["model_name"])
+            c = CounterMetricFamily(f"{self.prefix}{name}", doc, labels=["model_name"])
             for model, s in speculating:
                 c.add_metric([model], float(s[name]))
             yield c
-        c = CounterMetricFamily("tokenmill:spec_decode_num_accepted_tokens_per_pos",
+        c = CounterMetricFamily(f"{self.prefix}spec_decode_num_accepted_tokens_per_pos",
                                 "Draft tokens accepted, by their position in the draft (0 = first).",
                                 labels=["model_name", "position"])
         prefix = "spec_decode_num_accepted_tokens_per_pos_"
@@ -110,14 +109,13 @@ class ServerMetrics:
                  log_requests: bool = True, engines: EngineStats | None = None, prefix: str = PREFIX) -> None:
         if prefix not in PREFIXES:
             raise ValueError(f"metrics prefix must be one of {', '.join(PREFIXES)}, got {prefix!r}")
-        self.prefix = prefix
         self.log_requests = log_requests
         self.registry = CollectorRegistry()
         self._models: dict[str, ModelMetrics] = {}
         r, lbl = self.registry, ["model_name"]
 
         def hist(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
-            return Histogram(f"tokenmill:{name}", doc, lbl, buckets=buckets, registry=r)
+            return Histogram(f"{prefix}{name}", doc, lbl, buckets=buckets, registry=r)
 
         self.families: dict[str, Any] = {
             "ttft": hist("time_to_first_token_seconds", "Arrival to first output token."),
@@ -129,10 +127,10 @@ class ServerMetrics:
             "decode": hist("request_decode_time_seconds", "First token to finish."),
             "prompt_len": hist("request_prompt_tokens", "Prompt tokens per request.", _TOKEN_BUCKETS),
             "gen_len": hist("request_generation_tokens", "Output tokens per request (all choices).", _TOKEN_BUCKETS),
-            "prompt_tokens": Counter("tokenmill:prompt_tokens", "Prompt tokens of finished requests.", lbl,
+            "prompt_tokens": Counter(f"{prefix}prompt_tokens", "Prompt tokens of finished requests.", lbl,
                                      registry=r),
-            "generation_tokens": Counter("tokenmill:generation_tokens", "Output tokens generated.", lbl, registry=r),
-            "success": Counter("tokenmill:request_success", "Finished requests by finish reason.",
+            "generation_tokens": Counter(f"{prefix}generation_tokens", "Output tokens generated.", lbl, registry=r),
+            "success": Counter(f"{prefix}request_success", "Finished requests by finish reason.",
                                ["model_name", "finished_reason"], registry=r),
         }
         self._first: ModelMetrics | None = None
@@ -140,7 +138,7 @@ class ServerMetrics:
             self._first = self.model(model_name)
             if engines is None and stats is not None:
                 engines = _one_engine(model_name, stats)
-        r.register(_EngineCollector(engines or (lambda: [])))
+        r.register(_EngineCollector(engines or (lambda: []), prefix))
 
     def model(self, name: str) -> ModelMetrics:
         """One model's request metrics and hooks (made on first use, then the same object)."""
@@ -158,12 +156,8 @@ class ServerMetrics:
         self._first.on_request_error()
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric, its names under `self.prefix`."""
-        text = generate_latest(self.registry)
-        if self.prefix == PREFIX:
-            return text
-        # the metric name starts a sample line and follows '# HELP ' / '# TYPE '; label values are left alone
-        return _NAME_AT.sub(lambda m: m.group(1) + self.prefix.encode(), text)
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
 
 
 class ModelMetrics:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import typing
 from dataclasses import fields
 from typing import Any, Sequence, TypeVar
 
@@ -19,7 +20,7 @@ from tokenmill.config import EngineConfig, SpeculativeConfig, parse_size
 from tokenmill.engine.beam_search import BeamSearch, BeamSearchParams, Hypothesis
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.engine.llm_engine import LLMEngine
-from tokenmill.entrypoints.openai.protocol import ChatCompletionTool, NamedToolChoice
+from tokenmill.entrypoints.openai.protocol import ChatCompletionTool, ChatMessage, NamedToolChoice
 from tokenmill.entrypoints.openai.tool_calling import ToolCalling
 from tokenmill.entrypoints.openai.tool_parsers import ParsedOutput
 from tokenmill.entrypoints.openai.tool_prompt import ToolPrompt
@@ -251,7 +252,7 @@ def _validated(model: type[M], value: Any, field: str) -> M:
         raise ParamError(field, f"{where}: {err['msg']}") from None
 
 
-_ROLES = ("system", "developer", "user", "assistant", "tool")
+_ROLES = typing.get_args(ChatMessage.model_fields["role"].annotation)  # the server's ChatMessage roles
 
 
 def _check_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

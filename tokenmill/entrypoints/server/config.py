@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from tokenmill.engine.async_engine import DEFAULT_WATCHDOG_TIMEOUT
 from tokenmill.entrypoints.server.served_model import DEFAULT_KEEP_ALIVE, parse_keep_alive
+from tokenmill.metrics import PREFIX as METRICS_PREFIX
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # a 128K-token prompt is ~1 MiB of JSON; 4 MiB leaves room, and no more
 
@@ -20,7 +21,7 @@ class ServerConfig:
     served_model_name: str | None = None  # the name clients use; None: the model's own
     api_key: str | None = None  # 'Authorization: Bearer <key>' on every route but /health (and /metrics)
     metrics_require_key: bool = False
-    metrics_prefix: str = "tokenmill:"  # or "vllm:" (--metrics-prefix vllm): as vLLM's dashboards read them
+    metrics_prefix: str = METRICS_PREFIX  # or "vllm:" (--metrics-prefix vllm): as vLLM's dashboards read them
     cors_origins: tuple[str, ...] = ()
     max_waiting_requests: int | None = None  # admission: 503 with Retry-After past this many waiting
     max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # 413 past it

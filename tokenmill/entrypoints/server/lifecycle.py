@@ -92,22 +92,24 @@ async def _drain(server: _Server, pool: ModelPool, state: ServerState, timeout: 
         await asyncio.sleep(0.05)
     if state.in_flight:
         log.warning("shutdown timeout: aborting %d requests", len(state.in_flight))
-        for rid in list(state.in_flight):
-            pool.abort(rid, "server shutting down")
-        end = time.monotonic() + 2.0
-        while state.in_flight and time.monotonic() < end:  # let their error responses go out
-            await asyncio.sleep(0.05)
+        await _abort_in_flight(pool, state, 2.0)
     server.should_exit = True
+
+
+async def _abort_in_flight(pool: ModelPool, state: ServerState, wait: float) -> None:
+    """Abort every in-flight request ("server shutting down") and give their error responses up to `wait`
+    seconds to go out."""
+    for rid in list(state.in_flight):
+        pool.abort(rid, "server shutting down")
+    end = time.monotonic() + wait
+    while state.in_flight and time.monotonic() < end:
+        await asyncio.sleep(0.02)
 
 
 async def _stop_now(server: _Server, pool: ModelPool, state: ServerState) -> None:
     """A second signal: abort what is in flight, give the error responses a moment to go out, then stop."""
     state.is_draining = True
-    for rid in list(state.in_flight):
-        pool.abort(rid, "server shutting down")
-    end = time.monotonic() + 1.0
-    while state.in_flight and time.monotonic() < end:
-        await asyncio.sleep(0.02)
+    await _abort_in_flight(pool, state, 1.0)
     server.should_exit = True
     server.force_exit = True
 
