@@ -28,3 +28,5 @@ mkdir -p /tmp/prof/vA && cp tokenmill/native/{block_matmul,amx_matmul,panel_matm
 .venv/bin/python benchmarks/experiments/token_budget_ab.py 64 512 1024 2048 > $R/token_budget_offline.txt
 TOKENMILL_ARGS='--max-num-batched-tokens 1024' PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$R/budget1024 benchmarks/compare.sh
 PEERS="vllm-bf16" LEVELS=16,64 RESULTS_DIR=$R/budget512 benchmarks/compare.sh
+# at 1072210 (the stop's final code; its hot path is ecd8592's): one stream against llama-server, right after CI
+PEERS="llama-server" LEVELS=1 RESULTS_DIR=$R/final-c1 benchmarks/compare.sh
