@@ -42,7 +42,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
     g.add_argument("--quantization", choices=["auto", *QUANTIZATION_CHOICES], default=None,
                    help="auto (default): a GGUF file on CPU keeps its quantized blocks (ggml's kernels), other "
                         "weights run at the compute dtype. dequantize: GGUF weights dequantized at load; "
-                        "q8_0, q4_k, ...: requantize unquantized weights at load (ggml's quantizer); int8: "
+                        "q8_0, q4_k, ...: every matrix quantized to that type at load (ggml's quantizer; a GGUF's "
+                        "other quantized types requantized from their values); int8: "
                         "torch's weight-only int8")
     g.add_argument("--dense-copy", choices=DENSE_COPY_CHOICES, default="auto",
                    help="GGUF blocks on CPU: also keep a dense copy of the matmul weights for batches past the "

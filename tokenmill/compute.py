@@ -4,7 +4,7 @@ all ask the same function.
 
     device  weights  quantization  ->  dtype      linear method
     cpu     GGUF     - (auto)      ->  (below)    gguf           the file's blocks on ggml's kernels (if built)
-    cpu     any      q8_0, q4_k... ->  (below)    gguf           requantized at load by ggml's quantizer
+    cpu     any      q8_0, q4_k... ->  (below)    gguf           (re)quantized at load by ggml's quantizer
     cpu     any      int8          ->  (below)    int8           weight-only int8, bf16 activations (torch)
     cuda    any      -             ->  bfloat16   unquantized    GGUF dequantized (no CUDA kernels for blocks yet)
     cpu     any      dequantize    ->  (below)    prepacked / unquantized, as for an unquantized checkpoint
@@ -215,14 +215,20 @@ def requant_type_for(type_name: str, in_features: int) -> str:
     return "f16"
 
 
+def held_type(stored_type: str, requant_type: str | None, in_features: int) -> str:
+    """The type the gguf method holds a checkpoint matrix of `stored_type` at: its own without a requant type;
+    with one, that type (requant_type_for), whatever the file stored. A matrix the file already quantized to
+    another type is requantized from its dequantized values, as llama-quantize --allow-requantize does: its
+    error is at least the larger of the two types' (the loader logs it)."""
+    return stored_type if requant_type is None else requant_type_for(requant_type, in_features)
+
+
 def stored_matrix_bytes(method: str, out_features: int, in_features: int, stored_type: str,
                         requant_type: str | None) -> int:
     """Bytes a checkpoint matrix (embedding or matmul weight) of `stored_type` takes under the gguf method:
-    its own blocks, or requantized when it is stored unquantized and a requant type is asked for."""
+    its own blocks, or requantized when a requant type is asked for (held_type)."""
     assert method == "gguf"
-    if requant_type is not None and stored_type in UNQUANTIZED_TYPES:
-        stored_type = requant_type_for(requant_type, in_features)
-    return out_features * quantized_row_bytes(stored_type, in_features)
+    return out_features * quantized_row_bytes(held_type(stored_type, requant_type, in_features), in_features)
 
 
 UNQUANTIZED_TYPES = ("f32", "f16", "bf16")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tokenmill.compute import (UNQUANTIZED_TYPES, ComputeChoice, linear_weight_bytes, requant_type_for,
+from tokenmill.compute import (ComputeChoice, held_type, linear_weight_bytes,
                                stored_matrix_bytes, vnni_packed_bytes)
 from tokenmill.config import format_size
 from tokenmill.loader.model_config import ModelConfig
@@ -163,8 +163,7 @@ def _gguf_matrix_bytes(cfg: ModelConfig, compute: ComputeChoice, n: int, k: int,
     compute.vnni_pack repacks the matrices of a linear layer (layers/ggml_linear.py, _packs): the decoder's and
     the output layer's (`is_head`; a tied embedding gathers from those), not an untied embedding's."""
     if compute.vnni_pack and (is_head or (n, k) != (cfg.vocab_size, cfg.hidden_size)):
-        if compute.requant_type is not None and stored_type in UNQUANTIZED_TYPES:  # quantized at load first
-            stored_type = requant_type_for(compute.requant_type, k)
+        stored_type = held_type(stored_type, compute.requant_type, k)  # (re)quantized at load first
         packed = vnni_packed_bytes(n, k, stored_type)
         if packed is not None:
             return packed

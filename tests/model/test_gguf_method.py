@@ -481,6 +481,30 @@ def test_requantize_an_unquantized_checkpoint(tmp_path: Path, llm) -> None:
             assert ours.engine.plan.weight_bytes < 1.1 * n
 
 
+def test_requantize_a_quantized_gguf(llm, caplog) -> None:
+    """--quantization q8_0 on the default Q4_1 / Q8_0 file: every matrix is held as q8_0 (the Q4_1 ones
+    requantized from their dequantized values, with a warning that names the types; the Q8_0 embedding kept as
+    it is), the plan counts q8_0's bytes, and the logits stay close to the file's own dequantized ones. It was
+    silently the file's Q4_1 blocks."""
+    import logging
+
+    from tokenmill.layers.ggml_linear import _type_name
+
+    with caplog.at_level(logging.WARNING, logger="tokenmill.worker.worker"):
+        ours = ggml_engine(quantization="q8_0")
+    assert ours.engine.platform.compute.requant_type == "q8_0"
+    assert any("q4_1 matrices to q8_0" in r.getMessage() for r in caplog.records), caplog.text
+    lins = [m for m in ours.engine.executor.worker.model.modules() if isinstance(getattr(m, "method", None),
+                                                                                  GGUFLinearMethod)]
+    assert lins and {_type_name(m).split()[-1] for m in lins} == {"q8_0"}
+    n = ours.engine.model_config.num_parameters()
+    assert 1.0 * n < ours.engine.plan.weight_bytes < 1.1 * n  # q8_0: 34 bytes a 32 weights (Q4_1: 20)
+    ids = corpus_ids(llm.tokenizer, 250)[0]
+    a, b = prompt_logits(llm, ids), prompt_logits(ours, ids)
+    rel = float(((a - b).norm(dim=-1) / a.norm(dim=-1)).median())
+    assert rel < 4e-2, f"median relative logit error {rel:.2e}"
+
+
 def test_decode_steps_stay_on_the_blocks_up_to_the_row_tile(monkeypatch) -> None:
     """A calibrated crossover below 8 rows (bf16 on AMX measures 1) still lets decode-only steps of up to 8
     rows run as one native call on the blocks (speculative verification, small batches); a fixed

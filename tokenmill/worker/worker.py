@@ -4,10 +4,12 @@ ModelRunner. Everything it is given is plain data."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from tokenmill.attention.registry import create_attention_backend
-from tokenmill.compute import UNQUANTIZED_TYPES
+from tokenmill.compute import UNQUANTIZED_TYPES, held_type
 from tokenmill.layers.linear import Linear, LinearMethod, get_linear_method
 from tokenmill.loader.gguf import TensorInfo
 from tokenmill.loader.model_config import ModelConfig
@@ -23,17 +25,29 @@ from tokenmill.worker.kv_cache import allocate_kv_cache, per_layer_views
 from tokenmill.worker.model_runner import ModelRunner
 from tokenmill.worker.worker_config import DraftConfig, WorkerConfig
 
+log = logging.getLogger(__name__)
+
 
 def keep_blocks(method: LinearMethod) -> KeepQuantized | None:
     """Which GGUF tensors the method takes as their blocks: under gguf every matrix (2-D tensor, or a 3-D
-    stack of experts' matrices), except unquantized ones when it requantizes (those come dense and are
-    quantized at load)."""
+    stack of experts' matrices), except, when it requantizes, those of another type than the one asked for
+    (compute.held_type): they come dense and are quantized at load. Requantizing a matrix the file already
+    quantized is logged once, with the types, as llama-quantize warns of it."""
     if not method.keeps_blocks:
         return None
     requant = getattr(method, "requant_type", None)
+    warned: set[str] = set()
 
     def keep(name: str, info: TensorInfo) -> bool:
-        return len(info.shape) in (2, 3) and (requant is None or info.ggml_type.name.lower() not in UNQUANTIZED_TYPES)
+        if len(info.shape) not in (2, 3):
+            return False
+        stored = info.ggml_type.name.lower()
+        held = held_type(stored, requant, info.shape[-1])
+        if held != stored and stored not in UNQUANTIZED_TYPES and stored not in warned:
+            warned.add(stored)
+            log.warning("requantizing the file's %s matrices to %s at load: their error is at least the larger "
+                        "of the two types' (drop --quantization to run the file's own blocks)", stored, held)
+        return held == stored
     return keep
 
 
