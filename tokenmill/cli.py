@@ -348,10 +348,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The innermost (sub)command's parser that argv names, e.g. `tokenmill bench serve`'s: an unknown flag
+    is reported with that command's usage, not the top level's (argparse's own habit)."""
+    for tok in argv:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            break
+        if tok in subs[0].choices:
+            parser = subs[0].choices[tok]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     one_arena()  # before any thread starts: an unloaded model's memory can then all go back (tokenmill/heap.py)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _command_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

@@ -28,3 +28,4 @@ def test_serve_refuses_before_loading(capsys: pytest.CaptureFixture[str]) -> Non
     assert cli.main(["serve", "--port", "70000"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "tokenmill serve: --port 70000 is not a port number (0-65535)"
+
