@@ -68,10 +68,12 @@ def test_engine_death_is_seen_within_a_second() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
                                      timeout=60) as client:
             assert (await client.get("/health")).status_code == 200
+            assert [(await client.request(m, "/ping")).status_code for m in ("GET", "POST")] == [200, 200]
             plain, streamed = await asyncio.gather(client.post("/v1/completions", json=body),
                                                    client.post("/v1/completions", json={**body, "stream": True}))
             answered_at = time.monotonic()
             health = await client.get("/health")
+            assert (await client.post("/ping")).status_code == 503  # vLLM's alias answers as /health does
             after = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
             return plain, streamed, answered_at, health, after
 

@@ -72,10 +72,11 @@ def test_binds_localhost_by_default() -> None:
 
 
 # -- the API key -----------------------------------------------------------------------------------------
-def test_api_key_required_on_every_route_but_health_and_metrics(server: ServerProcess) -> None:
+def test_api_key_required_on_every_route_but_health_ping_and_metrics(server: ServerProcess) -> None:
     schema = httpx.get(f"{server.url}/openapi.json", headers=HEADERS).json()
     routes = [(method.upper(), path) for path, ops in schema["paths"].items() for method in ops]
-    routes += [("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/no-such-route")]
+    routes += [("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/no-such-route"), ("GET", "/ping"),
+               ("POST", "/ping")]
     assert len(routes) >= 11
     wrong_same_length = "x" * len(API_KEY)
     with httpx.Client(base_url=server.url, timeout=30) as client:
@@ -84,7 +85,7 @@ def test_api_key_required_on_every_route_but_health_and_metrics(server: ServerPr
             for headers in ({}, {"Authorization": f"Bearer {wrong_same_length}"}, {"Authorization": API_KEY},
                             {"Authorization": f"Bearer {API_KEY.upper()}"}, {"X-Api-Key": API_KEY}):
                 r = client.request(method, path, json=body, headers=headers)
-                if path in ("/health", "/metrics"):
+                if path in ("/health", "/ping", "/metrics"):
                     assert r.status_code == 200, (path, r.status_code)
                 elif method == "HEAD":  # no body
                     assert r.status_code == 401, (path, r.status_code)

@@ -113,6 +113,9 @@ def build_app(models: AsyncEngine | ModelPool, config: ServerConfig | None = Non
             return error_response(503, "draining" if state.is_draining else "loading")
         return Response(status_code=200)
 
+    # vLLM's alias of /health for platforms that probe /ping (SageMaker sends GET and POST)
+    app.add_api_route("/ping", health, methods=["GET", "POST"], include_in_schema=False)
+
     @app.get("/version")
     async def version() -> VersionResponse:
         return VersionResponse(version=__version__)
@@ -130,7 +133,7 @@ def build_app(models: AsyncEngine | ModelPool, config: ServerConfig | None = Non
     if config.max_request_bytes is not None:
         app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes, shapes=shapes)
     if config.api_key:
-        exempt = {"/health"} | (set() if config.metrics_require_key else {"/metrics"}) | context.public_paths
+        exempt = {"/health", "/ping"} | (set() if config.metrics_require_key else {"/metrics"}) | context.public_paths
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=frozenset(exempt), shapes=shapes)
     if config.cors_origins:  # added last: outermost, so preflights are answered before the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
