@@ -17,6 +17,7 @@ from tokenmill.config import EngineConfig, SpeculativeConfig, parse_size
 from tokenmill.heap import one_arena
 from tokenmill.entrypoints.openai.reasoning import PARSERS as REASONING_PARSERS
 from tokenmill.entrypoints.openai.tool_parsers.registry import PARSER_CHOICES
+from tokenmill.entrypoints.vllm_flags import add_vllm_args, apply_vllm_args
 
 
 def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -> None:
@@ -67,7 +68,8 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
         enable_prefix_caching=not args.no_prefix_caching, device=args.device, dtype=args.dtype, seed=args.seed,
         num_threads=args.num_threads, quantization=None if args.quantization == "auto" else args.quantization,
         dense_copy=args.dense_copy, speculative_config=SpeculativeConfig.parse(args.speculative_config),
-        chat_template=getattr(args, "chat_template", None))
+        chat_template=getattr(args, "chat_template", None),
+        gpu_memory_utilization=getattr(args, "vllm_gpu_util", None))
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -167,6 +169,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from tokenmill.entrypoints.server.served_model import engine_config_for, name_models
 
+    try:
+        apply_vllm_args(args)  # vLLM's flags folded into ours, or refused
+    except ValueError as e:
+        print(f"tokenmill serve: {e}", file=sys.stderr)
+        return 2
     problem = listen_problem(args.host, args.port)
     if problem is not None:  # before the model loads (seconds to minutes), not after
         print(f"tokenmill serve: {problem}", file=sys.stderr)
@@ -332,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "for browsers")
     add_engine_args(s)
     add_serve_args(s)
+    add_vllm_args(s)
     s.set_defaults(func=cmd_serve)
 
     pl = sub.add_parser("plan", help="the memory arithmetic for a model and settings, before loading anything")

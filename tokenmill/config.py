@@ -168,6 +168,9 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
     # vLLM's --chat-template: a Jinja file's path or the template itself, replacing the model's own
     chat_template: str | None = None
+    # vLLM's --gpu-memory-utilization (CUDA only): the share of the GPU's memory this engine may take; sizes
+    # the KV cache when kv_cache_memory does not (memory_plan.kv_bytes_for_gpu_share)
+    gpu_memory_utilization: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -180,6 +183,8 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         from tokenmill.compute import DENSE_COPY_CHOICES, QUANTIZATION_CHOICES

@@ -179,6 +179,23 @@ def default_kv_cache_bytes(is_cuda: bool, free_bytes: int) -> int:
     return min(free_bytes // 4, 2 * 2**30)
 
 
+CUDA_ACTIVATION_BYTES = 2 * 2**30  # what default_kv_cache_bytes leaves a GPU's steps
+
+
+def kv_bytes_for_gpu_share(share: float, total: int, free: int, weight_bytes: int) -> int:
+    """vLLM's --gpu-memory-utilization: this process may use `share` of the GPU's `total` memory, of which
+    other processes hold `total - free` now and its weights will take `weight_bytes`; the KV cache gets what
+    is left after CUDA_ACTIVATION_BYTES for the steps. A ValueError that says why when nothing is left."""
+    kv = int(share * total) - (total - free) - weight_bytes - CUDA_ACTIVATION_BYTES
+    if kv <= 0:
+        raise ValueError(
+            f"--gpu-memory-utilization {share}: {format_size(int(share * total))} of the GPU's {format_size(total)} "
+            f"leaves nothing for the KV cache after {format_size(total - free)} already in use, "
+            f"{format_size(weight_bytes)} of weights and {format_size(CUDA_ACTIVATION_BYTES)} for activations: "
+            "raise it, or give --kv-cache-memory")
+    return kv
+
+
 def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cache_bytes: int,
               max_model_len: int, matrices: list[tuple[int, int, str]] | None = None,
               max_chunk_tokens: int = 0) -> MemoryPlan:

@@ -88,7 +88,14 @@ class LLMEngine:
                                                       matrices)
         get_model_class(cfg.architecture)  # an unsupported architecture fails now, before the plan
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
+        if config.gpu_memory_utilization is not None and not self.platform.is_cuda:
+            raise ValueError("--gpu-memory-utilization sizes a GPU's memory; on CPU the KV cache is "
+                             "--kv-cache-memory (default: a quarter of available RAM, at most 2 GiB)")
         kv_bytes = config.kv_cache_memory or self.platform.default_kv_cache_memory()
+        if config.gpu_memory_utilization is not None and config.kv_cache_memory is None:
+            probe = make_plan(cfg, self.platform.compute, config.block_size, kv_bytes, 1, matrices)
+            kv_bytes = self.platform.kv_cache_memory_for_share(config.gpu_memory_utilization,
+                                                               probe.weight_bytes + probe.extra_weight_bytes)
         # tokens a step may schedule: the flag, else the platform's default (compute.default_token_budget)
         self.max_num_batched_tokens = (config.max_num_batched_tokens or
                                        default_token_budget(self.platform.device.type, self.platform.compute))

@@ -11,7 +11,7 @@ import torch
 
 from tokenmill.compute import ComputeChoice, choose_compute, choose_dense_copy, int8_panel_covers, vnni_packs
 from tokenmill.config import EngineConfig
-from tokenmill.memory_plan import available_ram, default_kv_cache_bytes, total_ram
+from tokenmill.memory_plan import available_ram, default_kv_cache_bytes, kv_bytes_for_gpu_share, total_ram
 from tokenmill.native import kernels as native_kernels
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,13 @@ class Platform:
 
     def default_kv_cache_memory(self) -> int:
         return default_kv_cache_bytes(self.is_cuda, self.available_memory())
+
+    def kv_cache_memory_for_share(self, share: float, weight_bytes: int) -> int:
+        """The KV cache under vLLM's --gpu-memory-utilization (CUDA; memory_plan.kv_bytes_for_gpu_share), with
+        the weights not loaded yet."""
+        assert self.is_cuda
+        free, total = torch.cuda.mem_get_info(self.device)
+        return kv_bytes_for_gpu_share(share, int(total), int(free), weight_bytes)
 
     def decode_mirror_bytes(self) -> int:
         """Memory for DecodeMirror (contiguous K/V rows for decoding requests). On CPU, gathering blocks

@@ -79,6 +79,7 @@ class ServerConfig:
             cors_origins=cors,
             max_waiting_requests=args.max_waiting_requests, max_request_bytes=args.max_request_bytes or None,
             request_timeout=args.request_timeout, log_prompts=args.log_prompts,
+            log_requests=not getattr(args, "vllm_disable_log_requests", False),
             tool_call_parser=getattr(args, "tool_call_parser", "auto"),
             reasoning_parser=getattr(args, "reasoning_parser", None), keep_alive=getattr(args, "keep_alive", None),
             models_memory=getattr(args, "models_memory", None), default_model=getattr(args, "default_model", None),
