@@ -133,6 +133,49 @@ def test_one_matmul_per_type_against_fp32(type_name: str, repack: bool) -> None:
     assert torch.equal(clayer(x), y), f"{type_name}: below the crossover the copy must not be used"
 
 
+# the other types a user's GGUF may hold (i-quants, ternary, MXFP4, 16-bit): ggml multiplies them on its
+# plain-block path; held to gguf-py's dequantizer as the types above are
+OTHER_TYPES = ["F16", "BF16", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_XS",
+               "TQ1_0", "TQ2_0", "MXFP4"]
+
+
+@pytest.mark.parametrize("type_name", OTHER_TYPES)
+def test_one_matmul_per_other_type_against_fp32(type_name: str) -> None:
+    """Types ggml's quantizer makes only with an importance matrix (IQ2_XXS, IQ2_XS, IQ1_S) are random blocks
+    with a small fp16 scale (every bit pattern of their grid indices and signs is a valid block), the rest
+    quantized from random weights; gguf-py's numpy dequantizer is the reference."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from tokenmill.layers.ggml_linear import GGUFLinearMethod
+    from tokenmill.layers.linear import Linear
+    from tokenmill.loader.weights import GGUFQuantized
+
+    qtype = GGMLQuantizationType[type_name]
+    n, k = 256, 512
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks_np = np.empty((n, k // block * size), dtype=np.uint8)
+    if ggml.requires_imatrix(int(qtype)):
+        blocks_np[:] = np.random.default_rng(0).integers(0, 256, size=blocks_np.shape, dtype=np.uint8)
+        blocks_np.reshape(n, -1, size)[:, :, :2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    else:
+        w = torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * 0.05
+        ggml.quantize(int(qtype), w.numpy().ctypes.data, blocks_np.ctypes.data, n, k)
+    w_deq = torch.from_numpy(dequantize(blocks_np, qtype).reshape(n, k).astype(np.float32))
+    assert float(w_deq.abs().max()) > 0
+    method = GGUFLinearMethod(repack=False)
+    method.max_ggml_rows = 10**6
+    layer = Linear(k, n, method)
+    layer.weight.weight_loader(layer.weight, GGUFQuantized(blocks_np, qtype, (n, k)), None)
+    layer.finish_loading()
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(1))
+    ref = F.linear(x.double(), w_deq.double()).float()
+    for rows in (1, 9):  # one row and a batch
+        y = layer(x[:rows].contiguous())
+        err = float((y - ref[:rows]).norm() / ref[:rows].norm())
+        assert err < 2e-2, f"{type_name}, {rows} rows: relative error {err:.2e}"
+
+
 def test_repacked_q4_k_reads_back_as_the_file_blocks() -> None:
     """ggml's repacked Q4_K (8 rows interleaved) read back by the shim: byte for byte the blocks that went in,
     and dequantized rows equal to gguf-py's dequantizer on them, for any 8-row-aligned span."""
