@@ -109,6 +109,14 @@ def write_gguf(path: Path, model: Any, family: str, qtype: str = "F32") -> Path:
     w.add_rope_dimension_count(hd)
     w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    rope = c.rope_parameters or {}
+    if rope.get("rope_type") == "yarn":  # as convert_hf_to_gguf writes a YaRN config
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(rope["factor"]))
+        w.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+        for key in ("beta_fast", "beta_slow"):
+            if rope.get(key) is not None:
+                w.add_float32(f"{arch}.rope.scaling.yarn_{key}", float(rope[key]))
     n_experts = getattr(c, "num_experts", None) or getattr(c, "num_local_experts", None)
     if n_experts:
         w.add_expert_count(n_experts)

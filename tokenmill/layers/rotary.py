@@ -42,9 +42,43 @@ def inv_frequencies(dim: int, theta: float, scaling: dict[str, Any] | None,
         scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
         mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif kind == "yarn":
+        assert scaling is not None
+        inv = yarn_inv_frequencies(inv, dim, theta, scaling)
     elif kind not in (None, "default"):
-        raise ValueError(f"rope scaling {kind!r} is not supported (supported: linear, llama3, longrope)")
+        raise ValueError(f"rope scaling {kind!r} is not supported (supported: linear, llama3, longrope, yarn)")
     return inv.to(torch.float32)
+
+
+def yarn_inv_frequencies(inv: torch.Tensor, dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
+    """YaRN (Qwen2.5 / Qwen3 long-context configs, and GGUFs converted from them): each frequency is a blend
+    of itself (extrapolated: the fast ones, which turn many times within the original context) and itself
+    divided by `factor` (interpolated: the slow ones). Frequency i turns orig / (2 pi) * inv[i] times over
+    the original context; the blend weight runs linearly in i from the index where that is beta_fast turns
+    (weight 1: kept as is) to where it is beta_slow (weight 0: divided), the two indices rounded outwards
+    (down and up; `truncate`: false keeps them exact). Static: the same tables at every length, as in
+    transformers, vLLM and llama.cpp. `inv`: the plain (dim // 2,) float64 frequencies."""
+    factor = scaling.get("factor")
+    original = scaling.get("original_max_position_embeddings")
+    if not factor or not original:
+        raise ValueError("yarn rope scaling needs factor and original_max_position_embeddings")
+    fast, slow = float(scaling.get("beta_fast") or 32.0), float(scaling.get("beta_slow") or 1.0)
+
+    def index_at(turns: float) -> float:  # the (fractional) frequency index that turns `turns` times
+        return dim * math.log(float(original) / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = index_at(fast), index_at(slow)
+    if scaling.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if hi == lo:
+        hi += 0.001
+    keep = 1.0 - ((torch.arange(dim // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0.0, 1.0)
+    return inv / float(factor) * (1.0 - keep) + inv * keep
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def longrope_factors(scaling: dict[str, Any], max_positions: int) -> list[float]:
@@ -64,15 +98,23 @@ def longrope_factors(scaling: dict[str, Any], max_positions: int) -> list[float]
 
 
 def attention_factor(scaling: dict[str, Any] | None, max_position_embeddings: int) -> float:
-    """What cos and sin are multiplied by: 1.0, except for longrope, where it is the config's
-    `attention_factor`, else (as transformers computes it) sqrt(1 + ln(s) / ln(original)) for the scale
-    s = `factor`, or max_position_embeddings / original_max_position_embeddings without one (1.0 if s <= 1)."""
+    """What cos and sin are multiplied by: 1.0, except for longrope and yarn, where it is the config's
+    `attention_factor`, else as transformers computes it: for longrope sqrt(1 + ln(s) / ln(original)) for
+    the scale s = `factor`, or max_position_embeddings / original_max_position_embeddings without one (1.0
+    if s <= 1); for yarn 1 + 0.1 ln(factor) (YaRN's temperature), or with DeepSeek's mscale and
+    mscale_all_dim the ratio of that at each."""
     kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type")
-    if kind != "longrope":
+    if kind not in ("longrope", "yarn"):
         return 1.0
     assert scaling is not None
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
+    if kind == "yarn":
+        factor = float(scaling["factor"])
+        mscale, all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and all_dim:
+            return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(all_dim))
+        return _yarn_mscale(factor)
     original = int(scaling["original_max_position_embeddings"])
     s = float(scaling.get("factor") or max_position_embeddings / original)
     return 1.0 if s <= 1.0 else math.sqrt(1 + math.log(s) / math.log(original))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,10 @@ class ModelConfig:
             rope_scaling = {"rope_type": str(stype), "factor": float(metadata.get(f"{arch}.rope.scaling.factor", 1.0)),
                             "original_max_position_embeddings":
                                 int(metadata.get(f"{arch}.rope.scaling.original_context_length", 0))}
+            if stype == "yarn":  # llama.cpp's n_ctx_orig_yarn falls back to the trained context too
+                if not rope_scaling["original_max_position_embeddings"]:
+                    rope_scaling["original_max_position_embeddings"] = int(get("context_length"))
+                rope_scaling |= _yarn_gguf(metadata, arch, float(metadata.get(f"{arch}.rope.scaling.factor", 1.0)))
         if "rope_freqs.weight" in tensor_names:
             rope_scaling = {"rope_type": "gguf_rope_freqs"}  # per-frequency factors stored as a tensor
         family: dict[str, Any] = {}
@@ -214,6 +219,26 @@ class ModelConfig:
 # Phi-3 / Phi-3.5 / Phi-4-mini: LongRoPE (short and long per-frequency factors, an attention factor on cos and
 # sin), partial rotary (Phi-4-mini rotates 0.75 of each head) and a sliding window in the config. The rope
 # scaling is normalised to {"rope_type": "longrope", "short_factor", "long_factor",
+def _yarn_gguf(md: dict[str, Any], arch: str, factor: float) -> dict[str, Any]:
+    """YaRN's optional GGUF keys as the HF config's fields (layers/rotary.py): the ramp's beta_fast /
+    beta_slow, and the temperature on cos and sin, llama.cpp's yarn_attn_factor times YaRN's own 1 + 0.1
+    ln(factor). An ext_factor other than 1 (a partial blend) or a log multiplier (DeepSeek's) is refused."""
+    key = f"{arch}.rope.scaling."
+    out: dict[str, Any] = {}
+    for name, field in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if md.get(key + name) is not None:
+            out[field] = float(md[key + name])
+    ext = md.get(key + "yarn_ext_factor")
+    if ext is not None and float(ext) >= 0 and float(ext) != 1.0:
+        raise ValueError(f"GGUF {key}yarn_ext_factor {ext} is not supported (1.0 only: the full YaRN blend)")
+    if md.get(key + "yarn_log_multiplier"):
+        raise ValueError(f"GGUF {key}yarn_log_multiplier is not supported")
+    attn = md.get(key + "yarn_attn_factor")
+    if attn is not None:
+        out["attention_factor"] = float(attn) * (1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0)
+    return out
+
+
 # "original_max_position_embeddings", "attention_factor"?} (layers/rotary.py reads it); from a GGUF the
 # two factor lists are tensors, which the model folds in (models/phi3.py).
 

@@ -31,7 +31,7 @@ from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.head_norm import HeadRMSNorm
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.norm import RMSNorm
-from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, inv_frequencies, rotate_
+from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, attention_factor, inv_frequencies, rotate_
 from tokenmill.loader.model_config import ModelConfig
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
@@ -161,7 +161,8 @@ class Gemma3ForCausalLM(nn.Module):
         hd = self.cfg.head_dim
         self.rope_global = RotaryEmbedding(hd, self.max_positions,
                                            inv_frequencies(hd, self.cfg.rope_theta, self.cfg.rope_scaling),
-                                           device, dtype)
+                                           device, dtype,
+                                           attention_factor(self.cfg.rope_scaling, self.cfg.max_position_embeddings))
         self.rope_local = RotaryEmbedding(hd, self.max_positions,
                                           inv_frequencies(hd, self.cfg.rope_local_theta or 10_000.0, None),
                                           device, dtype)
