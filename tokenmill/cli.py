@@ -56,6 +56,10 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                         '"prompt_lookup_max": 5}\', \'{"method": "draft_model", "model": "small.gguf"}\' or '
                         '\'{"method": "layer_skip", "num_draft_layers": 8}\' (README "Speculative decoding"; off '
                         'by default)')
+    g.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                   help="sampling defaults for requests that leave a field out: auto (default) the model's own "
+                        "(generation_config.json, a GGUF's general.sampling.*), vllm none (each API's own "
+                        "defaults), or a directory holding a generation_config.json (vLLM's flag)")
     g.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                    help="a Jinja chat template (a file's path, or the template text itself) to use instead of the "
                         "model's: for a GGUF without one, or to change how chats are rendered")
@@ -69,7 +73,8 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
         num_threads=args.num_threads, quantization=None if args.quantization == "auto" else args.quantization,
         dense_copy=args.dense_copy, speculative_config=SpeculativeConfig.parse(args.speculative_config),
         chat_template=getattr(args, "chat_template", None),
-        gpu_memory_utilization=getattr(args, "vllm_gpu_util", None))
+        gpu_memory_utilization=getattr(args, "vllm_gpu_util", None),
+        generation_config=getattr(args, "generation_config", "auto"))
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:

@@ -171,6 +171,9 @@ class EngineConfig:
     # vLLM's --gpu-memory-utilization (CUDA only): the share of the GPU's memory this engine may take; sizes
     # the KV cache when kv_cache_memory does not (memory_plan.kv_bytes_for_gpu_share)
     gpu_memory_utilization: float | None = None
+    # vLLM's --generation-config: the sampling defaults requests that leave a field out get (sampling_defaults.py):
+    # auto (the model's own: generation_config.json, a GGUF's general.sampling.*), vllm (none), or a directory
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and self.max_model_len < 1:

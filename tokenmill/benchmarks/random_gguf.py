@@ -105,7 +105,9 @@ def add_default_tokenizer(w: Any, vocab: int) -> None:
 
 
 def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.05, seed: int = 0,
-                      name: str = "random") -> Path:
+                      name: str = "random", extra_metadata: dict[str, float | int | str] | None = None) -> Path:
+    """A random-weight GGUF of `shape` with the default model's tokenizer; `extra_metadata`: more keys
+    (float, int or str values), e.g. general.sampling.temp."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
     from tokenmill.native import ggml
@@ -166,6 +168,13 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
         w.add_uint32(f"{a}.expert_used_count", s.experts_used)
         w.add_uint32(f"{a}.expert_feed_forward_length", s.expert_intermediate)
     add_default_tokenizer(w, s.vocab)
+    for key, value in (extra_metadata or {}).items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, int):
+            w.add_int32(key, value)
+        else:
+            w.add_float32(key, value)
     for tname, tshape, t in tensors:
         qtype = GGMLQuantizationType[type_of(tname, t).upper()]
         block, size = GGML_QUANT_SIZES[qtype]

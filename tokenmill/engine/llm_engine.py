@@ -25,6 +25,7 @@ from tokenmill.engine.stop_checker import StopChecker
 from tokenmill.loader.model_source import ModelSource, resolve_model
 from tokenmill.memory_plan import MemoryPlan, dense_copy_bytes, make_plan
 from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_defaults import SamplingDefaults
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler_output import SchedulerOutput
 from tokenmill.structured_output import StructuredOutputManager
@@ -54,6 +55,22 @@ def read_model_header(source: ModelSource) -> tuple[Any, Any, list[tuple[int, in
     return ModelConfig.from_hf_dir(source.path), Tokenizer.from_hf_dir(source.path), None
 
 
+def read_sampling_defaults(source: ModelSource, setting: str) -> SamplingDefaults:
+    """The sampling defaults --generation-config `setting` gives for this model (sampling_defaults.resolve)."""
+    from tokenmill import sampling_defaults
+
+    metadata = None
+    if setting == "auto" and source.kind == "gguf":
+        from tokenmill.loader.gguf import GGUFFile
+
+        gf = GGUFFile(source.path)
+        try:
+            metadata = {k: v for k, v in gf.metadata.items() if k.startswith("general.sampling.")}
+        finally:
+            gf.close()
+    return sampling_defaults.resolve(setting, source.kind, source.path, metadata)
+
+
 def vocabulary_mismatch(target: dict[str, int], draft: dict[str, int]) -> str | None:
     """Why a draft's vocabulary (token -> id) cannot stand for the target's, or None when they are the same."""
     if target == draft:
@@ -80,6 +97,10 @@ class LLMEngine:
         # device, dtype and linear method: decided once, here
         self.platform = resolve_platform(config, weights=self.source.kind)
         self.model_config, self.tokenizer, matrices = read_model_header(self.source)
+        # what a request that leaves a sampling field out gets (--generation-config; vLLM's rule)
+        self.sampling_defaults = read_sampling_defaults(self.source, config.generation_config)
+        if self.sampling_defaults.describe():
+            log.info("%s", self.sampling_defaults.describe())
         if config.chat_template is not None:
             self.tokenizer.chat_template = load_chat_template(config.chat_template)
         cfg = self.model_config

@@ -90,7 +90,7 @@ class LLM:
             prompts = [prompts]  # type: ignore[list-item]
         prompts = [_unwrap(p) for p in prompts]  # type: ignore[union-attr]
         if params is None:
-            params = SamplingParams()
+            params = self.get_default_sampling_params()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(plist)} SamplingParams")
@@ -148,7 +148,7 @@ class LLM:
             conversations = [conversations]  # type: ignore[list-item]
         calling = self.tool_calling(tools, tool_choice, parallel_tool_calls)
         if calling is not None:
-            params = params if params is not None else SamplingParams()
+            params = params if params is not None else self.get_default_sampling_params()
             params = (self._with_tools(params, calling) if isinstance(params, SamplingParams)
                       else [self._with_tools(p, calling) for p in params])
         processor = self.engine.input_processor
@@ -160,6 +160,13 @@ class LLM:
                                                      continue_final_message=continue_final_message,
                                                      template_kwargs=chat_template_kwargs, template=chat_template))
         return self.generate(prompts, params, use_tqdm)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use without sampling_params (vLLM's name): SamplingParams' defaults, with
+        the model's own recommendations over them (--generation-config; sampling_defaults.py), max_tokens
+        from the model's max_new_tokens if it gives one."""
+        d, base = self.engine.sampling_defaults, SamplingParams()
+        return dataclasses.replace(base, **d.given()) if d.given() else base
 
     def get_tokenizer(self) -> Any:
         """The model's tokenizer (tokenmill's: encode, decode, apply_chat_template), as vLLM's LLM has it."""

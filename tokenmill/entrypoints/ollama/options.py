@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from tokenmill.entrypoints.ollama.protocol import Options
 from tokenmill.entrypoints.server.errors import bad_request
+from tokenmill.sampling_defaults import SamplingDefaults
 from tokenmill.sampling_params import ParamError, SamplingParams, StructuredOutputsParams
 
 log = logging.getLogger("tokenmill.server")
@@ -63,10 +64,25 @@ class RequestOptions:
 class OptionsMapper:
     """Maps one server's requests' options; remembers which fixed-at-start options it has logged."""
 
-    def __init__(self, max_model_len: int, vocab_size: int) -> None:
+    def __init__(self, max_model_len: int, vocab_size: int, defaults: SamplingDefaults | None = None) -> None:
+        """`defaults`: the model's own sampling defaults (sampling_defaults.py), which replace Ollama's where
+        the model gives one, as a Modelfile's PARAMETER lines do."""
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.defaults = defaults or SamplingDefaults()
         self._logged: set[str] = set()
+
+    def default_parameters(self) -> dict[str, float | int]:
+        """The sampling defaults a request without options gets: Ollama's, or the model's where it has one."""
+        d = self.defaults
+        out: dict[str, float | int] = {"temperature": d.pick("temperature", None, DEFAULT_TEMPERATURE),
+                                       "top_k": d.pick("top_k", None, DEFAULT_TOP_K),
+                                       "top_p": d.pick("top_p", None, DEFAULT_TOP_P)}
+        if d.min_p is not None:
+            out["min_p"] = d.min_p
+        if d.repetition_penalty is not None:
+            out["repeat_penalty"] = d.repetition_penalty
+        return out
 
     def map(self, options: Options | None, *, logprobs: int | None = None,
             structured_outputs: StructuredOutputsParams | None = None) -> RequestOptions:
@@ -81,15 +97,19 @@ class OptionsMapper:
                                   f"options.{name}")
         num_ctx = self._num_ctx(o.num_ctx)
         num_predict = self._num_predict(o.num_predict)
+        d = self.defaults
+        if o.repeat_penalty is None and d.repetition_penalty is not None and o.repeat_last_n in (None, -1):
+            o = o.model_copy(update={"repeat_penalty": d.repetition_penalty})  # the model's, over the whole context
         repetition, presence, frequency = self._penalties(o, num_ctx)
-        top_k = DEFAULT_TOP_K if o.top_k is None else max(o.top_k, 0)
+        top_k = d.pick("top_k", None, DEFAULT_TOP_K) if o.top_k is None else max(o.top_k, 0)
+        top_p = d.pick("top_p", o.top_p, DEFAULT_TOP_P)
         try:
             params = SamplingParams(
                 # Ollama's sampler: greedy at 0 and below; top_p only inside (0, 1)
-                temperature=DEFAULT_TEMPERATURE if o.temperature is None else max(o.temperature, 0.0),
+                temperature=max(d.pick("temperature", o.temperature, DEFAULT_TEMPERATURE), 0.0),
                 top_k=min(top_k, self.vocab_size),
-                top_p=DEFAULT_TOP_P if o.top_p is None else o.top_p if 0.0 < o.top_p < 1.0 else 1.0,
-                min_p=o.min_p or 0.0,
+                top_p=top_p if 0.0 < top_p < 1.0 else 1.0,
+                min_p=d.pick("min_p", o.min_p, 0.0),
                 seed=o.seed if o.seed is not None and o.seed >= 0 else None,
                 stop=list(o.stop) if o.stop else None,
                 repetition_penalty=repetition, presence_penalty=presence, frequency_penalty=frequency,

@@ -23,7 +23,6 @@ from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest
                                                    ListedModel, OllamaErrorResponse, OllamaVersionResponse,
                                                    PsResponse, PullRequest, PullResponse, RunningModel, ShowRequest,
                                                    ShowResponse, TagsResponse)
-from tokenmill.entrypoints.ollama.options import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from tokenmill.entrypoints.ollama.serving import NDJSON, OllamaServing, ollama_not_found
 from tokenmill.entrypoints.server.app import ServerContext
 from tokenmill.entrypoints.server.errors import APIError, bad_request
@@ -55,16 +54,16 @@ def _registry_message(names: list[str], action: str) -> str:
             "tokenizer files) or 'default'")
 
 
-def _parameters(card: ModelCard) -> str:
-    """/api/show `parameters`: the sampling defaults this server applies, in Modelfile's spelling."""
-    return "\n".join(f"{k:<30} {v}" for k, v in (("temperature", DEFAULT_TEMPERATURE), ("top_k", DEFAULT_TOP_K),
-                                                  ("top_p", DEFAULT_TOP_P), ("num_ctx", card.context_length)))
+def _parameters(card: ModelCard, defaults: dict[str, float | int]) -> str:
+    """/api/show `parameters`: the sampling defaults this server applies (OptionsMapper.default_parameters:
+    Ollama's, or the model's own), in Modelfile's spelling."""
+    return "\n".join(f"{k:<30} {v}" for k, v in (*defaults.items(), ("num_ctx", card.context_length)))
 
 
-def _modelfile(card: ModelCard, path: str) -> str:
+def _modelfile(card: ModelCard, path: str, defaults: dict[str, float | int]) -> str:
     lines = [f"# served by tokenmill {__version__}; the template is the model's own (Jinja)", f"FROM {path}",
              f'TEMPLATE """{card.template}"""']
-    lines += [f"PARAMETER {line}" for line in _parameters(card).splitlines()]
+    lines += [f"PARAMETER {line}" for line in _parameters(card, defaults).splitlines()]
     return "\n".join(lines) + "\n"
 
 
@@ -164,9 +163,10 @@ def build_router(ctx: ServerContext) -> APIRouter:
         held, _ = await lease(req.model or req.name, None)
 
         async def run(m: LoadedModel) -> ShowResponse:
-            card = serving_of(m).card
+            card, defaults = serving_of(m).card, serving_of(m).options.default_parameters()
             path = str(pool.served(m.name).source.path)
-            return ShowResponse(license=card.license, modelfile=_modelfile(card, path), parameters=_parameters(card),
+            return ShowResponse(license=card.license, modelfile=_modelfile(card, path, defaults),
+                                parameters=_parameters(card, defaults),
                                 template=card.template, details=card.details,
                                 model_info=card.model_info(bool(req.verbose)),
                                 # every model takes tools (its template's way or the fallback prompt); it

@@ -70,7 +70,7 @@ class OllamaServing(OpenAIServing):
                          log_prompts=ctx.config.log_prompts, accepts=ctx.pool.accepts(model.name),
                          served_names=ctx.pool.names)
         self.card = ModelCard.of(self.engine, model.name)
-        self.options = OptionsMapper(self.max_model_len, self.vocab_size)
+        self.options = OptionsMapper(self.max_model_len, self.vocab_size, self.engine.sampling_defaults)
         self.tool_prompt = ToolPrompt(self.tokenizer, ctx.config.tool_call_parser, announce=False)
         self.reasoning_parser = ctx.config.reasoning_parser
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
@@ -119,6 +120,9 @@ class OpenAIServingChat(OpenAIServing):
         prompt = self.process_prompt(await self.render(req.messages, req.add_generation_prompt,
                                                        req.continue_final_message, calling,
                                                        self._template_kwargs(req)), params, "messages")
+        model_max = self.engine.sampling_defaults.max_tokens
+        if max_tokens is None and model_max is not None:  # the model's max_new_tokens, within the context
+            prompt = dataclasses.replace(prompt, max_tokens=min(model_max, prompt.max_tokens))
         self.check_admission()
         request_id = self.new_id("chatcmpl")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages])

@@ -114,18 +114,19 @@ class OpenAIServing:
             if bad:
                 raise bad_request(f"logit_bias: keys must be token ids, got {', '.join(map(repr, bad))}", "logit_bias")
             bias = {int(key): value for key, value in req.logit_bias.items()}
-        top_k = 0 if req.top_k is None else req.top_k
+        d = self.engine.sampling_defaults  # the model's own, where the request leaves a field out
+        top_k = d.pick("top_k", req.top_k, 0)
         try:
             return SamplingParams(
                 n=1 if req.n is None else req.n,
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
+                temperature=d.pick("temperature", req.temperature, 1.0),
+                top_p=d.pick("top_p", req.top_p, 1.0),
                 top_k=min(top_k, self.vocab_size),  # a k past the vocabulary means "all of it"
-                min_p=req.min_p or 0.0,
+                min_p=d.pick("min_p", req.min_p, 0.0),
                 seed=req.seed,
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                repetition_penalty=d.pick("repetition_penalty", req.repetition_penalty, 1.0),
                 logit_bias=bias,
                 max_tokens=max_tokens,
                 min_tokens=req.min_tokens or 0,
