@@ -236,6 +236,44 @@ class ChatCompletionRequest(SamplingFields):
     audio: dict[str, Any] | None = None
 
 
+class ResponsesRequest(_Request):
+    """POST /v1/responses (OpenAI's Responses API; serving_responses.py says what each field does here)."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool | None = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+    include: list[str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    stream_options: dict[str, Any] | None = None
+    # vLLM's sampling extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    # refused unless null / false, so a client hears why
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    background: bool | None = None
+    top_logprobs: int | None = None
+    max_tool_calls: int | None = None
+    prompt: dict[str, Any] | None = None
+
+
 class TokenizeRequest(_Request):
     """POST /tokenize: a prompt, or chat messages rendered with the template first."""
 

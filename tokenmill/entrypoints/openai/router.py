@@ -12,9 +12,11 @@ from fastapi import APIRouter, Request
 
 from tokenmill.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse,
-                                                   ModelCard, ModelList, TokenizeRequest, TokenizeResponse)
+                                                   ModelCard, ModelList, ResponsesRequest, TokenizeRequest,
+                                                   TokenizeResponse)
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat
 from tokenmill.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from tokenmill.entrypoints.openai.serving_responses import OpenAIServingResponses
 from tokenmill.entrypoints.openai.serving_engine import model_not_found
 from tokenmill.entrypoints.server.app import ServerContext
 from tokenmill.entrypoints.server.errors import APIError, bad_request
@@ -126,6 +128,18 @@ def build_router(ctx: ServerContext) -> APIRouter:
         lease = await pool.lease(req.model, not_found)
         return await lease.answer(lambda m: chat_of(m).create_chat_completion(req, raw_request))
 
+    @router.post("/v1/responses", responses=_STREAM)
+    async def create_response(req: ResponsesRequest, raw_request: Request) -> Any:
+        """OpenAI's Responses API, answered by the chat path (serving_responses.py)."""
+        lease = await pool.lease(req.model, not_found)
+        return await lease.answer(lambda m: OpenAIServingResponses(chat_of(m)).create(req, raw_request))
+
+    @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], include_in_schema=False)
+    @router.post("/v1/responses/{response_id}/cancel", include_in_schema=False)
+    async def stored_response(response_id: str) -> Any:
+        raise APIError(404, f"Response {response_id!r} not found: this server stores no responses (every answer "
+                            "says store: false); send the whole conversation in `input`", "response_id")
+
     @router.post("/v1/embeddings", include_in_schema=False)
     async def embeddings() -> Any:
         # vLLM's answer for a generative model: clients that try (RAG front ends) hear why, not a bare 404
@@ -136,7 +150,8 @@ def build_router(ctx: ServerContext) -> APIRouter:
     # http://host:port (a common slip) then works instead of getting 404s
     for alias, endpoint in (("/models", models), ("/models/{model:path}", retrieve_model),
                             ("/completions", create_completion),
-                            ("/chat/completions", create_chat_completion), ("/embeddings", embeddings)):
+                            ("/chat/completions", create_chat_completion), ("/responses", create_response),
+                            ("/embeddings", embeddings)):
         methods = ["GET"] if alias.startswith("/models") else ["POST"]
         router.add_api_route(alias, endpoint, methods=methods, include_in_schema=False)
     return router
