@@ -128,6 +128,8 @@ def test_what_is_not_done_here_says_so(server: ServerProcess, client: openai.Ope
         (dict(input="hi", background=True), "background", "background"),
         (dict(input="hi", max_output_tokens=100000), "maximum context length", None),
         (dict(input=[]), "input must not be empty", "input"),
+        (dict(input="hi", text={"format": {"type": "text"}, "verbosity": "low"}), "text.verbosity", "text.verbosity"),
+        (dict(input=[{"type": "reasoning", "content": [{"text": 5}]}]), "reasoning item", "input[0].content"),
     ]
     for kw, says, param in cases:
         with pytest.raises(openai.BadRequestError) as e:

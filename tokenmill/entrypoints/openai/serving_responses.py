@@ -113,7 +113,10 @@ def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                              "content": output if isinstance(output, str) else _text_of(output, field)})
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
-            reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+            if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
+                                                      for p in parts):
+                raise bad_request(f"{field}: a reasoning item's content is a list of parts with text", f"{field}.content")
+            reasoning = "".join(p["text"] for p in parts)
         elif kind == "item_reference":
             raise bad_request(f"{field}: item references need stored responses, and this server stores none: send "
                               "the items themselves", f"{field}.type")
@@ -144,6 +147,12 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         if value not in _INCLUDES:
             raise bad_request(f"include {value!r} is not supported (accepted: {', '.join(sorted(_INCLUDES))})",
                               "include")
+    for name, value, known in (("text", req.text, {"format"}), ("reasoning", req.reasoning, {"effort", "summary"}),
+                               ("stream_options", req.stream_options, {"include_obfuscation"})):
+        unknown = sorted(k for k, v in (value or {}).items() if k not in known and v is not None)
+        if unknown:
+            raise bad_request(f"{name}.{unknown[0]} is not supported by this server (it reads {name}."
+                              f"{', '.join(sorted(known))})", f"{name}.{unknown[0]}")
     body: dict[str, Any] = {"messages": chat_messages(req), "stream": bool(req.stream)}
     if req.stream:
         body["stream_options"] = {"include_usage": True}
