@@ -14,7 +14,9 @@ object, or, streamed, Responses' typed events (`response.created`, `response.out
     tools             function tools ({"type": "function", "name", "parameters", ...}); tool_choice as
                       OpenAI's (none / auto / required / {"type": "function", "name"})
     text.format       text, json_object, or json_schema (name, schema, strict): structured output
-    reasoning.effort  the chat template's reasoning_effort
+    reasoning.effort  the chat template's reasoning_effort (reasoning.summary is accepted: no summary is
+                      written, a reasoning item's summary is [] and its text is its content)
+    stream_options    include_obfuscation accepted: events carry no obfuscation padding here
     temperature, top_p, parallel_tool_calls, metadata, user and vLLM's top_k, min_p, repetition_penalty, seed
 
 Nothing is stored: `store` is answered false (as vLLM does without its store), so previous_response_id,
