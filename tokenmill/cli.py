@@ -6,6 +6,7 @@ The top of the layers: it parses flags and builds the rest; nothing in the packa
 from __future__ import annotations
 
 import argparse
+import json
 
 from tokenmill.compute import DENSE_COPY_CHOICES, QUANTIZATION_CHOICES
 import logging
@@ -60,6 +61,9 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                    help="sampling defaults for requests that leave a field out: auto (default) the model's own "
                         "(generation_config.json, a GGUF's general.sampling.*), vllm none (each API's own "
                         "defaults), or a directory holding a generation_config.json (vLLM's flag)")
+    g.add_argument("--override-generation-config", default=None, metavar="JSON",
+                   help='sampling defaults set on top of --generation-config\'s, with generation_config.json\'s key '
+                        'names, e.g. \'{"temperature": 0.5, "top_p": 0.9}\' (vLLM\'s flag)')
     g.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                    help="a Jinja chat template (a file's path, or the template text itself) to use instead of the "
                         "model's: for a GGUF without one, or to change how chats are rendered")
@@ -74,7 +78,19 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
         dense_copy=args.dense_copy, speculative_config=SpeculativeConfig.parse(args.speculative_config),
         chat_template=getattr(args, "chat_template", None),
         gpu_memory_utilization=getattr(args, "vllm_gpu_util", None),
-        generation_config=getattr(args, "generation_config", "auto"))
+        generation_config=getattr(args, "generation_config", "auto"),
+        override_generation_config=_json_flag("--override-generation-config",
+                                              getattr(args, "override_generation_config", None)))
+
+
+def _json_flag(flag: str, text: str | None) -> Any:
+    """A flag's JSON value (None when not given); a ValueError naming the flag when it is not JSON."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{flag} is not valid JSON ({e}): {text!r}") from None
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:

@@ -174,6 +174,8 @@ class EngineConfig:
     # vLLM's --generation-config: the sampling defaults requests that leave a field out get (sampling_defaults.py):
     # auto (the model's own: generation_config.json, a GGUF's general.sampling.*), vllm (none), or a directory
     generation_config: str = "auto"
+    # vLLM's --override-generation-config: generation_config.json keys set on top of those defaults
+    override_generation_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -186,6 +188,12 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
+        if self.override_generation_config is not None:
+            from tokenmill.sampling_defaults import check_override
+
+            if not isinstance(self.override_generation_config, dict):
+                raise ValueError("override_generation_config must be a JSON object, e.g. {\"temperature\": 0.5}")
+            check_override(self.override_generation_config)
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -9,7 +9,8 @@ request sets always wins. As vLLM does, generation_config.json values equal to t
 (temperature 1, top_p 1, top_k 50, repetition_penalty 1) are not taken as a recommendation.
 
 `--generation-config`: auto (the model's, the default), vllm (none: each API's own defaults), or a
-directory holding a generation_config.json.
+directory holding a generation_config.json. `--override-generation-config` (JSON, generation_config.json's
+key names) sets or replaces single values on top of that, as vLLM's flag does.
 """
 
 from __future__ import annotations
@@ -105,17 +106,38 @@ def from_gguf(metadata: dict[str, Any], name: str) -> SamplingDefaults:
 GENERATION_CONFIG_CHOICES = ("auto", "vllm")
 
 
-def resolve(setting: str, kind: str, model_path: Path, metadata: dict[str, Any] | None) -> SamplingDefaults:
+def check_override(override: dict[str, Any]) -> dict[str, Any]:
+    """--override-generation-config's values as our fields; a ValueError names a key or value it cannot take."""
+    out: dict[str, Any] = {}
+    for key, value in override.items():
+        if key not in _HF_KEYS:
+            raise ValueError(f"--override-generation-config: {key!r} is not a sampling setting this server takes "
+                             f"({', '.join(_HF_KEYS)})")
+        name = _HF_KEYS[key][0]
+        number = _number(value, name in ("top_k", "max_tokens"))
+        if number is None or (name in ("top_k", "max_tokens") and not isinstance(value, int)):
+            raise ValueError(f"--override-generation-config: {key} must be a number, got {value!r}")
+        out[name] = number
+    return out
+
+
+def resolve(setting: str, kind: str, model_path: Path, metadata: dict[str, Any] | None,
+            override: dict[str, Any] | None = None) -> SamplingDefaults:
     """`setting` (--generation-config): auto -> the model's (`kind` "gguf": its metadata, "hf": the
-    directory's generation_config.json); vllm -> none; else a directory (or file) with a generation_config.json."""
+    directory's generation_config.json); vllm -> none; else a directory (or file) with a generation_config.json.
+    `override` (--override-generation-config) then sets its keys."""
     if setting == "vllm":
-        return SamplingDefaults()
-    if setting == "auto":
-        if kind == "gguf":
-            return from_gguf(metadata or {}, model_path.name)
-        return from_generation_config(model_path)
-    path = Path(setting)
-    if not (path / "generation_config.json").is_file() and not path.is_file():
-        raise ValueError(f"--generation-config {setting!r}: no generation_config.json there (auto, vllm, or a "
-                         "directory holding one)")
-    return from_generation_config(path)
+        base = SamplingDefaults()
+    elif setting == "auto":
+        base = from_gguf(metadata or {}, model_path.name) if kind == "gguf" else from_generation_config(model_path)
+    else:
+        path = Path(setting)
+        if not (path / "generation_config.json").is_file() and not path.is_file():
+            raise ValueError(f"--generation-config {setting!r}: no generation_config.json there (auto, vllm, or a "
+                             "directory holding one)")
+        base = from_generation_config(path)
+    if not override:
+        return base
+    values = base.given() | check_override(override)
+    return SamplingDefaults(**values, source=(base.source + " and " if base.source else "")
+                            + "--override-generation-config")

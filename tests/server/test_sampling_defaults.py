@@ -112,3 +112,25 @@ def test_max_new_tokens_caps_a_chat_without_max_tokens(tmp_path: Path) -> None:
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5, r.text
         r = call(app, "POST", "/v1/chat/completions", {**body, "max_tokens": 9})
         assert r.json()["usage"]["completion_tokens"] == 9
+
+
+def test_override_generation_config(greedy_gguf: Path, tmp_path: Path) -> None:
+    """vLLM's --override-generation-config: its keys over the model's (auto) or alone (vllm); a key or value
+    it cannot take is refused at once."""
+    from tokenmill.cli import build_parser, engine_config_from_args
+
+    merged = sd.resolve("auto", "gguf", greedy_gguf, {"general.sampling.temp": 0.0, "general.sampling.top_k": 5},
+                        {"top_p": 0.5, "temperature": 0.3})
+    assert merged.given() == {"temperature": 0.3, "top_k": 5, "top_p": 0.5}
+    assert sd.resolve("vllm", "gguf", greedy_gguf, None, {"max_new_tokens": 7}).given() == {"max_tokens": 7}
+    llm = LLM(str(greedy_gguf), progress=False, override_generation_config={"top_k": 3}, **ENGINE)
+    assert (llm.get_default_sampling_params().temperature, llm.get_default_sampling_params().top_k) == (0.0, 3)
+    for bad, says in (({"beams": 2}, "not a sampling setting"), ({"top_k": 2.5}, "must be a number"),
+                      ({"temperature": "hot"}, "must be a number")):
+        with pytest.raises(ValueError, match=says):
+            LLM(str(greedy_gguf), progress=False, override_generation_config=bad, **ENGINE)
+    args = build_parser().parse_args(["serve", "--override-generation-config", "{temperature"])
+    with pytest.raises(ValueError, match="--override-generation-config is not valid JSON"):
+        engine_config_from_args(args, "default")
+    args = build_parser().parse_args(["serve", "--override-generation-config", '{"temperature": 0.2}'])
+    assert engine_config_from_args(args, "default").override_generation_config == {"temperature": 0.2}

@@ -55,8 +55,10 @@ def read_model_header(source: ModelSource) -> tuple[Any, Any, list[tuple[int, in
     return ModelConfig.from_hf_dir(source.path), Tokenizer.from_hf_dir(source.path), None
 
 
-def read_sampling_defaults(source: ModelSource, setting: str) -> SamplingDefaults:
-    """The sampling defaults --generation-config `setting` gives for this model (sampling_defaults.resolve)."""
+def read_sampling_defaults(source: ModelSource, setting: str,
+                           override: dict[str, Any] | None = None) -> SamplingDefaults:
+    """The sampling defaults --generation-config `setting` (and --override-generation-config) give for this
+    model (sampling_defaults.resolve)."""
     from tokenmill import sampling_defaults
 
     metadata = None
@@ -68,7 +70,7 @@ def read_sampling_defaults(source: ModelSource, setting: str) -> SamplingDefault
             metadata = {k: v for k, v in gf.metadata.items() if k.startswith("general.sampling.")}
         finally:
             gf.close()
-    return sampling_defaults.resolve(setting, source.kind, source.path, metadata)
+    return sampling_defaults.resolve(setting, source.kind, source.path, metadata, override)
 
 
 def vocabulary_mismatch(target: dict[str, int], draft: dict[str, int]) -> str | None:
@@ -98,7 +100,8 @@ class LLMEngine:
         self.platform = resolve_platform(config, weights=self.source.kind)
         self.model_config, self.tokenizer, matrices = read_model_header(self.source)
         # what a request that leaves a sampling field out gets (--generation-config; vLLM's rule)
-        self.sampling_defaults = read_sampling_defaults(self.source, config.generation_config)
+        self.sampling_defaults = read_sampling_defaults(self.source, config.generation_config,
+                                                        config.override_generation_config)
         if self.sampling_defaults.describe():
             log.info("%s", self.sampling_defaults.describe())
         if config.chat_template is not None:

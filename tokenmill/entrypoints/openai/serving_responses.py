@@ -149,9 +149,9 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         if value not in _INCLUDES:
             raise bad_request(f"include {value!r} is not supported (accepted: {', '.join(sorted(_INCLUDES))})",
                               "include")
-    for name, value, known in (("text", req.text, {"format"}), ("reasoning", req.reasoning, {"effort", "summary"}),
-                               ("stream_options", req.stream_options, {"include_obfuscation"})):
-        unknown = sorted(k for k, v in (value or {}).items() if k not in known and v is not None)
+    for name, fields, known in (("text", req.text, {"format"}), ("reasoning", req.reasoning, {"effort", "summary"}),
+                                ("stream_options", req.stream_options, {"include_obfuscation"})):
+        unknown = sorted(k for k, v in (fields or {}).items() if k not in known and v is not None)
         if unknown:
             raise bad_request(f"{name}.{unknown[0]} is not supported by this server (it reads {name}."
                               f"{', '.join(sorted(known))})", f"{name}.{unknown[0]}")
