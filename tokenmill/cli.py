@@ -182,6 +182,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from tokenmill.entrypoints.anthropic import router as anthropic_router
     from tokenmill.entrypoints.ollama import router as ollama_router
     from tokenmill.entrypoints.openai import router as openai_router
     from tokenmill.entrypoints.server.config import ServerConfig
@@ -207,10 +208,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"tokenmill serve: {e}", file=sys.stderr)
         return 2
     models = [(name, engine_config_for(base, model, len(named))) for name, model in named]
-    # OpenAI's API under /v1, Ollama's under /api, the chat page at /
-    routers = [openai_router.build_router, ollama_router.build_router, web_router.build_router]
+    # OpenAI's API under /v1, Anthropic's Messages at /v1/messages, Ollama's under /api, the chat page at /
+    routers = [openai_router.build_router, anthropic_router.build_router, ollama_router.build_router,
+               web_router.build_router]
     return run_server(ServerConfig.from_args(args), models, routers,
-                      "An LLM inference server: OpenAI's API under /v1, Ollama's under /api, a chat page at /.")
+                      "An LLM inference server: OpenAI's API under /v1 (and Anthropic's Messages at /v1/messages), "
+                      "Ollama's under /api, a chat page at /.")
 
 
 def listen_problem(host: str, port: int) -> str | None:

@@ -87,6 +87,11 @@ def test_api_key_required_on_every_route_but_health_ping_and_metrics(server: Ser
                 r = client.request(method, path, json=body, headers=headers)
                 if path in ("/health", "/ping", "/metrics"):
                     assert r.status_code == 200, (path, r.status_code)
+                elif path.startswith("/v1/messages"):  # Anthropic's routes: its x-api-key header too, its shape
+                    if headers == {"X-Api-Key": API_KEY}:
+                        assert r.status_code == 400, (path, r.text)  # past the key: the body is not a Messages one
+                    else:
+                        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", r.text
                 elif method == "HEAD":  # no body
                     assert r.status_code == 401, (path, r.status_code)
                 elif path.startswith("/api/"):  # Ollama's routes answer in its shape

@@ -36,6 +36,22 @@ _SSE_EVENT = {"type": "object", "required": ["data"],
 _STREAM: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {"itemSchema": _SSE_EVENT}}}}
 
 
+def chat_serving(ctx: ServerContext, m: LoadedModel) -> OpenAIServingChat:
+    """Model m's chat serving, made once per loaded model and shared by every front end that answers through
+    chat (OpenAI's chat and Responses, Anthropic's Messages); a template problem is logged when it is made."""
+    def make(m: LoadedModel) -> OpenAIServingChat:
+        chat = OpenAIServingChat(m.async_engine, m.name, ctx.metrics.model(m.name), ctx.state,
+                                 ctx.config.max_waiting_requests, tool_call_parser=ctx.config.tool_call_parser,
+                                 reasoning_parser=ctx.config.reasoning_parser, accepts=ctx.pool.accepts(m.name),
+                                 request_timeout=ctx.config.request_timeout, log_prompts=ctx.config.log_prompts,
+                                 served_names=ctx.pool.names)
+        template_problem = chat.check_template()
+        if template_problem:
+            log.error("%s: %s", m.name, template_problem)
+        return chat
+    return m.serving("openai.chat", make)
+
+
 def build_router(ctx: ServerContext) -> APIRouter:
     """The OpenAI routes over `ctx`'s models, sharing the app's state and metrics. Each request leases the
     model its `model` names (none: the default) from the pool; each model has its own serving objects."""
@@ -49,16 +65,7 @@ def build_router(ctx: ServerContext) -> APIRouter:
             accepts=pool.accepts(m.name), **options))
 
     def chat_of(m: LoadedModel) -> OpenAIServingChat:
-        def make(m: LoadedModel) -> OpenAIServingChat:
-            chat = OpenAIServingChat(m.async_engine, m.name, ctx.metrics.model(m.name), ctx.state,
-                                     ctx.config.max_waiting_requests, tool_call_parser=ctx.config.tool_call_parser,
-                                     reasoning_parser=ctx.config.reasoning_parser,
-                                     accepts=pool.accepts(m.name), **options)
-            template_problem = chat.check_template()
-            if template_problem:
-                log.error("%s: %s", m.name, template_problem)
-            return chat
-        return m.serving("openai.chat", make)
+        return chat_serving(ctx, m)
 
     def not_found(e: UnknownModelError) -> APIError:
         return model_not_found(e.requested, e.served)

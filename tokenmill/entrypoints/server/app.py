@@ -67,6 +67,8 @@ class ServerContext:
     # paths a router serves without the API key (a page and its assets, which a browser loads before it can
     # send a key); routers add to it while they are built, and build_app exempts them from --api-key
     public_paths: set[str] = field(default_factory=set)
+    # path prefixes whose clients send the API key as `x-api-key` (Anthropic's): accepted there beside Bearer
+    x_api_key_paths: set[str] = field(default_factory=set)
 
 
 RouterFactory = Callable[[ServerContext], APIRouter]
@@ -134,7 +136,8 @@ def build_app(models: AsyncEngine | ModelPool, config: ServerConfig | None = Non
         app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes, shapes=shapes)
     if config.api_key:
         exempt = {"/health", "/ping"} | (set() if config.metrics_require_key else {"/metrics"}) | context.public_paths
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=frozenset(exempt), shapes=shapes)
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=frozenset(exempt), shapes=shapes,
+                           x_api_key_paths=tuple(context.x_api_key_paths))
     if config.cors_origins:  # added last: outermost, so preflights are answered before the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
                            allow_headers=["*"], allow_credentials=True)

@@ -16,18 +16,26 @@ from tokenmill.entrypoints.server.errors import ErrorShapes
 
 
 class APIKeyMiddleware:
-    """401 unless `Authorization: Bearer <key>`; exempt paths (and CORS preflights) pass freely."""
+    """401 unless `Authorization: Bearer <key>` (or, under `x_api_key_paths`, Anthropic's `x-api-key: <key>`);
+    exempt paths (and CORS preflights) pass freely."""
 
-    def __init__(self, app: ASGIApp, api_key: str, exempt: frozenset[str], shapes: ErrorShapes | None = None) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, exempt: frozenset[str], shapes: ErrorShapes | None = None,
+                 x_api_key_paths: tuple[str, ...] = ()) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.expected_x = api_key.encode()
         self.exempt = exempt
         self.shapes = shapes or ErrorShapes()
+        self.x_api_key_paths = x_api_key_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self.exempt and scope["method"] != "OPTIONS":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"")
+            ok = hmac.compare_digest(given, self.expected)
+            if not ok and self.x_api_key_paths and scope["path"].startswith(self.x_api_key_paths):
+                ok = hmac.compare_digest(headers.get(b"x-api-key", b""), self.expected_x)
+            if not ok:
                 await self.shapes.response(scope["path"], 401,
                                            "missing or wrong API key: send 'Authorization: Bearer <key>'")(
                     scope, receive, send)
