@@ -22,7 +22,7 @@ LEVELS = {
     "attention": 2, "models": 2, "layers": 2, "sample": 2,
     "loader": 1, "tokenizer": 1, "platforms": 1, "memory_plan": 1, "native": 1,
     "config": 0, "sampling_params": 0, "scheduler_output": 0, "outputs": 0, "version": 0, "cpu_features": 0,
-    "compute": 0, "heap": 0,
+    "compute": 0, "heap": 0, "sampling_defaults": 0,
 }
 # the package root re-exports the public API (LLM, SamplingParams, ...), lazily: it is the facade, not a layer
 FACADE = {"tokenmill/__init__.py"}

@@ -59,7 +59,7 @@ def read_sampling_defaults(source: ModelSource, setting: str,
                            override: dict[str, Any] | None = None) -> SamplingDefaults:
     """The sampling defaults --generation-config `setting` (and --override-generation-config) give for this
     model (sampling_defaults.resolve)."""
-    from tokenmill import sampling_defaults
+    from tokenmill.sampling_defaults import resolve
 
     metadata = None
     if setting == "auto" and source.kind == "gguf":
@@ -70,7 +70,7 @@ def read_sampling_defaults(source: ModelSource, setting: str,
             metadata = {k: v for k, v in gf.metadata.items() if k.startswith("general.sampling.")}
         finally:
             gf.close()
-    return sampling_defaults.resolve(setting, source.kind, source.path, metadata, override)
+    return resolve(setting, source.kind, source.path, metadata, override)
 
 
 def vocabulary_mismatch(target: dict[str, int], draft: dict[str, int]) -> str | None:
