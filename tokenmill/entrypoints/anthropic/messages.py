@@ -37,6 +37,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tokenmill.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionResponse
+from tokenmill.entrypoints.openai.chat_chunks import chat_chunks
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat
 from tokenmill.entrypoints.server.errors import APIError, bad_request
 
@@ -344,50 +345,45 @@ class AnthropicMessages:
             return [*frames, event("content_block_start", index=index, content_block=block)]
 
         first = True
-        async with contextlib.aclosing(chat_stream.body_iterator) as frames_in:  # type: ignore[type-var]
-            async for raw in frames_in:
-                text = raw.decode() if isinstance(raw, bytes) else str(raw)
-                for line in text.splitlines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        failed = chunk["error"]
-                        continue
-                    if chunk.get("usage"):
-                        usage = (chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"])
-                    if first:
-                        first = False
-                        yield event("message_start", message=self._message(message_id, [], (None, None),
-                                                                           (usage[0], 0)))
-                        yield event("ping")
-                    for choice in chunk.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        out: list[bytes] = []
-                        if delta.get("reasoning_content"):
-                            if open_kind != "thinking":
-                                out += start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+        async with contextlib.aclosing(chat_chunks(chat_stream)) as chunks:
+            async for chunk in chunks:
+                if "error" in chunk:
+                    failed = chunk["error"]
+                    continue
+                if chunk.get("usage"):
+                    usage = (chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"])
+                if first:
+                    first = False
+                    yield event("message_start", message=self._message(message_id, [], (None, None),
+                                                                       (usage[0], 0)))
+                    yield event("ping")
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    out: list[bytes] = []
+                    if delta.get("reasoning_content"):
+                        if open_kind != "thinking":
+                            out += start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                        out.append(event("content_block_delta", index=index,
+                                         delta={"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
+                    if delta.get("content"):
+                        if open_kind != "text":
+                            out += start("text", {"type": "text", "text": ""})
+                        out.append(event("content_block_delta", index=index,
+                                         delta={"type": "text_delta", "text": delta["content"]}))
+                    for call in delta.get("tool_calls") or []:
+                        fn = call.get("function") or {}
+                        if call["index"] not in calls:
+                            out += start("tool_use", {"type": "tool_use", "id": call.get("id") or
+                                                      f"toolu_{uuid.uuid4().hex}", "name": fn.get("name") or "",
+                                                      "input": {}})
+                            calls[call["index"]] = index
+                        if calls[call["index"]] == index and fn.get("arguments"):
                             out.append(event("content_block_delta", index=index,
-                                             delta={"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
-                        if delta.get("content"):
-                            if open_kind != "text":
-                                out += start("text", {"type": "text", "text": ""})
-                            out.append(event("content_block_delta", index=index,
-                                             delta={"type": "text_delta", "text": delta["content"]}))
-                        for call in delta.get("tool_calls") or []:
-                            fn = call.get("function") or {}
-                            if call["index"] not in calls:
-                                out += start("tool_use", {"type": "tool_use", "id": call.get("id") or
-                                                          f"toolu_{uuid.uuid4().hex}", "name": fn.get("name") or "",
-                                                          "input": {}})
-                                calls[call["index"]] = index
-                            if calls[call["index"]] == index and fn.get("arguments"):
-                                out.append(event("content_block_delta", index=index,
-                                                 delta={"type": "input_json_delta", "partial_json": fn["arguments"]}))
-                        if choice.get("finish_reason"):
-                            finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
-                        for frame in out:
-                            yield frame
+                                             delta={"type": "input_json_delta", "partial_json": fn["arguments"]}))
+                    if choice.get("finish_reason"):
+                        finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
+                    for frame in out:
+                        yield frame
         if failed is not None:
             yield event("error", error={"type": _ERROR_TYPES.get(int(failed.get("code") or 500), "api_error"),
                                         "message": failed.get("message")})

@@ -39,6 +39,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from tokenmill.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionResponse, ResponsesRequest
+from tokenmill.entrypoints.openai.chat_chunks import chat_chunks
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat
 from tokenmill.entrypoints.server.errors import APIError, bad_request
 
@@ -325,62 +326,57 @@ class OpenAIServingResponses:
         yield event("response.created", response=body)
         yield event("response.in_progress", response=body)
         failed: dict[str, Any] | None = None
-        async with contextlib.aclosing(chat_stream.body_iterator) as frames_in:  # type: ignore[type-var]
-            async for raw in frames_in:
-                text = raw.decode() if isinstance(raw, bytes) else str(raw)
-                for line in text.splitlines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        failed = chunk["error"]
-                        continue
-                    if chunk.get("usage") and not chunk.get("choices"):
-                        usage = (chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"])
-                    for choice in chunk.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        out: list[bytes] = []
-                        thought = delta.get("reasoning_content")
-                        if thought:
-                            if open_item is None or open_item["type"] != "reasoning":
-                                out += start({"type": "reasoning", "id": _new_id("rs"), "summary": [],
-                                              "status": "in_progress",
-                                              "content": [{"type": "reasoning_text", "text": ""}]})
-                            assert open_item is not None
-                            open_item["content"][0]["text"] += thought
-                            out.append(event("response.reasoning_text.delta", item_id=open_item["id"],
-                                             output_index=len(body["output"]), content_index=0, delta=thought))
-                        content = delta.get("content")
-                        if content:
-                            if open_item is None or open_item["type"] != "message":
-                                out += start({"type": "message", "id": _new_id("msg"), "status": "in_progress",
-                                              "role": "assistant",
-                                              "content": [{"type": "output_text", "text": "", "annotations": []}]})
-                            assert open_item is not None
-                            open_item["content"][0]["text"] += content
-                            out.append(event("response.output_text.delta", item_id=open_item["id"],
-                                             output_index=len(body["output"]), content_index=0, delta=content,
-                                             logprobs=[]))
-                        for call in delta.get("tool_calls") or []:
-                            fn = call.get("function") or {}
-                            if call["index"] not in calls:
-                                calls[call["index"]] = {"type": "function_call", "id": _new_id("fc"),
-                                                        "call_id": call.get("id") or _new_id("call"),
-                                                        "name": fn.get("name") or "", "arguments": "",
-                                                        "status": "in_progress"}
-                                out += start(calls[call["index"]])
-                            item = calls[call["index"]]
-                            if item is not open_item:  # a call's pieces come together; a late one reopens nothing
-                                continue
-                            piece = fn.get("arguments") or ""
-                            if piece:
-                                item["arguments"] += piece
-                                out.append(event("response.function_call_arguments.delta", item_id=item["id"],
-                                                 output_index=len(body["output"]), delta=piece))
-                        if choice.get("finish_reason"):
-                            finish = choice["finish_reason"]
-                        for frame in out:
-                            yield frame
+        async with contextlib.aclosing(chat_chunks(chat_stream)) as chunks:
+            async for chunk in chunks:
+                if "error" in chunk:
+                    failed = chunk["error"]
+                    continue
+                if chunk.get("usage") and not chunk.get("choices"):
+                    usage = (chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"])
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    out: list[bytes] = []
+                    thought = delta.get("reasoning_content")
+                    if thought:
+                        if open_item is None or open_item["type"] != "reasoning":
+                            out += start({"type": "reasoning", "id": _new_id("rs"), "summary": [],
+                                          "status": "in_progress",
+                                          "content": [{"type": "reasoning_text", "text": ""}]})
+                        assert open_item is not None
+                        open_item["content"][0]["text"] += thought
+                        out.append(event("response.reasoning_text.delta", item_id=open_item["id"],
+                                         output_index=len(body["output"]), content_index=0, delta=thought))
+                    content = delta.get("content")
+                    if content:
+                        if open_item is None or open_item["type"] != "message":
+                            out += start({"type": "message", "id": _new_id("msg"), "status": "in_progress",
+                                          "role": "assistant",
+                                          "content": [{"type": "output_text", "text": "", "annotations": []}]})
+                        assert open_item is not None
+                        open_item["content"][0]["text"] += content
+                        out.append(event("response.output_text.delta", item_id=open_item["id"],
+                                         output_index=len(body["output"]), content_index=0, delta=content,
+                                         logprobs=[]))
+                    for call in delta.get("tool_calls") or []:
+                        fn = call.get("function") or {}
+                        if call["index"] not in calls:
+                            calls[call["index"]] = {"type": "function_call", "id": _new_id("fc"),
+                                                    "call_id": call.get("id") or _new_id("call"),
+                                                    "name": fn.get("name") or "", "arguments": "",
+                                                    "status": "in_progress"}
+                            out += start(calls[call["index"]])
+                        item = calls[call["index"]]
+                        if item is not open_item:  # a call's pieces come together; a late one reopens nothing
+                            continue
+                        piece = fn.get("arguments") or ""
+                        if piece:
+                            item["arguments"] += piece
+                            out.append(event("response.function_call_arguments.delta", item_id=item["id"],
+                                             output_index=len(body["output"]), delta=piece))
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+                    for frame in out:
+                        yield frame
         for frame in close():
             yield frame
         thought_text = "".join(i["content"][0]["text"] for i in body["output"] if i["type"] == "reasoning")
