@@ -30,7 +30,7 @@ def client(server: ServerProcess) -> anthropic.Anthropic:
 
 def chat(server: ServerProcess, messages: list[dict], **kw) -> openai.types.chat.ChatCompletion:
     c = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
-    return c.chat.completions.create(model=MODEL, messages=messages, extra_body=GREEDY, **kw)
+    return c.chat.completions.create(model=MODEL, messages=messages, temperature=0, **kw)
 
 
 def test_a_message_is_the_chat_answer(server: ServerProcess, client: anthropic.Anthropic) -> None:
@@ -138,3 +138,13 @@ def test_errors_in_anthropics_shape(server: ServerProcess, client: anthropic.Ant
     assert r.status_code == 401
     assert json.loads(httpx.post(f"{server.url}/v1/messages", headers={"x-api-key": API_KEY},
                                  json={"max_tokens": 1}).text)["error"]["type"] == "invalid_request_error"
+
+
+def test_a_final_assistant_turn_is_a_prefill(server: ServerProcess, client: anthropic.Anthropic) -> None:
+    """As Anthropic takes it: the answer continues the final assistant text and holds only what follows (chat's
+    continue_final_message)."""
+    turns = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "The capital of France"}]
+    m = client.messages.create(model=MODEL, max_tokens=8, extra_body=GREEDY, messages=turns)
+    want = chat(server, turns, max_tokens=8, extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert m.content[0].text == want.choices[0].message.content and not m.content[0].text.startswith("The capital")
+    assert client.messages.count_tokens(model=MODEL, messages=turns).input_tokens == m.usage.input_tokens

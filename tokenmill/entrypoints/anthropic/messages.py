@@ -4,7 +4,8 @@ Anthropic's events (message_start, content_block_start / _delta / _stop, message
 
     system           a string or text blocks: the system message (cache_control marks are accepted; the
                      prefix cache reuses every shared prompt prefix by itself)
-    messages         user / assistant turns; content a string or blocks: text, tool_use (assistant),
+    messages         user / assistant turns (a final assistant turn is a prefill: the answer continues it);
+                     content a string or blocks: text, tool_use (assistant),
                      tool_result (user: each becomes a tool message before the turn's text), thinking
                      (assistant: its text goes back to the template as the turn's reasoning)
     max_tokens       required, as Anthropic's; a cut answer has stop_reason max_tokens
@@ -44,7 +45,8 @@ from tokenmill.entrypoints.server.errors import APIError, bad_request
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 499: "api_error",
                 503: "overloaded_error", 504: "api_error"}
-_PARAM_NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "tool_choice": "tool_choice"}
+_PARAM_NAMES = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "tool_choice": "tool_choice",
+                "response_format": "output_config.format", "reasoning_effort": "output_config.effort"}
 
 
 def anthropic_error_body(status: int, message: str, param: str | None) -> dict[str, Any]:
@@ -224,6 +226,7 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
         raise bad_request(f"speed {req.speed!r} is not supported: every request is served alike (standard)", "speed")
     body: dict[str, Any] = {"messages": chat_messages(req.system, req.messages), "max_completion_tokens": req.max_tokens,
                             "stream": bool(req.stream)}
+    _prefill(body)
     if req.stream:  # every chunk with its usage: message_start reports the prompt's tokens
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     for ours, theirs in (("stop", req.stop_sequences), ("temperature", req.temperature), ("top_p", req.top_p),
@@ -236,6 +239,14 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     _thinking(req.thinking, body)
     _output_config(req.output_config, body)
     return _validated(body)
+
+
+def _prefill(body: dict[str, Any]) -> None:
+    """A final assistant turn is a prefill, as Anthropic takes it: the answer continues that text (and holds only
+    what follows it)."""
+    last = body["messages"][-1] if body["messages"] else None
+    if last is not None and last["role"] == "assistant" and last.get("content") and not last.get("tool_calls"):
+        body["continue_final_message"], body["add_generation_prompt"] = True, False
 
 
 def _validated(body: dict[str, Any]) -> ChatCompletionRequest:
@@ -274,11 +285,13 @@ class AnthropicMessages:
 
     async def count_tokens(self, req: CountTokensRequest) -> dict[str, int]:
         body: dict[str, Any] = {"messages": chat_messages(req.system, req.messages)}
+        _prefill(body)
         _tools(req.tools, req.tool_choice, body)
         _thinking(req.thinking, body)
         chat_req = _validated(body)
         calling = self.chat.tool_calling(chat_req.tools, chat_req.tool_choice, chat_req.parallel_tool_calls)
-        prompt = await self.chat.render(chat_req.messages, None, False, calling, chat_req.chat_template_kwargs)
+        prompt = await self.chat.render(chat_req.messages, chat_req.add_generation_prompt,
+                                        chat_req.continue_final_message, calling, chat_req.chat_template_kwargs)
         ids = prompt if isinstance(prompt, list) else self.chat.tokenizer.encode(prompt)
         return {"input_tokens": len(ids)}
 
