@@ -151,6 +151,7 @@ def test_a_client_that_hangs_up_mid_stream_leaves_nothing_running(server: Server
             lines = r.iter_lines()
             seen = [next(lines) for _ in range(30)]  # event, data and a blank line each: 10 events
             assert any("response.output_text.delta" in line for line in seen)
+            assert http.get("/load").json() == {"server_load": 1}  # vLLM's load probe counts it
         deadline = time.monotonic() + 10
         while True:
             gauges = server_gauges(http.get("/metrics").text)
@@ -158,6 +159,7 @@ def test_a_client_that_hangs_up_mid_stream_leaves_nothing_running(server: Server
                 break
             assert time.monotonic() < deadline, gauges
             time.sleep(0.05)
+        assert http.get("/load").json() == {"server_load": 0}
 
 
 # -- reasoning items (--reasoning-parser): a template that opens a <think> block when reasoning.effort is set

@@ -45,7 +45,8 @@ def test_vllm_flags_that_mean_something_here_are_applied(caplog) -> None:
     args = cli.build_parser().parse_args(
         ["serve", "--model", "a.gguf", "--no-enable-prefix-caching", "--disable-log-requests", "-tp", "1",
          "--enable-chunked-prefill", "--kv-cache-dtype", "auto", "--trust-remote-code", "--enforce-eager",
-         "--enable-auto-tool-choice", "--disable-log-stats", "--swap-space", "4", "--gpu-memory-utilization", "0.8"])
+         "--enable-auto-tool-choice", "--disable-log-stats", "--swap-space", "4", "--gpu-memory-utilization", "0.8",
+         "--enable-server-load-tracking"])
     with caplog.at_level(logging.INFO, logger="tokenmill"):
         apply_vllm_args(args)
     assert args.model == ["a.gguf"]
@@ -54,7 +55,7 @@ def test_vllm_flags_that_mean_something_here_are_applied(caplog) -> None:
     assert ServerConfig.from_args(args).log_requests is False
     said = caplog.text
     for flag in ("--trust-remote-code", "--enforce-eager", "--enable-auto-tool-choice", "--disable-log-stats",
-                 "--swap-space"):
+                 "--swap-space", "--enable-server-load-tracking"):
         assert flag in said, flag
     # the default: prefix caching on, request lines logged; --enable-prefix-caching keeps it on
     args = cli.build_parser().parse_args(["serve", "a.gguf", "--enable-prefix-caching", "--model", "a.gguf"])

@@ -6,7 +6,8 @@ starts this server. Each flag is one of three kinds, and nothing is taken and dr
 - moot: what it asks for is already so here, and the log says once what it means (--trust-remote-code: no
   checkpoint code is ever run; --enforce-eager: there are no graphs to capture; --enable-chunked-prefill:
   prefills are always chunked; --enable-auto-tool-choice: tool_choice "auto" works whenever a parser is
-  found; --disable-log-stats: no periodic stats are logged; --swap-space: preemption recomputes, as in
+  found; --disable-log-stats: no periodic stats are logged; --enable-server-load-tracking: /load always
+  answers; --swap-space: preemption recomputes, as in
   vLLM V1; a parallel size of 1; --kv-cache-dtype auto);
 - refused: it asks for what this server does not do, and `serve` stops at once with the reason and what to
   use instead (a parallel size above 1, an fp8 KV cache, --no-enable-chunked-prefill,
@@ -42,7 +43,7 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--swap-space", dest="vllm_swap", type=float, default=None,
                    help="reserves nothing: preemption recomputes")
     for flag in ("--trust-remote-code", "--enforce-eager", "--enable-auto-tool-choice", "--disable-log-stats",
-                 "--disable-log-requests"):
+                 "--enable-server-load-tracking", "--disable-log-requests"):
         g.add_argument(flag, dest="vllm_" + flag[2:].replace("-", "_"), action="store_true",
                        help=argparse.SUPPRESS if flag != "--disable-log-requests" else
                        "no line per finished request in the log")
@@ -55,6 +56,7 @@ _MOOT = {
     "enable_auto_tool_choice": "--enable-auto-tool-choice: tool_choice 'auto' works whenever --tool-call-parser "
                                "(default auto) finds a parser for the model",
     "disable_log_stats": "--disable-log-stats: tokenmill logs no periodic stats (scrape /metrics)",
+    "enable_server_load_tracking": "--enable-server-load-tracking: /load always answers the requests being served",
 }
 
 

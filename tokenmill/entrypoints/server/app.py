@@ -118,6 +118,12 @@ def build_app(models: AsyncEngine | ModelPool, config: ServerConfig | None = Non
     # vLLM's alias of /health for platforms that probe /ping (SageMaker sends GET and POST)
     app.add_api_route("/ping", health, methods=["GET", "POST"], include_in_schema=False)
 
+    @app.get("/load", include_in_schema=False)
+    async def load() -> dict[str, int]:
+        """vLLM's load probe for routers and load balancers: the requests being served now (admitted, not yet
+        answered), over every model."""
+        return {"server_load": len(state.in_flight)}
+
     @app.get("/version")
     async def version() -> VersionResponse:
         return VersionResponse(version=__version__)
@@ -135,7 +141,7 @@ def build_app(models: AsyncEngine | ModelPool, config: ServerConfig | None = Non
     if config.max_request_bytes is not None:
         app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes, shapes=shapes)
     if config.api_key:
-        exempt = {"/health", "/ping"} | (set() if config.metrics_require_key else {"/metrics"}) | context.public_paths
+        exempt = {"/health", "/ping", "/load"} | (set() if config.metrics_require_key else {"/metrics"}) | context.public_paths
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=frozenset(exempt), shapes=shapes,
                            x_api_key_paths=tuple(context.x_api_key_paths))
     if config.cors_origins:  # added last: outermost, so preflights are answered before the key check
