@@ -6,6 +6,7 @@ in Anthropic's shape that name what is not done here."""
 from __future__ import annotations
 
 import json
+import time
 
 import anthropic
 import httpx
@@ -148,3 +149,72 @@ def test_a_final_assistant_turn_is_a_prefill(server: ServerProcess, client: anth
     want = chat(server, turns, max_tokens=8, extra_body={"continue_final_message": True, "add_generation_prompt": False})
     assert m.content[0].text == want.choices[0].message.content and not m.content[0].text.startswith("The capital")
     assert client.messages.count_tokens(model=MODEL, messages=turns).input_tokens == m.usage.input_tokens
+
+
+def test_a_client_that_hangs_up_mid_stream_leaves_nothing_running(server: ServerProcess) -> None:
+    from tokenmill.benchmarks.soak import server_gauges
+
+    with httpx.Client(base_url=server.url, headers={"x-api-key": API_KEY}, timeout=60) as http:
+        body = {"model": MODEL, "max_tokens": 400, "stream": True, "temperature": 0,
+                "messages": [{"role": "user", "content": "Write a long story about a dragon."}]}
+        with http.stream("POST", "/v1/messages", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            seen = [next(lines) for _ in range(30)]
+            assert any("text_delta" in line for line in seen)
+        deadline = time.monotonic() + 10
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        while True:
+            gauges = server_gauges(http.get("/metrics", headers=auth).text)
+            if gauges["num_requests_running"] == 0 and gauges["kv_cache_usage_perc"] == 0:
+                break
+            assert time.monotonic() < deadline, gauges
+            time.sleep(0.05)
+
+
+# -- thinking blocks (--reasoning-parser): a template that opens a <think> block when enable_thinking is set
+THINKING_TEMPLATE = ("{% for m in messages %}### {{ m.role }}\n"
+                     "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+                     "{{ m.content }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}### assistant\n{% if enable_thinking %}<think>\n{% endif %}"
+                     "{% endif %}")
+
+
+def test_thinking_blocks() -> None:
+    from asgi_app import call
+
+    from tokenmill.entrypoints.anthropic import router as anthropic_router
+    from tokenmill.entrypoints.openai import router as openai_router
+    from tokenmill.entrypoints.server import app as server_app
+    from tokenmill.entrypoints.server.config import ServerConfig
+
+    # the anthropic router on an app of its own, with the reasoning parser on
+    from tokenmill.config import EngineConfig
+    from tokenmill.engine.async_engine import AsyncEngine
+    from tokenmill.engine.llm_engine import LLMEngine
+
+    async_engine = AsyncEngine(LLMEngine(EngineConfig(max_model_len=256, kv_cache_memory=32 * 2**20, dtype="float32",
+                                                      quantization="dequantize", chat_template=THINKING_TEMPLATE),
+                                         progress=False))
+    try:
+        app = server_app.build_app(async_engine, ServerConfig(log_requests=False, reasoning_parser="deepseek_r1"),
+                                   routers=[openai_router.build_router, anthropic_router.build_router])
+        body = {"max_tokens": 12, "temperature": 0, "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "messages": [{"role": "user", "content": "What is two plus two?"}]}
+        whole = call(app, "POST", "/v1/messages", body).json()
+        chat = call(app, "POST", "/v1/chat/completions", {
+            "messages": body["messages"], "chat_template_kwargs": {"enable_thinking": True}, "max_tokens": 12,
+            "temperature": 0}).json()["choices"][0]["message"]
+        assert chat["reasoning_content"] and not chat.get("content")
+        assert whole["content"] == [{"type": "thinking", "thinking": chat["reasoning_content"], "signature": ""}]
+        assert whole["stop_reason"] == "max_tokens"
+        text = call(app, "POST", "/v1/messages", {**body, "stream": True}).text
+        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+        assert events[1]["type"] == "ping" and events[2]["content_block"]["type"] == "thinking"
+        deltas = "".join(e["delta"]["thinking"] for e in events if e["type"] == "content_block_delta")
+        assert deltas == chat["reasoning_content"]
+        # disabled: no block opened, the answer is text
+        off = call(app, "POST", "/v1/messages", {**body, "thinking": {"type": "disabled"}}).json()
+        assert [b["type"] for b in off["content"]] == ["text"]
+    finally:
+        async_engine.shutdown()
