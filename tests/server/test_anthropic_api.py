@@ -218,3 +218,11 @@ def test_thinking_blocks() -> None:
         assert [b["type"] for b in off["content"]] == ["text"]
     finally:
         async_engine.shutdown()
+
+
+def test_the_start_log_names_every_endpoint(server: ServerProcess) -> None:
+    out = server.output()
+    line = next(line for line in out.splitlines() if "endpoints: " in line)
+    for part in (f"OpenAI {server.url}/v1 ", f"Anthropic {server.url}/v1/messages", f"Ollama {server.url}/api",
+                 f"chat page {server.url}/", f"metrics {server.url}/metrics"):
+        assert part in line, line

@@ -82,6 +82,24 @@ class _Server(uvicorn.Server):
             self.force_exit = self.num_signals > 1
 
 
+def _endpoints(app: Any, base: str) -> str:
+    """One line naming where each API the app serves lives, for the operator's first look."""
+    paths: set[str] = set()
+
+    def collect(routes: Any) -> None:  # an included router is one route wrapping its own (FastAPI >= 0.12x)
+        for r in routes:
+            inner = getattr(r, "original_router", None)
+            if inner is not None:
+                collect(inner.routes)
+            else:
+                paths.add(getattr(r, "path", ""))
+    collect(app.routes)
+    parts = [(f"OpenAI {base}/v1 (chat/completions, completions, responses, models)", "/v1/chat/completions"),
+             (f"Anthropic {base}/v1/messages", "/v1/messages"), (f"Ollama {base}/api", "/api/chat"),
+             (f"chat page {base}/", "/"), (f"metrics {base}/metrics", "/metrics")]
+    return "endpoints: " + "; ".join(text for text, path in parts if path in paths)
+
+
 async def _drain(server: _Server, pool: ModelPool, state: ServerState, timeout: float) -> None:
     """Stop admitting, let in-flight requests finish for up to `timeout` s, abort the rest, stop uvicorn."""
     state.is_draining = True
@@ -223,6 +241,7 @@ async def _serve(config: ServerConfig, models: ModelConfigs, routers: Sequence[R
         if len(pool.names) > 1 else ""
     log.info("serving %s as %r on http://%s:%d%s%s", engine.describe(), pool.default_name, config.host, config.port,
              " (API key required)" if config.api_key else "", others)
+    log.info("%s", _endpoints(gate.app, f"http://{config.host}:{config.port}"))
     await serve_task
     if not pool.shutdown(timeout=5.0):
         # still inside a long step: leaving through the interpreter's exit would tear down torch's C++
