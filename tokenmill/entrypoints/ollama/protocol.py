@@ -86,7 +86,7 @@ class GenerationFields(_Request):
     options: Options | None = None
     keep_alive: str | float | None = None  # "5m", "1h30m", seconds; 0 unload now, negative never
     # true: the reasoning comes back as `thinking` (needs --reasoning-parser); false: the template's
-    # enable_thinking is false; the levels (gpt-oss's) are refused
+    # enable_thinking is false; a level (gpt-oss's) is true with the template's reasoning_effort set to it
     think: bool | Literal["high", "medium", "low"] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None  # alternatives per token, with logprobs

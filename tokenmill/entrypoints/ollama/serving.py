@@ -85,9 +85,7 @@ class OllamaServing(OpenAIServing):
     def _request_options(self, req: GenerationFields) -> RequestOptions:
         """The checks generate and chat share, then the options as SamplingParams."""
         self.check_ollama_model(req.model)
-        if req.think not in (None, False, True):
-            raise bad_request("think levels (high, medium, low) are gpt-oss's; send true or false", "think")
-        if req.think is True and self.reasoning_parser is None:
+        if req.think not in (None, False) and self.reasoning_parser is None:
             raise bad_request(f'"{req.model}" does not support thinking (Ollama\'s words): this server splits the '
                               "thinking out only when started with --reasoning-parser (qwen3 or deepseek_r1)", "think")
         if req.top_logprobs and not req.logprobs:
@@ -145,8 +143,11 @@ class OllamaServing(OpenAIServing):
         """The model's chat template over `messages` (and `tools`), on a worker thread. A template that
         rejects the conversation is a 400; one the sandbox refused is the model's fault: a 500 that says so.
         `think` true / false renders with enable_thinking true / false, as Ollama does for a template that can
-        think (Qwen3's); other templates do not read it."""
-        kwargs = {"enable_thinking": think} if isinstance(think, bool) else None
+        think (Qwen3's); a level (high, medium, low: gpt-oss's) thinks, with the level as the template's
+        reasoning_effort; other templates do not read them."""
+        kwargs: dict[str, Any] | None = {"enable_thinking": think} if isinstance(think, bool) else None
+        if isinstance(think, str):
+            kwargs = {"enable_thinking": True, "reasoning_effort": think}
         try:
             return await asyncio.to_thread(self.input_processor.render_chat, messages, not is_continued, tools, field,
                                            continue_final_message=is_continued, template_kwargs=kwargs)
@@ -231,8 +232,8 @@ class OllamaServing(OpenAIServing):
         request_id = self.new_id("ollama")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages or []]
                               if isinstance(req, ChatRequest) else req.prompt)
-        reasoning = None  # think: true splits the thinking out (reasoning.py)
-        if req.think is True:
+        reasoning = None  # think: true (or a level) splits the thinking out (reasoning.py)
+        if req.think not in (None, False):
             reasoning = starts_inside(self.tokenizer, prompt.prompt_token_ids, ro.params.structured_outputs is not None)
         answer = _Answer(req.model, is_chat, prompt, received, load_seconds, calling, reasoning)
         if req.stream is not False:
