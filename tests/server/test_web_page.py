@@ -108,8 +108,10 @@ def test_wants_html(accept: str, is_browser: bool) -> None:
 
 
 def test_serve_mounts_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`tokenmill serve` mounts the web router next to the OpenAI and Ollama ones (and starts nothing here)."""
+    """`tokenmill serve` mounts the web router next to the OpenAI, Anthropic and Ollama ones (and starts nothing
+    here)."""
     from tokenmill import cli
+    from tokenmill.entrypoints.anthropic import router as anthropic_router
     from tokenmill.entrypoints.ollama import router as ollama_router
     from tokenmill.entrypoints.openai import router as openai_router
     from tokenmill.entrypoints.server import lifecycle
@@ -118,4 +120,5 @@ def test_serve_mounts_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
     mounted: list[Any] = []
     monkeypatch.setattr(lifecycle, "run_server", lambda config, engine_config, routers, description: mounted.extend(routers) or 0)
     assert cli.main(["serve", "--port", "0"]) == 0
-    assert mounted == [openai_router.build_router, ollama_router.build_router, web_router.build_router]
+    assert mounted == [openai_router.build_router, anthropic_router.build_router, ollama_router.build_router,
+                       web_router.build_router]
