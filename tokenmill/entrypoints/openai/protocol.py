@@ -294,10 +294,16 @@ class DetokenizeRequest(_Request):
 
 
 # -- responses ---------------------------------------------------------------------------------------------
+class PromptTokensDetails(_Response):
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache
+
+
 class Usage(_Response):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # OpenAI's, on chat answers: how many prompt tokens the prefix cache held (omitted where not counted)
+    prompt_tokens_details: PromptTokensDetails | None = _omitted_when_none()
 
 
 class CompletionLogprobs(_Response):

@@ -278,7 +278,8 @@ class OpenAIServingChat(OpenAIServing):
                                       else None, token_ids=c.token_ids if ids else None))
         num_completion = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
-                                      usage=self.usage(len(prompt.prompt_token_ids), num_completion),
+                                      usage=self.usage(len(prompt.prompt_token_ids), num_completion,
+                                                       final.metrics.num_cached_tokens if final.metrics else None),
                                       prompt_logprobs=self.prompt_logprobs(final.prompt_logprobs,
                                                                            params.prompt_logprobs),
                                       prompt_token_ids=prompt.prompt_token_ids if ids else None)
@@ -323,6 +324,7 @@ class OpenAIServingChat(OpenAIServing):
         ids = options.return_token_ids
         finished: set[int] = set()
         num_completion = 0
+        cached: int | None = None  # prompt tokens the prefix cache held (known once the request finishes)
         streams = ([ToolCallStream(calling.parser(), calling.format.new_call_id) for _ in range(params.n)]
                    if calling is not None and calling.mode != "none" else None)
         thinking = [ReasoningStream(reasoning) for _ in range(params.n)] if reasoning is not None else None
@@ -337,6 +339,7 @@ class OpenAIServingChat(OpenAIServing):
                                                         token_ids=[] if ids else None), is_first=True)
                     if out.finished:
                         self.check_finished(out)
+                        cached = out.metrics.num_cached_tokens if out.metrics else None
                     for c in out.outputs:
                         if c.index in finished:
                             continue
@@ -368,7 +371,7 @@ class OpenAIServingChat(OpenAIServing):
                             num_completion += len(c.token_ids)
             if options.include_usage:
                 yield sse(ChatCompletionChunk(id=request_id, created=created, model=self.served_model_name,
-                                              choices=[], usage=self.usage(num_prompt, num_completion)))
+                                              choices=[], usage=self.usage(num_prompt, num_completion, cached)))
         except APIError as e:  # headers are sent: the error goes in the stream
             yield sse_error(e)
         yield SSE_DONE

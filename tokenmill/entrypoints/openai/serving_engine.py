@@ -26,7 +26,7 @@ from fastapi import Request
 from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError, RequestTimeoutError
 from tokenmill.engine.beam_search import BeamSearch, BeamSearchParams, Hypothesis
 from tokenmill.engine.input_processor import ProcessedPrompt
-from tokenmill.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, SamplingFields, Usage
+from tokenmill.entrypoints.openai.protocol import PromptLogprob, PromptLogprobs, PromptTokensDetails, SamplingFields, Usage
 from tokenmill.entrypoints.server.admission import Admission, ServerState
 from tokenmill.entrypoints.server.errors import APIError, bad_request, error_body
 from tokenmill.metrics import ModelMetrics, ServerMetrics
@@ -365,10 +365,12 @@ class OpenAIServing:
         return max(float(value), _MIN_LOGPROB)
 
     @staticmethod
-    def usage(num_prompt: int, num_completion: int) -> Usage:
-        """Token counts; also each chunk's counts so far, with stream_options.continuous_usage_stats."""
+    def usage(num_prompt: int, num_completion: int, num_cached: int | None = None) -> Usage:
+        """Token counts; also each chunk's counts so far, with stream_options.continuous_usage_stats.
+        `num_cached`: the prompt tokens the prefix cache held, reported as prompt_tokens_details (chat)."""
+        details = PromptTokensDetails(cached_tokens=num_cached) if num_cached is not None else None
         return Usage(prompt_tokens=num_prompt, completion_tokens=num_completion,
-                     total_tokens=num_prompt + num_completion)
+                     total_tokens=num_prompt + num_completion, prompt_tokens_details=details)
 
 
 def model_not_found(requested: str, served: list[str]) -> APIError:

@@ -223,9 +223,10 @@ class OpenAIServingResponses:
                 "tool_choice": req.tool_choice or "auto", "tools": tools, "truncation": "disabled",
                 "metadata": req.metadata or {}, "user": req.user, "usage": None}
 
-    def _usage(self, prompt: int, completion: int, reasoning_text: str) -> dict[str, Any]:
+    def _usage(self, prompt: int, completion: int, cached: int, reasoning_text: str) -> dict[str, Any]:
+        """Responses' usage: the reasoning's tokens are its text encoded again (the parser splits text, not ids)."""
         reasoning = len(self.chat.tokenizer.encode(reasoning_text)) if reasoning_text else 0
-        return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": completion,
+        return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": completion,
                 "output_tokens_details": {"reasoning_tokens": min(reasoning, completion)},
                 "total_tokens": prompt + completion}
 
@@ -268,7 +269,9 @@ class OpenAIServingResponses:
         assert usage is not None  # a whole answer always counts its tokens
         body |= {"status": "incomplete" if cut else "completed", "output": output,
                  "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-                 "usage": self._usage(usage.prompt_tokens, usage.completion_tokens, thought)}
+                 "usage": self._usage(usage.prompt_tokens, usage.completion_tokens,
+                                      usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0,
+                                      thought)}
         return body
 
     async def _events(self, req: ResponsesRequest, chat_stream: StreamingResponse, response_id: str,
@@ -280,7 +283,7 @@ class OpenAIServingResponses:
         open_item: dict[str, Any] | None = None  # the item being streamed
         calls: dict[int, dict[str, Any]] = {}  # tool call index -> its item
         finish: str | None = None
-        usage = (0, 0)
+        usage = (0, 0, 0)  # prompt, completion, cached
 
         def event(kind: str, **fields: Any) -> bytes:
             nonlocal seq
@@ -332,7 +335,9 @@ class OpenAIServingResponses:
                     failed = chunk["error"]
                     continue
                 if chunk.get("usage") and not chunk.get("choices"):
-                    usage = (chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"])
+                    u = chunk["usage"]
+                    usage = (u["prompt_tokens"], u["completion_tokens"],
+                             (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
                     out: list[bytes] = []
@@ -380,7 +385,7 @@ class OpenAIServingResponses:
         for frame in close():
             yield frame
         thought_text = "".join(i["content"][0]["text"] for i in body["output"] if i["type"] == "reasoning")
-        body["usage"] = self._usage(usage[0], usage[1], thought_text)
+        body["usage"] = self._usage(usage[0], usage[1], usage[2], thought_text)
         if failed is not None:
             body |= {"status": "failed", "error": {"code": str(failed.get("code")), "message": failed.get("message")}}
             yield event("error", code=str(failed.get("code")), message=failed.get("message"), param=failed.get("param"))
