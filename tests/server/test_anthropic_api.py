@@ -121,6 +121,9 @@ def test_errors_in_anthropics_shape(server: ServerProcess, client: anthropic.Ant
                                                                                  "name": "web_search"}]),
                       "only client tools"),
                      (dict(messages=[]), "messages must not be empty"),
+                     (dict(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                                   "content": [{"type": "image", "source": {}}]}]}]),
+                      "only text is supported in a tool_result"),
                      (dict(messages=[{"role": "user", "content": "hi"}], max_tokens=9000), "maximum context length")):
         args = {"model": MODEL, "max_tokens": 8, **kw}
         with pytest.raises(anthropic.BadRequestError) as e:

@@ -5,9 +5,10 @@ Anthropic's events (message_start, content_block_start / _delta / _stop, message
     system           a string or text blocks: the system message (cache_control marks are accepted; the
                      prefix cache reuses every shared prompt prefix by itself)
     messages         user / assistant turns (a final assistant turn is a prefill: the answer continues it);
-                     content a string or blocks: text, tool_use (assistant),
-                     tool_result (user: each becomes a tool message before the turn's text), thinking
-                     (assistant: its text goes back to the template as the turn's reasoning)
+                     content a string or blocks: text, tool_use (assistant), tool_result (user: each
+                     becomes a tool message before the turn's text; text content only; is_error prefixes
+                     it with "Error: "), thinking (assistant: its text goes back to the template as the
+                     turn's reasoning)
     max_tokens       required, as Anthropic's; a cut answer has stop_reason max_tokens
     stop_sequences   stop strings; the one that ended the answer is stop_sequence
     tools            {name, description, input_schema}; tool_choice auto / any / tool (name) / none, with
@@ -131,8 +132,11 @@ def chat_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str,
                 texts.append(_text(block, bfield))
             elif kind == "tool_result" and role == "user":
                 result = block.get("content", "")
-                text = result if isinstance(result, str) else "".join(
-                    _text(b, bfield) for b in _blocks(result, bfield) if b.get("type") == "text")
+                parts = [] if isinstance(result, str) else _blocks(result, bfield)
+                if any(b.get("type") != "text" for b in parts):
+                    raise bad_request(f"{bfield}: only text is supported in a tool_result's content by this server",
+                                      bfield)
+                text = result if isinstance(result, str) else "".join(_text(b, bfield) for b in parts)
                 if not isinstance(block.get("tool_use_id"), str):
                     raise bad_request(f"{bfield}: a tool_result block needs tool_use_id", bfield)
                 out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
