@@ -213,13 +213,14 @@ class OpenAIServingResponses:
     def _skeleton(self, req: ResponsesRequest, response_id: str, created: int) -> dict[str, Any]:
         """The Response object's fields that echo the request (OpenAI's shape), status in progress."""
         tools = [{**t, "strict": t.get("strict")} for t in req.tools or []]
+        defaults = self.chat.engine.sampling_defaults  # what ran where the request left a field out
         return {"id": response_id, "object": "response", "created_at": created, "status": "in_progress",
                 "model": self.chat.served_model_name, "output": [], "error": None, "incomplete_details": None,
                 "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
                 "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": None,
                 "reasoning": req.reasoning or {"effort": None, "summary": None}, "store": False,
-                "temperature": 1.0 if req.temperature is None else req.temperature,
-                "top_p": 1.0 if req.top_p is None else req.top_p, "text": req.text or {"format": {"type": "text"}},
+                "temperature": defaults.pick("temperature", req.temperature, 1.0),
+                "top_p": defaults.pick("top_p", req.top_p, 1.0), "text": req.text or {"format": {"type": "text"}},
                 "tool_choice": req.tool_choice or "auto", "tools": tools, "truncation": "disabled",
                 "metadata": req.metadata or {}, "user": req.user, "usage": None}
 
