@@ -10,6 +10,7 @@ import json
 
 from tokenmill.compute import DENSE_COPY_CHOICES, QUANTIZATION_CHOICES
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -201,9 +202,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"tokenmill serve: {problem}", file=sys.stderr)
         return 2
     base = engine_config_from_args(args, "default")
+    taken = [n for n in (args.served_model_name or [])[1:] if n == "default" or n.endswith(".gguf")
+             or os.path.exists(n)]
+    if taken:  # the flag takes every word after it: a model written after it became a name
+        print(f"tokenmill serve: --served-model-name took {taken[0]!r} as another name for the model; put the "
+              f"model before the flag (tokenmill serve {taken[0]} --served-model-name NAME)", file=sys.stderr)
+        return 2
     try:
         named = name_models(args.model or ([] if args.models_dir else ["default"]), args.models_dir,
-                            args.served_model_name)
+                            args.served_model_name[0] if args.served_model_name else None)
     except (ValueError, FileNotFoundError) as e:
         print(f"tokenmill serve: {e}", file=sys.stderr)
         return 2
@@ -246,8 +253,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--served-model-name", default=None,
-                   help="the name clients use for a single model (default: the model's)")
+    g.add_argument("--served-model-name", default=None, nargs="+", metavar="NAME",
+                   help="the name clients use for a single model (default: the model's); more names after it are "
+                        "aliases requests may use too (vLLM's form), the first is the one answers carry")
     g.add_argument("--models-dir", default=None, metavar="DIR",
                    help="also serve every .gguf file and HF-style directory in DIR, named as Ollama names them "
                         "(smollm2:135m from the GGUF's name and size label, else the file stem)")

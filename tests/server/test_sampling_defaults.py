@@ -134,3 +134,4 @@ def test_override_generation_config(greedy_gguf: Path, tmp_path: Path) -> None:
         engine_config_from_args(args, "default")
     args = build_parser().parse_args(["serve", "--override-generation-config", '{"temperature": 0.2}'])
     assert engine_config_from_args(args, "default").override_generation_config == {"temperature": 0.2}
+

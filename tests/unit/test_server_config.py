@@ -36,6 +36,16 @@ def test_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert c.request_timeout == 2.5 and c.served_model_name == "m" and c.api_key == "from-env"
     assert config_of("--api-key", "given").api_key == "given"
     assert config_of("--watchdog-timeout", "5").watchdog_timeout == 5.0
+    # vLLM's form: more names after the first are aliases
+    c = config_of("--served-model-name", "m", "gpt-4o", "gpt-4o-mini")
+    assert c.served_model_name == "m" and c.served_model_aliases == ("gpt-4o", "gpt-4o-mini")
+
+
+def test_a_model_written_after_served_model_name_is_not_taken_as_a_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from tokenmill import cli
+
+    assert cli.main(["serve", "--served-model-name", "m", "default"]) == 2
+    assert "put the model before the flag" in capsys.readouterr().err
 
 
 def test_frozen_and_checked() -> None:

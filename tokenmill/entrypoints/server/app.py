@@ -87,7 +87,8 @@ def build_app(models: AsyncEngine | ModelPool, config: ServerConfig | None = Non
         pool = models
     else:
         pool = ModelPool.of_engine(models, config.served_model_name or models.engine.model_name,
-                                   keep_alive=config.keep_alive_seconds(num_models=1))
+                                   keep_alive=config.keep_alive_seconds(num_models=1),
+                                   extra_names=config.served_model_aliases)
     state = state if state is not None else ServerState(is_ready=True)
     metrics = ServerMetrics(log_requests=config.log_requests, prefix=config.metrics_prefix,
                             engines=lambda: [(m.name, m.async_engine.stats()) for m in pool.loaded])

@@ -19,6 +19,7 @@ class ServerConfig:
 
     # the app
     served_model_name: str | None = None  # the name clients use; None: the model's own
+    served_model_aliases: tuple[str, ...] = ()  # further names requests may use for it (vLLM's extra names)
     api_key: str | None = None  # 'Authorization: Bearer <key>' on every route but /health (and /metrics)
     metrics_require_key: bool = False
     metrics_prefix: str = METRICS_PREFIX  # or "vllm:" (--metrics-prefix vllm): as vLLM's dashboards read them
@@ -74,7 +75,8 @@ class ServerConfig:
         watchdog = getattr(args, "watchdog_timeout", None)  # None: the default
         api_key = args.api_key or os.environ.get("TOKENMILL_API_KEY") or None
         return cls(
-            served_model_name=args.served_model_name, api_key=api_key, metrics_require_key=args.metrics_require_key,
+            served_model_name=args.served_model_name[0] if args.served_model_name else None,
+            served_model_aliases=tuple(args.served_model_name[1:]) if args.served_model_name else (), api_key=api_key, metrics_require_key=args.metrics_require_key,
             metrics_prefix=f"{getattr(args, 'metrics_prefix', 'tokenmill')}:",
             cors_origins=cors,
             max_waiting_requests=args.max_waiting_requests, max_request_bytes=args.max_request_bytes or None,

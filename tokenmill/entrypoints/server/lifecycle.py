@@ -17,6 +17,7 @@ by the test that checks the server exits non-zero when its engine dies).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -171,9 +172,12 @@ async def _start_pool(config: ServerConfig, models: ModelConfigs,
             raise ValueError(f"--default-model {config.default_model!r} is not the served model ({name})")
         async_engine = make_engine(engine_config)
         engine = await asyncio.to_thread(async_engine.wait_loaded)
-        return ModelPool.of_engine(async_engine, name, config.keep_alive_seconds(1), make_engine), engine
+        return ModelPool.of_engine(async_engine, name, config.keep_alive_seconds(1), make_engine,
+                                   config.served_model_aliases), engine
     available = available_ram()  # before anything is loaded
     served = await asyncio.to_thread(lambda: [ServedModel.plan(n, c) for n, c in named])
+    if len(served) == 1 and config.served_model_aliases:  # --served-model-name's further names
+        served = [dataclasses.replace(served[0], extra_names=config.served_model_aliases)]
     budget = config.models_memory or max(available - RUNTIME_BYTES, 0)
     pool = ModelPool(served, default=config.default_model, budget_bytes=budget,
                      keep_alive=config.keep_alive_seconds(len(served)), make_engine=make_engine)

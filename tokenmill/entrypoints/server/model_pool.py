@@ -110,13 +110,14 @@ class ModelPool:
 
     @classmethod
     def of_engine(cls, async_engine: AsyncEngine, name: str, keep_alive: float | None = None,
-                  make_engine: EngineFactory | None = None) -> ModelPool:
+                  make_engine: EngineFactory | None = None, extra_names: Iterable[str] = ()) -> ModelPool:
         """A pool of the one model `async_engine` runs, loaded already (kept unless a request says otherwise;
-        no budget: it is the only one). `make_engine` builds it again after an unload."""
+        no budget: it is the only one). `make_engine` builds it again after an unload; `extra_names`: more
+        names requests may use for it."""
         engine = async_engine.engine
         pool = cls([], budget_bytes=None, keep_alive=keep_alive, default=name, make_engine=make_engine,
                    served_lazily={name: lambda: ServedModel.of_engine(name, engine)},
-                   aliases={name, engine.model_name})
+                   aliases={name, engine.model_name, *extra_names})
         pool.adopt(name, async_engine)
         return pool
 

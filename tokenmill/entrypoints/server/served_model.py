@@ -68,11 +68,12 @@ class ServedModel:
     model_config: ModelConfig
     max_model_len: int
     memory_bytes: int  # weights + the whole KV cache: what loading it adds (the memory plan)
+    extra_names: tuple[str, ...] = ()  # further names requests may use (--served-model-name's after the first)
 
     @property
     def aliases(self) -> frozenset[str]:
-        """Every name a request may use for it: its name, and the model's own (the file stem)."""
-        return frozenset({self.name, self.source.name})
+        """Every name a request may use for it: its name, the model's own (the file stem), and extra_names."""
+        return frozenset({self.name, self.source.name, *self.extra_names})
 
     @classmethod
     def plan(cls, name: str, engine_config: EngineConfig) -> ServedModel:
