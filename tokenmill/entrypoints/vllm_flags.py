@@ -7,8 +7,7 @@ starts this server. Each flag is one of three kinds, and nothing is taken and dr
   checkpoint code is ever run; --enforce-eager: there are no graphs to capture; --enable-chunked-prefill:
   prefills are always chunked; --enable-auto-tool-choice: tool_choice "auto" works whenever a parser is
   found; --disable-log-stats: no periodic stats are logged; --enable-server-load-tracking: /load always
-  answers; --swap-space: preemption recomputes, as in
-  vLLM V1; a parallel size of 1; --kv-cache-dtype auto);
+  answers; --swap-space: preemption recomputes, as in vLLM V1; a parallel size of 1; --kv-cache-dtype auto);
 - refused: it asks for what this server does not do, and `serve` stops at once with the reason and what to
   use instead (a parallel size above 1, an fp8 KV cache, --no-enable-chunked-prefill,
   --gpu-memory-utilization on CPU).
