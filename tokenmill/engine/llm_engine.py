@@ -25,7 +25,7 @@ from tokenmill.engine.stop_checker import StopChecker
 from tokenmill.loader.model_source import ModelSource, resolve_model
 from tokenmill.memory_plan import MemoryPlan, dense_copy_bytes, make_plan
 from tokenmill.outputs import RequestOutput
-from tokenmill.sampling_defaults import SamplingDefaults
+from tokenmill.sampling_defaults import resolve as resolve_sampling_defaults
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler_output import SchedulerOutput
 from tokenmill.structured_output import StructuredOutputManager
@@ -37,9 +37,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tokenmill")
 
 
-def read_model_header(source: ModelSource) -> tuple[Any, Any, list[tuple[int, int, str]] | None]:
-    """(ModelConfig, Tokenizer, the GGUF file's matrices or None) of a model source, from its header and
-    tokenizer files (no weights)."""
+def read_model_header(source: ModelSource) -> tuple[Any, Any, list[tuple[int, int, str]] | None, dict[str, Any]]:
+    """(ModelConfig, Tokenizer, the GGUF file's matrices or None, its general.sampling.* keys) of a model
+    source, from its header and tokenizer files (no weights)."""
     from tokenmill.loader.model_config import ModelConfig
     from tokenmill.tokenizer.tokenizer import Tokenizer
 
@@ -48,29 +48,12 @@ def read_model_header(source: ModelSource) -> tuple[Any, Any, list[tuple[int, in
 
         gf = GGUFFile(source.path)
         try:
+            sampling = {k: v for k, v in gf.metadata.items() if k.startswith("general.sampling.")}
             return (ModelConfig.from_gguf(gf.metadata, set(gf.tensors), gf.quantization()),
-                    Tokenizer.from_gguf(gf.metadata), gf.matrices())
+                    Tokenizer.from_gguf(gf.metadata), gf.matrices(), sampling)
         finally:
             gf.close()
-    return ModelConfig.from_hf_dir(source.path), Tokenizer.from_hf_dir(source.path), None
-
-
-def read_sampling_defaults(source: ModelSource, setting: str,
-                           override: dict[str, Any] | None = None) -> SamplingDefaults:
-    """The sampling defaults --generation-config `setting` (and --override-generation-config) give for this
-    model (sampling_defaults.resolve)."""
-    from tokenmill.sampling_defaults import resolve
-
-    metadata = None
-    if setting == "auto" and source.kind == "gguf":
-        from tokenmill.loader.gguf import GGUFFile
-
-        gf = GGUFFile(source.path)
-        try:
-            metadata = {k: v for k, v in gf.metadata.items() if k.startswith("general.sampling.")}
-        finally:
-            gf.close()
-    return resolve(setting, source.kind, source.path, metadata, override)
+    return ModelConfig.from_hf_dir(source.path), Tokenizer.from_hf_dir(source.path), None, {}
 
 
 def vocabulary_mismatch(target: dict[str, int], draft: dict[str, int]) -> str | None:
@@ -98,10 +81,11 @@ class LLMEngine:
         self.source = resolve_model(config.model)
         # device, dtype and linear method: decided once, here
         self.platform = resolve_platform(config, weights=self.source.kind)
-        self.model_config, self.tokenizer, matrices = read_model_header(self.source)
+        self.model_config, self.tokenizer, matrices, gguf_sampling = read_model_header(self.source)
         # what a request that leaves a sampling field out gets (--generation-config; vLLM's rule)
-        self.sampling_defaults = read_sampling_defaults(self.source, config.generation_config,
-                                                        config.override_generation_config)
+        self.sampling_defaults = resolve_sampling_defaults(config.generation_config, self.source.kind,
+                                                           self.source.path, gguf_sampling,
+                                                           config.override_generation_config)
         if self.sampling_defaults.describe():
             log.info("%s", self.sampling_defaults.describe())
         if config.chat_template is not None:
@@ -184,7 +168,7 @@ class LLMEngine:
             return DraftConfig(num_layers=n)
         assert spec.model is not None
         source = resolve_model(spec.model)
-        dcfg, dtok, matrices = read_model_header(source)
+        dcfg, dtok, matrices, _ = read_model_header(source)
         get_model_class(dcfg.architecture)
         mismatch = vocabulary_mismatch(self.tokenizer.backend.get_vocab(), dtok.backend.get_vocab())
         if mismatch:

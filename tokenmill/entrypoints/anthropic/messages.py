@@ -36,10 +36,11 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
+from tokenmill.entrypoints.openai.chat_bridge import chat_chunks, renamed
+from tokenmill.entrypoints.openai.chat_bridge import chat_request as validated
 from tokenmill.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionResponse
-from tokenmill.entrypoints.openai.chat_chunks import chat_chunks
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat
 from tokenmill.entrypoints.server.errors import APIError, bad_request
 
@@ -242,7 +243,7 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     _tools(req.tools, req.tool_choice, body)
     _thinking(req.thinking, body)
     _output_config(req.output_config, body)
-    return _validated(body)
+    return validated(body, _PARAM_NAMES)
 
 
 def _prefill(body: dict[str, Any]) -> None:
@@ -251,16 +252,6 @@ def _prefill(body: dict[str, Any]) -> None:
     last = body["messages"][-1] if body["messages"] else None
     if last is not None and last["role"] == "assistant" and last.get("content") and not last.get("tool_calls"):
         body["continue_final_message"], body["add_generation_prompt"] = True, False
-
-
-def _validated(body: dict[str, Any]) -> ChatCompletionRequest:
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        head = str(err["loc"][0]) if err["loc"] else None
-        raise bad_request(f"{loc}: {err['msg']}", _PARAM_NAMES.get(head or "", head)) from None
 
 
 def _stop_reason(finish: str | None, stop_reason: Any, stops: list[str] | None) -> tuple[str, str | None]:
@@ -292,7 +283,7 @@ class AnthropicMessages:
         _prefill(body)
         _tools(req.tools, req.tool_choice, body)
         _thinking(req.thinking, body)
-        chat_req = _validated(body)
+        chat_req = validated(body, _PARAM_NAMES)
         calling = self.chat.tool_calling(chat_req.tools, chat_req.tool_choice, chat_req.parallel_tool_calls)
         prompt = await self.chat.render(chat_req.messages, chat_req.add_generation_prompt,
                                         chat_req.continue_final_message, calling, chat_req.chat_template_kwargs)
@@ -303,10 +294,8 @@ class AnthropicMessages:
         chat_req = chat_request(req)
         try:
             answer = await self.chat.create_chat_completion(chat_req, raw_request)
-        except APIError as e:
-            if e.param is not None:
-                head = e.param.split(".")[0].split("[")[0]
-                e.param = _PARAM_NAMES.get(head, head) + e.param[len(head):]
+        except APIError as e:  # the chat field at fault, named as this request names it
+            e.param = renamed(e.param, _PARAM_NAMES)
             raise
         message_id = f"msg_{uuid.uuid4().hex}"
         if isinstance(answer, ChatCompletionResponse):

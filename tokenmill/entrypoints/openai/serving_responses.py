@@ -36,16 +36,17 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import ValidationError
 
+from tokenmill.entrypoints.openai.chat_bridge import chat_chunks, renamed
+from tokenmill.entrypoints.openai.chat_bridge import chat_request as validated
 from tokenmill.entrypoints.openai.protocol import ChatCompletionRequest, ChatCompletionResponse, ResponsesRequest
-from tokenmill.entrypoints.openai.chat_chunks import chat_chunks
 from tokenmill.entrypoints.openai.serving_chat import OpenAIServingChat
 from tokenmill.entrypoints.server.errors import APIError, bad_request
 
 # chat fields in an error's `param` -> the Responses field the client sent
 _PARAM_NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
                 "response_format": "text.format", "reasoning_effort": "reasoning.effort"}
+_WHOLE = frozenset({"messages"})  # chat's message indices are not input's (instructions come first)
 # include values accepted: reasoning items carry no encrypted content here (send the reasoning text back instead)
 _INCLUDES = {"reasoning.encrypted_content"}
 
@@ -195,13 +196,7 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     effort = (req.reasoning or {}).get("effort")
     if effort is not None:
         body["reasoning_effort"] = effort
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        param = _PARAM_NAMES.get(str(err["loc"][0]), str(err["loc"][0])) if err["loc"] else None
-        raise bad_request(f"{loc}: {err['msg']}", param) from None
+    return validated(body, _PARAM_NAMES, _WHOLE)
 
 
 class OpenAIServingResponses:
@@ -236,10 +231,7 @@ class OpenAIServingResponses:
             chat_req = chat_request(req)
             answer = await self.chat.create_chat_completion(chat_req, raw_request)
         except APIError as e:  # the chat field at fault, named as this request names it
-            if e.param is not None:
-                head = e.param.split(".")[0].split("[")[0]
-                if head in _PARAM_NAMES:
-                    e.param = _PARAM_NAMES[head] + e.param[len(head):] if head != "messages" else "input"
+            e.param = renamed(e.param, _PARAM_NAMES, _WHOLE)
             raise
         response_id, created = _new_id("resp"), int(time.time())
         if isinstance(answer, ChatCompletionResponse):
