@@ -92,6 +92,13 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
         raise NotImplementedError(f"{model_type} with attention biases has no HF config form")
     if model_type == "phi3":
         out.update(_phi3_config(cfg))
+    elif model_type == "granite":
+        out.update(embedding_multiplier=cfg.embedding_multiplier, residual_multiplier=cfg.residual_multiplier,
+                   attention_multiplier=cfg.attention_multiplier or cfg.head_dim ** -0.5,
+                   logits_scaling=cfg.logits_scaling)
+    elif model_type == "smollm3":
+        out["no_rope_layers"] = [int(i not in cfg.nope_layers) for i in range(cfg.num_layers)]
+        out["pad_token_id"] = None  # its config class defaults to 128004, past a smaller vocabulary
     out.update(_hf_moe_config(cfg, model_type))
     if cfg.name:
         out["_name_or_path"] = cfg.name

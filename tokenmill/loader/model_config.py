@@ -49,6 +49,14 @@ class ModelConfig:
     query_pre_attn_scalar: float = 0.0  # attention scale = query_pre_attn_scalar ** -0.5; 0: head_dim ** -0.5
     final_logit_softcapping: float = 0.0  # logits = cap * tanh(logits / cap); 0: none
     attn_logit_softcapping: float = 0.0  # attention scores = cap * tanh(scores / cap) (Gemma 2); 0: none
+    # Granite (HF's names): embeddings * embedding_multiplier; attention scale attention_multiplier (0: head_dim
+    # ** -0.5); each sublayer's output * residual_multiplier before it joins the residual; logits / logits_scaling
+    embedding_multiplier: float = 1.0
+    attention_multiplier: float = 0.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+    # SmolLM3: the layers whose q and k are not rotated (NoPE); () : every layer rotates
+    nope_layers: tuple[int, ...] = ()
 
     def layer_windows(self) -> list[int]:
         """Each layer's sliding window (0: the layer attends to every earlier key)."""
@@ -74,6 +82,8 @@ class ModelConfig:
         kv = self.num_kv_heads * self.head_dim
         matmuls = sum(n * k for n, k in self._layer_shapes(active))
         per_layer = matmuls + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        if self.architecture == "olmo2":  # q / k norms over the whole projection
+            per_layer += q + kv
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
         if self.architecture in ("gemma2", "gemma3"):  # pre- and post-norms around both sublayers
             per_layer += 2 * d + (2 * self.head_dim if self.architecture == "gemma3" else 0)  # Gemma 3's q/k norms
@@ -135,6 +145,10 @@ class ModelConfig:
             family = _gemma2_gguf(metadata, arch)
         elif ours.name == "mistral" and f"{arch}.attention.sliding_window" in metadata:  # a GGUF that kept it
             family = {"sliding_window": int(metadata[f"{arch}.attention.sliding_window"])}
+        elif ours.name == "granite":
+            family = _granite_gguf(metadata, arch)
+        elif ours.name == "smollm3":  # llama.cpp: every 4th layer (no GGUF key says otherwise)
+            family = {"nope_layers": _every_nth(int(get("block_count")), _SMOLLM3_NOPE_INTERVAL)}
         cfg = cls(
             architecture=ours.name,
             vocab_size=int(vocab),
@@ -188,6 +202,12 @@ class ModelConfig:
                 common.update(_gemma3_hf(cfg))
             elif arch == "gemma2":
                 common.update(_gemma2_hf(cfg))
+            elif arch == "granite":
+                common.update(_granite_hf(cfg))
+            elif arch == "smollm3":
+                common.update(_smollm3_hf(cfg))
+            elif arch == "olmo2" and cfg.get("attention_bias"):  # HF's includes an o_proj bias, which ours lacks
+                raise ValueError("olmo2 with attention_bias is not supported")
             else:
                 common.update(_sliding_window_hf(cfg, arch))
         except ValueError as e:
@@ -472,3 +492,49 @@ def _gemma2_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
         "final_logit_softcapping": float(30.0 if final_cap is None else final_cap),
         "hidden_act": "gelu_pytorch_tanh",
     }
+
+
+# -- granite, smollm3 -----------------------------------------------------------------------------------
+_SMOLLM3_NOPE_INTERVAL = 4  # llama.cpp's n_no_rope_layer_step for smollm3 (a constant there), HF's default
+
+
+def _every_nth(num_layers: int, n: int) -> tuple[int, ...]:
+    """The layers (i + 1) % n == 0: HF's no_rope_layer_interval rule, llama.cpp's n_no_rope_layer_step."""
+    return tuple(i for i in range(num_layers) if (i + 1) % n == 0)
+
+
+def _smollm3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """SmolLM3's NoPE layers: `no_rope_layers` lists 1 (rotate) or 0 (not) per layer; without it, every
+    `no_rope_layer_interval`-th layer skips rotary. Its sliding window is refused (no checkpoint uses it)."""
+    for key in ("use_sliding_window", "attention_bias", "mlp_bias"):
+        if cfg.get(key):
+            raise ValueError(f"smollm3 with {key} is not supported")
+    n = int(cfg["num_hidden_layers"])
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        return {"nope_layers": _every_nth(n, int(cfg.get("no_rope_layer_interval") or _SMOLLM3_NOPE_INTERVAL))}
+    if len(flags) != n:
+        raise ValueError(f"smollm3 no_rope_layers has {len(flags)} entries for {n} layers")
+    return {"nope_layers": tuple(i for i, f in enumerate(flags) if not f)}
+
+
+def _granite_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Granite's four multipliers, under HF's names (1.0 each where the config leaves one out, as HF does)."""
+    for key in ("attention_bias", "mlp_bias"):  # HF's biases there include o_proj's / down_proj's, which ours lack
+        if cfg.get(key):
+            raise ValueError(f"granite with {key} is not supported")
+    return dict(embedding_multiplier=float(cfg.get("embedding_multiplier", 1.0)),
+                attention_multiplier=float(cfg.get("attention_multiplier", 1.0)),
+                residual_multiplier=float(cfg.get("residual_multiplier", 1.0)),
+                logits_scaling=float(cfg.get("logits_scaling", 1.0)))
+
+
+def _granite_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
+    """llama.cpp's granite keys: {arch}.embedding_scale, .residual_scale, .attention.scale, .logit_scale; a
+    missing one is llama.cpp's default (1, 1, head_dim ** -0.5, 1)."""
+    def get(key: str, default: float) -> float:
+        v = md.get(f"{arch}.{key}")
+        return default if v is None else float(v)
+
+    return dict(embedding_multiplier=get("embedding_scale", 1.0), attention_multiplier=get("attention.scale", 0.0),
+                residual_multiplier=get("residual_scale", 1.0), logits_scaling=get("logit_scale", 1.0))

@@ -74,6 +74,9 @@ _GGUF_TO_HF_BY_ARCH = {
                "post_ffw_norm": "post_feedforward_layernorm"},
 }
 _GGUF_TO_HF_BY_ARCH["gemma2"] = _GGUF_TO_HF_BY_ARCH["gemma3"]  # the same four norms
+# OLMo 2: a norm after each sublayer and none before
+_GGUF_TO_HF_BY_ARCH["olmo2"] = {"post_attention_norm": "post_attention_layernorm",
+                                "post_ffw_norm": "post_feedforward_layernorm"}
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)
 _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",
@@ -100,7 +103,9 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
                  keep_quantized: KeepQuantized | None = None) -> Iterator[tuple[str, torch.Tensor | GGUFQuantized]]:
     """(HF name, fp32 tensor) for each tensor; (HF name, GGUFQuantized) where keep_quantized(HF name,
     tensor info) says so."""
-    permuted = gf.architecture == "llama"  # llama.cpp's converter permutes q/k only for the llama arch
+    # llama.cpp's converter permutes q/k for the llama arch and the ones it converts as llama (LlamaModel's
+    # subclasses that keep its rotary: Granite, SmolLM3)
+    permuted = gf.architecture in ("llama", "granite", "smollm3")
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
         hf_name, n_head = _hf_name(name, cfg, permuted)
         info = gf.tensors[name]

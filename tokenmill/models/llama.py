@@ -1,6 +1,11 @@
-"""Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3), device-free, with fused QKV and gate/up.
+"""Llama-family decoder (Llama 2/3, SmolLM, SmolLM3, Mistral, Qwen2, Qwen3, Granite), device-free, with fused
+QKV and gate/up.
 
 Qwen3 is Llama with `cfg.qk_norm`: each q and k head RMS-normalized (its own weight) before rotary.
+SmolLM3 is Llama with `cfg.nope_layers`: those layers' q and k are not rotated (every 4th layer).
+Granite is Llama with four multipliers (ModelConfig): embeddings scaled, attention scaled by
+attention_multiplier instead of head_dim ** -0.5, each sublayer's output scaled before it joins the
+residual stream, logits divided by logits_scaling.
 
 Parameter names follow the HF checkpoints, with q/k/v fused into `qkv_proj` and gate/up into
 `gate_up_proj` (`packed_modules_mapping` tells the loader which checkpoint tensor goes into which rows).
@@ -38,7 +43,8 @@ class LlamaAttention(nn.Module):
         q, kv, d = self.nh * self.hd, self.nkv * self.hd, cfg.hidden_size
         self.qkv_proj = Linear(d, q + 2 * kv, method, bias=cfg.attention_bias, shards={"q": q, "k": kv, "v": kv})
         self.o_proj = Linear(q, d, method)
-        self.scale = self.hd ** -0.5
+        self.scale = cfg.attention_multiplier or self.hd ** -0.5
+        self.rotates = layer_idx not in cfg.nope_layers
         self.q_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -50,7 +56,8 @@ class LlamaAttention(nn.Module):
         qk = qk.view(T, self.nh + self.nkv, self.hd)
         if self.q_norm is not None and self.k_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, : self.nh]), self.k_norm(qk[:, self.nh :])], dim=1)
-        qk = rotate_(qk, rope)  # q and k heads are adjacent: one pass
+        if self.rotates:
+            qk = rotate_(qk, rope)  # q and k heads are adjacent: one pass
         q, k = qk[:, : self.nh], qk[:, self.nh :]
         v = v.view(T, self.nkv, self.hd)
         o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale,
@@ -70,6 +77,7 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(cfg, layer_idx, method)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp  # (T, D) -> (T, D): LlamaMLP, or a mixture of experts (models/moe.py)
+        self.residual_multiplier = cfg.residual_multiplier  # Granite's; 1.0 elsewhere
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTables,
                 attn: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,15 +88,19 @@ class LlamaDecoderLayer(nn.Module):
             residual, h = x, self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm(x, residual)
-        h, residual = self.post_attention_layernorm(self.self_attn(h, rope, attn), residual)
-        return self.mlp(h), residual
+        m = self.residual_multiplier
+        a = self.self_attn(h, rope, attn)
+        h, residual = self.post_attention_layernorm(a if m == 1.0 else a.mul_(m), residual)
+        out = self.mlp(h)
+        return (out if m == 1.0 else out.mul_(m)), residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, method: LinearMethod, mlps: list[nn.Module]) -> None:
+    def __init__(self, cfg: ModelConfig, method: LinearMethod, mlps: list[nn.Module],
+                 layer_cls: type[nn.Module] = LlamaDecoderLayer) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method, mlps[i]) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(layer_cls(cfg, i, method, mlps[i]) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -101,13 +113,17 @@ class LlamaForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
     }
 
+    # the decoder layer: (cfg, layer index, method, mlp) -> a module with llama's forward contract
+    decoder_layer: type[nn.Module] = LlamaDecoderLayer
+
     def __init__(self, cfg: ModelConfig, method: LinearMethod, max_positions: int) -> None:
         super().__init__()
         if cfg.hidden_act != "silu":
             raise ValueError(f"{cfg.architecture} with hidden_act {cfg.hidden_act!r} is not supported (supported: silu)")
         self.cfg = cfg
         self.max_positions = max_positions
-        self.model = LlamaModel(cfg, method, [self.make_mlp(cfg, method) for _ in range(cfg.num_layers)])
+        self.model = LlamaModel(cfg, method, [self.make_mlp(cfg, method) for _ in range(cfg.num_layers)],
+                                self.decoder_layer)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, method)
         self.lm_head.wide_out = True  # fp32 logits where the kernel gives them (layers/linear.py)
         if cfg.tie_word_embeddings:  # filled from the embedding at finish_loading; nothing to allocate now
@@ -178,6 +194,8 @@ class LlamaForCausalLM(nn.Module):
             if hidden is not None:
                 return hidden
         x = self.model.embed_tokens(input_ids)
+        if self.cfg.embedding_multiplier != 1.0:  # Granite's
+            x = x * self.cfg.embedding_multiplier
         rope = self.rope.tables(positions)  # (T, 1, hd) cos / sin rows, shared by every layer
         residual: torch.Tensor | None = None
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
@@ -191,4 +209,6 @@ class LlamaForCausalLM(nn.Module):
         """(S, D) hidden of the positions that sample -> (S, V) logits: float32, or (float32=False) the
         head's dtype."""
         logits = self.lm_head(hidden)
+        if self.cfg.logits_scaling != 1.0:  # Granite's
+            logits = logits / self.cfg.logits_scaling
         return logits.float() if float32 else logits

@@ -51,8 +51,15 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     cfg = model.cfg
     if cfg.qk_norm:
         return "per-head q/k norms"
+    if cfg.architecture == "olmo2":
+        return "OLMo 2's norms after the sublayers"
     if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
         return "partial rotary"
+    if cfg.nope_layers:
+        return "layers without rotary (SmolLM3)"
+    if (cfg.embedding_multiplier, cfg.attention_multiplier, cfg.residual_multiplier, cfg.logits_scaling) != (
+            1.0, 0.0, 1.0, 1.0):
+        return "Granite's multipliers"
     assert model.rope is not None
     dtype = model.model.norm.weight.dtype
     if dtype not in _DTYPES:

@@ -1,0 +1,311 @@
+"""SmolLM3, Granite and OLMo 2, the llama decoder with a twist each, against transformers, from HF and GGUF.
+
+- SmolLM3 (SmolLM3ForCausalLM; GGUF architecture "smollm3"): every 4th layer's q and k are not rotated
+  (NoPE). HF lists it per layer (`no_rope_layers`, 1 = rotate); llama.cpp fixes the interval at 4.
+- Granite (GraniteForCausalLM; GGUF "granite"): embeddings times embedding_multiplier, attention scaled by
+  attention_multiplier instead of head_dim ** -0.5, each sublayer's output times residual_multiplier before
+  it joins the residual stream, logits divided by logits_scaling; GGUF keeps them as embedding_scale,
+  attention.scale, residual_scale and logit_scale.
+- OLMo 2 (Olmo2ForCausalLM; GGUF "olmo2"): no norm before a sublayer, one after each (before the residual
+  add), and q / k RMS-normalized over the whole projection before rotary.
+
+Each case is a tiny random checkpoint written by transformers and, from the same weights, a GGUF as llama.cpp's
+converter writes it (SmolLM3 and Granite convert as llama: q and k rows permuted; OLMo 2 does not). Prompt logits within
+1e-3 and 32 greedy tokens identical; a model with the twist removed differs from the reference (the test
+would see a path that dropped it); the Q8_0 blocks through the gguf method; the invariances; `tokenmill
+convert` back to a directory transformers loads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from raw_forward import prompt_logits
+
+from tokenmill import LLM, SamplingParams
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+NUM_TOKENS = 32
+GREEDY = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+GRANITE = dict(embedding_multiplier=12.0, attention_multiplier=0.015625 * 4, residual_multiplier=0.22,
+               logits_scaling=8.0)
+FAMILIES = {
+    "smollm3": dict(cls="SmolLM3", layers=8, extra={}),  # layers 3 and 7 without rotary
+    "granite": dict(cls="Granite", layers=2, extra=GRANITE),
+    "olmo2": dict(cls="Olmo2", layers=2, extra={}),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tokenmill.loader.gguf import GGUFFile
+    from tokenmill.loader.model_source import default_model_path
+    from tokenmill.tokenizer.tokenizer import Tokenizer
+
+    gf = GGUFFile(default_model_path())
+    try:
+        return Tokenizer.from_gguf(dict(gf.metadata)), dict(gf.metadata)
+    finally:
+        gf.close()
+
+
+def make_hf(tmp: Path, family: str, tokenizer: Any, **overrides: Any) -> tuple[Path, Any]:
+    """An HF directory of a tiny random model of `family`; returns it and the fp32 model."""
+    tok, _ = tokenizer
+    spec = FAMILIES[family]
+    kw = dict(vocab_size=tok.vocab_size, hidden_size=128, intermediate_size=192, num_hidden_layers=spec["layers"],
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
+              tie_word_embeddings=family == "smollm3", bos_token_id=1, eos_token_id=2, pad_token_id=2,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}) | spec["extra"] | overrides
+    cfg = getattr(transformers, spec["cls"] + "Config")(**kw)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(transformers, spec["cls"] + "ForCausalLM")(cfg).eval()
+    with torch.no_grad():  # random init is tiny; widen it so logits are well separated
+        for _, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+            else:
+                p.uniform_(0.5, 1.5)  # the norms
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.backend.save(str(tmp / "tokenizer.json"))
+    (tmp / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
+        "chat_template": tok.chat_template}))
+    return tmp, model
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter's permutation of q / k rows (LlamaModel, which both families extend)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str = "F32", scales: bool = True) -> Path:
+    """The same weights as a GGUF with llama.cpp's names and keys for `family`; `scales=False` leaves Granite's
+    four keys out (llama.cpp then uses 1, head_dim ** -0.5, 1, 1)."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+
+    _, src = tokenizer
+    c = model.config
+    w = GGUFWriter(str(path), family)
+    a = family
+    w.add_name(f"tiny {family}")
+    w.add_uint32(f"{a}.context_length", c.max_position_embeddings)
+    w.add_uint32(f"{a}.embedding_length", c.hidden_size)
+    w.add_uint32(f"{a}.feed_forward_length", c.intermediate_size)
+    w.add_uint32(f"{a}.block_count", c.num_hidden_layers)
+    w.add_uint32(f"{a}.attention.head_count", c.num_attention_heads)
+    w.add_uint32(f"{a}.attention.head_count_kv", c.num_key_value_heads)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+    w.add_uint32(f"{a}.rope.dimension_count", c.hidden_size // c.num_attention_heads)
+    w.add_float32(f"{a}.rope.freq_base", c.rope_parameters["rope_theta"])
+    if family == "granite" and scales:
+        w.add_float32(f"{a}.embedding_scale", c.embedding_multiplier)
+        w.add_float32(f"{a}.residual_scale", c.residual_multiplier)
+        w.add_float32(f"{a}.attention.scale", c.attention_multiplier)
+        w.add_float32(f"{a}.logit_scale", c.logits_scaling)
+    w.add_tokenizer_model(str(src["tokenizer.ggml.model"]))
+    w.add_tokenizer_pre(str(src["tokenizer.ggml.pre"]))
+    w.add_token_list(list(src["tokenizer.ggml.tokens"]))
+    w.add_token_types([int(t) for t in src["tokenizer.ggml.token_type"]])
+    w.add_token_merges(list(src["tokenizer.ggml.merges"]))
+    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
+    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
+    w.add_add_bos_token(False)
+
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    if not c.tie_word_embeddings:
+        names["lm_head.weight"] = "output.weight"
+    parts = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    if family == "olmo2":
+        del parts["input_layernorm"]
+        parts |= {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm",
+                  "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    for i in range(c.num_hidden_layers):
+        names |= {f"model.layers.{i}.{hf}.weight": f"blk.{i}.{g}.weight" for hf, g in parts.items()}
+    for hf_name, name in names.items():
+        x = np.ascontiguousarray(sd[hf_name], dtype=np.float32)
+        if family == "olmo2":
+            pass
+        elif name.endswith("attn_q.weight"):
+            x = np.ascontiguousarray(_permute(x, c.num_attention_heads))
+        elif name.endswith("attn_k.weight"):
+            x = np.ascontiguousarray(_permute(x, c.num_key_value_heads))
+        if x.ndim == 2 and qtype != "F32":
+            t = GGMLQuantizationType[qtype]
+            w.add_tensor(name, quantize(x, t), raw_dtype=t)
+        else:
+            w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def engine(model: Path, **kw: Any) -> LLM:
+    args = dict(progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32",
+                quantization="dequantize") | kw
+    return LLM(str(model), **args)
+
+
+def prompts(tok: Any) -> list[list[int]]:
+    return [tok.encode(t) for t in ["Hello there, how are you doing today?", "def f(x):\n    return x * 2\n" * 3]]
+
+
+def reference(model: Any, ids: list[int]) -> tuple[torch.Tensor, list[int]]:
+    """transformers' fp32 prompt logits (T, V) and greedy continuation."""
+    with torch.inference_mode():
+        x = torch.tensor([ids])
+        logits = model(x).logits[0]
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NUM_TOKENS, do_sample=False,
+                             min_new_tokens=NUM_TOKENS, pad_token_id=None, eos_token_id=None)
+    return logits, out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def case(request, tokenizer, tmp_path_factory):
+    family = request.param
+    d, model = make_hf(tmp_path_factory.mktemp(family), family, tokenizer)
+    g = write_gguf(tmp_path_factory.mktemp(family + "-gguf") / "tiny.gguf", family, model, tokenizer)
+    return family, d, g, model
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+def test_logits_and_greedy_match_transformers(case, fmt: str, tokenizer) -> None:
+    family, d, g, model = case
+    ours = engine(d if fmt == "hf" else g)
+    cfg = ours.engine.model_config
+    assert cfg.architecture == family
+    assert cfg.num_parameters() == sum(p.numel() for p in model.parameters())
+    if family == "smollm3":
+        assert cfg.nope_layers == (3, 7)
+    elif family == "granite":
+        assert (cfg.embedding_multiplier, cfg.attention_multiplier, cfg.residual_multiplier,
+                cfg.logits_scaling) == pytest.approx(tuple(GRANITE.values()))
+    for ids in prompts(tokenizer[0]):
+        want_logits, want_tokens = reference(model, ids)
+        got = prompt_logits(ours, ids)
+        err = float((got - want_logits).abs().max())
+        assert err < 1e-3, f"{family} {fmt}: max logit error {err:.2e}"
+        out = ours.generate([ids], GREEDY)[0]
+        assert out.outputs[0].token_ids == want_tokens, f"{family} {fmt} diverged"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_twist_matters(family: str, tokenizer, tmp_path: Path) -> None:
+    """The same weights as plain llama (every layer rotated; no multipliers) give other logits: the test above
+    would see a path that dropped the family's difference."""
+    _, model = make_hf(tmp_path / "hf", family, tokenizer)
+    ids = prompts(tokenizer[0])[1]
+    if family == "olmo2":  # the same weights through llama's layer: norms before the sublayers, none on q / k
+        def llama_name(k: str) -> str:  # OLMo 2's norm after attention as llama's before it, and so on
+            if "post_attention_layernorm" in k:
+                return k.replace("post_attention_layernorm", "input_layernorm")
+            return k.replace("post_feedforward_layernorm", "post_attention_layernorm")
+
+        sd = {llama_name(k): v for k, v in model.state_dict().items() if "q_norm" not in k and "k_norm" not in k}
+        c = model.config
+        other = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads, rms_norm_eps=c.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})).eval()
+        other.load_state_dict(sd)
+    else:
+        plain = {"smollm3": dict(no_rope_layers=[1] * 8), "granite": dict(
+            embedding_multiplier=1.0, attention_multiplier=(128 // 4) ** -0.5, residual_multiplier=1.0,
+            logits_scaling=1.0)}[family]
+        _, other = make_hf(tmp_path / "plain", family, tokenizer, **plain)
+    with torch.inference_mode():
+        a, b = model(torch.tensor([ids])).logits, other(torch.tensor([ids])).logits
+    assert float((a - b).abs().max()) > 0.1
+
+
+def test_granite_gguf_without_its_keys_uses_llama_cpp_defaults(tokenizer, tmp_path: Path) -> None:
+    _, model = make_hf(tmp_path / "hf", "granite", tokenizer)
+    (tmp_path / "g").mkdir()
+    cfg = engine(write_gguf(tmp_path / "g" / "bare.gguf", "granite", model, tokenizer, scales=False)).engine.model_config
+    assert (cfg.embedding_multiplier, cfg.attention_multiplier, cfg.residual_multiplier, cfg.logits_scaling) == (
+        1.0, 0.0, 1.0, 1.0)
+
+
+def test_gguf_q8_0_through_the_gguf_method(tokenizer, tmp_path: Path) -> None:
+    """The default method keeps the Q8_0 blocks (layer by layer: these families are not on the one-call native
+    decode step) and stays within test_gguf_method.py's bounds for tiny random models."""
+    from tokenmill.native import ggml
+
+    if not ggml.available():
+        pytest.skip(f"ggml not built here: {ggml.unavailable_reason()}")
+    for family in FAMILIES:
+        _, model = make_hf(tmp_path / family, family, tokenizer)
+        g = write_gguf(tmp_path / f"{family}-q8.gguf", family, model, tokenizer, qtype="Q8_0")
+        ours = LLM(str(g), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
+        assert ours.engine.platform.compute.linear_method == "gguf"
+        agree = total = 0
+        for ids in prompts(tokenizer[0]):
+            with torch.inference_mode():
+                want = model(torch.tensor([ids])).logits[0]
+            got = prompt_logits(ours, ids)
+            rel = float((got - want).norm() / want.norm())
+            assert rel < 5e-2, f"{family}: relative logit error {rel:.2e}"
+            agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+            total += len(ids)
+        assert agree / total >= 0.85, f"{family}: top-1 agreement {agree / total:.2f}"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_invariances(family: str, tokenizer, tmp_path: Path) -> None:
+    """batched == alone, prefix cache on == off, chunked prefill == whole, at fp32."""
+    d, _ = make_hf(tmp_path, family, tokenizer)
+    tok = tokenizer[0]
+    system = tok.encode("You are a meticulous assistant. Answer briefly and never apologise. " * 3)
+    ps = [system + tok.encode(f"Question {i}: what is notable about {s}?")
+          for i, s in enumerate(["the ocean", "a violin", "bread", "Mars"])]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+    def run(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
+        return [o.outputs[0].token_ids for o in llm.generate(batch, params)]
+
+    base = engine(d, enable_prefix_caching=False)
+    batched = run(base, ps)
+    assert [run(base, [p])[0] for p in ps] == batched
+    cached = engine(d)
+    assert run(cached, ps) == batched and run(cached, ps) == batched
+    assert cached.engine.block_manager.num_hits > 0
+    assert run(engine(d, max_num_batched_tokens=16), ps) == batched
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_convert_writes_a_directory_transformers_loads(family: str, tokenizer, tmp_path: Path) -> None:
+    from tokenmill.entrypoints.convert import convert_gguf_to_hf
+
+    _, model = make_hf(tmp_path / "hf", family, tokenizer)
+    (tmp_path / "g").mkdir()
+    out = convert_gguf_to_hf(str(write_gguf(tmp_path / "g" / "tiny.gguf", family, model, tokenizer)),
+                             tmp_path / "converted", progress=False)
+    assert json.loads((out / "config.json").read_text())["architectures"] == [FAMILIES[family]["cls"] + "ForCausalLM"]
+    converted = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    ids = prompts(tokenizer[0])[1]
+    with torch.inference_mode():
+        want, got = model(torch.tensor([ids])).logits, converted(torch.tensor([ids])).logits
+    assert float((got - want).abs().max()) < 1e-4
+
+
+def test_unsupported_config_features_fail_naming_them(tokenizer, tmp_path: Path) -> None:
+    d, _ = make_hf(tmp_path, "granite", tokenizer)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(cfg | {"attention_bias": True}))
+    with pytest.raises(ValueError, match="granite with attention_bias is not supported"):
+        engine(d)
