@@ -121,15 +121,29 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     qwen2 = Shape("qwen2", 256, 512, 2, 4, 2, 49152, attention_bias=True)
     return {"qwen2-q8_0": write_random_gguf(d / "qwen2-q8_0.gguf", qwen2, "q8_0", std=0.03),
             "llama-q4_k_m": write_random_gguf(d / "llama-q4_k_m.gguf", Shape(), "q4_k_m", std=0.03),
-            "llama-q4_0": write_random_gguf(d / "llama-q4_0.gguf", Shape(), "q4_0", std=0.03)}
+            "llama-q4_0": write_random_gguf(d / "llama-q4_0.gguf", Shape(), "q4_0", std=0.03),
+            # layer 3 without rotary
+            "smollm3-q8_0": write_random_gguf(d / "smollm3-q8_0.gguf", Shape("smollm3", layers=4), "q8_0", std=0.03),
+            "granite-q8_0": write_random_gguf(d / "granite-q8_0.gguf", Shape("granite"), "q8_0", std=0.03,
+                                              extra_metadata={"granite.embedding_scale": 12.0,
+                                                              "granite.residual_scale": 0.22,
+                                                              "granite.attention.scale": 0.0625,
+                                                              "granite.logit_scale": 8.0})}
 
 
-@pytest.mark.parametrize("name", ["qwen2-q8_0", "llama-q4_k_m", "llama-q4_0"])
-def test_random_models(name: str, random_files: dict[str, Path], native_calls: list[int],
+@pytest.mark.parametrize("name", ["qwen2-q8_0", "llama-q4_k_m", "llama-q4_0", "smollm3-q8_0", "granite-q8_0"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_random_models(name: str, dtype: str, random_files: dict[str, Path], native_calls: list[int],
                        monkeypatch: pytest.MonkeyPatch) -> None:
     """q/k/v biases on the block kernel (Q8_0); K-quants (Q4_K and Q6_K parts in one matrix) on our K-quant
-    kernel; Q4_0, which ggml repacks on AVX2 CPUs, on ggml's."""
-    llm = engine(str(random_files[name]))
+    kernel; Q4_0, which ggml repacks on AVX2 CPUs, on ggml's; SmolLM3's layers without rotary; Granite's
+    multipliers (the residual one applied in the step, rounded as torch rounds it)."""
+    if dtype == "bfloat16" and name not in ("smollm3-q8_0", "granite-q8_0"):
+        pytest.skip("bf16 runs on the default model above")
+    llm = engine(str(random_files[name]), dtype=dtype)
+    cfg = llm.engine.model_config
+    assert cfg.nope_layers == ((3,) if name.startswith("smollm3") else ())
+    assert cfg.residual_multiplier == pytest.approx(0.22 if name.startswith("granite") else 1.0)
     nd = llm.engine.executor.worker.runner.model.native_decode  # type: ignore[attr-defined]
     assert nd is not None
     both_ways(llm, PROMPTS[:5], native_calls, monkeypatch)

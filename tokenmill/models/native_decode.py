@@ -9,7 +9,8 @@ What fits, checked once per model (`unsupported` says why not, logged once):
 - fp32 or bf16 compute (the kernels' dtypes; at bf16 each matmul widens its input and rounds its output,
   as torch does around the same kernels); matmuls on the gguf method's block kernels (plain Q4_0 / Q4_1 /
   Q8_0: ours; other types, repacked or not: ggml's), with or without a bias (Qwen2); RMSNorm, SiLU-gated
-  MLP, full-width rotary through the native kernels; no per-head q/k norm (Qwen3), no mixture of experts;
+  MLP, full-width rotary through the native kernels (or none on a layer: SmolLM3's NoPE layers), Granite's
+  multipliers; no per-head q/k norm (Qwen3), no mixture of experts;
 and per step: every token a decode on the native paged backend (speculative verification's entries
 included), at most the method's crossover rows (past it the Python path multiplies dense tiles), any
 sliding windows. Everything else runs layer by layer, as before.
@@ -55,11 +56,6 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
         return "OLMo 2's norms after the sublayers"
     if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
         return "partial rotary"
-    if cfg.nope_layers:
-        return "layers without rotary (SmolLM3)"
-    if (cfg.embedding_multiplier, cfg.attention_multiplier, cfg.residual_multiplier, cfg.logits_scaling) != (
-            1.0, 0.0, 1.0, 1.0):
-        return "Granite's multipliers"
     assert model.rope is not None
     dtype = model.model.norm.weight.dtype
     if dtype not in _DTYPES:
@@ -154,14 +150,15 @@ class NativeDecode:
                                 qkv=_linear(a.qkv_proj, keep, self.dtype), o=_linear(a.o_proj, keep, self.dtype),
                                 gate_up=_linear(mlp.gate_up_proj, keep, self.dtype),
                                 down=_linear(mlp.down_proj, keep, self.dtype),
-                                k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), window=a.sliding_window)
+                                k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), window=a.sliding_window,
+                                rotate=int(a.rotates))
         keep.append(layers)
         bs = caches[0][0].shape[1]
         struct = TmModel(dtype=_DTYPES[self.dtype], num_layers=len(layers), D=cfg.hidden_size, nh=cfg.num_heads,
                          nkv=cfg.num_kv_heads,
                          hd=cfg.head_dim, I=cfg.intermediate_size, block_size=bs,
                          partition=kernels.DEFAULT_PARTITION, eps=cfg.rms_norm_eps,
-                         scale=_layers(m)[0].self_attn.scale, layers=layers,
+                         scale=_layers(m)[0].self_attn.scale, residual_scale=cfg.residual_multiplier, layers=layers,
                          final_norm=m.model.norm.weight.data_ptr(),
                          k=decode_step.kernel_table(self._method.panel_min_rows,
                                                      self._method.vnni_panel(self.dtype)))
@@ -190,7 +187,10 @@ class NativeDecode:
         assert m.rope is not None
         model = self._model_struct(attn)
         meta = attn.metadata
-        x = m.model.embed_tokens(input_ids).to(self.dtype).contiguous()
+        x = m.model.embed_tokens(input_ids)
+        if m.cfg.embedding_multiplier != 1.0:  # Granite's, as the layer path applies it
+            x = x * m.cfg.embedding_multiplier
+        x = x.to(self.dtype).contiguous()
         rope = m.rope.tables(positions)
         cos, ssin = rope.cos.reshape(T, -1), rope.signed_sin.reshape(T, -1)
         D, qkv_w, attn_w, inter = self._widths

@@ -103,12 +103,14 @@ struct TmLayer {
     void* k_cache;            // (num_blocks, block_size, nkv, hd), contiguous
     void* v_cache;
     int64_t window;           // 0: every key; W > 0: the last W keys of each query
+    int64_t rotate;           // 1: rotary on q and k; 0: none (SmolLM3's NoPE layers)
 };
 
 struct TmModel {
     int32_t dtype;            // 0: fp32, 1: bf16 (activations, norm weights, biases, KV cache)
     int64_t num_layers, D, nh, nkv, hd, I, block_size, partition;
     float eps, scale;
+    float residual_scale;     // each sublayer's output times this before it joins the residual (Granite; else 1)
     const TmLayer* layers;    // (num_layers,)
     const void* final_norm;   // (D,)
     TmKernels k;
@@ -192,6 +194,17 @@ int linear(const TmModel& m, const TmLinear& L, const void* x, int64_t M, void* 
     return 0;
 }
 
+// p (n,) *= f in place, rounded as torch rounds a tensor times a Python float (in fp32; bf16 to nearest even)
+void scale_rows(int dt, void* p, int64_t n, float f) {
+    if (dt == 0) {
+        float* q = static_cast<float*>(p);
+        for (int64_t i = 0; i < n; ++i) q[i] *= f;
+    } else {
+        bf16* q = static_cast<bf16*>(p);
+        for (int64_t i = 0; i < n; ++i) q[i] = to_bf16(to_f32(q[i]) * f);
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -216,7 +229,7 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
         else
             rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.input_norm, M, D, m.eps, t);
         if (rc == 0) rc = linear(m, L.qkv, s->h, M, s->qkv, *s);
-        if (rc == 0) rc = k.rotary(dt, s->qkv, qkv_w, nh + nkv, hd, s->cos, s->ssin, s->tab_stride, M, t);
+        if (rc == 0 && L.rotate) rc = k.rotary(dt, s->qkv, qkv_w, nh + nkv, hd, s->cos, s->ssin, s->tab_stride, M, t);
         if (rc) break;
         for (int64_t r = 0; r < M; ++r) {  // every token's K/V is in the cache before any token attends
             const char* row = at(s->qkv, r * qkv_w + nh * hd);
@@ -231,10 +244,12 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
         rc = k.attention(dt, s->attn, nh * hd, s->qkv, qkv_w, L.k_cache, L.v_cache, s->tables, s->table_stride,
                          s->lens, starts, M, nh, nkv, hd, m.block_size, m.scale, 0.0f, m.partition, t);
         if (rc == 0) rc = linear(m, L.o, s->attn, M, s->y, *s);
+        if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
         if (rc == 0) rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);
         if (rc == 0) rc = linear(m, L.gate_up, s->h, M, s->gate_up, *s);
         if (rc == 0) rc = k.silu_and_mul(dt, s->act, m.I, s->gate_up, 2 * m.I, M, m.I, t);
         if (rc == 0) rc = linear(m, L.down, s->act, M, s->y, *s);
+        if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
     }
     if (rc) return rc;
     if (s->num_layers == 0) return k.add_rms_norm(dt, s->out, D, res, D, nullptr, 0, m.final_norm, M, D, m.eps, t);

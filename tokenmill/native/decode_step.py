@@ -44,12 +44,12 @@ class TmLinear(ctypes.Structure):
 
 class TmLayer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", TmLinear), ("o", TmLinear), ("gate_up", TmLinear),
-                ("down", TmLinear), ("k_cache", _P), ("v_cache", _P), ("window", _I64)]
+                ("down", TmLinear), ("k_cache", _P), ("v_cache", _P), ("window", _I64), ("rotate", _I64)]
 
 
 class TmModel(ctypes.Structure):
     _fields_ = [("dtype", _I32), ("num_layers", _I64), ("D", _I64), ("nh", _I64), ("nkv", _I64), ("hd", _I64), ("I", _I64),
-                ("block_size", _I64), ("partition", _I64), ("eps", _F), ("scale", _F),
+                ("block_size", _I64), ("partition", _I64), ("eps", _F), ("scale", _F), ("residual_scale", _F),
                 ("layers", ctypes.POINTER(TmLayer)), ("final_norm", _P), ("k", TmKernels)]
 
 
