@@ -1,4 +1,5 @@
-"""SmolLM3, Granite and OLMo 2, the llama decoder with a twist each, against transformers, from HF and GGUF.
+"""SmolLM3, Granite, OLMo 2 and Gemma (1), the llama decoder with a twist each, against transformers, from HF
+and from GGUF.
 
 - SmolLM3 (SmolLM3ForCausalLM; GGUF architecture "smollm3"): every 4th layer's q and k are not rotated
   (NoPE). HF lists it per layer (`no_rope_layers`, 1 = rotate); llama.cpp fixes the interval at 4.
@@ -8,9 +9,11 @@
   attention.scale, residual_scale and logit_scale.
 - OLMo 2 (Olmo2ForCausalLM; GGUF "olmo2"): no norm before a sublayer, one after each (before the residual
   add), and q / k RMS-normalized over the whole projection before rotary.
+- Gemma (GemmaForCausalLM; GGUF "gemma"): (1 + w) norms (llama.cpp stores 1 + w), a GELU-tanh MLP,
+  embeddings times sqrt(hidden), a tied head, head_dim apart from hidden / heads.
 
 Each case is a tiny random checkpoint written by transformers and, from the same weights, a GGUF as llama.cpp's
-converter writes it (SmolLM3 and Granite convert as llama: q and k rows permuted; OLMo 2 does not). Prompt logits within
+converter writes it (SmolLM3 and Granite convert as llama: q and k rows permuted; OLMo 2 and Gemma do not). Prompt logits within
 1e-3 and 32 greedy tokens identical; a model with the twist removed differs from the reference (the test
 would see a path that dropped it); the Q8_0 blocks through the gguf method; the invariances; `tokenmill
 convert` back to a directory transformers loads.
@@ -40,7 +43,9 @@ FAMILIES = {
     "smollm3": dict(cls="SmolLM3", layers=8, extra={}),  # layers 3 and 7 without rotary
     "granite": dict(cls="Granite", layers=2, extra=GRANITE),
     "olmo2": dict(cls="Olmo2", layers=2, extra={}),
+    "gemma": dict(cls="Gemma", layers=2, extra=dict(head_dim=64, hidden_act="gelu_pytorch_tanh")),
 }
+UNPERMUTED = ("olmo2", "gemma")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +67,7 @@ def make_hf(tmp: Path, family: str, tokenizer: Any, **overrides: Any) -> tuple[P
     spec = FAMILIES[family]
     kw = dict(vocab_size=tok.vocab_size, hidden_size=128, intermediate_size=192, num_hidden_layers=spec["layers"],
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
-              tie_word_embeddings=family == "smollm3", bos_token_id=1, eos_token_id=2, pad_token_id=2,
+              tie_word_embeddings=family in ("smollm3", "gemma"), bos_token_id=1, eos_token_id=2, pad_token_id=2,
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}) | spec["extra"] | overrides
     cfg = getattr(transformers, spec["cls"] + "Config")(**kw)
     cfg._attn_implementation = "eager"
@@ -105,7 +110,10 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
     w.add_uint32(f"{a}.attention.head_count", c.num_attention_heads)
     w.add_uint32(f"{a}.attention.head_count_kv", c.num_key_value_heads)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
-    w.add_uint32(f"{a}.rope.dimension_count", c.hidden_size // c.num_attention_heads)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_uint32(f"{a}.rope.dimension_count", head_dim)
+    w.add_uint32(f"{a}.attention.key_length", head_dim)
+    w.add_uint32(f"{a}.attention.value_length", head_dim)
     w.add_float32(f"{a}.rope.freq_base", c.rope_parameters["rope_theta"])
     if family == "granite" and scales:
         w.add_float32(f"{a}.embedding_scale", c.embedding_multiplier)
@@ -136,7 +144,9 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
         names |= {f"model.layers.{i}.{hf}.weight": f"blk.{i}.{g}.weight" for hf, g in parts.items()}
     for hf_name, name in names.items():
         x = np.ascontiguousarray(sd[hf_name], dtype=np.float32)
-        if family == "olmo2":
+        if family == "gemma" and name.endswith("norm.weight"):
+            x = x + 1  # llama.cpp's converter stores Gemma's (1 + w)
+        if family in UNPERMUTED:
             pass
         elif name.endswith("attn_q.weight"):
             x = np.ascontiguousarray(_permute(x, c.num_attention_heads))
@@ -223,6 +233,9 @@ def test_the_twist_matters(family: str, tokenizer, tmp_path: Path) -> None:
             num_key_value_heads=c.num_key_value_heads, rms_norm_eps=c.rms_norm_eps,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})).eval()
         other.load_state_dict(sd)
+    elif family == "gemma":  # without the embedding scale
+        other = make_hf(tmp_path / "plain", family, tokenizer)[1]
+        other.model.embed_tokens.embed_scale.fill_(1.0)
     else:
         plain = {"smollm3": dict(no_rope_layers=[1] * 8), "granite": dict(
             embedding_multiplier=1.0, attention_multiplier=(128 // 4) ** -0.5, residual_multiplier=1.0,

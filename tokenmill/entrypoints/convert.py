@@ -96,6 +96,8 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
         out.update(embedding_multiplier=cfg.embedding_multiplier, residual_multiplier=cfg.residual_multiplier,
                    attention_multiplier=cfg.attention_multiplier or cfg.head_dim ** -0.5,
                    logits_scaling=cfg.logits_scaling)
+    elif model_type == "gemma":  # its embedding scale is implied by the class
+        out["hidden_act"] = cfg.hidden_act
     elif model_type == "smollm3":
         out["no_rope_layers"] = [int(i not in cfg.nope_layers) for i in range(cfg.num_layers)]
         out["pad_token_id"] = None  # its config class defaults to 128004, past a smaller vocabulary

@@ -40,6 +40,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("phi3", "tokenmill.models.phi3:Phi3ForCausalLM", ("phi3",), ("Phi3ForCausalLM",), "phi3"),
     Architecture("gemma3", "tokenmill.models.gemma3:Gemma3ForCausalLM", ("gemma3",), ("Gemma3ForCausalLM",),
                  "gemma3_text"),
+    Architecture("gemma", "tokenmill.models.gemma:GemmaForCausalLM", ("gemma",), ("GemmaForCausalLM",), "gemma"),
     Architecture("gemma2", "tokenmill.models.gemma3:Gemma3ForCausalLM", ("gemma2",), ("Gemma2ForCausalLM",),
                  "gemma2"),
 ]}

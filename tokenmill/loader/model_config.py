@@ -147,6 +147,8 @@ class ModelConfig:
             family = {"sliding_window": int(metadata[f"{arch}.attention.sliding_window"])}
         elif ours.name == "granite":
             family = _granite_gguf(metadata, arch)
+        elif ours.name == "gemma":  # llama.cpp: GELU (tanh), embeddings times sqrt(n_embd)
+            family = {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": hidden ** 0.5}
         elif ours.name == "smollm3":  # llama.cpp: every 4th layer (no GGUF key says otherwise)
             family = {"nope_layers": _every_nth(int(get("block_count")), _SMOLLM3_NOPE_INTERVAL)}
         cfg = cls(
@@ -206,6 +208,8 @@ class ModelConfig:
                 common.update(_granite_hf(cfg))
             elif arch == "smollm3":
                 common.update(_smollm3_hf(cfg))
+            elif arch == "gemma":
+                common.update(_gemma1_hf(cfg))
             elif arch == "olmo2" and cfg.get("attention_bias"):  # HF's includes an o_proj bias, which ours lacks
                 raise ValueError("olmo2 with attention_bias is not supported")
             else:
@@ -538,3 +542,16 @@ def _granite_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
 
     return dict(embedding_multiplier=get("embedding_scale", 1.0), attention_multiplier=get("attention.scale", 0.0),
                 residual_multiplier=get("residual_scale", 1.0), logits_scaling=get("logit_scale", 1.0))
+
+
+# -- gemma (the first generation) -------------------------------------------------------------------------
+def _gemma1_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma's activation (hidden_activation, else hidden_act: the first configs said "gelu" and meant the
+    tanh form, which transformers then used and llama.cpp computes), its tied head (GemmaConfig's default),
+    embeddings times sqrt(hidden)."""
+    act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh")
+    if cfg.get("attention_bias"):  # HF's includes an o_proj bias, which ours lacks
+        raise ValueError("gemma with attention_bias is not supported")
+    return {"hidden_act": "gelu_pytorch_tanh" if act == "gelu" else act,
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+            "embedding_multiplier": float(cfg["hidden_size"]) ** 0.5}

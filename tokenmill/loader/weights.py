@@ -84,10 +84,10 @@ _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "
 
 
 def _norm_shift(gguf_arch: str, name: str) -> float:
-    """What llama.cpp's converter added to a norm weight: 1 for Gemma 2 and 3, whose (1 + w) norms it stores as
+    """What llama.cpp's converter added to a norm weight: 1 for Gemma 1, 2 and 3, whose (1 + w) norms it stores as
     the scale itself (convert_hf_to_gguf.py, Gemma2Model and Gemma3Model). The reader takes it off again, so
     every reader yields the HF checkpoint's w."""
-    return 1.0 if gguf_arch in ("gemma2", "gemma3") and name.endswith("norm.weight") else 0.0
+    return 1.0 if gguf_arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight") else 0.0
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -115,11 +115,13 @@ class LlamaForCausalLM(nn.Module):
 
     # the decoder layer: (cfg, layer index, method, mlp) -> a module with llama's forward contract
     decoder_layer: type[nn.Module] = LlamaDecoderLayer
+    activations: tuple[str, ...] = ("silu",)  # the MLP's gate activations this family's make_mlp computes
 
     def __init__(self, cfg: ModelConfig, method: LinearMethod, max_positions: int) -> None:
         super().__init__()
-        if cfg.hidden_act != "silu":
-            raise ValueError(f"{cfg.architecture} with hidden_act {cfg.hidden_act!r} is not supported (supported: silu)")
+        if cfg.hidden_act not in self.activations:
+            raise ValueError(f"{cfg.architecture} with hidden_act {cfg.hidden_act!r} is not supported (supported: "
+                             f"{', '.join(self.activations)})")
         self.cfg = cfg
         self.max_positions = max_positions
         self.model = LlamaModel(cfg, method, [self.make_mlp(cfg, method) for _ in range(cfg.num_layers)],

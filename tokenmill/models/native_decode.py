@@ -67,7 +67,7 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     for layer in _layers(model):
         mlp = layer.mlp
         if not isinstance(mlp, GatedMLP) or not isinstance(mlp.act, SiluAndMul) or not mlp.act.use_native:
-            return "an MLP other than the native SiLU-gated one (a mixture of experts)"
+            return "an MLP other than the native SiLU-gated one (a mixture of experts, Gemma's GELU)"
         norms += [layer.input_layernorm, layer.post_attention_layernorm]
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
             if not isinstance(lin.method, GGUFLinearMethod) or (lin.matmul is None and lin.block_mm is None):
