@@ -156,3 +156,32 @@ def test_compiled_grammars_are_cached_by_their_text(llm: LLM) -> None:
     assert mgr.num_compiled == before + 1
     llm.generate("x", SamplingParams(temperature=0, max_tokens=20, structured_outputs=SO(json=schema, disable_any_whitespace=True)))
     assert mgr.num_compiled == before + 2  # whitespace settings are part of the grammar
+
+
+def test_declared_properties_only_unless_the_schema_opens_them(llm: LLM) -> None:
+    """An object schema that declares properties and is silent on additionalProperties gets only those (as
+    vLLM's default backend and OpenAI's strict mode): the model, asked for more, writes none of its own; a
+    schema that says additionalProperties true still may; allOf members stay open; nothing else changes."""
+    from tokenmill.structured_output.grammar import closed_objects
+
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}
+    nested = {"type": "object", "properties": {"a": city, "b": {"type": "array", "items": city}},
+              "$defs": {"c": city}, "anyOf": [city], "allOf": [city]}
+    closed = closed_objects(nested)
+    assert closed["additionalProperties"] is False and "additionalProperties" not in nested  # a copy
+    assert closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["properties"]["b"]["items"]["additionalProperties"] is False
+    assert closed["$defs"]["c"]["additionalProperties"] is False and closed["anyOf"][0]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["allOf"][0]
+    for kept in ({"type": "object"}, {**city, "additionalProperties": True}, {**city, "patternProperties": {"x": {}}},
+                 {"type": "object", "properties": {}}):
+        assert closed_objects(kept) == kept
+    prompt = chat_ids(llm, "Describe the weather in Paris as a JSON object with many fields: city, temperature, "
+                           "wind, humidity, forecast.")
+    for schema, open_ in ((city, False), ({**city, "additionalProperties": True}, True)):
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=48,
+                                                    structured_outputs=SO(json=schema)))[0].outputs[0]
+        if open_:
+            assert out.finish_reason == FinishReason.LENGTH or set(json.loads(out.text)) >= {"city"}
+        else:
+            assert set(json.loads(out.text)) == {"city"} and out.finish_reason == FinishReason.STOP

@@ -62,6 +62,11 @@ def test_max_output_tokens_is_incomplete(client: openai.OpenAI) -> None:
                                 max_output_tokens=5, temperature=0)
     assert r.status == "incomplete" and r.incomplete_details is not None
     assert r.incomplete_details.reason == "max_output_tokens" and r.usage.output_tokens == 5
+    assert r.output[-1].status == "incomplete"  # the item the limit cut, as OpenAI marks it
+    events = list(client.responses.create(model="SmolLM2-135M-Instruct", input="Write a long story about a dragon.",
+                                          max_output_tokens=5, temperature=0, stream=True))
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert done[-1].status == "incomplete" and events[-1].response.output[-1].status == "incomplete"
 
 
 def test_streamed_events(client: openai.OpenAI) -> None:

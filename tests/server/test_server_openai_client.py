@@ -70,6 +70,46 @@ def test_chat(client: openai.OpenAI, model: str) -> None:
     assert r.usage is not None and 0 < r.usage.completion_tokens <= 8
 
 
+def test_an_answer_sent_back_as_history(client: openai.OpenAI, model: str) -> None:
+    """The common loop `messages.append(r.choices[0].message.model_dump())`: the dump carries refusal,
+    audio, function_call and annotations as null (OpenAI's message fields), and the next turn takes it; a
+    refusal turn is rendered by its text, a deprecated function_call as a call, an audio reference is a 400."""
+    msgs: list = [{"role": "user", "content": "Say hi."}]
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=4, temperature=0)
+    dumped = r.choices[0].message.model_dump()
+    assert {"refusal", "audio", "function_call"} <= dumped.keys()
+    again = client.chat.completions.create(model=model, max_tokens=4, temperature=0,
+                                           messages=msgs + [dumped, {"role": "user", "content": "More."}])
+    assert again.choices[0].message.content
+    refused = {"role": "assistant", "content": None, "refusal": "I can't help with that.", "annotations": []}
+    call = {"role": "assistant", "content": None,
+            "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    for turn in (refused, call):
+        r = client.chat.completions.create(model=model, max_tokens=4, temperature=0,
+                                           messages=msgs + [turn, {"role": "user", "content": "Why?"}])
+        assert r.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="audio is not supported"):
+        client.chat.completions.create(model=model, max_tokens=4, messages=msgs + [
+            {"role": "assistant", "content": None, "audio": {"id": "audio_1"}}, {"role": "user", "content": "?"}])
+
+
+def test_logprob_bytes_rebuild_characters_split_across_tokens(client: openai.OpenAI, model: str) -> None:
+    """OpenAI's `bytes` are each token's own bytes, so a client can join them into the text even where an
+    emoji's bytes fall in several tokens (whose `token` text alone is U+FFFD)."""
+    r = client.chat.completions.create(model=model, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2,
+                                       messages=[{"role": "user", "content": "Reply with only emojis: 😀🎉🐱🚀🌈🍕"}])
+    choice = r.choices[0]
+    entries = choice.logprobs.content
+    assert any(e.token == "\ufffd" for e in entries), "no token split a character: the test shows nothing"
+    joined = b"".join(bytes(e.bytes) for e in entries)
+    if choice.finish_reason == "stop":
+        assert joined.decode() == choice.message.content
+    else:  # cut by max_tokens: the last character may be unfinished
+        assert joined.decode(errors="ignore") == choice.message.content.rstrip("\ufffd")
+    for e in entries:
+        assert all(t.bytes and (t.token != "\ufffd" or bytes(t.bytes) != "\ufffd".encode()) for t in e.top_logprobs)
+
+
 def test_n_and_logprobs(client: openai.OpenAI, model: str) -> None:
     r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell me a story"}],
                                        n=2, max_tokens=5, logprobs=True, top_logprobs=3, temperature=1.0, seed=7)

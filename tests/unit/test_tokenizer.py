@@ -217,6 +217,21 @@ def test_spm_variant_roundtrip(metadata: dict[str, Any]) -> None:
         assert stok.decode(ids) == text
 
 
+@pytest.mark.parametrize("variant", ["bpe", "spm"])
+def test_token_bytes_join_into_the_text(metadata: dict[str, Any], tok: Tokenizer, variant: str) -> None:
+    """token_bytes (OpenAI's logprobs `bytes`): each token's own bytes, even a piece of a character (which
+    decode() alone shows as U+FFFD), so their concatenation is the text's UTF-8; special tokens give their text."""
+    t = tok if variant == "bpe" else _variant(metadata, "spm")
+    text = "Hi 😀🎉 naïve 日本語\n\tx"
+    ids = t.encode(text, add_special_tokens=False)
+    assert any(t.decode([i]) == "\ufffd" for i in ids), "no token split a character: the test shows nothing"
+    prefix = b" " if variant == "spm" else b""  # SentencePiece's dummy prefix: the first token is "▁Hi"
+    assert b"".join(t.token_bytes(i) for i in ids) == prefix + text.encode()
+    if variant == "bpe":
+        im_start = t.token_to_id("<|im_start|>")
+        assert im_start is not None and t.token_bytes(im_start) == b"<|im_start|>"
+
+
 def test_chat_template_from_gguf(tok: Tokenizer) -> None:
     prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")

@@ -3,6 +3,12 @@
 JSON is written with ", " and ": " between items and no other whitespace by default: a small model given
 free whitespace may spend its whole budget on newlines; `whitespace_pattern` opens it up (a regex for the
 whitespace allowed between JSON tokens), `disable_any_whitespace` closes it to "," and ":".
+
+An object schema that declares `properties` and says nothing of `additionalProperties` gets only those
+properties (as vLLM's default backend, xgrammar, and OpenAI's strict mode treat it; plain JSON Schema would
+allow any other key, and a small model then invents keys until its budget runs out). A schema that says
+`"additionalProperties": true` (or a schema for them) keeps them; an object without declared properties
+stays open; the members of an allOf are left open (closing each would forbid the others' properties).
 """
 
 from __future__ import annotations
@@ -29,6 +35,35 @@ def json_options(spec: StructuredOutputsParams) -> dict[str, Any]:
     return {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 
 
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "patternProperties")
+_SUBSCHEMAS = ("items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties",
+               "propertyNames", "unevaluatedItems")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+
+
+def closed_objects(schema: Any, close: bool = True) -> Any:
+    """A copy of `schema` with `"additionalProperties": false` on every object schema that declares
+    properties and leaves additionalProperties (and patternProperties, unevaluatedProperties) unsaid."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed_objects(v) for k, v in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(v) for v in out[key]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [closed_objects(v, close=False) for v in out["allOf"]]
+    if (close and isinstance(out.get("properties"), dict) and out["properties"]
+            and not {"additionalProperties", "patternProperties", "unevaluatedProperties"} & out.keys()):
+        out["additionalProperties"] = False
+    return out
+
+
 def grammar_text(spec: StructuredOutputsParams) -> str:
     """The llguidance grammar for spec. Raises ParamError for input that is not even the right kind of
     thing (a schema that is not JSON, a choice that is not strings); compile errors come later, from the
@@ -43,7 +78,8 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
         if not isinstance(schema, (dict, bool)):
             raise ParamError(spec.source, f"a JSON schema must be an object, got {type(schema).__name__}")
         try:
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=json_options(spec))  # type: ignore[arg-type]
+            closed, options = closed_objects(schema), json_options(spec)
+            return llguidance.LLMatcher.grammar_from_json_schema(closed, defaults=options)  # type: ignore[arg-type]
         except ValueError as e:
             raise ParamError(spec.source, f"invalid JSON schema: {e}") from None
     if spec.regex is not None:

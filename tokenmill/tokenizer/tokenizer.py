@@ -5,8 +5,10 @@ or read from a HF directory (hf.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -59,6 +61,8 @@ class Tokenizer:
         self.add_bos = bool(add_bos and bos_token_id is not None)
         self.chat_template = chat_template
         self._special_ids = frozenset(i for i, tok in backend.get_added_tokens_decoder().items() if tok.special)
+        self._added_ids = frozenset(backend.get_added_tokens_decoder())
+        self._byte_decoder: dict[str, int] | None = None  # token_bytes' table ({} : not a byte-level vocabulary)
         tokens = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         tokens.update(template_tokens or {})
         self._template_tokens = {k: v for k, v in tokens.items() if v is not None}
@@ -140,6 +144,24 @@ class Tokenizer:
             raise IndexError(f"token id {token_id} is out of range (vocab size {self.vocab_size})")
         return token
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for: a byte-level BPE token's own bytes, a SentencePiece byte token's
+        byte, even where they are part of a UTF-8 character (which decode() shows as U+FFFD); the text of
+        added (special) tokens."""
+        if self._byte_decoder is None:
+            self._byte_decoder = _byte_decoder(self._backend)
+        token = self.id_to_token(token_id)
+        if token_id in self._added_ids:
+            return token.encode()
+        if self._byte_decoder:  # byte-level: each character of the token is one byte
+            try:
+                return bytes(self._byte_decoder[ch] for ch in token)
+            except KeyError:
+                return token.encode()
+        if m := _SPM_BYTE.fullmatch(token):
+            return bytes([int(m.group(1), 16)])
+        return token.replace("\u2581", " ").encode()
+
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary string, or ``None``."""
         return self._backend.token_to_id(token)
@@ -179,3 +201,24 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r}, "
                 f"add_bos={self.add_bos})")
+
+
+_SPM_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_decoder(backend: tokenizers.Tokenizer) -> dict[str, int]:
+    """GPT-2's character -> byte table when the vocabulary is byte-level (its decoder is, or contains, a
+    ByteLevel decoder); {} otherwise."""
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders") or []]
+    if "ByteLevel" not in kinds:
+        return {}
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):  # printable bytes stand for themselves, the others for 256, 257, ... in order
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table

@@ -280,9 +280,9 @@ class OllamaServing(OpenAIServing):
         out = []
         for tok, lp in zip(token_ids, logprobs):
             text = self.token_text(tok)
-            top = [TopLogprob(token=(t := self.token_text(a.token_id)), logprob=self.clamp_logprob(a.logprob),
-                              bytes=list(t.encode())) for a in lp.top]
-            out.append(TokenLogprob(token=text, logprob=self.clamp_logprob(lp.logprob), bytes=list(text.encode()),
+            top = [TopLogprob(token=self.token_text(a.token_id), logprob=self.clamp_logprob(a.logprob),
+                              bytes=self.token_bytes(a.token_id)) for a in lp.top]
+            out.append(TokenLogprob(token=text, logprob=self.clamp_logprob(lp.logprob), bytes=self.token_bytes(tok),
                                     top_logprobs=top))
         return out
 

@@ -166,6 +166,13 @@ class ChatMessage(_Request):
     # as `reasoning_content` (Qwen3's renders it for the turns after the last user message)
     reasoning: str | None = None
     reasoning_content: str | None = None
+    # what OpenAI's answers carry (and its client's message.model_dump() sends back): an assistant turn's
+    # refusal (its text, where content is null), the deprecated function_call (a call, as a tool call),
+    # annotations (url citations: nothing to render); audio (a reference to an audio answer) is a 400 unless null
+    refusal: str | None = None
+    function_call: FunctionCall | None = None
+    annotations: list[Any] | None = None
+    audio: dict[str, Any] | None = None
 
     @field_validator("content")
     @classmethod

@@ -8,7 +8,8 @@ Tool calling (tool_calling.py, tool_prompt.py, tool_parsers/): the request's too
 or into the fallback prompt for a template that renders none; a forced tool_choice constrains the output;
 each choice's text is then read as content and tool calls, and a stream sends the calls as OpenAI's
 `tool_calls` deltas as they complete (a named function's arguments as they are written). finish_reason is
-"tool_calls" when an answer that stopped made calls.
+"tool_calls" when an answer that stopped made calls, except under a named tool_choice, where it stays "stop"
+(as OpenAI and vLLM answer a forced function).
 
 vLLM's extras: `continue_final_message` renders the conversation with its final (assistant) message left
 open, so the model continues it; `echo` starts the answer (a stream: its first chunk) with the final
@@ -63,17 +64,33 @@ def messages_for_template(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                                       f"messages[{i}].content[{j}].text")
                 texts.append(part.text)
             content = "\n".join(texts)
+        if m.audio is not None:
+            raise bad_request(f"messages[{i}].audio: audio is not supported (this server answers in text)",
+                              f"messages[{i}].audio")
+        if content is None and m.refusal is not None and m.role == "assistant":  # OpenAI's refusal turn
+            content = m.refusal
         msg: dict[str, Any] = {"role": m.role, "content": content if content is not None else ""}
         for key in ("name", "tool_call_id"):
             if getattr(m, key) is not None:
                 msg[key] = getattr(m, key)
-        if m.tool_calls:
-            msg["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        calls = [c.model_dump() for c in m.tool_calls or []]
+        if m.function_call is not None and m.role == "assistant":  # the deprecated form of one call
+            calls.append({"id": f"call_{i}", "type": "function", "function": m.function_call.model_dump()})
+        if calls:
+            msg["tool_calls"] = calls
         thought = m.reasoning_content if m.reasoning_content is not None else m.reasoning
         if thought is not None and m.role == "assistant":
             msg["reasoning_content"] = thought
         out.append(msg)
     return out
+
+
+def _calls_finish(finish: str | None, calling: ToolCalling | None) -> str | None:
+    """The finish_reason of an answer that made calls: "tool_calls" where it stopped, but "stop" under a
+    named tool_choice (OpenAI's and vLLM's answer to a forced function)."""
+    if finish != "stop" or (calling is not None and calling.named is not None):
+        return finish
+    return "tool_calls"
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -305,7 +322,7 @@ class OpenAIServingChat(OpenAIServing):
                  for c in parsed.tool_calls]
         if not calls:
             return message(echo + parsed.content), finish
-        return message(echo + parsed.content or None, calls), "tool_calls" if finish == "stop" else finish
+        return message(echo + parsed.content or None, calls), _calls_finish(finish, calling)
 
     async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
                       options: AnswerOptions, calling: ToolCalling | None,
@@ -358,7 +375,7 @@ class OpenAIServingChat(OpenAIServing):
                         else:
                             stream = streams[c.index]
                             delta = self._tool_delta(stream.feed(text, is_final=finish is not None))
-                            finish = "tool_calls" if finish == "stop" and stream.num_calls else finish
+                            finish = _calls_finish(finish, calling) if stream.num_calls else finish
                         delta.reasoning = delta.reasoning_content = (thought or None) if options.include_reasoning else None
                         # a chunk for news only; new ids alone are news when the client asked for them
                         if (delta.content or delta.tool_calls or delta.reasoning_content or lps is not None
@@ -388,8 +405,8 @@ class OpenAIServingChat(OpenAIServing):
         content = []
         for tok, lp in zip(token_ids, logprobs):
             text = self.token_text(tok)
-            top = [ChatTopLogprob(token=(t_text := self.token_text(t.token_id)), logprob=self.clamp_logprob(t.logprob),
-                                  bytes=list(t_text.encode())) for t in lp.top]
+            top = [ChatTopLogprob(token=self.token_text(t.token_id), logprob=self.clamp_logprob(t.logprob),
+                                  bytes=self.token_bytes(t.token_id)) for t in lp.top]
             content.append(ChatTokenLogprob(token=text, logprob=self.clamp_logprob(lp.logprob),
-                                            bytes=list(text.encode()), top_logprobs=top))
+                                            bytes=self.token_bytes(tok), top_logprobs=top))
         return ChatLogprobs(content=content)

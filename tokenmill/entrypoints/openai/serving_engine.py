@@ -344,6 +344,11 @@ class OpenAIServing:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
 
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The bytes of one token as OpenAI's logprobs `bytes` (a piece of a character keeps its own bytes,
+        where its text is U+FFFD)."""
+        return list(self.tokenizer.token_bytes(token_id))
+
     def prompt_logprobs(self, entries: list[TokenLogprobs | None] | None, n_top: int | None) -> PromptLogprobs | None:
         """vLLM's prompt_logprobs field from the engine's entries (None unless the request asked)."""
         if entries is None or n_top is None:

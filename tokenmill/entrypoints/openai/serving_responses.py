@@ -258,6 +258,8 @@ class OpenAIServingResponses:
                            "name": call.function.name, "arguments": call.function.arguments, "status": "completed"})
         body = self._skeleton(req, response_id, created)
         cut = choice.finish_reason == "length"
+        if cut and output:  # the item the limit cut is incomplete, as the response is
+            output[-1]["status"] = "incomplete"
         usage = answer.usage
         assert usage is not None  # a whole answer always counts its tokens
         body |= {"status": "incomplete" if cut else "completed", "output": output,
@@ -284,14 +286,14 @@ class OpenAIServingResponses:
             seq += 1
             return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
-        def close() -> list[bytes]:
-            """The open item's closing events; it joins the output."""
+        def close(cut: bool = False) -> list[bytes]:
+            """The open item's closing events; it joins the output (`cut`: the token limit ended it)."""
             nonlocal open_item
             item, open_item = open_item, None
             if item is None:
                 return []
             index = len(body["output"])
-            item["status"] = "completed"
+            item["status"] = "incomplete" if cut else "completed"
             body["output"].append(item)
             frames = []
             if item["type"] == "message":
@@ -375,7 +377,7 @@ class OpenAIServingResponses:
                         finish = choice["finish_reason"]
                     for frame in out:
                         yield frame
-        for frame in close():
+        for frame in close(cut=finish == "length"):
             yield frame
         thought_text = "".join(i["content"][0]["text"] for i in body["output"] if i["type"] == "reasoning")
         body["usage"] = self._usage(usage[0], usage[1], usage[2], thought_text)
