@@ -77,6 +77,13 @@ class _EngineCollector(Collector):
             for model, s in loaded:
                 c.add_metric([model], float(s[key]))
             yield c
+        info = GaugeMetricFamily(f"{self.prefix}cache_config_info", "The KV cache's settings (as labels; value 1).",
+                                 labels=["model_name", "block_size", "num_gpu_blocks", "enable_prefix_caching"])
+        for model, s in loaded:
+            if "block_size" in s:
+                info.add_metric([model, str(int(s["block_size"])), str(int(s["num_blocks"])),
+                                 str(bool(s.get("enable_prefix_caching", 0.0)))], 1.0)
+        yield info
         speculating = [(model, s) for model, s in loaded if "spec_decode_num_drafts" in s]
         if not speculating:
             return
@@ -125,8 +132,13 @@ class ServerMetrics:
             "queue": hist("request_queue_time_seconds", "Arrival to first scheduled."),
             "prefill": hist("request_prefill_time_seconds", "First scheduled to first token."),
             "decode": hist("request_decode_time_seconds", "First token to finish."),
+            "inference": hist("request_inference_time_seconds", "First scheduled to finish."),
             "prompt_len": hist("request_prompt_tokens", "Prompt tokens per request.", _TOKEN_BUCKETS),
             "gen_len": hist("request_generation_tokens", "Output tokens per request (all choices).", _TOKEN_BUCKETS),
+            "max_gen_len": hist("request_max_num_generation_tokens", "Output tokens of a request's longest choice.",
+                                _TOKEN_BUCKETS),
+            "max_tokens": hist("request_params_max_tokens", "max_tokens of requests that set it.", _TOKEN_BUCKETS),
+            "n": hist("request_params_n", "Sequences (n) per request.", (1, 2, 5, 10, 20)),
             "prompt_tokens": Counter(f"{prefix}prompt_tokens", "Prompt tokens of finished requests.", lbl,
                                      registry=r),
             "generation_tokens": Counter(f"{prefix}generation_tokens", "Output tokens generated.", lbl, registry=r),
@@ -171,6 +183,8 @@ class ModelMetrics:
         self.ttft, self.itl, self.tpot, self.e2e = (f[k].labels(model_name) for k in ("ttft", "itl", "tpot", "e2e"))
         self.queue, self.prefill, self.decode = (f[k].labels(model_name) for k in ("queue", "prefill", "decode"))
         self.prompt_len, self.gen_len = f["prompt_len"].labels(model_name), f["gen_len"].labels(model_name)
+        self.inference, self.max_gen_len = f["inference"].labels(model_name), f["max_gen_len"].labels(model_name)
+        self.max_tokens, self.n = f["max_tokens"].labels(model_name), f["n"].labels(model_name)
         self.prompt_tokens = f["prompt_tokens"].labels(model_name)
         self.generation_tokens = f["generation_tokens"].labels(model_name)
         self.finished = {reason: f["success"].labels(model_name, reason) for reason in FINISH_REASONS}
@@ -214,15 +228,20 @@ class ModelMetrics:
         self.prompt_tokens.inc(num_prompt)
         self.prompt_len.observe(num_prompt)
         self.gen_len.observe(num_output)
+        self.max_gen_len.observe(max((len(c.token_ids) for c in out.outputs), default=0))
         m = out.metrics
         if m is None:
             return
+        self.n.observe(m.n)
+        if m.max_tokens is not None:
+            self.max_tokens.observe(m.max_tokens)
         e2e = now - m.arrival_time
         self.e2e.observe(e2e)
         queue = prefill = decode = ttft = None
         if m.first_scheduled_time is not None:
             queue = m.first_scheduled_time - m.arrival_time
             self.queue.observe(queue)
+            self.inference.observe(now - m.first_scheduled_time)
         if m.first_token_time is not None:
             ttft = m.first_token_time - m.arrival_time
             decode = now - m.first_token_time

@@ -84,6 +84,8 @@ class RequestMetrics:
     finished_time: float | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0
+    max_tokens: int | None = None  # the request's max_tokens (None: up to the context's end)
+    n: int = 1  # the sequences it asked for
 
 
 @dataclass

@@ -171,6 +171,26 @@ def test_an_unloaded_models_memory_leaves_the_server_process(ggufs: dict[str, Pa
         assert srv.stop() == 0, srv.output()
 
 
+def test_the_startup_models_memory_leaves_too() -> None:
+    """The model loaded at start (one model, served as `tokenmill serve` is usually run) unloads with
+    keep_alive 0 and gives its memory back as a model loaded later does: nothing the server's start kept
+    (the start-up log's engine) holds it; a request then loads it again, once."""
+    srv = ServerProcess("--kv-cache-memory", "32MiB", "--max-model-len", "512",
+                        env={"TOKENMILL_TEST_STEP_DELAY_S": "0"}).wait_ready()
+    try:
+        client = ollama.Client(host=srv.url)
+        (name,) = [m.model for m in client.ps().models]
+        loaded = srv.rss_bytes()
+        assert client.generate(model=name, prompt=PROMPT, options={"num_predict": 2}, keep_alive=0).done
+        assert wait_for(lambda: not client.ps().models, 30)
+        assert wait_for(lambda: loaded - srv.rss_bytes() > 400 * 2**20, 30), \
+            f"RSS fell by {(loaded - srv.rss_bytes()) / 2**20:.0f} MiB only\n{srv.output()[-3000:]}"
+        assert client.generate(model=name, prompt=PROMPT, options={"num_predict": 2}).eval_count == 2
+        assert srv.rss_bytes() < loaded + 200 * 2**20  # one copy again, not two
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
 def test_an_idle_model_is_evicted_a_busy_one_never(ggufs: dict[str, Path]) -> None:
     from tokenmill.entrypoints.server.served_model import ServedModel
 

@@ -89,6 +89,9 @@ def test_a_tool_result_in_the_history_renders(server: ServerProcess, client: Any
                  {"role": "tool", "content": "raining", "tool_name": "get_weather"}]
     r = client.chat(model=MODEL, messages=messages, tools=[get_weather], options=OPTIONS)
     assert not r.message.tool_calls and "raining" in r.message.content, r.message
+    # an OpenAI-style client's tool message also names the call it answers: taken, as Ollama takes it
+    with_id = messages[:-1] + [{**messages[-1], "tool_call_id": "call_1"}]
+    assert "raining" in client.chat(model=MODEL, messages=with_id, tools=[get_weather], options=OPTIONS).message.content
     # the prompt is the one /v1 renders for the same conversation (the result in the fallback's
     # tool_response turn, with its tool's name)
     openai_messages = few_shot_openai() + [

@@ -30,8 +30,14 @@ def test_metric_names(server: ServerProcess) -> None:
     text = httpx.get(f"{server.url}/metrics", headers=HEADERS).text
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
                  "request_time_per_output_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-                 "request_prefill_time_seconds", "request_decode_time_seconds"):
+                 "request_prefill_time_seconds", "request_decode_time_seconds", "request_inference_time_seconds",
+                 "request_prompt_tokens", "request_generation_tokens", "request_max_num_generation_tokens",
+                 "request_params_max_tokens", "request_params_n"):
         assert f"# TYPE tokenmill:{name} histogram" in text
+    info = [s for fam in text_string_to_metric_families(text) if fam.name == "tokenmill:cache_config_info"
+            for s in fam.samples]
+    assert len(info) == 1 and info[0].value == 1.0 and int(info[0].labels["block_size"]) > 0
+    assert int(info[0].labels["num_gpu_blocks"]) > 0 and info[0].labels["enable_prefix_caching"] in ("True", "False")
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
         assert f"# TYPE tokenmill:{name} gauge" in text
     for name in ("prompt_tokens", "generation_tokens", "request_success", "num_preemptions",
@@ -83,6 +89,7 @@ def test_32_concurrent_streams_and_health(server: ServerProcess) -> None:
         async with httpx.AsyncClient(base_url=server.url, headers=HEADERS, timeout=120) as client:
             return await asyncio.gather(*(one(client, i) for i in range(num_clients)))
 
+    before = metrics(server)
     poller = threading.Thread(target=poll_health)
     poller.start()
     try:
@@ -91,6 +98,15 @@ def test_32_concurrent_streams_and_health(server: ServerProcess) -> None:
         stop.set()
         poller.join()
     assert all(usage == max_tokens and finish == "length" and chunks >= 1 for usage, finish, chunks in results), results
+    after = metrics(server)
+
+    def grew(name: str) -> float:
+        return after[f"tokenmill:{name}"] - before.get(f"tokenmill:{name}", 0.0)
+
+    assert grew("request_params_max_tokens_count") == grew("request_params_n_count") == num_clients
+    assert grew("request_params_max_tokens_sum") == grew("request_max_num_generation_tokens_sum") == \
+        num_clients * max_tokens
+    assert grew("request_params_n_sum") == num_clients and grew("request_inference_time_seconds_count") == num_clients
     assert len(latencies) >= 5
     # /health must not wait for engine steps: under 100 ms, or under half a measured step where a busy or slow
     # machine makes steps long. A loop blocked by the engine would make most polls wait about half a step

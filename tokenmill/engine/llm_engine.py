@@ -333,6 +333,7 @@ class LLMEngine:
         return {
             "num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
             "kv_cache_usage": bm.usage, "num_free_blocks": bm.num_free_blocks, "num_blocks": bm.num_blocks,
+            "block_size": self.config.block_size, "enable_prefix_caching": float(self.config.enable_prefix_caching),
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": bm.num_queries, "prefix_cache_hits": bm.num_hits,
             **(self.spec.stats() if self.spec is not None else {}),

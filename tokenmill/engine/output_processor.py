@@ -65,6 +65,7 @@ class OutputProcessor:
             stream: bool) -> None:
         params = seqs[0].sampling_params
         st = RequestState(request_id, prompt, prompt_token_ids, [], stream, seqs[0].arrival_time)
+        st.metrics.max_tokens, st.metrics.n = params.max_tokens, len(seqs)
         for i, r in enumerate(seqs):
             st.seqs.append(SequenceState(r, i, IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
                                          logprobs=[] if params.logprobs is not None else None))

@@ -129,6 +129,7 @@ class Message(_Request):
     images: list[str] | None = None
     tool_calls: list[OllamaToolCall] | None = None  # assistant turns in the history
     tool_name: str | None = None  # tool messages: which tool answered
+    tool_call_id: str | None = None  # tool messages: the call answered (OpenAI-style clients of Ollama send it)
     thinking: str | None = None
 
 

@@ -393,6 +393,8 @@ def _plain_messages(messages: list[Message]) -> list[dict[str, Any]]:
                                  for t in m.tool_calls]
         if m.tool_name:
             msg["name"] = m.tool_name
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
         if m.thinking:
             msg["reasoning_content"] = m.thinking
         out.append(msg)

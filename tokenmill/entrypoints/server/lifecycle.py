@@ -245,6 +245,9 @@ async def _serve(config: ServerConfig, models: ModelConfigs, routers: Sequence[R
         if len(pool.names) > 1 else ""
     log.info("serving %s as %r on http://%s:%d%s%s", engine.describe(), pool.default_name, config.host, config.port,
              " (API key required)" if config.api_key else "", others)
+    # the pool owns the engine from here: a reference held by this coroutine (which lives as long as the
+    # server) would keep the weights and KV cache alive after the pool unloads the model (keep_alive)
+    del engine
     log.info("%s", _endpoints(gate.app, f"http://{config.host}:{config.port}"))
     await serve_task
     if not pool.shutdown(timeout=5.0):
