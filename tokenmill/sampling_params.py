@@ -94,6 +94,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # llama.cpp's penalty_last_n (Ollama's repeat_last_n): the penalties look back over only the last this
+    # many tokens (repetition: of prompt + output; presence / frequency: of the output); None: all of them
+    penalty_window: int | None = None
     logit_bias: dict[int, float] | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
@@ -144,6 +147,8 @@ class SamplingParams:
                 bad(name, f"must be in [-2, 2], got {v}")
         if not 0.0 < self.repetition_penalty <= 2.0:
             bad("repetition_penalty", f"must be in (0, 2], got {self.repetition_penalty}")
+        if self.penalty_window is not None and self.penalty_window < 1:
+            bad("penalty_window", f"must be at least 1 (or None: every token), got {self.penalty_window}")
         if self.max_tokens is not None and self.max_tokens < 1:
             bad("max_tokens", f"must be at least 1, got {self.max_tokens}")
         if self.min_tokens < 0:

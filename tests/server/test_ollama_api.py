@@ -195,6 +195,10 @@ def test_options(server: ServerProcess, client: Any) -> None:
     penalized = client.generate(model=MODEL, prompt=prompt, raw=True,
                                 options={**GREEDY, "num_predict": 8, "repeat_penalty": 1.5, "repeat_last_n": -1})
     assert penalized.response == completion(server, prompt, 8, repetition_penalty=1.5)["choices"][0]["text"]
+    # Ollama's modelfile defaults (a window of 64) run: the penalty over the last 64 tokens only
+    windowed = client.generate(model=MODEL, prompt=prompt, raw=True,
+                               options={**GREEDY, "num_predict": 8, "repeat_penalty": 1.5, "repeat_last_n": 64})
+    assert windowed.eval_count == 8
 
     # placement options are accepted and logged once as fixed at start
     for _ in range(2):
@@ -217,7 +221,7 @@ def test_options(server: ServerProcess, client: Any) -> None:
 
     for options, words in (({"bogus": 1}, "options.bogus: unknown field"),
                            ({"temperature": "hot"}, "options.temperature"),
-                           ({"repeat_penalty": 1.2, "repeat_last_n": 64}, "repeat_last_n 64"),
+                           ({"repeat_penalty": 1.2, "repeat_last_n": -5}, "repeat_last_n must be -1"),
                            ({"mirostat": 2}, "mirostat 2 is not supported")):
         with pytest.raises(ollama.ResponseError) as e:
             client.generate(model=MODEL, prompt="Hi", options=options)

@@ -92,7 +92,9 @@ def test_options_map_to_sampling_params() -> None:
     p = o.params
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.seed, p.stop_strings) == (0.0, 1000, 0.5, 0.1, 3, ["\n"])
     assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty, p.logprobs) == (1.3, 0.5, 0.25, 2)
-    assert (o.num_ctx, o.num_predict) == (512, 7)
+    assert (o.num_ctx, o.num_predict, p.penalty_window) == (512, 7, 512)
+    assert mapper.map(Options(repeat_penalty=1.1)).params.penalty_window == 64  # Ollama's default window
+    assert mapper.map(Options(repeat_penalty=1.1, repeat_last_n=-1)).params.penalty_window is None
     assert mapper.map(Options(seed=-1, top_k=0, num_predict=-2)).params.seed is None
     off = mapper.map(Options(repeat_last_n=0, repeat_penalty=1.5, presence_penalty=1.0)).params
     assert (off.repetition_penalty, off.presence_penalty) == (1.0, 0.0)  # llama.cpp: window 0 turns them off
@@ -103,7 +105,7 @@ def test_options_map_to_sampling_params() -> None:
     assert (lenient.params.temperature, lenient.params.top_p) == (0.0, 1.0)
     assert mapper.map(Options(num_predict=-3, top_p=1.5)).num_predict is None
     assert mapper.map(Options(top_p=1.5)).params.top_p == 1.0
-    for bad in (Options(num_ctx=0), Options(repeat_penalty=1.1, repeat_last_n=64), Options(top_k=5, min_p=2.0),
+    for bad in (Options(num_ctx=0), Options(repeat_penalty=1.1, repeat_last_n=-2), Options(top_k=5, min_p=2.0),
                 Options(typical_p=0.5), Options(penalize_newline=False)):
         with pytest.raises(APIError) as e:
             mapper.map(bad)

@@ -83,6 +83,11 @@ def test_penalties_move_logits_as_specified() -> None:
     b = Row(SamplingParams(repetition_penalty=2.0), [0], [0, 1])  # prompt and output seen: 0 and 1
     out = apply_penalties(logits, b)
     assert torch.allclose(out, torch.tensor([[1.0, -2.0, 0.5, 0.0]]))  # positive /2, negative *2
+    # a window (llama.cpp's penalty_last_n, Ollama's repeat_last_n): only the last W tokens count
+    b = Row(SamplingParams(repetition_penalty=2.0, penalty_window=1), [0], [0, 1])  # only token 1 is in it
+    assert torch.allclose(apply_penalties(logits, b), torch.tensor([[2.0, -2.0, 0.5, 0.0]]))
+    b = Row(SamplingParams(frequency_penalty=0.25, penalty_window=2), [3], [3, 0, 0, 1])  # outputs 0 1 counted
+    assert torch.allclose(apply_penalties(logits, b), torch.tensor([[1.75, -1.25, 0.5, 0.0]]))
 
 
 def test_logit_bias_and_banned_tokens() -> None:

@@ -48,7 +48,8 @@ class LogitsProcessor(ABC):
 
 class PenaltiesProcessor(LogitsProcessor):
     """presence / frequency penalties over the output so far; repetition penalty over prompt + output
-    (positive logits divided by it, negative ones multiplied)."""
+    (positive logits divided by it, negative ones multiplied); with a penalty_window W, over only the last W
+    of those tokens."""
 
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size, self.device = vocab_size, device
@@ -63,13 +64,13 @@ class PenaltiesProcessor(LogitsProcessor):
         params = [r.sampling_params for r in rows]
         self.output_ids = self.presence = self.frequency = self.seen_ids = self.repetition = None
         if any(p.presence_penalty or p.frequency_penalty for p in params):
-            outs = [r.output_token_ids for r in rows]
+            outs = [_last(r.output_token_ids, r.sampling_params.penalty_window) for r in rows]
             width = max(1, max(len(o) for o in outs))
             self.output_ids = torch.tensor([o + [V] * (width - len(o)) for o in outs], dtype=torch.long, device=dev)
             self.presence = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=dev)
             self.frequency = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=dev)
         if any(p.repetition_penalty != 1.0 for p in params):
-            seen = [r.token_ids for r in rows]
+            seen = [_last(r.token_ids, r.sampling_params.penalty_window) for r in rows]
             width = max(len(x) for x in seen)
             self.seen_ids = torch.tensor([x + [V] * (width - len(x)) for x in seen], dtype=torch.long, device=dev)
             self.repetition = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=dev)
@@ -92,6 +93,11 @@ class PenaltiesProcessor(LogitsProcessor):
             penalised = torch.where(logits > 0, logits / rp, logits * rp)
             logits = torch.where(seen, penalised, logits)
         return logits
+
+
+def _last(ids: list[int], window: int | None) -> list[int]:
+    """The last `window` ids (all of them when None)."""
+    return ids if window is None or len(ids) <= window else ids[-window:]
 
 
 class LogitBiasProcessor(LogitsProcessor):

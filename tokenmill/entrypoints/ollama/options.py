@@ -14,9 +14,9 @@
                                                                clamps to the model's
     repeat_penalty      repetition_penalty over the prompt     1.0 (off: Ollama's new engine applies
                         and the output                         none either)
-    repeat_last_n       -1, 0 (all three penalties off) or a   -1
-                        window covering the context; a shorter
-                        window with a penalty set is a 400
+    repeat_last_n       the penalties' window (llama.cpp's     64 (Ollama's)
+                        penalty_last_n): the last N tokens;
+                        -1: the whole context; 0: all three off
     presence_penalty,   OpenAI's rule: over the generated      0.0
     frequency_penalty   tokens
 
@@ -43,6 +43,7 @@ log = logging.getLogger("tokenmill.server")
 # Ollama's defaults for the sampling options a request leaves out
 DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_K = 40
+DEFAULT_REPEAT_LAST_N = 64  # Ollama's: the penalties look back over the last 64 tokens
 DEFAULT_TOP_P = 0.9
 
 PLACEMENT_OPTIONS = ("numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
@@ -98,9 +99,10 @@ class OptionsMapper:
         num_ctx = self._num_ctx(o.num_ctx)
         num_predict = self._num_predict(o.num_predict)
         d = self.defaults
-        if o.repeat_penalty is None and d.repetition_penalty is not None and o.repeat_last_n in (None, -1):
-            o = o.model_copy(update={"repeat_penalty": d.repetition_penalty})  # the model's, over the whole context
-        repetition, presence, frequency = self._penalties(o, num_ctx)
+        model_default = o.repeat_penalty is None and d.repetition_penalty is not None and o.repeat_last_n is None
+        if model_default:  # the model's recommendation (generation_config: HF's, over the whole context)
+            o = o.model_copy(update={"repeat_penalty": d.repetition_penalty, "repeat_last_n": -1})
+        repetition, presence, frequency, window = self._penalties(o)
         top_k = d.pick("top_k", None, DEFAULT_TOP_K) if o.top_k is None else max(o.top_k, 0)
         top_p = d.pick("top_p", o.top_p, DEFAULT_TOP_P)
         try:
@@ -113,6 +115,7 @@ class OptionsMapper:
                 seed=o.seed if o.seed is not None and o.seed >= 0 else None,
                 stop=list(o.stop) if o.stop else None,
                 repetition_penalty=repetition, presence_penalty=presence, frequency_penalty=frequency,
+                penalty_window=window,
                 max_tokens=None, logprobs=logprobs, structured_outputs=structured_outputs)
         except ParamError as e:
             raise bad_request(f"option {e.message}", f"options.{e.field}" if e.field else None) from None
@@ -139,21 +142,18 @@ class OptionsMapper:
         return None if num_predict is None or num_predict <= 0 else num_predict
 
     @staticmethod
-    def _penalties(o: Options, num_ctx: int) -> tuple[float, float, float]:
-        """(repetition, presence, frequency) penalties; repeat_last_n 0 turns all three off, as in llama.cpp."""
+    def _penalties(o: Options) -> tuple[float, float, float, int | None]:
+        """(repetition, presence, frequency, window) penalties: the last repeat_last_n tokens (Ollama's default
+        64), -1 the whole context (window None); 0 turns all three off, as in llama.cpp."""
         repetition = 1.0 if o.repeat_penalty is None else o.repeat_penalty
         presence, frequency = o.presence_penalty or 0.0, o.frequency_penalty or 0.0
-        window = -1 if o.repeat_last_n is None else o.repeat_last_n
+        window = DEFAULT_REPEAT_LAST_N if o.repeat_last_n is None else o.repeat_last_n
         if window == 0:
-            return 1.0, 0.0, 0.0
+            return 1.0, 0.0, 0.0, None
         if window < -1:
             raise bad_request(f"option repeat_last_n must be -1 (the whole context), 0 (off) or positive, got {window}",
                               "options.repeat_last_n")
-        if repetition != 1.0 and window != -1 and window < num_ctx:
-            raise bad_request(f"option repeat_last_n {window}: this server's repeat_penalty looks back over the whole "
-                              f"context, so the window must be -1 or at least num_ctx ({num_ctx}), or 0 to turn the "
-                              "penalty off", "options.repeat_last_n")
-        return repetition, presence, frequency
+        return repetition, presence, frequency, None if window == -1 else window
 
     def _note_fixed(self, o: Options) -> None:
         """Log, once per option, that a placement option (or num_keep) is not this request's to change."""
