@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import typing
 from dataclasses import dataclass, field
 
 
@@ -14,12 +15,19 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"  # the caller aborted (client left, timeout, shutdown)
     ERROR = "error"  # the request failed inside the engine
 
+    def __str__(self) -> str:  # print() and f-strings show "length", as vLLM's plain strings do
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
 
 @dataclass
 class Logprob:
     token_id: int
     logprob: float
     rank: int  # 1 = most likely
+    decoded_token: str | None = None  # its text (vLLM's field; the offline API fills it)
 
 
 @dataclass
@@ -32,11 +40,12 @@ class TokenLogprobs:
     logprob: float
     rank: int
     top: list[Logprob] = field(default_factory=list)
+    decoded_token: str | None = None  # the sampled token's text (the offline API fills it)
 
     def as_dict(self) -> dict[int, Logprob]:
         """vLLM's shape: the top-N alternatives, and the sampled token (if it is not among them)."""
         out = {t.token_id: t for t in self.top}
-        out.setdefault(self.token_id, Logprob(self.token_id, self.logprob, self.rank))
+        out.setdefault(self.token_id, Logprob(self.token_id, self.logprob, self.rank, self.decoded_token))
         return out
 
     def __getitem__(self, token_id: int) -> Logprob:
@@ -44,6 +53,15 @@ class TokenLogprobs:
 
     def __contains__(self, token_id: object) -> bool:
         return token_id in self.as_dict()
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+    def __iter__(self) -> typing.Iterator[int]:  # type: ignore[override]  # a dict's iteration: its keys
+        return iter(self.as_dict())
+
+    def get(self, token_id: int, default: Logprob | None = None) -> Logprob | None:
+        return self.as_dict().get(token_id, default)
 
     def keys(self) -> list[int]:
         return list(self.as_dict())
@@ -103,3 +121,8 @@ class RequestOutput:
     # the error comes from the request's own input, not from the engine: a constraint whose text the
     # model's vocabulary cannot write (the grammar refused every token it allowed); the API answers 400
     error_from_input: bool = False
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """vLLM's: prompt tokens read from the prefix cache."""
+        return self.metrics.num_cached_tokens if self.metrics is not None else 0

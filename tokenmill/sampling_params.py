@@ -75,6 +75,15 @@ class StructuredOutputsParams:
         return _json.dumps(spec, sort_keys=True)
 
 
+# SamplingParams' numeric fields and their kind (validate checks the type before the range)
+_FIELD_KINDS: dict[str, type] = {
+    "n": int, "top_k": int, "min_tokens": int, "max_tokens": int, "logprobs": int, "prompt_logprobs": int,
+    "truncate_prompt_tokens": int, "seed": int, "penalty_window": int, "temperature": float, "top_p": float,
+    "min_p": float, "presence_penalty": float, "frequency_penalty": float, "repetition_penalty": float}
+_OPTIONAL = frozenset({"max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens", "seed",
+                       "penalty_window"})
+
+
 @dataclass
 class SamplingParams:
     """Per-request generation settings; the vLLM / OpenAI field names and meanings.
@@ -98,6 +107,7 @@ class SamplingParams:
     # many tokens (repetition: of prompt + output; presence / frequency: of the output); None: all of them
     penalty_window: int | None = None
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens may be sampled
     max_tokens: int | None = 16
     min_tokens: int = 0
     stop: list[str] | str | None = None
@@ -117,6 +127,11 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.logit_bias and any(isinstance(k, str) for k in self.logit_bias):  # JSON's keys are strings
+            try:
+                self.logit_bias = {int(k): v for k, v in self.logit_bias.items()}
+            except ValueError:
+                raise ParamError("logit_bias", "logit_bias keys must be token ids (ints, or strings of digits)") from None
         if isinstance(self.stop, str):
             self.stop_strings = [self.stop]
         else:
@@ -130,6 +145,16 @@ class SamplingParams:
 
         def bad(name: str, why: str) -> None:
             raise ParamError(name, f"{name} {why}")
+
+        for name, kind in _FIELD_KINDS.items():  # a wrong type is named, not a TypeError from a comparison
+            v = getattr(self, name)
+            if v is None and name in _OPTIONAL:
+                continue
+            ok = (isinstance(v, int) and not isinstance(v, bool)) if kind is int else (
+                isinstance(v, (int, float)) and not isinstance(v, bool))
+            if not ok:
+                bad(name, f"must be {'an integer' if kind is int else 'a number'}"
+                          f"{' or None' if name in _OPTIONAL else ''}, got {type(v).__name__} {v!r}")
 
         if not 1 <= self.n <= MAX_N:
             bad("n", f"must be between 1 and {MAX_N}, got {self.n}")
@@ -182,6 +207,12 @@ class SamplingParams:
         if ids:
             bad("logit_bias", f"token ids {', '.join(ids)} are out of range [0, {vocab_size or 'vocab_size'})"
                 if len(ids) > 1 else f"token id {ids[0]} is out of range [0, {vocab_size or 'vocab_size'})")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                bad("allowed_token_ids", "must not be empty")
+            for tok in self.allowed_token_ids:
+                if not isinstance(tok, int) or tok < 0 or (vocab_size is not None and tok >= vocab_size):
+                    bad("allowed_token_ids", f"token id {tok!r} is out of range [0, {vocab_size or 'vocab_size'})")
         if self.stop_token_ids and len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             bad("stop_token_ids", f"has {len(self.stop_token_ids)} entries; at most {MAX_STOP_TOKEN_IDS} are allowed")
         for tok in self.stop_token_ids or []:

@@ -75,10 +75,13 @@ def test_context_length_errors(small_llm) -> None:
     llm = small_llm  # at a 256-token context: the same limits, a prompt as long as the context is cheap
     limit = llm.engine.max_model_len
     ids = [100] * (limit - 10)
+    # the server's path refuses a max_tokens past the context (vLLM's 400 wording) ...
     with pytest.raises(ContextLengthError, match=r"maximum context length is \d+ tokens.*requested 11 output"):
-        llm.generate([ids], SamplingParams(max_tokens=11))
-    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0].outputs[0]
-    assert len(out.token_ids) == 10 and out.finish_reason is FinishReason.LENGTH
+        llm.engine.input_processor.process(ids, SamplingParams(max_tokens=11))
+    # ... the offline API, as vLLM's LLM, ends that output at the context's end
+    for max_tokens in (10, 11):
+        out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))[0].outputs[0]
+        assert len(out.token_ids) == 10 and out.finish_reason is FinishReason.LENGTH
     # max_tokens omitted: the output may fill the rest of the context
     out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))[0].outputs[0]
     assert len(out.token_ids) == 10

@@ -23,8 +23,12 @@ def test_a_bad_prompt_in_a_batch_queues_nothing(llm: Any) -> None:
 
 def test_chat_is_checked_against_the_context(llm: Any) -> None:
     with pytest.raises(ContextLengthError, match="maximum context length is 2048 tokens"):
-        llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=10**6))
+        llm.chat([{"role": "user", "content": "hi " * 2100}], SamplingParams(max_tokens=4))
     assert not llm.engine.has_unfinished_requests()
+    # a max_tokens past the context is cut to what is left (vLLM's LLM), not refused
+    processed = llm.engine.input_processor.process(llm.tokenizer.encode("hi"), SamplingParams(max_tokens=10**6),
+                                                   cap_max_tokens=True)
+    assert processed.max_tokens == 2048 - len(processed.prompt_token_ids)
 
 
 def test_the_engine_takes_processed_prompts_as_they_are(llm: Any) -> None:
@@ -49,7 +53,7 @@ def test_vllm_prompt_dicts_are_read_and_other_shapes_refused(llm: Any) -> None:
     [alone] = llm.generate({"prompt_token_ids": ids}, params)  # one dict, not a list of them
     assert alone.outputs[0].token_ids == plain.outputs[0].token_ids
     for bad, why in (({"prompt": "hi", "multi_modal_data": {}}, "multi_modal_data"), ({}, "got the keys"),
-                     ({"prompt_token_ids": "1 2"}, "got the keys"), ([1, "2"], "not token ids"), (3.5, "float")):
+                     ({"prompt_token_ids": "1 2"}, "prompt_token_ids must be a list of token ids, got str"), ([1, "2"], "not token ids"), (3.5, "float")):
         with pytest.raises(ParamError, match=why) as e:
             llm.generate(["Hello", bad], params)  # type: ignore[list-item]
         assert e.value.field == "prompt"

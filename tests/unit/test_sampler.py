@@ -99,6 +99,17 @@ def test_logit_bias_and_banned_tokens() -> None:
     assert sample(LOGITS, batch(temperature=0.0), [banned]).token_ids == [1]
 
 
+def test_allowed_token_ids_mask_the_rest() -> None:
+    """vLLM's allowed_token_ids: only those can be sampled (greedy takes the best of them); other rows keep
+    their logits bit for bit."""
+    proc = LogitBiasProcessor(CPU)
+    assert proc.prepare([Row(SamplingParams(allowed_token_ids=[2, 3])), Row(SamplingParams())])
+    logits = torch.randn(2, 8)
+    out = proc.apply(logits)
+    assert torch.isinf(out[0, [0, 1, 4, 5, 6, 7]]).all() and torch.equal(out[0, [2, 3]], logits[0, [2, 3]])
+    assert torch.equal(out[1], logits[1])
+
+
 def test_logprobs_and_rank_of_sampled_token() -> None:
     b = batch(temperature=0.0, max_logprobs=3)
     out = sample(LOGITS, b)

@@ -137,8 +137,11 @@ class InputProcessor:
             return prompt_ids
         return prompt_ids[-num_kept:] if params.truncation_side == "left" else prompt_ids[:num_kept]
 
-    def validate(self, prompt_ids: list[int], params: SamplingParams, field: str = "prompt") -> int:
-        """Check the prompt fits; returns the resolved max_tokens. Raises ParamError / ContextLengthError."""
+    def validate(self, prompt_ids: list[int], params: SamplingParams, field: str = "prompt",
+                 cap_max_tokens: bool = False) -> int:
+        """Check the prompt fits; returns the resolved max_tokens. Raises ParamError / ContextLengthError.
+        `cap_max_tokens` (the offline API, as vLLM's LLM): a max_tokens past the context is cut to what is
+        left (the output then ends with finish_reason length); the server refuses it, as vLLM's does."""
         V = self.vocab_size
         if not prompt_ids:
             raise ParamError(field, "the prompt is empty: give at least one token")
@@ -155,6 +158,8 @@ class InputProcessor:
                     "of the input prompt.")
             return limit - n_prompt
         total = n_prompt + params.max_tokens
+        if total > limit and cap_max_tokens and n_prompt < limit:
+            return limit - n_prompt
         if total > limit:
             raise ContextLengthError(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -165,13 +170,13 @@ class InputProcessor:
 
     # -- the whole path ----------------------------------------------------------------------------------
     def process(self, prompt: str | list[int] | ProcessedPrompt, params: SamplingParams,
-                field: str = "prompt") -> ProcessedPrompt:
-        """Tokenize (text), truncate and validate. A ProcessedPrompt is returned as it is: it was made by
-        this path for these params already."""
+                field: str = "prompt", cap_max_tokens: bool = False) -> ProcessedPrompt:
+        """Tokenize (text), truncate and validate (`cap_max_tokens`: see validate). A ProcessedPrompt is
+        returned as it is: it was made by this path for these params already."""
         if isinstance(prompt, ProcessedPrompt):
             return prompt
         prompt_ids = self.truncate(self.tokenize_prompt(prompt), params)
-        max_tokens = self.validate(prompt_ids, params, field)
+        max_tokens = self.validate(prompt_ids, params, field, cap_max_tokens)
         return ProcessedPrompt(prompt if isinstance(prompt, str) else None, prompt_ids, max_tokens)
 
     def process_chat(self, messages: list[dict[str, Any]], params: SamplingParams, add_generation_prompt: bool = True,

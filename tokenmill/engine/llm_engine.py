@@ -96,6 +96,10 @@ class LLMEngine:
                                                       matrices)
         get_model_class(cfg.architecture)  # an unsupported architecture fails now, before the plan
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
+        if self.max_model_len > cfg.max_position_embeddings:  # llama.cpp warns as well; vLLM refuses
+            log.warning("max_model_len %d is longer than the %d positions %s was trained on: past them its output "
+                        "may degrade (unless its rope scaling is meant to reach them)", self.max_model_len,
+                        cfg.max_position_embeddings, self.source.name)
         if config.gpu_memory_utilization is not None and not self.platform.is_cuda:
             raise ValueError("--gpu-memory-utilization sizes a GPU's memory; on CPU the KV cache is "
                              "--kv-cache-memory (default: a quarter of available RAM, at most 2 GiB)")

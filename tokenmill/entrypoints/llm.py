@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 import typing
 from dataclasses import fields
 from typing import Any, Sequence, TypeVar
@@ -24,7 +25,7 @@ from tokenmill.entrypoints.openai.protocol import ChatCompletionTool, ChatMessag
 from tokenmill.entrypoints.openai.tool_calling import ToolCalling
 from tokenmill.entrypoints.openai.tool_parsers import ParsedOutput
 from tokenmill.entrypoints.openai.tool_prompt import ToolPrompt
-from tokenmill.outputs import RequestOutput
+from tokenmill.outputs import RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import ParamError, SamplingParams
 
 # a ProcessedPrompt: made by llm.engine.input_processor already; a dict: vLLM's TextPrompt {"prompt": text} or
@@ -39,8 +40,13 @@ def _unwrap(prompt: Any) -> str | list[int] | ProcessedPrompt:
         keys = set(prompt)
         if keys == {"prompt"} and isinstance(prompt["prompt"], str):
             return prompt["prompt"]
-        if keys == {"prompt_token_ids"} and isinstance(prompt["prompt_token_ids"], (list, tuple)):
-            return list(prompt["prompt_token_ids"])
+        if keys == {"prompt_token_ids"}:
+            ids = prompt["prompt_token_ids"]
+            if isinstance(ids, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                return list(ids)
+            raise ParamError("prompt", f"prompt_token_ids must be a list of token ids, got "
+                                                 f"{type(ids).__name__}" + (" (text: pass it as {'prompt': ...}, or "
+                                                 "render with tokenize=True)" if isinstance(ids, str) else ""))
         raise ParamError("prompt", f"a prompt dict takes exactly one of 'prompt' (text) or 'prompt_token_ids' "
                                    f"(a list of token ids); got the keys {sorted(keys)}")
     if isinstance(prompt, (str, ProcessedPrompt)):
@@ -63,6 +69,7 @@ class LLM:
     def __init__(self, model: str = "default", progress: bool = True, tool_call_parser: str = "auto",
                  **kwargs: Any) -> None:
         names = {f.name for f in fields(EngineConfig)}
+        kwargs = _vllm_arguments(model, kwargs)
         unknown = set(kwargs) - names
         if unknown:
             raise TypeError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
@@ -75,15 +82,46 @@ class LLM:
         self._ids = itertools.count()
         self._tool_call_parser = tool_call_parser
         self._tool_prompt: ToolPrompt | None = None  # made on first use (it probes the template, logs once)
+        # one call at a time: the engine is not thread-safe, so a second thread's generate waits for the first
+        self._lock = threading.RLock()
+        self._token_texts: dict[int, str] = {}  # Logprob.decoded_token's, by id
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool | None = None, lora_request: Any = None) -> list[RequestOutput]:
         """Generate for every prompt (text, token ids, vLLM's {"prompt": ...} or {"prompt_token_ids": ...}, or a
         ProcessedPrompt); outputs come back in input order. vLLM's signature: `generate(prompts,
-        sampling_params)`, one SamplingParams for all or one per prompt.
+        sampling_params)`, one SamplingParams for all or one per prompt. A max_tokens past the context ends that
+        output at the context's end (finish_reason length), as in vLLM. Calls from several threads run one
+        after another.
 
         Every prompt is checked before any is queued: a bad one raises ParamError and leaves nothing behind."""
+        _no_lora(lora_request)
+        with self._lock:
+            outputs = self._generate(prompts, sampling_params, use_tqdm)
+        for out in outputs:  # vLLM's Logprob.decoded_token
+            for c in out.outputs:
+                self._decode_logprobs(c.logprobs)
+            self._decode_logprobs(out.prompt_logprobs)
+        return outputs
+
+    def _decode_logprobs(self, entries: Sequence[TokenLogprobs | None] | None) -> None:
+        for e in entries or []:
+            if e is None:
+                continue
+            e.decoded_token = self._token_text(e.token_id)
+            for t in e.top:
+                t.decoded_token = self._token_text(t.token_id)
+
+    def _token_text(self, token_id: int) -> str:
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def _generate(self, prompts: Prompt | Sequence[Prompt],
+                  sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                  use_tqdm: bool | None) -> list[RequestOutput]:
         params = sampling_params
         if isinstance(prompts, (str, dict, ProcessedPrompt)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
@@ -96,7 +134,9 @@ class LLM:
             raise ValueError(f"got {len(prompts)} prompts but {len(plist)} SamplingParams")
         processor = self.engine.input_processor
         # all of them checked before any runs: a bad prompt leaves nothing queued
-        processed = [processor.process(prompt, p) for prompt, p in zip(prompts, plist)]  # type: ignore[arg-type]
+        # vLLM's LLM: a max_tokens past the context ends the output there (finish_reason length), not an error
+        processed = [processor.process(prompt, p, cap_max_tokens=True)  # type: ignore[arg-type]
+                     for prompt, p in zip(prompts, plist)]
         for sp in plist:
             spec = sp.structured_outputs  # type: ignore[union-attr]
             if spec is not None:
@@ -126,7 +166,7 @@ class LLM:
              *, add_generation_prompt: bool | None = None, continue_final_message: bool = False,
              chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
              tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, Any] | None = None,
-             parallel_tool_calls: bool | None = None) -> list[RequestOutput]:
+             parallel_tool_calls: bool | None = None, lora_request: Any = None) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation (one, or a list of them), then generate:
         vLLM's `LLM.chat(messages, sampling_params)`.
 
@@ -137,7 +177,9 @@ class LLM:
         `tools` (OpenAI tool objects), `tool_choice` ("none", "auto" (the default with tools), "required" or
         {"type": "function", "function": {"name": ...}}) and `parallel_tool_calls` mean what they mean on
         /v1/chat/completions: a forced choice puts its JSON schema on every SamplingParams. Read the answers
-        with `parse_tool_calls`. Messages are OpenAI's (assistant `tool_calls`, `tool` results)."""
+        with `parse_tool_calls`. Messages are OpenAI's (assistant `tool_calls`, `tool` results); content is
+        text or a list of text parts."""
+        _no_lora(lora_request)
         if continue_final_message and add_generation_prompt:
             raise ParamError("continue_final_message",
                              "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
@@ -278,4 +320,56 @@ def _check_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if m.get("content") is None and m["role"] != "assistant":
             raise ParamError(f"messages[{i}].content", f"messages[{i}].content is missing (a {m['role']} message "
                                                       "needs it)")
-    return [{**m, "content": ""} if m.get("content") is None else m for m in messages]
+    return [{**m, "content": _text(m.get("content"), i)} for i, m in enumerate(messages)]
+
+
+def _text(content: Any, i: int) -> Any:
+    """A message's content for the template: None as "", OpenAI's list of text parts joined (as the server
+    joins them); other parts (images, audio) are refused by name."""
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ParamError(f"messages[{i}].content[{j}]", f"messages[{i}].content[{j}]: only text parts "
+                                                           f"({{'type': 'text', 'text': ...}}) are supported, got {kind!r}")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _no_lora(lora_request: Any) -> None:
+    if lora_request is not None:
+        raise ParamError("lora_request", "LoRA adapters are not supported (serve a model with the adapter merged)")
+
+
+# vLLM's LLM(...) arguments that ask for what tokenmill does anyway, or that name its one choice
+_MOOT_ARGS = {"enforce_eager": None, "trust_remote_code": None, "disable_log_stats": None, "swap_space": None,
+              "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1}
+_DTYPE_NAMES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
+                "bfloat16": "bfloat16", "auto": "auto"}
+
+
+def _vllm_arguments(model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's LLM(...) keywords read as tokenmill's: arguments that change nothing here (eager execution, remote
+    code, one device) are taken, a parallel size above 1 refused; `tokenizer` may name the model itself; dtype
+    "half" / "float" or a torch dtype is the dtype it names."""
+    out = dict(kwargs)
+    for name, only in _MOOT_ARGS.items():
+        if name in out:
+            value = out.pop(name)
+            if only is not None and value not in (None, only):
+                raise ValueError(f"{name}={value} is not supported: tokenmill runs on one device ({name}=1)")
+    if "tokenizer" in out:
+        tok = out.pop("tokenizer")
+        if tok not in (None, model):
+            raise ValueError(f"tokenizer={tok!r}: the tokenizer is the model's own ({model!r}); another is not "
+                             "supported")
+    dtype = out.get("dtype")
+    if dtype is not None and not isinstance(dtype, str):
+        dtype = str(dtype).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16"
+    if isinstance(dtype, str):
+        out["dtype"] = _DTYPE_NAMES.get(dtype, dtype)
+    return out

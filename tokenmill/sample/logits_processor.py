@@ -101,27 +101,38 @@ def _last(ids: list[int], window: int | None) -> list[int]:
 
 
 class LogitBiasProcessor(LogitsProcessor):
-    """OpenAI's logit_bias: a value added to the logit of each listed token."""
+    """OpenAI's logit_bias: a value added to the logit of each listed token; then vLLM's allowed_token_ids:
+    every other token's logit -inf."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.rows: torch.Tensor | None = None  # (nb,) entries: row, token, value
         self.tokens: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.allowed: list[tuple[int, torch.Tensor]] = []  # (row, its allowed ids)
 
     def prepare(self, rows: Sequence[SamplingRow]) -> bool:
         bias = [(i, t, v) for i, r in enumerate(rows) for t, v in (r.sampling_params.logit_bias or {}).items()]
-        if not bias:
-            return False
         dev = self.device
-        self.rows = torch.tensor([x[0] for x in bias], dtype=torch.long, device=dev)
-        self.tokens = torch.tensor([x[1] for x in bias], dtype=torch.long, device=dev)
-        self.values = torch.tensor([x[2] for x in bias], dtype=torch.float32, device=dev)
-        return True
+        self.allowed = [(i, torch.tensor(r.sampling_params.allowed_token_ids, dtype=torch.long, device=dev))
+                        for i, r in enumerate(rows) if r.sampling_params.allowed_token_ids is not None]
+        self.rows = self.tokens = self.values = None
+        if bias:
+            self.rows = torch.tensor([x[0] for x in bias], dtype=torch.long, device=dev)
+            self.tokens = torch.tensor([x[1] for x in bias], dtype=torch.long, device=dev)
+            self.values = torch.tensor([x[2] for x in bias], dtype=torch.float32, device=dev)
+        return bool(bias or self.allowed)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        assert self.rows is not None and self.tokens is not None and self.values is not None
-        return logits.index_put((self.rows, self.tokens), self.values, accumulate=True)
+        if self.rows is not None and self.tokens is not None and self.values is not None:
+            logits = logits.index_put((self.rows, self.tokens), self.values, accumulate=True)
+        if self.allowed:
+            keep = torch.zeros_like(logits, dtype=torch.bool)
+            for row, ids in self.allowed:
+                keep[row, ids] = True
+            keep[[row for row in range(logits.shape[0]) if row not in {r for r, _ in self.allowed}]] = True
+            logits = logits.masked_fill(~keep, float("-inf"))
+        return logits
 
 
 class MinTokensProcessor(LogitsProcessor):

@@ -183,10 +183,13 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tools: list | None = None,
         continue_final_message: bool = False,
+        tokenize: bool = False,
         **extra: Any,
-    ) -> str:
+    ) -> Any:
         """Render ``messages`` with the model's chat template (``chat_template=`` overrides it);
-        ``continue_final_message`` leaves the final message open for the model to continue.
+        ``continue_final_message`` leaves the final message open for the model to continue. ``tokenize``
+        (HF's argument; here False unless given): the token ids of the text instead (the template's own
+        special tokens included, nothing added).
 
         Raises:
             ChatTemplateError: no template is available, or rendering failed.
@@ -195,8 +198,23 @@ class Tokenizer:
         if not template:
             raise ChatTemplateError("this tokenizer has no chat template")
         variables = {**self._template_tokens, **extra}
-        return render_chat_template(template, messages, add_generation_prompt=add_generation_prompt, tools=tools,
+        text = render_chat_template(template, messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                     continue_final_message=continue_final_message, **variables)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    # -- what scripts written for an HF tokenizer call ----------------------------------------------------
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str]:
+        """Vocabulary strings of ids (HF's name)."""
+        return self.id_to_token(ids) if isinstance(ids, int) else [self.id_to_token(i) for i in ids]
+
+    def batch_decode(self, sequences: Iterable[Iterable[int]], skip_special_tokens: bool = True) -> list[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in sequences]
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._backend.get_vocab(with_added_tokens=True)
 
     def __repr__(self) -> str:
         return (f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r}, "
