@@ -254,10 +254,13 @@ def _prefill(body: dict[str, Any]) -> None:
         body["continue_final_message"], body["add_generation_prompt"] = True, False
 
 
-def _stop_reason(finish: str | None, stop_reason: Any, stops: list[str] | None) -> tuple[str, str | None]:
+def _stop_reason(finish: str | None, stop_reason: Any, stops: list[str] | None,
+                 called: bool = False) -> tuple[str, str | None]:
+    """Anthropic's stop_reason (and stop_sequence) for the chat's finish; `called`: the answer holds tool_use
+    blocks (Anthropic says tool_use then, a forced tool included, where OpenAI's chat says stop)."""
     if finish == "length":
         return "max_tokens", None
-    if finish == "tool_calls":
+    if finish == "tool_calls" or (called and finish == "stop"):
         return "tool_use", None
     if isinstance(stop_reason, str) and stop_reason in (stops or []):
         return "stop_sequence", stop_reason
@@ -325,7 +328,7 @@ class AnthropicMessages:
         usage = answer.usage
         assert usage is not None
         return self._message(message_id, content, _stop_reason(choice.finish_reason, choice.stop_reason,
-                                                               req.stop_sequences),
+                                                               req.stop_sequences, called=bool(msg.tool_calls)),
                              (usage.prompt_tokens, usage.completion_tokens))
 
     async def _events(self, req: MessagesRequest, chat_stream: StreamingResponse,
@@ -398,7 +401,7 @@ class AnthropicMessages:
             yield event("message_start", message=self._message(message_id, [], (None, None), usage))
         if open_kind is not None:
             yield event("content_block_stop", index=index)
-        reason, sequence = _stop_reason(finish, stop_reason, req.stop_sequences)
+        reason, sequence = _stop_reason(finish, stop_reason, req.stop_sequences, called=bool(calls))
         yield event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
                     usage={"input_tokens": usage[0], "output_tokens": usage[1]})
         yield event("message_stop")
