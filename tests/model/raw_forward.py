@@ -45,3 +45,22 @@ def greedy_reference(model: Any, ids: list[int], n: int) -> list[int]:
         for _ in range(n):
             seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
     return seq[len(ids):]
+
+
+def widen_and_save(model: Any, tokenizer: Any, out: Path) -> None:
+    """A tiny random transformers model made usable as a reference, then saved as an HF directory with the
+    default model's tokenizer: its init is tiny, so matrices get N(0, 0.08) and norms U(0.5, 1.5) (well
+    separated logits)."""
+    import json
+
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+            else:
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.backend.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
+        "chat_template": tokenizer.chat_template}))

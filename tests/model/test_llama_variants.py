@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import prompt_logits
+from raw_forward import prompt_logits, widen_and_save
 
 from tokenmill import LLM, SamplingParams
 
@@ -73,17 +73,7 @@ def make_hf(tmp: Path, family: str, tokenizer: Any, **overrides: Any) -> tuple[P
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = getattr(transformers, spec["cls"] + "ForCausalLM")(cfg).eval()
-    with torch.no_grad():  # random init is tiny; widen it so logits are well separated
-        for _, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.08)
-            else:
-                p.uniform_(0.5, 1.5)  # the norms
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.backend.save(str(tmp / "tokenizer.json"))
-    (tmp / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
-        "chat_template": tok.chat_template}))
+    widen_and_save(model, tok, tmp)
     return tmp, model
 
 
@@ -97,6 +87,8 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
     four keys out (llama.cpp then uses 1, head_dim ** -0.5, 1, 1)."""
     from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.quants import quantize
+
+    from tokenmill.benchmarks.random_gguf import add_default_tokenizer
 
     _, src = tokenizer
     c = model.config
@@ -120,14 +112,7 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
         w.add_float32(f"{a}.residual_scale", c.residual_multiplier)
         w.add_float32(f"{a}.attention.scale", c.attention_multiplier)
         w.add_float32(f"{a}.logit_scale", c.logits_scaling)
-    w.add_tokenizer_model(str(src["tokenizer.ggml.model"]))
-    w.add_tokenizer_pre(str(src["tokenizer.ggml.pre"]))
-    w.add_token_list(list(src["tokenizer.ggml.tokens"]))
-    w.add_token_types([int(t) for t in src["tokenizer.ggml.token_type"]])
-    w.add_token_merges(list(src["tokenizer.ggml.merges"]))
-    w.add_bos_token_id(int(src["tokenizer.ggml.bos_token_id"]))
-    w.add_eos_token_id(int(src["tokenizer.ggml.eos_token_id"]))
-    w.add_add_bos_token(False)
+    add_default_tokenizer(w, len(src["tokenizer.ggml.tokens"]))  # the default model's, whole
 
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}

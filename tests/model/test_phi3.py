@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from raw_forward import prompt_logits
+from raw_forward import prompt_logits, widen_and_save
 
 from tokenmill import LLM, SamplingParams
 
@@ -77,17 +77,7 @@ def make_hf(tmp: Path, case: dict, tokenizer) -> tuple[Path, object]:
     cfg = transformers.Phi3Config(rope_parameters=rope, **kw)
     torch.manual_seed(0)
     model = transformers.Phi3ForCausalLM(cfg).eval()
-    with torch.no_grad():  # random init is tiny; widen it so logits are well separated
-        for name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.08)
-            else:
-                p.uniform_(0.5, 1.5)  # the norms
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.backend.save(str(tmp / "tokenizer.json"))
-    (tmp / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
-        "chat_template": tok.chat_template}))
+    widen_and_save(model, tok, tmp)
     return tmp, model
 
 
