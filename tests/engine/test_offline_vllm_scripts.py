@@ -23,7 +23,7 @@ def llm() -> LLM:
 
 
 def test_constructor_arguments_vllm_scripts_pass() -> None:
-    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported"):
+    with pytest.raises(ValueError, match="tensor_parallel_size=2: tokenmill runs a model on one device"):
         LLM(tensor_parallel_size=2, progress=False)
     with pytest.raises(ValueError, match="another is not supported"):
         LLM(tokenizer="some/other-tokenizer", progress=False)
@@ -73,7 +73,7 @@ def test_chat_takes_text_parts_and_refuses_others(llm: LLM) -> None:
                      params, use_tqdm=False)
     plain = llm.chat([{"role": "user", "content": "What is\n2+2?"}], params, use_tqdm=False)
     assert parts[0].prompt_token_ids == plain[0].prompt_token_ids and parts[0].outputs[0].text == plain[0].outputs[0].text
-    with pytest.raises(ParamError, match="only text parts"):
+    with pytest.raises(ParamError, match="only text content parts"):
         llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], params)
     with pytest.raises(ParamError, match="LoRA adapters are not supported"):
         llm.generate(["Hi"], params, lora_request=object())

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from raw_forward import add_hparams
 
 WINDOW = 16  # shorter than the test prompts, so the local layers' window matters
 
@@ -99,18 +100,9 @@ def write_gguf(model: Any, src_md: dict[str, Any], out: Path, matrix_type: str =
     cfg = model.config
     a = "gemma2" if cfg.model_type == "gemma2" else "gemma3"
     w = GGUFWriter(out, a)
-    w.add_name(f"tiny-{a}")
-    w.add_uint32(f"{a}.block_count", cfg.num_hidden_layers)
-    w.add_uint32(f"{a}.context_length", cfg.max_position_embeddings)
-    w.add_uint32(f"{a}.embedding_length", cfg.hidden_size)
-    w.add_uint32(f"{a}.feed_forward_length", cfg.intermediate_size)
-    w.add_uint32(f"{a}.attention.head_count", cfg.num_attention_heads)
-    w.add_uint32(f"{a}.attention.head_count_kv", cfg.num_key_value_heads)
-    w.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
-    w.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
+    add_hparams(w, a, cfg, cfg.head_dim)
     full = cfg.rope_parameters["full_attention"] if a == "gemma3" else cfg.rope_parameters
     w.add_float32(f"{a}.rope.freq_base", full["rope_theta"])
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     w.add_uint32(f"{a}.attention.sliding_window", cfg.sliding_window)
     if full.get("rope_type") == "linear":
         w.add_string(f"{a}.rope.scaling.type", "linear")

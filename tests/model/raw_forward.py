@@ -64,3 +64,63 @@ def widen_and_save(model: Any, tokenizer: Any, out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
         "chat_template": tokenizer.chat_template}))
+
+
+def add_hparams(w: Any, arch: str, config: Any, head_dim: int) -> None:
+    """A transformers config's shape as llama.cpp's `{arch}.*` keys on the gguf.GGUFWriter `w` (the rotary
+    keys are each family's own)."""
+    w.add_name(f"tiny {arch}")
+    for key, value in (("block_count", config.num_hidden_layers), ("context_length", config.max_position_embeddings),
+                       ("embedding_length", config.hidden_size), ("feed_forward_length", config.intermediate_size),
+                       ("attention.head_count", config.num_attention_heads),
+                       ("attention.head_count_kv", config.num_key_value_heads),
+                       ("attention.key_length", head_dim), ("attention.value_length", head_dim)):
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
+
+
+def logits_close_on_blocks(llm: LLM, model: Any, prompts: list[list[int]], what: str) -> None:
+    """A GGUF's quantized blocks (Q8_0) held to the fp32 reference model within test_gguf_method.py's bounds
+    for tiny random models (their logits are flat, so near-ties are common): relative logit error < 5e-2 per
+    prompt, teacher-forced top-1 agreement >= 0.85 over all."""
+    agree = total = 0
+    for ids in prompts:
+        with torch.inference_mode():
+            want = model(torch.tensor([ids])).logits[0]
+        got = prompt_logits(llm, ids)
+        rel = float((got - want).norm() / want.norm())
+        assert rel < 5e-2, f"{what}: relative logit error {rel:.2e}"
+        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+        total += len(ids)
+    assert agree / total >= 0.85, f"{what}: top-1 agreement {agree / total:.2f}"
+
+
+def assert_invariances(make_engine: Any, tokenizer: Any, subjects: list[str]) -> None:
+    """At fp32 on one model: batched == alone, prefix cache on == off (hit, twice), chunked prefill == whole,
+    for prompts sharing a long system prefix. `make_engine(**overrides)` builds an LLM of the model."""
+    from tokenmill import SamplingParams
+
+    system = tokenizer.encode("You are a meticulous assistant. Answer briefly and never apologise. " * 3)
+    prompts = [system + tokenizer.encode(f"Question {i}: what is notable about {s}?") for i, s in enumerate(subjects)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+    def run(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
+        return [o.outputs[0].token_ids for o in llm.generate(batch, params)]
+
+    base = make_engine(enable_prefix_caching=False)
+    batched = run(base, prompts)
+    assert [run(base, [p])[0] for p in prompts] == batched
+    cached = make_engine()
+    assert run(cached, prompts) == batched and run(cached, prompts) == batched
+    assert cached.engine.block_manager.num_hits > 0
+    assert run(make_engine(max_num_batched_tokens=16), prompts) == batched
+
+
+def hf_reference(model: Any, ids: list[int], n: int) -> tuple[torch.Tensor, list[int]]:
+    """transformers' fp32 prompt logits (T, V) and its n greedy tokens (generate, EOS ignored)."""
+    with torch.inference_mode():
+        x = torch.tensor([ids])
+        logits = model(x).logits[0]
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                             min_new_tokens=n, pad_token_id=None, eos_token_id=None)
+    return logits, out[0, len(ids):].tolist()

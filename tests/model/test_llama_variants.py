@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import prompt_logits, widen_and_save
+from gemma3_tiny import default_tokenizer
+from raw_forward import (add_hparams, assert_invariances, hf_reference, logits_close_on_blocks, prompt_logits,
+                         widen_and_save)
 
 from tokenmill import LLM, SamplingParams
 
@@ -50,15 +52,7 @@ UNPERMUTED = ("olmo2", "gemma")
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tokenmill.loader.gguf import GGUFFile
-    from tokenmill.loader.model_source import default_model_path
-    from tokenmill.tokenizer.tokenizer import Tokenizer
-
-    gf = GGUFFile(default_model_path())
-    try:
-        return Tokenizer.from_gguf(dict(gf.metadata)), dict(gf.metadata)
-    finally:
-        gf.close()
+    return default_tokenizer()
 
 
 def make_hf(tmp: Path, family: str, tokenizer: Any, **overrides: Any) -> tuple[Path, Any]:
@@ -94,18 +88,9 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
     c = model.config
     w = GGUFWriter(str(path), family)
     a = family
-    w.add_name(f"tiny {family}")
-    w.add_uint32(f"{a}.context_length", c.max_position_embeddings)
-    w.add_uint32(f"{a}.embedding_length", c.hidden_size)
-    w.add_uint32(f"{a}.feed_forward_length", c.intermediate_size)
-    w.add_uint32(f"{a}.block_count", c.num_hidden_layers)
-    w.add_uint32(f"{a}.attention.head_count", c.num_attention_heads)
-    w.add_uint32(f"{a}.attention.head_count_kv", c.num_key_value_heads)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    add_hparams(w, a, c, head_dim)
     w.add_uint32(f"{a}.rope.dimension_count", head_dim)
-    w.add_uint32(f"{a}.attention.key_length", head_dim)
-    w.add_uint32(f"{a}.attention.value_length", head_dim)
     w.add_float32(f"{a}.rope.freq_base", c.rope_parameters["rope_theta"])
     if family == "granite" and scales:
         w.add_float32(f"{a}.embedding_scale", c.embedding_multiplier)
@@ -159,16 +144,6 @@ def prompts(tok: Any) -> list[list[int]]:
     return [tok.encode(t) for t in ["Hello there, how are you doing today?", "def f(x):\n    return x * 2\n" * 3]]
 
 
-def reference(model: Any, ids: list[int]) -> tuple[torch.Tensor, list[int]]:
-    """transformers' fp32 prompt logits (T, V) and greedy continuation."""
-    with torch.inference_mode():
-        x = torch.tensor([ids])
-        logits = model(x).logits[0]
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NUM_TOKENS, do_sample=False,
-                             min_new_tokens=NUM_TOKENS, pad_token_id=None, eos_token_id=None)
-    return logits, out[0, len(ids):].tolist()
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def case(request, tokenizer, tmp_path_factory):
     family = request.param
@@ -190,7 +165,7 @@ def test_logits_and_greedy_match_transformers(case, fmt: str, tokenizer) -> None
         assert (cfg.embedding_multiplier, cfg.attention_multiplier, cfg.residual_multiplier,
                 cfg.logits_scaling) == pytest.approx(tuple(GRANITE.values()))
     for ids in prompts(tokenizer[0]):
-        want_logits, want_tokens = reference(model, ids)
+        want_logits, want_tokens = hf_reference(model, ids, NUM_TOKENS)
         got = prompt_logits(ours, ids)
         err = float((got - want_logits).abs().max())
         assert err < 1e-3, f"{family} {fmt}: max logit error {err:.2e}"
@@ -251,38 +226,14 @@ def test_gguf_q8_0_through_the_gguf_method(tokenizer, tmp_path: Path) -> None:
         g = write_gguf(tmp_path / f"{family}-q8.gguf", family, model, tokenizer, qtype="Q8_0")
         ours = LLM(str(g), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
         assert ours.engine.platform.compute.linear_method == "gguf"
-        agree = total = 0
-        for ids in prompts(tokenizer[0]):
-            with torch.inference_mode():
-                want = model(torch.tensor([ids])).logits[0]
-            got = prompt_logits(ours, ids)
-            rel = float((got - want).norm() / want.norm())
-            assert rel < 5e-2, f"{family}: relative logit error {rel:.2e}"
-            agree += int((got.argmax(-1) == want.argmax(-1)).sum())
-            total += len(ids)
-        assert agree / total >= 0.85, f"{family}: top-1 agreement {agree / total:.2f}"
+        logits_close_on_blocks(ours, model, prompts(tokenizer[0]), family)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_invariances(family: str, tokenizer, tmp_path: Path) -> None:
     """batched == alone, prefix cache on == off, chunked prefill == whole, at fp32."""
     d, _ = make_hf(tmp_path, family, tokenizer)
-    tok = tokenizer[0]
-    system = tok.encode("You are a meticulous assistant. Answer briefly and never apologise. " * 3)
-    ps = [system + tok.encode(f"Question {i}: what is notable about {s}?")
-          for i, s in enumerate(["the ocean", "a violin", "bread", "Mars"])]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-
-    def run(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
-        return [o.outputs[0].token_ids for o in llm.generate(batch, params)]
-
-    base = engine(d, enable_prefix_caching=False)
-    batched = run(base, ps)
-    assert [run(base, [p])[0] for p in ps] == batched
-    cached = engine(d)
-    assert run(cached, ps) == batched and run(cached, ps) == batched
-    assert cached.engine.block_manager.num_hits > 0
-    assert run(engine(d, max_num_batched_tokens=16), ps) == batched
+    assert_invariances(lambda **kw: engine(d, **kw), tokenizer[0], ["the ocean", "a violin", "bread", "Mars"])
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

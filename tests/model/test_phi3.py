@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from raw_forward import prompt_logits, widen_and_save
+from gemma3_tiny import default_tokenizer
+from raw_forward import (add_hparams, assert_invariances, hf_reference, logits_close_on_blocks, prompt_logits,
+                         widen_and_save)
 
 from tokenmill import LLM, SamplingParams
 
@@ -47,15 +49,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tokenmill.loader.gguf import GGUFFile
-    from tokenmill.loader.model_source import default_model_path
-    from tokenmill.tokenizer.tokenizer import Tokenizer
-
-    gf = GGUFFile(default_model_path())
-    try:
-        return Tokenizer.from_gguf(dict(gf.metadata)), dict(gf.metadata)
-    finally:
-        gf.close()
+    return default_tokenizer()
 
 
 def make_hf(tmp: Path, case: dict, tokenizer) -> tuple[Path, object]:
@@ -93,15 +87,8 @@ def write_gguf(path: Path, model, tokenizer, qtype: str = "F32", split_qkv: bool
     head_dim = c.hidden_size // c.num_attention_heads
     w = GGUFWriter(str(path), "phi3")
     a = "phi3"
-    w.add_name("tiny phi3")
-    w.add_uint32(f"{a}.context_length", c.max_position_embeddings)
+    add_hparams(w, a, c, head_dim)
     w.add_uint32(f"{a}.rope.scaling.original_context_length", c.original_max_position_embeddings)
-    w.add_uint32(f"{a}.embedding_length", c.hidden_size)
-    w.add_uint32(f"{a}.feed_forward_length", c.intermediate_size)
-    w.add_uint32(f"{a}.block_count", c.num_hidden_layers)
-    w.add_uint32(f"{a}.attention.head_count", c.num_attention_heads)
-    w.add_uint32(f"{a}.attention.head_count_kv", c.num_key_value_heads)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
     w.add_uint32(f"{a}.rope.dimension_count", int(rp.get("partial_rotary_factor", 1.0) * c.hidden_size)
                  // c.num_attention_heads)
     w.add_float32(f"{a}.rope.freq_base", rp["rope_theta"])
@@ -171,16 +158,6 @@ def prompts_for(name: str, tok) -> list[list[int]]:
     return ids
 
 
-def reference(model, ids: list[int]) -> tuple[torch.Tensor, list[int]]:
-    """transformers' fp32 prompt logits (T, V) and greedy continuation."""
-    with torch.inference_mode():
-        x = torch.tensor([ids])
-        logits = model(x).logits[0]
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NUM_TOKENS, do_sample=False,
-                             min_new_tokens=NUM_TOKENS, pad_token_id=None, eos_token_id=None)
-    return logits, out[0, len(ids):].tolist()
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tokenizer, tmp_path_factory):
     name = request.param
@@ -199,7 +176,7 @@ def test_logits_and_greedy_match_transformers(case, fmt: str, tokenizer) -> None
     if "partial_rotary_factor" in CASES[name]:
         assert cfg.rotary_dim == 24
     for ids in prompts_for(name, tokenizer[0]):
-        want_logits, want_tokens = reference(model, ids)
+        want_logits, want_tokens = hf_reference(model, ids, NUM_TOKENS)
         got = prompt_logits(ours, ids)
         err = float((got - want_logits).abs().max())
         assert err < 1e-3, f"{name} {fmt}: max logit error {err:.2e}"
@@ -261,37 +238,13 @@ def test_gguf_q8_0_through_the_gguf_method(tokenizer, tmp_path: Path) -> None:
     g = write_gguf(tmp_path / "q8.gguf", model, tokenizer, qtype="Q8_0")
     ours = LLM(str(g), progress=False, kv_cache_memory=16 * 2**20, max_model_len=MAX_MODEL_LEN, dtype="float32")
     assert ours.engine.platform.compute.linear_method == "gguf"
-    agree = total = 0
-    for ids in prompts_for("partial-tied", tokenizer[0]):
-        with torch.inference_mode():
-            want = model(torch.tensor([ids])).logits[0]
-        got = prompt_logits(ours, ids)
-        rel = float((got - want).norm() / want.norm())
-        assert rel < 5e-2, f"relative logit error {rel:.2e}"
-        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
-        total += len(ids)
-    assert agree / total >= 0.85, f"top-1 agreement {agree / total:.2f}"
+    logits_close_on_blocks(ours, model, prompts_for("partial-tied", tokenizer[0]), "phi3")
 
 
 def test_invariances(tokenizer, tmp_path: Path) -> None:
     """batched == alone, prefix cache on == off, chunked prefill == whole, at fp32, on the Phi-4-mini shape."""
     d, _ = make_hf(tmp_path, CASES["partial-tied"], tokenizer)
-    tok = tokenizer[0]
-    system = tok.encode("You are a meticulous assistant. Answer briefly and never apologise. " * 3)
-    prompts = [system + tok.encode(f"Question {i}: what is notable about {s}?")
-               for i, s in enumerate(["the ocean", "a violin", "bread", "Mars", "chess"])]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-
-    def run(llm: LLM, ps: list[list[int]]) -> list[list[int]]:
-        return [o.outputs[0].token_ids for o in llm.generate(ps, params)]
-
-    base = engine(d, enable_prefix_caching=False)
-    batched = run(base, prompts)
-    assert [run(base, [p])[0] for p in prompts] == batched
-    cached = engine(d)
-    assert run(cached, prompts) == batched and run(cached, prompts) == batched
-    assert cached.engine.block_manager.num_hits > 0
-    assert run(engine(d, max_num_batched_tokens=16), prompts) == batched
+    assert_invariances(lambda **kw: engine(d, **kw), tokenizer[0], ["the ocean", "a violin", "bread", "Mars", "chess"])
 
 
 def test_unsupported_rope_scaling_fails_naming_it(tokenizer, tmp_path: Path) -> None:

@@ -21,10 +21,11 @@ from tokenmill.config import EngineConfig, SpeculativeConfig, parse_size
 from tokenmill.engine.beam_search import BeamSearch, BeamSearchParams, Hypothesis
 from tokenmill.engine.input_processor import ProcessedPrompt
 from tokenmill.engine.llm_engine import LLMEngine
-from tokenmill.entrypoints.openai.protocol import ChatCompletionTool, ChatMessage, NamedToolChoice
+from tokenmill.entrypoints.openai.protocol import ChatCompletionTool, ChatMessage, NamedToolChoice, join_text_parts
 from tokenmill.entrypoints.openai.tool_calling import ToolCalling
 from tokenmill.entrypoints.openai.tool_parsers import ParsedOutput
 from tokenmill.entrypoints.openai.tool_prompt import ToolPrompt
+from tokenmill.entrypoints.vllm_flags import llm_arguments
 from tokenmill.outputs import RequestOutput, TokenLogprobs
 from tokenmill.sampling_params import ParamError, SamplingParams
 
@@ -69,7 +70,7 @@ class LLM:
     def __init__(self, model: str = "default", progress: bool = True, tool_call_parser: str = "auto",
                  **kwargs: Any) -> None:
         names = {f.name for f in fields(EngineConfig)}
-        kwargs = _vllm_arguments(model, kwargs)
+        kwargs = llm_arguments(model, kwargs)
         unknown = set(kwargs) - names
         if unknown:
             raise TypeError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
@@ -84,7 +85,6 @@ class LLM:
         self._tool_prompt: ToolPrompt | None = None  # made on first use (it probes the template, logs once)
         # one call at a time: the engine is not thread-safe, so a second thread's generate waits for the first
         self._lock = threading.RLock()
-        self._token_texts: dict[int, str] = {}  # Logprob.decoded_token's, by id
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -109,15 +109,9 @@ class LLM:
         for e in entries or []:
             if e is None:
                 continue
-            e.decoded_token = self._token_text(e.token_id)
+            e.decoded_token = self.tokenizer.token_text(e.token_id)
             for t in e.top:
-                t.decoded_token = self._token_text(t.token_id)
-
-    def _token_text(self, token_id: int) -> str:
-        text = self._token_texts.get(token_id)
-        if text is None:
-            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return text
+                t.decoded_token = self.tokenizer.token_text(t.token_id)
 
     def _generate(self, prompts: Prompt | Sequence[Prompt],
                   sampling_params: SamplingParams | Sequence[SamplingParams] | None,
@@ -324,52 +318,13 @@ def _check_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _text(content: Any, i: int) -> Any:
-    """A message's content for the template: None as "", OpenAI's list of text parts joined (as the server
-    joins them); other parts (images, audio) are refused by name."""
+    """A message's content for the template: None as "", OpenAI's list of text parts joined as the server joins
+    them (other parts are refused by name)."""
     if content is None:
         return ""
-    if not isinstance(content, list):
-        return content
-    texts = []
-    for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise ParamError(f"messages[{i}].content[{j}]", f"messages[{i}].content[{j}]: only text parts "
-                                                           f"({{'type': 'text', 'text': ...}}) are supported, got {kind!r}")
-        texts.append(part["text"])
-    return "\n".join(texts)
+    return join_text_parts(content, f"messages[{i}].content") if isinstance(content, list) else content
 
 
 def _no_lora(lora_request: Any) -> None:
     if lora_request is not None:
         raise ParamError("lora_request", "LoRA adapters are not supported (serve a model with the adapter merged)")
-
-
-# vLLM's LLM(...) arguments that ask for what tokenmill does anyway, or that name its one choice
-_MOOT_ARGS = {"enforce_eager": None, "trust_remote_code": None, "disable_log_stats": None, "swap_space": None,
-              "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1}
-_DTYPE_NAMES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
-                "bfloat16": "bfloat16", "auto": "auto"}
-
-
-def _vllm_arguments(model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's LLM(...) keywords read as tokenmill's: arguments that change nothing here (eager execution, remote
-    code, one device) are taken, a parallel size above 1 refused; `tokenizer` may name the model itself; dtype
-    "half" / "float" or a torch dtype is the dtype it names."""
-    out = dict(kwargs)
-    for name, only in _MOOT_ARGS.items():
-        if name in out:
-            value = out.pop(name)
-            if only is not None and value not in (None, only):
-                raise ValueError(f"{name}={value} is not supported: tokenmill runs on one device ({name}=1)")
-    if "tokenizer" in out:
-        tok = out.pop("tokenizer")
-        if tok not in (None, model):
-            raise ValueError(f"tokenizer={tok!r}: the tokenizer is the model's own ({model!r}); another is not "
-                             "supported")
-    dtype = out.get("dtype")
-    if dtype is not None and not isinstance(dtype, str):
-        dtype = str(dtype).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16"
-    if isinstance(dtype, str):
-        out["dtype"] = _DTYPE_NAMES.get(dtype, dtype)
-    return out

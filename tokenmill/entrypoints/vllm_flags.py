@@ -11,12 +11,15 @@ starts this server. Each flag is one of three kinds, and nothing is taken and dr
 - refused: it asks for what this server does not do, and `serve` stops at once with the reason and what to
   use instead (a parallel size above 1, an fp8 KV cache, --no-enable-chunked-prefill,
   --gpu-memory-utilization on CPU).
+
+The offline API's LLM(...) takes vLLM's keyword arguments the same way (`llm_arguments`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 log = logging.getLogger("tokenmill")
 
@@ -74,9 +77,7 @@ def apply_vllm_args(args: argparse.Namespace) -> None:
                          "to run every prompt in one step, set --max-num-batched-tokens to --max-model-len")
     for flag, value in (("--tensor-parallel-size", args.vllm_tp), ("--pipeline-parallel-size", args.vllm_pp),
                         ("--data-parallel-size", args.vllm_dp)):
-        if value is not None and value != 1:
-            raise ValueError(f"{flag} {value}: tokenmill runs a model on one device per process (1 only); for more "
-                             "throughput run several servers behind a load balancer")
+        _one_device(flag + " ", value)
     if args.vllm_kv_dtype not in (None, "auto"):
         raise ValueError(f"--kv-cache-dtype {args.vllm_kv_dtype}: only auto (the KV cache at the compute dtype, "
                          "--dtype) is supported")
@@ -89,3 +90,34 @@ def apply_vllm_args(args: argparse.Namespace) -> None:
     for name, note in _MOOT.items():
         if getattr(args, "vllm_" + name):
             log.info(note)
+
+
+def _one_device(name: str, value: object) -> None:
+    """A parallel size (`name` as the caller spells it, with its separator) must be 1 (or unset)."""
+    if value is not None and value != 1:
+        raise ValueError(f"{name}{value}: tokenmill runs a model on one device per process (1 only); for more "
+                         "throughput run several servers behind a load balancer")
+
+
+# vLLM's names for dtypes (its LLM(dtype=...) and --dtype) -> tokenmill's
+_DTYPE_NAMES = {"float": "float32", "half": "float16"}
+
+
+def llm_arguments(model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's LLM(...) keywords as the offline API's (EngineConfig's): the same three kinds as the flags. Moot
+    (the serve flags' moot ones, swap_space, a parallel size of 1, `tokenizer` naming the model itself) are
+    dropped; dtype "half" / "float" or a torch dtype is the dtype it names; a parallel size above 1 or another
+    tokenizer is a ValueError; everything else passes on (an unknown one fails there, named)."""
+    out = dict(kwargs)
+    for name in (*_MOOT, "swap_space"):
+        out.pop(name, None)
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        _one_device(name + "=", out.pop(name, None))
+    tok = out.pop("tokenizer", None)
+    if tok not in (None, model):
+        raise ValueError(f"tokenizer={tok!r}: the tokenizer is the model's own ({model!r}); another is not supported")
+    dtype = out.get("dtype")
+    if dtype is not None:
+        name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")  # torch.bfloat16 -> bfloat16
+        out["dtype"] = _DTYPE_NAMES.get(name, name)
+    return out

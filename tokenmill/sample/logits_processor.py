@@ -127,11 +127,11 @@ class LogitBiasProcessor(LogitsProcessor):
         if self.rows is not None and self.tokens is not None and self.values is not None:
             logits = logits.index_put((self.rows, self.tokens), self.values, accumulate=True)
         if self.allowed:
-            keep = torch.zeros_like(logits, dtype=torch.bool)
-            for row, ids in self.allowed:
-                keep[row, ids] = True
-            keep[[row for row in range(logits.shape[0]) if row not in {r for r, _ in self.allowed}]] = True
-            logits = logits.masked_fill(~keep, float("-inf"))
+            logits = logits.clone()
+            for row, ids in self.allowed:  # the row's allowed logits kept, every other one -inf
+                kept = logits[row, ids]
+                logits[row] = float("-inf")
+                logits[row, ids] = kept
         return logits
 
 

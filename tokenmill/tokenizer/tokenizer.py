@@ -63,6 +63,7 @@ class Tokenizer:
         self._special_ids = frozenset(i for i, tok in backend.get_added_tokens_decoder().items() if tok.special)
         self._added_ids = frozenset(backend.get_added_tokens_decoder())
         self._byte_decoder: dict[str, int] | None = None  # token_bytes' table ({} : not a byte-level vocabulary)
+        self._token_texts: dict[int, str] = {}  # token_text's cache
         tokens = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         tokens.update(template_tokens or {})
         self._template_tokens = {k: v for k, v in tokens.items() if v is not None}
@@ -143,6 +144,14 @@ class Tokenizer:
         if token is None:
             raise IndexError(f"token id {token_id} is out of range (vocab size {self.vocab_size})")
         return token
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, special tokens included (a piece of a character is U+FFFD): what logprobs show.
+        Cached by id."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.decode([token_id], skip_special_tokens=False)
+        return text
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for: a byte-level BPE token's own bytes, a SentencePiece byte token's

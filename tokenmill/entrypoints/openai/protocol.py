@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from tokenmill.entrypoints.server.errors import ErrorInfo, ErrorResponse  # the server's error shape: re-exported
+from tokenmill.sampling_params import ParamError
 
 # torch generators take seeds in [-2**63, 2**64); we keep to signed 64-bit.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
@@ -141,6 +142,23 @@ class TextPart(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
+
+
+def join_text_parts(parts: list[Any], where: str) -> str:
+    """OpenAI's list of content parts (TextPart models or plain dicts) as the template's text: the text parts
+    joined by newlines. Another kind of part, or a text part without its text, is a ParamError naming it
+    (`where`: the list's place, e.g. "messages[2].content"); the server and the offline chat both read it."""
+    texts = []
+    for j, part in enumerate(parts):
+        d = part.model_dump() if isinstance(part, BaseModel) else part if isinstance(part, dict) else {}
+        kind = d.get("type", type(part).__name__)
+        if kind != "text":
+            raise ParamError(f"{where}[{j}].type", f"{where}[{j}]: only text content parts are supported, got type "
+                                                   f"{kind!r}")
+        if not isinstance(d.get("text"), str):
+            raise ParamError(f"{where}[{j}].text", f"{where}[{j}]: a text part needs its `text`")
+        texts.append(d["text"])
+    return "\n".join(texts)
 
 
 class FunctionCall(_Request):

@@ -35,7 +35,7 @@ from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, 
                                                    ChatCompletionTool, ChatDelta,
                                                    ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,
                                                    ChatTopLogprob, DeltaFunctionCall, DeltaToolCall,
-                                                   NamedToolChoice, ToolCall, ToolCallFunction)
+                                                   NamedToolChoice, ToolCall, ToolCallFunction, join_text_parts)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, AnswerOptions, OpenAIServing, sse, sse_error
 from tokenmill.entrypoints.openai.reasoning import ReasoningStream, starts_inside
 from tokenmill.entrypoints.openai.reasoning import split as split_reasoning
@@ -54,16 +54,10 @@ def messages_for_template(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         content = m.content
         if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if part.type != "text":
-                    raise bad_request(f"messages[{i}].content[{j}]: only text content parts are supported, got "
-                                      f"type {part.type!r}", f"messages[{i}].content[{j}].type")
-                if part.text is None:
-                    raise bad_request(f"messages[{i}].content[{j}]: a text part needs its `text`",
-                                      f"messages[{i}].content[{j}].text")
-                texts.append(part.text)
-            content = "\n".join(texts)
+            try:
+                content = join_text_parts(content, f"messages[{i}].content")
+            except ParamError as e:
+                raise bad_request(e.message, e.field) from None
         if m.audio is not None:
             raise bad_request(f"messages[{i}].audio: audio is not supported (this server answers in text)",
                               f"messages[{i}].audio")

@@ -81,7 +81,6 @@ class OpenAIServing:
         self.log_prompts = log_prompts
         self.accepts = accepts or (lambda name: name in (self.served_model_name, self.engine.model_name))
         self.served_names = served_names or [served_model_name]
-        self._token_text: dict[int, str] = {}
 
     # -- admission -------------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -339,10 +338,7 @@ class OpenAIServing:
     # -- output helpers --------------------------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
         """The text of one token, special tokens included, for logprobs."""
-        text = self._token_text.get(token_id)
-        if text is None:
-            text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return text
+        return self.tokenizer.token_text(token_id)
 
     def token_bytes(self, token_id: int) -> list[int]:
         """The bytes of one token as OpenAI's logprobs `bytes` (a piece of a character keeps its own bytes,
