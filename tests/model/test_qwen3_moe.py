@@ -1,9 +1,11 @@
-"""Qwen3, Qwen3-MoE, Mixtral and Qwen2-MoE against transformers, from HF directories and from GGUF files.
+"""Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, OLMoE and Granite MoE (with and without its shared expert) against
+transformers, from HF directories and from GGUF files.
 
 Each family: a tiny random checkpoint made by transformers' own class (save_pretrained), and a GGUF of the
 same weights written with the gguf package under llama.cpp's tensor names and metadata keys (Mixtral as
-arch "llama" with 3-D expert tensors and llama.cpp's q/k row permutation; the Qwen families unpermuted,
-as llama.cpp's converter leaves them). Held, at fp32 on dequantized weights:
+arch "llama" with 3-D expert tensors and llama.cpp's q/k row permutation, Granite MoE permuted too, its
+stacked input_linear split into gate and up and its four multipliers as llama.cpp's granite keys; the Qwen
+families and OLMoE unpermuted, as llama.cpp's converter leaves them). Held, at fp32 on dequantized weights:
 - prompt logits within 1e-3 of transformers' fp32 logits, and 32 greedy tokens identical, both formats;
 - batched == alone, prefix cache on == off, chunked prefill == whole;
 - the MoE prompts route each token to top_k >= 2 experts, and the tokens use more than one expert.
@@ -43,7 +45,25 @@ FAMILIES: dict[str, dict[str, Any]] = {
                      kw=dict(intermediate_size=128, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
                              shared_expert_intermediate_size=64, norm_topk_prob=False, qkv_bias=True,
                              tie_word_embeddings=False)),
+    # q / k normalized over the whole projection, softmax over all experts without renormalizing
+    "olmoe": dict(cls="OlmoeForCausalLM", config="OlmoeConfig", gguf_arch="olmoe",
+                  kw=dict(intermediate_size=32, num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
+                          tie_word_embeddings=False, pad_token_id=0)),
+    # softmax over the top-k logits, Granite's multipliers, experts stacked in the checkpoint
+    "granitemoe": dict(cls="GraniteMoeForCausalLM", config="GraniteMoeConfig", gguf_arch="granitemoe",
+                       kw=dict(intermediate_size=32, num_local_experts=5, num_experts_per_tok=2,
+                               tie_word_embeddings=True, embedding_multiplier=12.0, attention_multiplier=0.0625,
+                               residual_multiplier=0.22, logits_scaling=8.0)),
+    # ... and an ungated shared expert beside them (llama.cpp writes it as "granitemoe" with *_shexp tensors)
+    "granitemoeshared": dict(cls="GraniteMoeSharedForCausalLM", config="GraniteMoeSharedConfig",
+                             gguf_arch="granitemoe",
+                             kw=dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                                     shared_intermediate_size=64, tie_word_embeddings=False,
+                                     embedding_multiplier=12.0, attention_multiplier=0.0625,
+                                     residual_multiplier=0.22, logits_scaling=8.0)),
 }
+# our architecture for each family (GraniteMoeShared is Granite MoE with a shared expert)
+OURS = {"granitemoeshared": "granitemoe"}
 PROMPTS = ["Hello there, how are you doing today?", "def f(x):\n    return x * 2\n" * 3,
            "The quick brown fox jumps over the lazy dog.", "1, 2, 3, 4, 5, 6, 7,"]
 ENGINE = dict(progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32",
@@ -121,10 +141,17 @@ def write_gguf(path: Path, model: Any, family: str, qtype: str = "F32") -> Path:
     if n_experts:
         w.add_expert_count(n_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
-    if family != "mixtral" and n_experts:
+    if family in ("qwen3moe", "qwen2moe"):  # the others' experts are feed_forward_length wide
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if family == "qwen2moe":
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+    if family == "granitemoeshared":
+        w.add_expert_shared_feed_forward_length(c.shared_intermediate_size)
+    if arch == "granitemoe":  # llama.cpp's names for Granite's multipliers
+        w.add_float32(f"{arch}.embedding_scale", c.embedding_multiplier)
+        w.add_float32(f"{arch}.residual_scale", c.residual_multiplier)
+        w.add_float32(f"{arch}.attention.scale", c.attention_multiplier)
+        w.add_float32(f"{arch}.logit_scale", c.logits_scaling)
     add_default_tokenizer(w, c.vocab_size)
 
     def add(name: str, arr: np.ndarray) -> None:
@@ -142,7 +169,7 @@ def write_gguf(path: Path, model: Any, family: str, qtype: str = "F32") -> Path:
     for i in range(c.num_hidden_layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
-        if arch == "llama":
+        if arch in ("llama", "granitemoe"):
             q, k = _permute(q, c.num_attention_heads), _permute(k, c.num_key_value_heads)
         add(b + "attn_norm.weight", sd[p + "input_layernorm.weight"])
         add(b + "attn_q.weight", q)
@@ -159,6 +186,19 @@ def write_gguf(path: Path, model: Any, family: str, qtype: str = "F32") -> Path:
         if not n_experts:
             for part in ("gate", "up", "down"):
                 add(b + f"ffn_{part}.weight", sd[p + f"mlp.{part}_proj.weight"])
+            continue
+        if arch == "granitemoe":  # stacked: input_linear (E, 2I, D) is each expert's gate rows, then its up rows
+            moe = p + "block_sparse_moe."
+            gate_up, inter = sd[moe + "input_linear.weight"], c.intermediate_size
+            add(b + "ffn_gate_inp.weight", sd[moe + "router.layer.weight"])
+            add(b + "ffn_gate_exps.weight", gate_up[:, :inter])
+            add(b + "ffn_up_exps.weight", gate_up[:, inter:])
+            add(b + "ffn_down_exps.weight", sd[moe + "output_linear.weight"])
+            if p + "shared_mlp.input_linear.weight" in sd:
+                shared, inter = sd[p + "shared_mlp.input_linear.weight"], c.shared_intermediate_size
+                add(b + "ffn_gate_shexp.weight", shared[:inter])
+                add(b + "ffn_up_shexp.weight", shared[inter:])
+                add(b + "ffn_down_shexp.weight", sd[p + "shared_mlp.output_linear.weight"])
             continue
         moe = p + ("block_sparse_moe." if family == "mixtral" else "mlp.")
         names = {"gate": "w1", "up": "w3", "down": "w2"} if family == "mixtral" else \
@@ -210,11 +250,13 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 # -- tests -------------------------------------------------------------------------------------------------
 def test_both_formats_read_the_same_config(family: dict[str, Any]) -> None:
     hf, gg = (e.engine.model_config for e in family["engines"].values())
-    assert hf.architecture == gg.architecture == family["name"]
+    assert hf.architecture == gg.architecture == OURS.get(family["name"], family["name"])
     fields = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "tie_word_embeddings",
               "attention_bias", "qk_norm", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-              "moe_renormalize", "shared_expert_intermediate_size", "rope_theta")
+              "moe_renormalize", "shared_expert_intermediate_size", "shared_expert_gated", "rope_theta")
     assert {f: getattr(hf, f) for f in fields} == {f: getattr(gg, f) for f in fields}
+    scales = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
+    assert [getattr(hf, f) for f in scales] == pytest.approx([getattr(gg, f) for f in scales])  # GGUF: float32
     n = sum(p.numel() for p in family["model"].parameters())
     assert hf.num_parameters() == n, "the memory plan counts every weight, all experts included"
 
@@ -362,6 +404,12 @@ def test_unsupported_features_fail_by_name(tmp_path: Path) -> None:
                            ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
                            ({"use_sliding_window": True}, "sliding_window")]:
         (tmp_path / "config.json").write_text(json.dumps(base | extra))
+        with pytest.raises(ValueError, match=feature):
+            ModelConfig.from_hf_dir(tmp_path)
+    olmoe = {"architectures": ["OlmoeForCausalLM"], "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 10,
+             "intermediate_size": 8, "num_hidden_layers": 2, "num_experts": 4, "num_experts_per_tok": 2}
+    for extra, feature in [({"clip_qkv": 8.0}, "clip_qkv"), ({"attention_bias": True}, "attention_bias")]:
+        (tmp_path / "config.json").write_text(json.dumps(olmoe | extra))
         with pytest.raises(ValueError, match=feature):
             ModelConfig.from_hf_dir(tmp_path)
     from tokenmill.loader import architectures

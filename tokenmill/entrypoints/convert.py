@@ -92,7 +92,7 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
         raise NotImplementedError(f"{model_type} with attention biases has no HF config form")
     if model_type == "phi3":
         out.update(_phi3_config(cfg))
-    elif model_type == "granite":
+    elif model_type in ("granite", "granitemoe"):
         out.update(embedding_multiplier=cfg.embedding_multiplier, residual_multiplier=cfg.residual_multiplier,
                    attention_multiplier=cfg.attention_multiplier or cfg.head_dim ** -0.5,
                    logits_scaling=cfg.logits_scaling)
@@ -102,6 +102,8 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
         out["no_rope_layers"] = [int(i not in cfg.nope_layers) for i in range(cfg.num_layers)]
         out["pad_token_id"] = None  # its config class defaults to 128004, past a smaller vocabulary
     out.update(_hf_moe_config(cfg, model_type))
+    if model_type == "granitemoe" and cfg.shared_expert_intermediate_size:  # the shared expert's own class
+        out.update(architectures=[arch.hf_classes[1]], model_type="granitemoeshared")
     if cfg.name:
         out["_name_or_path"] = cfg.name
     return out
@@ -132,15 +134,44 @@ def _phi3_tensors(tensors: dict[str, Any], config: dict[str, Any]) -> None:
         tensors[name.replace("q_proj", "qkv_proj")] = torch.cat(parts, dim=0)
 
 
+def _granitemoe_tensors(tensors: dict[str, Any], num_experts: int) -> None:
+    """In place: the experts' matrices stacked as Granite MoE's checkpoints hold them (block_sparse_moe's
+    router.layer, input_linear (E, 2I, D) with each expert's gate rows before its up rows, output_linear
+    (E, D, I)), and the shared expert as shared_mlp's input_linear / output_linear."""
+    import torch
+
+    for name in [n for n in tensors if n.endswith(".mlp.gate.weight")]:
+        p = name[: -len("mlp.gate.weight")]
+        tensors[p + "block_sparse_moe.router.layer.weight"] = tensors.pop(name)
+        experts = [p + f"mlp.experts.{e}." for e in range(num_experts)]
+        tensors[p + "block_sparse_moe.input_linear.weight"] = torch.stack(
+            [torch.cat([tensors.pop(x + "gate_proj.weight"), tensors.pop(x + "up_proj.weight")]) for x in experts])
+        tensors[p + "block_sparse_moe.output_linear.weight"] = torch.stack(
+            [tensors.pop(x + "down_proj.weight") for x in experts])
+        if p + "mlp.shared_expert.gate_proj.weight" in tensors:
+            s = p + "mlp.shared_expert."
+            tensors[p + "shared_mlp.input_linear.weight"] = torch.cat([tensors.pop(s + "gate_proj.weight"),
+                                                                       tensors.pop(s + "up_proj.weight")])
+            tensors[p + "shared_mlp.output_linear.weight"] = tensors.pop(s + "down_proj.weight")
+
+
 def _hf_moe_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
     """The experts' entries of config.json (none for a dense model)."""
     if not cfg.num_experts:
         return {}
-    if model_type == "mixtral":
+    if model_type in ("mixtral", "granitemoe"):
         if not cfg.moe_renormalize:
-            raise NotImplementedError("Mixtral without renormalized expert weights has no HF config form")
-        return {"num_local_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
-                "intermediate_size": cfg.moe_intermediate_size}
+            raise NotImplementedError(f"{model_type} without renormalized expert weights has no HF config form")
+        local: dict[str, Any] = {"num_local_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+                                 "intermediate_size": cfg.moe_intermediate_size}
+        if cfg.shared_expert_intermediate_size:
+            if model_type != "granitemoe" or cfg.shared_expert_gated:
+                raise NotImplementedError(f"{model_type} with this shared expert has no HF config form")
+            local["shared_intermediate_size"] = cfg.shared_expert_intermediate_size
+        return local
+    if model_type == "olmoe":  # its intermediate_size is each expert's
+        return {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+                "intermediate_size": cfg.moe_intermediate_size, "norm_topk_prob": cfg.moe_renormalize}
     out: dict[str, Any] = {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
                            "moe_intermediate_size": cfg.moe_intermediate_size, "norm_topk_prob": cfg.moe_renormalize,
                            "decoder_sparse_step": 1, "mlp_only_layers": []}
@@ -245,6 +276,8 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
         gf.close()
     if cfg.architecture == "phi3":
         _phi3_tensors(tensors, config)
+    elif cfg.architecture == "granitemoe":
+        _granitemoe_tensors(tensors, cfg.num_experts)
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(out / "model.safetensors"),

@@ -4,7 +4,8 @@
     probs  = softmax(logits)               (T, E)   in float32
     w, ids = topk(probs, k)                (T, k)   renormalized to sum to 1 where the family does
     y[t]   = sum_j w[t, j] * expert[ids[t, j]](x[t])
-           (+ sigmoid(shared_gate(x[t])) * shared_expert(x[t]), Qwen2-MoE)
+           (+ sigmoid(shared_gate(x[t])) * shared_expert(x[t]), Qwen2-MoE;
+            + shared_expert(x[t]), ungated, GraniteMoeShared)
 
 Mixtral's rule (softmax over the top-k logits) is softmax, top-k, renormalize; Qwen3-MoE renormalizes
 when norm_topk_prob, Qwen2-MoE does not.
@@ -36,7 +37,7 @@ from tokenmill.layers.mlp import GatedMLP
 
 class SparseMoE(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, renormalize: bool,
-                 method: LinearMethod, shared_intermediate_size: int = 0) -> None:
+                 method: LinearMethod, shared_intermediate_size: int = 0, shared_gated: bool = True) -> None:
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"{top_k} experts per token out of {num_experts}")
@@ -47,7 +48,7 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate: Linear | None = None
         if shared_intermediate_size:
             self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, method)
-            self.shared_expert_gate = Linear(hidden_size, 1, method)
+            self.shared_expert_gate = Linear(hidden_size, 1, method) if shared_gated else None
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h (T, D) -> the chosen experts' weights (T, k) float32 and ids (T, k) int64."""
@@ -93,6 +94,8 @@ class SparseMoE(nn.Module):
         y = torch.empty_like(out)
         y[order] = out  # back to slot order
         mixed = (y.view(T, self.top_k, D) * weights.unsqueeze(-1).to(y.dtype)).sum(dim=1)
-        if self.shared_expert is not None and self.shared_expert_gate is not None:
-            mixed = mixed + torch.sigmoid(self.shared_expert_gate(h)) * self.shared_expert(h)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(h)
+            gate = self.shared_expert_gate
+            mixed = mixed + (shared if gate is None else torch.sigmoid(gate(h)) * shared)
         return mixed

@@ -37,6 +37,13 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("qwen2moe", _MOE, ("qwen2moe",), ("Qwen2MoeForCausalLM",), "qwen2_moe", is_moe=True),
     # llama.cpp writes Mixtral as general.architecture "llama", with expert tensors (blk.N.ffn_gate_exps)
     Architecture("mixtral", _MOE, ("llama",), ("MixtralForCausalLM",), "mixtral", is_moe=True),
+    # OLMoE: OLMo's whole-projection q / k norms before a llama-style pre-norm layer, experts for the MLP
+    Architecture("olmoe", "tokenmill.models.moe:OlmoeForCausalLM", ("olmoe",), ("OlmoeForCausalLM",), "olmoe",
+                 is_moe=True),
+    # Granite 3.x MoE: Granite's four multipliers, experts for the MLP, and (GraniteMoeShared, which llama.cpp
+    # writes as "granitemoe" too) an always-on shared expert beside them
+    Architecture("granitemoe", _MOE, ("granitemoe",), ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM"),
+                 "granitemoe", is_moe=True),
     Architecture("phi3", "tokenmill.models.phi3:Phi3ForCausalLM", ("phi3",), ("Phi3ForCausalLM",), "phi3"),
     Architecture("gemma3", "tokenmill.models.gemma3:Gemma3ForCausalLM", ("gemma3",), ("Gemma3ForCausalLM",),
                  "gemma3_text"),

@@ -44,6 +44,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     moe_renormalize: bool = False  # the chosen experts' softmax weights are rescaled to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert behind a sigmoid gate; 0: none
+    shared_expert_gated: bool = True  # False: a shared expert's output is added as it is (GraniteMoeShared)
     # Gemma 3
     rope_local_theta: float = 0.0  # rotary base of the local (windowed) layers; rope_theta is the global one
     query_pre_attn_scalar: float = 0.0  # attention scale = query_pre_attn_scalar ** -0.5; 0: head_dim ** -0.5
@@ -82,7 +83,7 @@ class ModelConfig:
         kv = self.num_kv_heads * self.head_dim
         matmuls = sum(n * k for n, k in self._layer_shapes(active))
         per_layer = matmuls + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
-        if self.architecture == "olmo2":  # q / k norms over the whole projection
+        if self.architecture in ("olmo2", "olmoe"):  # q / k norms over the whole projection
             per_layer += q + kv
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
         if self.architecture in ("gemma2", "gemma3"):  # pre- and post-norms around both sublayers
@@ -104,7 +105,7 @@ class ModelConfig:
             return attn + [(2 * i, d), (d, i)]
         e, s = self.moe_intermediate_size, self.shared_expert_intermediate_size
         experts = [(2 * e, d), (d, e)] * (self.num_experts_per_tok if active else self.num_experts)
-        shared = [(2 * s, d), (d, s), (1, d)] if s else []
+        shared = ([(2 * s, d), (d, s)] + ([(1, d)] if self.shared_expert_gated else [])) if s else []
         return attn + [(self.num_experts, d)] + experts + shared
 
     # -- readers ---------------------------------------------------------------------------------------
@@ -145,7 +146,7 @@ class ModelConfig:
             family = _gemma2_gguf(metadata, arch)
         elif ours.name == "mistral" and f"{arch}.attention.sliding_window" in metadata:  # a GGUF that kept it
             family = {"sliding_window": int(metadata[f"{arch}.attention.sliding_window"])}
-        elif ours.name == "granite":
+        elif ours.name in ("granite", "granitemoe"):
             family = _granite_gguf(metadata, arch)
         elif ours.name == "gemma":  # llama.cpp: GELU (tanh), embeddings times sqrt(n_embd)
             family = {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": hidden ** 0.5}
@@ -187,7 +188,7 @@ class ModelConfig:
         n_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         family: dict[str, Any] = {}
-        if arch in ("qwen3", "qwen3moe", "qwen2moe", "mixtral"):
+        if arch in ("qwen3", "qwen3moe", "qwen2moe", "mixtral", "olmoe", "granitemoe"):
             _check_hf_features(cfg, arch, path)
             family["qk_norm"] = arch in _QK_NORM
         if architectures.get(arch).is_moe:
@@ -204,14 +205,16 @@ class ModelConfig:
                 common.update(_gemma3_hf(cfg))
             elif arch == "gemma2":
                 common.update(_gemma2_hf(cfg))
-            elif arch == "granite":
+            elif arch in ("granite", "granitemoe"):
                 common.update(_granite_hf(cfg))
             elif arch == "smollm3":
                 common.update(_smollm3_hf(cfg))
             elif arch == "gemma":
                 common.update(_gemma1_hf(cfg))
-            elif arch == "olmo2" and cfg.get("attention_bias"):  # HF's includes an o_proj bias, which ours lacks
-                raise ValueError("olmo2 with attention_bias is not supported")
+            elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes an o_proj bias, which ours lacks
+                raise ValueError(f"{arch} with attention_bias is not supported")
+            elif arch == "olmoe" and cfg.get("clip_qkv") is not None:
+                raise ValueError("olmoe with clip_qkv is not supported")
             else:
                 common.update(_sliding_window_hf(cfg, arch))
         except ValueError as e:
@@ -321,9 +324,10 @@ def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_name
 
 # -- per-family readers: each returns the ModelConfig fields its family sets ---------------------------
 _QK_NORM = ("qwen3", "qwen3moe")  # the families with per-head q/k RMSNorm
-# llama.cpp's MoE graphs: Mixtral (arch "llama") and Qwen3-MoE renormalize the chosen experts' weights,
-# Qwen2-MoE does not; a file may say otherwise with {arch}.expert_weights_norm.
-_GGUF_MOE_RENORMALIZE = {"mixtral": True, "qwen3moe": True, "qwen2moe": False}
+# llama.cpp's MoE graphs: Mixtral (arch "llama"), Qwen3-MoE and Granite MoE (softmax over the top-k logits)
+# renormalize the chosen experts' weights, Qwen2-MoE and OLMoE do not; a file may say otherwise with
+# {arch}.expert_weights_norm.
+_GGUF_MOE_RENORMALIZE = {"mixtral": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "granitemoe": True}
 
 
 def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -345,6 +349,9 @@ def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_name
         moe_renormalize=bool(metadata.get(f"{arch}.expert_weights_norm", _GGUF_MOE_RENORMALIZE[ours])),
         shared_expert_intermediate_size=int(metadata.get(f"{arch}.expert_shared_feed_forward_length", 0))
         if "blk.0.ffn_gate_shexp.weight" in tensor_names else 0,
+        # Qwen2-MoE's shared expert sits behind a sigmoid gate (ffn_gate_inp_shexp); Granite MoE's has none
+        shared_expert_gated="blk.0.ffn_gate_shexp.weight" not in tensor_names
+        or "blk.0.ffn_gate_inp_shexp.weight" in tensor_names,
     )
 
 
@@ -366,9 +373,16 @@ def _check_hf_features(cfg: dict[str, Any], arch: str, path: str | Path) -> None
 def _hf_moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     # Qwen's configs say num_experts; transformers 5 writes Qwen3-MoE's as num_local_experts, as Mixtral's
     num_experts = int(cfg.get("num_local_experts") or cfg["num_experts"])
-    if arch == "mixtral":  # softmax over all, top-k, renormalized (= softmax over the top-k logits)
+    if arch in ("mixtral", "granitemoe"):  # softmax over all, top-k, renormalized (= softmax over the top-k logits)
         return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-                    moe_intermediate_size=int(cfg["intermediate_size"]), moe_renormalize=True)
+                    moe_intermediate_size=int(cfg["intermediate_size"]), moe_renormalize=True,
+                    # GraniteMoeShared: an ungated shared expert of shared_intermediate_size (0: none)
+                    shared_expert_intermediate_size=int(cfg.get("shared_intermediate_size") or 0),
+                    shared_expert_gated=not cfg.get("shared_intermediate_size"))
+    if arch == "olmoe":  # its intermediate_size is each expert's; softmax, top-k, renormalized if norm_topk_prob
+        return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["intermediate_size"]),
+                    moe_renormalize=bool(cfg.get("norm_topk_prob", False)))
     return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                 moe_intermediate_size=int(cfg["moe_intermediate_size"]),
                 moe_renormalize=bool(cfg.get("norm_topk_prob", False)),

@@ -1,6 +1,9 @@
 """Load checkpoint tensors into a model that knows how its parameters take them (no model knowledge here).
 
 For each `(name, tensor)` from a reader:
+  0. a checkpoint module named in the model's `checkpoint_renames` (if it has one) takes that name, and a
+     name with `{e}` in it is a stack of experts along dim 0, split into one tensor per expert (Granite
+     MoE's `block_sparse_moe.input_linear`, (E, 2I, D) -> `mlp.experts.{e}.gate_up_proj`, (2I, D) each);
   1. the model may take it as an extra (e.g. stored rotary factors): `load_extra_weight`;
   2. a checkpoint module named in the model's `packed_modules_mapping` is renamed to the fused module it
      lives in, with its shard: `...self_attn.k_proj.weight` -> `...self_attn.qkv_proj.weight`, shard "k";
@@ -33,7 +36,8 @@ def load_weights(model: Any, weights: Iterable[tuple[str, Any]]) -> None:
     params: dict[str, nn.Parameter] = dict(model.named_parameters())
     mapping: dict[str, tuple[str, str | None]] = model.packed_modules_mapping
     loaded: set[tuple[str, str | None]] = set()
-    for name, tensor in weights:
+    renames: dict[str, str] = getattr(model, "checkpoint_renames", {})
+    for name, tensor in _renamed(weights, renames) if renames else weights:
         if model.load_extra_weight(name, tensor):
             continue
         parts, shard = name.split("."), None
@@ -62,3 +66,17 @@ def load_weights(model: Any, weights: Iterable[tuple[str, Any]]) -> None:
                 missing.append(".".join(parts[:-2] + [src, parts[-1]]) if src else pname)
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} weights, e.g. {sorted(missing)[:3]}")
+
+
+def _renamed(weights: Iterable[tuple[str, Any]], renames: dict[str, str]) -> Iterable[tuple[str, Any]]:
+    """Step 0 above: `.{module}.` in a name becomes `.{renames[module]}.`; a stack is split by expert."""
+    for name, tensor in weights:
+        stacked = False
+        for module, ours in renames.items():
+            if f".{module}." in name:
+                name = name.replace(f".{module}.", f".{ours}.")
+                stacked = stacked or "{e}" in ours
+        if stacked:
+            yield from ((name.format(e=e), tensor[e]) for e in range(tensor.shape[0]))
+        else:
+            yield name, tensor

@@ -60,7 +60,9 @@ _GGUF_TO_HF_QWEN_MOE = {
     "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 _GGUF_TO_HF_MOE = {
-    "qwen3moe": _GGUF_TO_HF_QWEN_MOE, "qwen2moe": _GGUF_TO_HF_QWEN_MOE,
+    "qwen3moe": _GGUF_TO_HF_QWEN_MOE, "qwen2moe": _GGUF_TO_HF_QWEN_MOE, "olmoe": _GGUF_TO_HF_QWEN_MOE,
+    # Granite MoE: llama.cpp splits HF's stacked input_linear into gate and up, its shared_mlp into *_shexp
+    "granitemoe": _GGUF_TO_HF_QWEN_MOE,
     "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
                 "ffn_up_exps": "block_sparse_moe.experts.{e}.w3", "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"},
 }
@@ -104,8 +106,8 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
     """(HF name, fp32 tensor) for each tensor; (HF name, GGUFQuantized) where keep_quantized(HF name,
     tensor info) says so."""
     # llama.cpp's converter permutes q/k for the llama arch and the ones it converts as llama (LlamaModel's
-    # subclasses that keep its rotary: Granite, SmolLM3)
-    permuted = gf.architecture in ("llama", "granite", "smollm3")
+    # subclasses that keep its rotary: Granite, Granite MoE, SmolLM3)
+    permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3")
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
         hf_name, n_head = _hf_name(name, cfg, permuted)
         info = gf.tensors[name]

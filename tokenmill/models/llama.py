@@ -71,10 +71,12 @@ class LlamaMLP(GatedMLP):
 
 
 class LlamaDecoderLayer(nn.Module):
+    attention: type[nn.Module] = LlamaAttention  # (cfg, layer index, method) -> (T, D) normed -> (T, D)
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod, mlp: nn.Module) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, layer_idx, method)
+        self.self_attn = self.attention(cfg, layer_idx, method)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp  # (T, D) -> (T, D): LlamaMLP, or a mixture of experts (models/moe.py)
         self.residual_multiplier = cfg.residual_multiplier  # Granite's; 1.0 elsewhere
