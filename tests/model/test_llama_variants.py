@@ -11,9 +11,13 @@ and from GGUF.
   add), and q / k RMS-normalized over the whole projection before rotary.
 - Gemma (GemmaForCausalLM; GGUF "gemma"): (1 + w) norms (llama.cpp stores 1 + w), a GELU-tanh MLP,
   embeddings times sqrt(hidden), a tied head, head_dim apart from hidden / heads.
+- EXAONE 4 (Exaone4ForCausalLM; GGUF "exaone4"): OLMo 2's norms after the sublayers, per-head q / k norms,
+  and with a sliding window, windowed rotated local layers between global ones without rotary (without a
+  window, as EXAONE 4.0 1.2B, every layer global and rotated).
 
 Each case is a tiny random checkpoint written by transformers and, from the same weights, a GGUF as llama.cpp's
-converter writes it (SmolLM3 and Granite convert as llama: q and k rows permuted; OLMo 2 and Gemma do not). Prompt logits within
+converter writes it (SmolLM3 and Granite convert as llama: q and k rows permuted; OLMo 2, Gemma and EXAONE 4
+do not). Prompt logits within
 1e-3 and 32 greedy tokens identical; a model with the twist removed differs from the reference (the test
 would see a path that dropped it); the Q8_0 blocks through the gguf method; the invariances; `tokenmill
 convert` back to a directory transformers loads.
@@ -46,8 +50,12 @@ FAMILIES = {
     "granite": dict(cls="Granite", layers=2, extra=GRANITE),
     "olmo2": dict(cls="Olmo2", layers=2, extra={}),
     "gemma": dict(cls="Gemma", layers=2, extra=dict(head_dim=64, hidden_act="gelu_pytorch_tanh")),
+    # layers 0-2 windowed (8 keys) and rotated, layer 3 global without rotary
+    "exaone4": dict(cls="Exaone4", layers=4, extra=dict(sliding_window=8, sliding_window_pattern=4)),
 }
-UNPERMUTED = ("olmo2", "gemma")
+UNPERMUTED = ("olmo2", "gemma", "exaone4")
+# EXAONE 4 without a window (its config then needs layer_types: it cannot derive them)
+GLOBAL_EXAONE4 = dict(sliding_window=None, layer_types=["full_attention"] * 4)
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +114,13 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
     parts = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    if family == "olmo2":
+    if family in ("olmo2", "exaone4"):
         del parts["input_layernorm"]
         parts |= {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm",
                   "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    if family == "exaone4" and c.sliding_window:  # as llama.cpp's converter writes them
+        w.add_uint32(f"{a}.attention.sliding_window", c.sliding_window)
+        w.add_array(f"{a}.attention.sliding_window_pattern", [t == "sliding_attention" for t in c.layer_types])
     for i in range(c.num_hidden_layers):
         names |= {f"model.layers.{i}.{hf}.weight": f"blk.{i}.{g}.weight" for hf, g in parts.items()}
     for hf_name, name in names.items():
@@ -161,6 +172,8 @@ def test_logits_and_greedy_match_transformers(case, fmt: str, tokenizer) -> None
     assert cfg.num_parameters() == sum(p.numel() for p in model.parameters())
     if family == "smollm3":
         assert cfg.nope_layers == (3, 7)
+    elif family == "exaone4":
+        assert (cfg.nope_layers, cfg.layer_windows()) == ((3,), [8, 8, 8, 0])
     elif family == "granite":
         assert (cfg.embedding_multiplier, cfg.attention_multiplier, cfg.residual_multiplier,
                 cfg.logits_scaling) == pytest.approx(tuple(GRANITE.values()))
@@ -197,13 +210,26 @@ def test_the_twist_matters(family: str, tokenizer, tmp_path: Path) -> None:
         other = make_hf(tmp_path / "plain", family, tokenizer)[1]
         other.model.embed_tokens.embed_scale.fill_(1.0)
     else:
-        plain = {"smollm3": dict(no_rope_layers=[1] * 8), "granite": dict(
+        plain = {"exaone4": GLOBAL_EXAONE4, "smollm3": dict(no_rope_layers=[1] * 8), "granite": dict(
             embedding_multiplier=1.0, attention_multiplier=(128 // 4) ** -0.5, residual_multiplier=1.0,
             logits_scaling=1.0)}[family]
         _, other = make_hf(tmp_path / "plain", family, tokenizer, **plain)
     with torch.inference_mode():
         a, b = model(torch.tensor([ids])).logits, other(torch.tensor([ids])).logits
     assert float((a - b).abs().max()) > 0.1
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+def test_exaone4_without_a_window(fmt: str, tokenizer, tmp_path: Path) -> None:
+    """EXAONE 4.0 1.2B's form: no sliding window, so every layer global and rotated."""
+    d, model = make_hf(tmp_path / "hf", "exaone4", tokenizer, **GLOBAL_EXAONE4)
+    src = d if fmt == "hf" else write_gguf(tmp_path / "tiny.gguf", "exaone4", model, tokenizer)
+    ours = engine(src)
+    assert (ours.engine.model_config.nope_layers, ours.engine.model_config.layer_windows()) == ((), [0] * 4)
+    for ids in prompts(tokenizer[0]):
+        want_logits, want_tokens = hf_reference(model, ids, NUM_TOKENS)
+        assert float((prompt_logits(ours, ids) - want_logits).abs().max()) < 1e-3
+        assert ours.generate([ids], GREEDY)[0].outputs[0].token_ids == want_tokens
 
 
 def test_granite_gguf_without_its_keys_uses_llama_cpp_defaults(tokenizer, tmp_path: Path) -> None:

@@ -98,6 +98,9 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
                    logits_scaling=cfg.logits_scaling)
     elif model_type == "gemma":  # its embedding scale is implied by the class
         out["hidden_act"] = cfg.hidden_act
+    elif model_type == "exaone4":  # layer_types always (its config cannot derive them without a window)
+        out["sliding_window"] = cfg.sliding_window
+        out["layer_types"] = list(cfg.layer_types) if cfg.sliding_window else ["full_attention"] * cfg.num_layers
     elif model_type == "smollm3":
         out["no_rope_layers"] = [int(i not in cfg.nope_layers) for i in range(cfg.num_layers)]
         out["pad_token_id"] = None  # its config class defaults to 128004, past a smaller vocabulary

@@ -150,6 +150,8 @@ class ModelConfig:
             family = _granite_gguf(metadata, arch)
         elif ours.name == "gemma":  # llama.cpp: GELU (tanh), embeddings times sqrt(n_embd)
             family = {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": hidden ** 0.5}
+        elif ours.name == "exaone4":
+            family = _exaone4_gguf(metadata, arch, int(get("block_count")))
         elif ours.name == "smollm3":  # llama.cpp: every 4th layer (no GGUF key says otherwise)
             family = {"nope_layers": _every_nth(int(get("block_count")), _SMOLLM3_NOPE_INTERVAL)}
         cfg = cls(
@@ -209,6 +211,8 @@ class ModelConfig:
                 common.update(_granite_hf(cfg))
             elif arch == "smollm3":
                 common.update(_smollm3_hf(cfg))
+            elif arch == "exaone4":
+                common.update(_exaone4_hf(cfg))
             elif arch == "gemma":
                 common.update(_gemma1_hf(cfg))
             elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes an o_proj bias, which ours lacks
@@ -323,7 +327,7 @@ def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_name
 
 
 # -- per-family readers: each returns the ModelConfig fields its family sets ---------------------------
-_QK_NORM = ("qwen3", "qwen3moe")  # the families with per-head q/k RMSNorm
+_QK_NORM = ("qwen3", "qwen3moe", "exaone4")  # the families with per-head q/k RMSNorm
 # llama.cpp's MoE graphs: Mixtral (arch "llama"), Qwen3-MoE and Granite MoE (softmax over the top-k logits)
 # renormalize the chosen experts' weights, Qwen2-MoE and OLMoE do not; a file may say otherwise with
 # {arch}.expert_weights_norm.
@@ -534,6 +538,47 @@ def _smollm3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     if len(flags) != n:
         raise ValueError(f"smollm3 no_rope_layers has {len(flags)} entries for {n} layers")
     return {"nope_layers": tuple(i for i, f in enumerate(flags) if not f)}
+
+
+def _exaone4_fields(window: int | None, sliding: list[bool]) -> dict[str, Any]:
+    """EXAONE 4's layers: with a window, the sliding ones windowed and rotated, the others global without
+    rotary; without one, every layer global and rotated (HF's and llama.cpp's rule)."""
+    if not window:
+        return {"qk_norm": True}
+    return {"qk_norm": True, "sliding_window": window,
+            "layer_types": tuple("sliding_attention" if s else "full_attention" for s in sliding),
+            "nope_layers": tuple(i for i, s in enumerate(sliding) if not s)}
+
+
+def _exaone4_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """layer_types, else sliding_window_pattern: "LLLG"-style letters repeated, or every n-th layer global."""
+    for key in ("attention_bias", "mlp_bias"):
+        if cfg.get(key):
+            raise ValueError(f"exaone4 with {key} is not supported")
+    n, window = int(cfg["num_hidden_layers"]), cfg.get("sliding_window")
+    if not window:
+        return _exaone4_fields(None, [])
+    types, pattern = cfg.get("layer_types"), cfg.get("sliding_window_pattern", 4)
+    if types:
+        sliding = [t == "sliding_attention" for t in types]
+    elif isinstance(pattern, str):
+        sliding = [pattern[i % len(pattern)] == "L" for i in range(n)]
+    else:
+        sliding = [(i + 1) % int(pattern) != 0 for i in range(n)]
+    if len(sliding) != n:
+        raise ValueError(f"exaone4 layer_types has {len(sliding)} entries for {n} layers")
+    return _exaone4_fields(int(window), sliding)
+
+
+def _exaone4_gguf(md: dict[str, Any], arch: str, n: int) -> dict[str, Any]:
+    """llama.cpp's {arch}.attention.sliding_window and .sliding_window_pattern (one bool a layer, true:
+    sliding); a window without a pattern: every 4th layer global (its converter's default)."""
+    window = int(md.get(f"{arch}.attention.sliding_window") or 0)
+    pattern = md.get(f"{arch}.attention.sliding_window_pattern")
+    sliding = [bool(p) for p in pattern] if pattern is not None else [(i + 1) % 4 != 0 for i in range(n)]
+    if window and len(sliding) != n:
+        raise ValueError(f"GGUF {arch}.attention.sliding_window_pattern has {len(sliding)} entries for {n} layers")
+    return {k: v for k, v in _exaone4_fields(window or None, sliding).items() if k != "qk_norm"}
 
 
 def _granite_hf(cfg: dict[str, Any]) -> dict[str, Any]:

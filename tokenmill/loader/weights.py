@@ -79,6 +79,7 @@ _GGUF_TO_HF_BY_ARCH["gemma2"] = _GGUF_TO_HF_BY_ARCH["gemma3"]  # the same four n
 # OLMo 2: a norm after each sublayer and none before
 _GGUF_TO_HF_BY_ARCH["olmo2"] = {"post_attention_norm": "post_attention_layernorm",
                                 "post_ffw_norm": "post_feedforward_layernorm"}
+_GGUF_TO_HF_BY_ARCH["exaone4"] = _GGUF_TO_HF_BY_ARCH["olmo2"]  # the same two norms
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)
 _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",

@@ -1,4 +1,5 @@
-"""OLMo 2 (HF Olmo2ForCausalLM; GGUF architecture "olmo2"): the llama decoder with its norms moved.
+"""OLMo 2 (HF Olmo2ForCausalLM; GGUF architecture "olmo2"): the llama decoder with its norms moved; and EXAONE 4
+(Exaone4ForCausalLM; GGUF "exaone4"), the same layer around llama's attention.
 
 What differs from llama (models/llama.py, whose fused qkv_proj / gate_up_proj, rotary and residual stream it
 keeps):
@@ -7,7 +8,12 @@ keeps):
         out = h + post_feedforward_layernorm(mlp(h));
   - q and k RMS-normalized over the whole projection (nh * hd and nkv * hd wide, one weight each), not per
     head, before they are split into heads and rotated.
-Rotary is NeoX-style in both formats (llama.cpp's converter does not permute q / k for olmo2).
+Rotary is NeoX-style in both formats (llama.cpp's converter does not permute q / k for olmo2 or exaone4).
+
+EXAONE 4 keeps OLMo 2's norms after the sublayers, with llama's attention (models/llama.py) and what the config
+gives it: per-head q / k norms (Qwen3's, before rotary), and with a sliding window, local layers (3 of 4 by
+default) windowed and rotated, global ones neither (NoPE: ModelConfig.nope_layers, as SmolLM3's); without a
+window (EXAONE 4.0 1.2B) every layer is global and rotated.
 
 Shapes: T = tokens in the step, D = hidden, nh/nkv = heads, hd = head dim.
 """
@@ -44,9 +50,11 @@ class Olmo2Attention(LlamaAttention):
 
 
 class Olmo2DecoderLayer(nn.Module):
+    attention: type[nn.Module] = Olmo2Attention  # (cfg, layer index, method) -> (T, D) -> (T, D)
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod, mlp: nn.Module) -> None:
         super().__init__()
-        self.self_attn = Olmo2Attention(cfg, layer_idx, method)
+        self.self_attn = self.attention(cfg, layer_idx, method)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -69,3 +77,13 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
     packed_modules_mapping = LlamaForCausalLM.packed_modules_mapping | {
         "q_norm": ("q_norm_full", None), "k_norm": ("k_norm_full", None),
     }
+
+
+class Exaone4DecoderLayer(Olmo2DecoderLayer):
+    attention = LlamaAttention
+
+
+class Exaone4ForCausalLM(LlamaForCausalLM):
+    """The `CausalLM` of EXAONE 4 (models/interface.py): q_norm / k_norm are llama's per-head ones."""
+
+    decoder_layer = Exaone4DecoderLayer
