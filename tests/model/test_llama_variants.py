@@ -11,6 +11,8 @@ and from GGUF.
   add), and q / k RMS-normalized over the whole projection before rotary.
 - Gemma (GemmaForCausalLM; GGUF "gemma"): (1 + w) norms (llama.cpp stores 1 + w), a GELU-tanh MLP,
   embeddings times sqrt(hidden), a tied head, head_dim apart from hidden / heads.
+- ERNIE 4.5 (Ernie4_5ForCausalLM; GGUF "ernie4_5"): rotary on adjacent pairs of dims (GPT-J style), in both
+  formats' q / k rows (llama.cpp keeps HF's rows and rotates them so), a tied head.
 - EXAONE 4 (Exaone4ForCausalLM; GGUF "exaone4"): OLMo 2's norms after the sublayers, per-head q / k norms,
   and with a sliding window, windowed rotated local layers between global ones without rotary (without a
   window, as EXAONE 4.0 1.2B, every layer global and rotated).
@@ -52,8 +54,9 @@ FAMILIES = {
     "gemma": dict(cls="Gemma", layers=2, extra=dict(head_dim=64, hidden_act="gelu_pytorch_tanh")),
     # layers 0-2 windowed (8 keys) and rotated, layer 3 global without rotary
     "exaone4": dict(cls="Exaone4", layers=4, extra=dict(sliding_window=8, sliding_window_pattern=4)),
+    "ernie4_5": dict(cls="Ernie4_5", layers=2, extra=dict(head_dim=32)),  # its config's default is 128
 }
-UNPERMUTED = ("olmo2", "gemma", "exaone4")
+UNPERMUTED = ("olmo2", "gemma", "exaone4", "ernie4_5")
 # EXAONE 4 without a window (its config then needs layer_types: it cannot derive them)
 GLOBAL_EXAONE4 = dict(sliding_window=None, layer_types=["full_attention"] * 4)
 
@@ -69,7 +72,7 @@ def make_hf(tmp: Path, family: str, tokenizer: Any, **overrides: Any) -> tuple[P
     spec = FAMILIES[family]
     kw = dict(vocab_size=tok.vocab_size, hidden_size=128, intermediate_size=192, num_hidden_layers=spec["layers"],
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
-              tie_word_embeddings=family in ("smollm3", "gemma"), bos_token_id=1, eos_token_id=2, pad_token_id=2,
+              tie_word_embeddings=family in ("smollm3", "gemma", "ernie4_5"), bos_token_id=1, eos_token_id=2, pad_token_id=2,
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}) | spec["extra"] | overrides
     cfg = getattr(transformers, spec["cls"] + "Config")(**kw)
     cfg._attn_implementation = "eager"
@@ -206,6 +209,14 @@ def test_the_twist_matters(family: str, tokenizer, tmp_path: Path) -> None:
             num_key_value_heads=c.num_key_value_heads, rms_norm_eps=c.rms_norm_eps,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})).eval()
         other.load_state_dict(sd)
+    elif family == "ernie4_5":  # the same weights through llama's rotary, which pairs halves of each head
+        c = model.config
+        other = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+            tie_word_embeddings=True, rope_parameters=c.rope_parameters)).eval()
+        other.load_state_dict(model.state_dict())
     elif family == "gemma":  # without the embedding scale
         other = make_hf(tmp_path / "plain", family, tokenizer)[1]
         other.model.embed_tokens.embed_scale.fill_(1.0)

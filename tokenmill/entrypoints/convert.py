@@ -255,7 +255,7 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
     from tokenmill.loader.gguf import GGUFFile
     from tokenmill.loader.model_config import ModelConfig
     from tokenmill.loader.model_source import resolve_model
-    from tokenmill.loader.weights import gguf_weights
+    from tokenmill.loader.weights import INTERLEAVED_ROTARY, gguf_weights, interleaved_qk_rows
     from tokenmill.tokenizer.tokenizer import Tokenizer
 
     source = resolve_model(model)
@@ -274,6 +274,8 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
             if name == "rope_freqs":
                 raise NotImplementedError("GGUF rope_freqs tensors have no HF equivalent")
             assert isinstance(w, torch.Tensor)  # nothing asked to stay quantized
+            if cfg.architecture in INTERLEAVED_ROTARY:  # back to the family's own adjacent-pair rows
+                w = interleaved_qk_rows(name, w, cfg, to_halves=False)
             tensors[name] = w.to(torch.float32).contiguous()
     finally:
         gf.close()

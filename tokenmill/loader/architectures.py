@@ -34,6 +34,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("olmo2", "tokenmill.models.olmo2:Olmo2ForCausalLM", ("olmo2",), ("Olmo2ForCausalLM",), "olmo2"),
     Architecture("exaone4", "tokenmill.models.olmo2:Exaone4ForCausalLM", ("exaone4",), ("Exaone4ForCausalLM",),
                  "exaone4"),
+    # ERNIE 4.5 (dense): llama with rotary on adjacent pairs of dims (loader/weights.py, INTERLEAVED_ROTARY)
+    Architecture("ernie4_5", _LLAMA, ("ernie4_5",), ("Ernie4_5ForCausalLM",), "ernie4_5"),
     Architecture("qwen3", _LLAMA, ("qwen3",), ("Qwen3ForCausalLM",), "qwen3"),
     Architecture("qwen3moe", _MOE, ("qwen3moe",), ("Qwen3MoeForCausalLM",), "qwen3_moe", is_moe=True),
     Architecture("qwen2moe", _MOE, ("qwen2moe",), ("Qwen2MoeForCausalLM",), "qwen2_moe", is_moe=True),

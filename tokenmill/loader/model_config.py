@@ -213,6 +213,8 @@ class ModelConfig:
                 common.update(_smollm3_hf(cfg))
             elif arch == "exaone4":
                 common.update(_exaone4_hf(cfg))
+            elif arch == "ernie4_5":
+                common.update(_ernie4_5_hf(cfg))
             elif arch == "gemma":
                 common.update(_gemma1_hf(cfg))
             elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes an o_proj bias, which ours lacks
@@ -538,6 +540,14 @@ def _smollm3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     if len(flags) != n:
         raise ValueError(f"smollm3 no_rope_layers has {len(flags)} entries for {n} layers")
     return {"nope_layers": tuple(i for i, f in enumerate(flags) if not f)}
+
+
+def _ernie4_5_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """ERNIE 4.5's use_bias covers every projection (o_proj and the MLP's too, which ours lack); its head is tied
+    unless the config says otherwise (Ernie4_5Config's default)."""
+    if cfg.get("use_bias"):
+        raise ValueError("ernie4_5 with use_bias is not supported")
+    return {"tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
 
 
 def _exaone4_fields(window: int | None, sliding: list[bool]) -> dict[str, Any]:

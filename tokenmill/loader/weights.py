@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -86,6 +86,14 @@ _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "
                 "rope_factors_short.weight": "rope_factors_short"}
 
 
+# Families whose rotary pairs adjacent dims of a head (2i, 2i + 1: GPT-J style) in their own checkpoints, where
+# ours pairs i with i + hd / 2 (NeoX style). llama.cpp keeps their q / k rows as they are (its "norm" rotary
+# pairs adjacent dims), so in both formats the rows are in the layout llama.cpp's converter gives llama's
+# permuted ones, and the same un-permutation (_unpermute) puts each head's even dims before its odd ones: q.k
+# is unchanged by reordering both alike, and the rotation is then ours.
+INTERLEAVED_ROTARY = ("ernie4_5",)
+
+
 def _norm_shift(gguf_arch: str, name: str) -> float:
     """What llama.cpp's converter added to a norm weight: 1 for Gemma 1, 2 and 3, whose (1 + w) norms it stores as
     the scale itself (convert_hf_to_gguf.py, Gemma2Model and Gemma3Model). The reader takes it off again, so
@@ -93,10 +101,16 @@ def _norm_shift(gguf_arch: str, name: str) -> float:
     return 1.0 if gguf_arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight") else 0.0
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's row permutation of q/k (its rotary pairs adjacent dims; HF pairs halves)."""
+def _unpermute(w: Any, n_head: int) -> Any:
+    """Undo llama.cpp's row permutation of q/k (its rotary pairs adjacent dims; HF pairs halves); numpy or torch."""
     shape = w.shape
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def _permute(w: Any, n_head: int) -> Any:
+    """llama.cpp's row permutation of q/k (HF's halves -> adjacent pairs): _unpermute's inverse."""
+    shape = w.shape
+    return w.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
 KeepQuantized = Callable[[str, TensorInfo], bool]
@@ -108,7 +122,7 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
     tensor info) says so."""
     # llama.cpp's converter permutes q/k for the llama arch and the ones it converts as llama (LlamaModel's
     # subclasses that keep its rotary: Granite, Granite MoE, SmolLM3)
-    permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3")
+    permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3") + INTERLEAVED_ROTARY
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
         hf_name, n_head = _hf_name(name, cfg, permuted)
         info = gf.tensors[name]
@@ -202,5 +216,17 @@ def read_weights(source: ModelSource, cfg: ModelConfig, progress: bool = True,
     `keep_quantized` picks come as their blocks (GGUFQuantized)."""
     if source.kind == "gguf":
         yield from gguf_weights(GGUFFile(source.path), cfg, progress, keep_quantized)
+    elif cfg.architecture in INTERLEAVED_ROTARY:
+        for name, w in safetensors_weights(source.path, progress):
+            yield name, interleaved_qk_rows(name, w, cfg)
     else:
         yield from safetensors_weights(source.path, progress)
+
+
+def interleaved_qk_rows(name: str, w: torch.Tensor, cfg: ModelConfig, to_halves: bool = True) -> torch.Tensor:
+    """An INTERLEAVED_ROTARY family's q / k projection (weight or bias) with each head's rows reordered from
+    adjacent pairs into halves (at load), or back (`to_halves=False`, for convert); other tensors as they are."""
+    heads = (cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads if ".k_proj." in name else 0)
+    if not heads:
+        return w
+    return (_unpermute(w, heads) if to_halves else _permute(w, heads)).contiguous()
