@@ -13,6 +13,8 @@ and from GGUF.
   embeddings times sqrt(hidden), a tied head, head_dim apart from hidden / heads.
 - ERNIE 4.5 (Ernie4_5ForCausalLM; GGUF "ernie4_5"): rotary on adjacent pairs of dims (GPT-J style), in both
   formats' q / k rows (llama.cpp keeps HF's rows and rotates them so), a tied head.
+- GLM-4 (Glm4ForCausalLM; GGUF "glm4"): a norm before and after each sublayer, rotary on half of each head on
+  adjacent pairs, q / k / v biases, gate|up as one tensor.
 - EXAONE 4 (Exaone4ForCausalLM; GGUF "exaone4"): OLMo 2's norms after the sublayers, per-head q / k norms,
   and with a sliding window, windowed rotated local layers between global ones without rotary (without a
   window, as EXAONE 4.0 1.2B, every layer global and rotated).
@@ -55,8 +57,11 @@ FAMILIES = {
     # layers 0-2 windowed (8 keys) and rotated, layer 3 global without rotary
     "exaone4": dict(cls="Exaone4", layers=4, extra=dict(sliding_window=8, sliding_window_pattern=4)),
     "ernie4_5": dict(cls="Ernie4_5", layers=2, extra=dict(head_dim=32)),  # its config's default is 128
+    # head_dim 48 (hidden 128 / 4 heads would be 32), 24 of them rotating; q / k / v biases
+    "glm4": dict(cls="Glm4", layers=2, extra=dict(head_dim=48, attention_bias=True, partial_rotary_factor=0.5,
+                                                  pad_token_id=0)),
 }
-UNPERMUTED = ("olmo2", "gemma", "exaone4", "ernie4_5")
+UNPERMUTED = ("olmo2", "gemma", "exaone4", "ernie4_5", "glm4")
 # EXAONE 4 without a window (its config then needs layer_types: it cannot derive them)
 GLOBAL_EXAONE4 = dict(sliding_window=None, layer_types=["full_attention"] * 4)
 
@@ -101,7 +106,8 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
     a = family
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     add_hparams(w, a, c, head_dim)
-    w.add_uint32(f"{a}.rope.dimension_count", head_dim)
+    w.add_uint32(f"{a}.rope.dimension_count",  # GLM-4's rotating dims (transformers 5 keeps the factor there)
+                 int(head_dim * c.rope_parameters.get("partial_rotary_factor", 1.0)))
     w.add_float32(f"{a}.rope.freq_base", c.rope_parameters["rope_theta"])
     if family == "granite" and scales:
         w.add_float32(f"{a}.embedding_scale", c.embedding_multiplier)
@@ -121,6 +127,13 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
         del parts["input_layernorm"]
         parts |= {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm",
                   "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    if family == "glm4":
+        for hf in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            del parts[hf]
+        parts |= {"mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+                  "post_self_attn_layernorm": "post_attention_norm", "post_mlp_layernorm": "post_ffw_norm"}
+        for i in range(c.num_hidden_layers):
+            names |= {f"model.layers.{i}.self_attn.{x}_proj.bias": f"blk.{i}.attn_{x}.bias" for x in "qkv"}
     if family == "exaone4" and c.sliding_window:  # as llama.cpp's converter writes them
         w.add_uint32(f"{a}.attention.sliding_window", c.sliding_window)
         w.add_array(f"{a}.attention.sliding_window_pattern", [t == "sliding_attention" for t in c.layer_types])
@@ -209,6 +222,17 @@ def test_the_twist_matters(family: str, tokenizer, tmp_path: Path) -> None:
             num_key_value_heads=c.num_key_value_heads, rms_norm_eps=c.rms_norm_eps,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})).eval()
         other.load_state_dict(sd)
+    elif family == "glm4":  # each head's rotating q / k rows as halves, as a loader that skipped the reorder gives
+        other = make_hf(tmp_path / "plain", family, tokenizer)[1]
+        hd, rd = other.config.head_dim, other.config.head_dim // 2
+        order = torch.cat([torch.arange(0, rd, 2), torch.arange(1, rd, 2), torch.arange(rd, hd)])
+        with torch.no_grad():
+            for layer in other.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                    n = proj.weight.shape[0] // hd
+                    rows = torch.cat([h * hd + order for h in range(n)])
+                    proj.weight.copy_(proj.weight[rows])
+                    proj.bias.copy_(proj.bias[rows])
     elif family == "ernie4_5":  # the same weights through llama's rotary, which pairs halves of each head
         c = model.config
         other = transformers.LlamaForCausalLM(transformers.LlamaConfig(

@@ -88,7 +88,7 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
     elif model_type == "qwen2_moe":
         out["qkv_bias"] = cfg.attention_bias
-    elif cfg.attention_bias and model_type != "qwen2":
+    elif cfg.attention_bias and model_type not in ("qwen2", "glm4"):
         raise NotImplementedError(f"{model_type} with attention biases has no HF config form")
     if model_type == "phi3":
         out.update(_phi3_config(cfg))
@@ -98,6 +98,10 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
                    logits_scaling=cfg.logits_scaling)
     elif model_type == "gemma":  # its embedding scale is implied by the class
         out["hidden_act"] = cfg.hidden_act
+    elif model_type == "glm4":
+        out["partial_rotary_factor"] = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
+        out["attention_bias"] = cfg.attention_bias
+        out["pad_token_id"] = None  # its config class defaults to 151329, past a smaller vocabulary
     elif model_type == "exaone4":  # layer_types always (its config cannot derive them without a window)
         out["sliding_window"] = cfg.sliding_window
         out["layer_types"] = list(cfg.layer_types) if cfg.sliding_window else ["full_attention"] * cfg.num_layers

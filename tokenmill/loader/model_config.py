@@ -86,7 +86,7 @@ class ModelConfig:
         if self.architecture in ("olmo2", "olmoe"):  # q / k norms over the whole projection
             per_layer += q + kv
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
-        if self.architecture in ("gemma2", "gemma3"):  # pre- and post-norms around both sublayers
+        if self.architecture in ("gemma2", "gemma3", "glm4"):  # pre- and post-norms around both sublayers
             per_layer += 2 * d + (2 * self.head_dim if self.architecture == "gemma3" else 0)  # Gemma 3's q/k norms
         return self.num_layers * per_layer + bias + v * d * (1 if self.tie_word_embeddings else 2) + d
 
@@ -152,6 +152,9 @@ class ModelConfig:
             family = {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": hidden ** 0.5}
         elif ours.name == "exaone4":
             family = _exaone4_gguf(metadata, arch, int(get("block_count")))
+        elif ours.name == "glm4":  # llama.cpp's rope.dimension_count: the rotating dims (half of each head)
+            rotary = int(metadata.get(f"{arch}.rope.dimension_count", head_dim))
+            family = {"rotary_dim": rotary if rotary != head_dim else None}
         elif ours.name == "smollm3":  # llama.cpp: every 4th layer (no GGUF key says otherwise)
             family = {"nope_layers": _every_nth(int(get("block_count")), _SMOLLM3_NOPE_INTERVAL)}
         cfg = cls(
@@ -215,6 +218,8 @@ class ModelConfig:
                 common.update(_exaone4_hf(cfg))
             elif arch == "ernie4_5":
                 common.update(_ernie4_5_hf(cfg))
+            elif arch == "glm4":
+                common.update(_glm4_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
             elif arch == "gemma":
                 common.update(_gemma1_hf(cfg))
             elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes an o_proj bias, which ours lacks
@@ -237,7 +242,7 @@ class ModelConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             attention_bias=bool(cfg.get("qkv_bias", True) if arch == "qwen2moe"  # Qwen2-MoE's name for it
-                                else cfg.get("attention_bias", arch == "qwen2")),
+                                else cfg.get("attention_bias", arch in ("qwen2", "glm4"))),
             name=str(cfg.get("_name_or_path", Path(path).name)),
             quantization=str(cfg.get("torch_dtype", cfg.get("dtype", "safetensors"))),
             **family,
@@ -540,6 +545,16 @@ def _smollm3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     if len(flags) != n:
         raise ValueError(f"smollm3 no_rope_layers has {len(flags)} entries for {n} layers")
     return {"nope_layers": tuple(i for i, f in enumerate(flags) if not f)}
+
+
+def _glm4_hf(cfg: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    """GLM-4's partial rotary (partial_rotary_factor, 0.5 by default; top level or in rope_parameters)."""
+    if cfg.get("mlp_bias"):
+        raise ValueError("glm4 with mlp_bias is not supported")
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5)))
+    rotary = int(head_dim * partial)
+    return {"rotary_dim": rotary if rotary != head_dim else None}
 
 
 def _ernie4_5_hf(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -80,6 +80,9 @@ _GGUF_TO_HF_BY_ARCH["gemma2"] = _GGUF_TO_HF_BY_ARCH["gemma3"]  # the same four n
 _GGUF_TO_HF_BY_ARCH["olmo2"] = {"post_attention_norm": "post_attention_layernorm",
                                 "post_ffw_norm": "post_feedforward_layernorm"}
 _GGUF_TO_HF_BY_ARCH["exaone4"] = _GGUF_TO_HF_BY_ARCH["olmo2"]  # the same two norms
+# GLM-4: gate|up rows in ffn_up (as phi3's), a norm after each sublayer besides llama's two before them
+_GGUF_TO_HF_BY_ARCH["glm4"] = {"ffn_up": "mlp.gate_up_proj", "post_attention_norm": "post_self_attn_layernorm",
+                               "post_ffw_norm": "post_mlp_layernorm"}
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)
 _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",
@@ -90,8 +93,9 @@ _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "
 # ours pairs i with i + hd / 2 (NeoX style). llama.cpp keeps their q / k rows as they are (its "norm" rotary
 # pairs adjacent dims), so in both formats the rows are in the layout llama.cpp's converter gives llama's
 # permuted ones, and the same un-permutation (_unpermute) puts each head's even dims before its odd ones: q.k
-# is unchanged by reordering both alike, and the rotation is then ours.
-INTERLEAVED_ROTARY = ("ernie4_5",)
+# is unchanged by reordering both alike, and the rotation is then ours. Under partial rotary (GLM-4) only each
+# head's rotating dims are reordered (_to_halves).
+INTERLEAVED_ROTARY = ("ernie4_5", "glm4")
 
 
 def _norm_shift(gguf_arch: str, name: str) -> float:
@@ -111,6 +115,22 @@ def _permute(w: Any, n_head: int) -> Any:
     """llama.cpp's row permutation of q/k (HF's halves -> adjacent pairs): _unpermute's inverse."""
     shape = w.shape
     return w.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def _to_halves(w: Any, n_head: int, cfg: ModelConfig, back: bool = False) -> Any:
+    """q or k rows (numpy or torch, weights or bias, n_head heads of cfg.head_dim rows): each head's rotating
+    rows (its first cfg.rotary_dim, all unless partial) from adjacent pairs into halves (_unpermute), or back
+    (`back`: _permute); the rest of each head as it is."""
+    hd = cfg.head_dim
+    rd = cfg.rotary_dim or hd
+    if rd == hd:
+        return _permute(w, n_head) if back else _unpermute(w, n_head)
+    shape, rest = w.shape, w.shape[1:]
+    heads = w.reshape(n_head, hd, *rest)
+    rot = heads[:, :rd].reshape(n_head * rd, *rest)
+    rot = (_permute(rot, n_head) if back else _unpermute(rot, n_head)).reshape(n_head, rd, *rest)
+    cat = torch.cat if isinstance(w, torch.Tensor) else np.concatenate
+    return cat([rot, heads[:, rd:]], 1).reshape(shape)
 
 
 KeepQuantized = Callable[[str, TensorInfo], bool]
@@ -133,14 +153,14 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
             raw = gf.raw(name)  # (rows, bytes per row), a view: whole rows permute like dequantised ones
             release: Callable[[], None] = functools.partial(gf.release, info.offset, info.num_bytes)
             if n_head:
-                raw = np.ascontiguousarray(_unpermute(raw, n_head))  # a copy: the file's pages can go
+                raw = np.ascontiguousarray(_to_halves(raw, n_head, cfg))  # a copy: the file's pages can go
                 release()
                 release = nothing
             yield hf_name, GGUFQuantized(raw, info.ggml_type, info.shape, release)
             continue
         w = gf.load(name)
         if n_head:
-            w = _unpermute(w, n_head)
+            w = _to_halves(w, n_head, cfg)
         if hf_name.endswith("shared_expert_gate.weight") and w.ndim == 1:  # llama.cpp's (d,) for HF's (1, d)
             w = w[None]
         if shift := _norm_shift(gf.architecture, name):
@@ -229,4 +249,4 @@ def interleaved_qk_rows(name: str, w: torch.Tensor, cfg: ModelConfig, to_halves:
     heads = (cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads if ".k_proj." in name else 0)
     if not heads:
         return w
-    return (_unpermute(w, heads) if to_halves else _permute(w, heads)).contiguous()
+    return _to_halves(w, heads, cfg, back=not to_halves).contiguous()
