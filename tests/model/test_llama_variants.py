@@ -13,6 +13,8 @@ and from GGUF.
   embeddings times sqrt(hidden), a tied head, head_dim apart from hidden / heads.
 - ERNIE 4.5 (Ernie4_5ForCausalLM; GGUF "ernie4_5"): rotary on adjacent pairs of dims (GPT-J style), in both
   formats' q / k rows (llama.cpp keeps HF's rows and rotates them so), a tied head.
+- Hunyuan dense (HunYuanDenseV1ForCausalLM; GGUF "hunyuan-dense"): per-head q / k norms after rotary, a
+  "dynamic" rope with a fixed NTK alpha (static: llama.cpp's converter folds it into freq_base).
 - GLM-4 (Glm4ForCausalLM; GGUF "glm4"): a norm before and after each sublayer, rotary on half of each head on
   adjacent pairs, q / k / v biases, gate|up as one tensor.
 - EXAONE 4 (Exaone4ForCausalLM; GGUF "exaone4"): OLMo 2's norms after the sublayers, per-head q / k norms,
@@ -58,10 +60,14 @@ FAMILIES = {
     "exaone4": dict(cls="Exaone4", layers=4, extra=dict(sliding_window=8, sliding_window_pattern=4)),
     "ernie4_5": dict(cls="Ernie4_5", layers=2, extra=dict(head_dim=32)),  # its config's default is 128
     # head_dim 48 (hidden 128 / 4 heads would be 32), 24 of them rotating; q / k / v biases
+    # q / k norms after rotary; "dynamic" rope with a fixed NTK alpha (a static base: 10000 * 1000 ** (32 / 30))
+    "hunyuan_dense": dict(cls="HunYuanDenseV1", layers=2, extra=dict(
+        head_dim=32, rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0})),
     "glm4": dict(cls="Glm4", layers=2, extra=dict(head_dim=48, attention_bias=True, partial_rotary_factor=0.5,
                                                   pad_token_id=0)),
 }
-UNPERMUTED = ("olmo2", "gemma", "exaone4", "ernie4_5", "glm4")
+UNPERMUTED = ("olmo2", "gemma", "exaone4", "ernie4_5", "glm4", "hunyuan_dense")
+GGUF_ARCH = {"hunyuan_dense": "hunyuan-dense"}  # llama.cpp's name where it is not the family's
 # EXAONE 4 without a window (its config then needs layer_types: it cannot derive them)
 GLOBAL_EXAONE4 = dict(sliding_window=None, layer_types=["full_attention"] * 4)
 
@@ -102,13 +108,15 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
 
     _, src = tokenizer
     c = model.config
-    w = GGUFWriter(str(path), family)
-    a = family
+    a = GGUF_ARCH.get(family, family)
+    w = GGUFWriter(str(path), a)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     add_hparams(w, a, c, head_dim)
     w.add_uint32(f"{a}.rope.dimension_count",  # GLM-4's rotating dims (transformers 5 keeps the factor there)
                  int(head_dim * c.rope_parameters.get("partial_rotary_factor", 1.0)))
-    w.add_float32(f"{a}.rope.freq_base", c.rope_parameters["rope_theta"])
+    rope = c.rope_parameters
+    w.add_float32(f"{a}.rope.freq_base", rope["rope_theta"] * rope.get("alpha", 1.0) ** (head_dim / (head_dim - 2))
+                  if family == "hunyuan_dense" else rope["rope_theta"])
     if family == "granite" and scales:
         w.add_float32(f"{a}.embedding_scale", c.embedding_multiplier)
         w.add_float32(f"{a}.residual_scale", c.residual_multiplier)
@@ -127,6 +135,8 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
         del parts["input_layernorm"]
         parts |= {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm",
                   "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    if family == "hunyuan_dense":
+        parts |= {"self_attn.query_layernorm": "attn_q_norm", "self_attn.key_layernorm": "attn_k_norm"}
     if family == "glm4":
         for hf in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
             del parts[hf]
@@ -233,6 +243,16 @@ def test_the_twist_matters(family: str, tokenizer, tmp_path: Path) -> None:
                     rows = torch.cat([h * hd + order for h in range(n)])
                     proj.weight.copy_(proj.weight[rows])
                     proj.bias.copy_(proj.bias[rows])
+    elif family == "hunyuan_dense":  # the same weights as Qwen3, whose q / k norms come before rotary
+        c = model.config
+        theta = 10000.0 * 1000.0 ** (c.head_dim / (c.head_dim - 2))
+        other = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+            vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+            tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": theta})).eval()
+        other.load_state_dict({k.replace("query_layernorm", "q_norm").replace("key_layernorm", "k_norm"): v
+                               for k, v in model.state_dict().items()})
     elif family == "ernie4_5":  # the same weights through llama's rotary, which pairs halves of each head
         c = model.config
         other = transformers.LlamaForCausalLM(transformers.LlamaConfig(

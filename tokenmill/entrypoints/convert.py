@@ -285,6 +285,10 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
         gf.close()
     if cfg.architecture == "phi3":
         _phi3_tensors(tensors, config)
+    elif cfg.architecture == "hunyuan_dense":  # its own names for the q / k norms
+        for ours, theirs in (("q_norm", "query_layernorm"), ("k_norm", "key_layernorm")):
+            for name in [n for n in tensors if f".self_attn.{ours}." in n]:
+                tensors[name.replace(f".{ours}.", f".{theirs}.")] = tensors.pop(name)
     elif cfg.architecture == "granitemoe":
         _granitemoe_tensors(tensors, cfg.num_experts)
     if cfg.tie_word_embeddings:

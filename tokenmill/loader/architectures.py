@@ -37,6 +37,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     # ERNIE 4.5 (dense): llama with rotary on adjacent pairs of dims (loader/weights.py, INTERLEAVED_ROTARY)
     Architecture("ernie4_5", _LLAMA, ("ernie4_5",), ("Ernie4_5ForCausalLM",), "ernie4_5"),
     Architecture("glm4", "tokenmill.models.glm4:Glm4ForCausalLM", ("glm4",), ("Glm4ForCausalLM",), "glm4"),
+    Architecture("hunyuan_dense", "tokenmill.models.hunyuan:HunYuanDenseForCausalLM", ("hunyuan-dense",),
+                 ("HunYuanDenseV1ForCausalLM",), "hunyuan_v1_dense"),
     Architecture("qwen3", _LLAMA, ("qwen3",), ("Qwen3ForCausalLM",), "qwen3"),
     Architecture("qwen3moe", _MOE, ("qwen3moe",), ("Qwen3MoeForCausalLM",), "qwen3_moe", is_moe=True),
     Architecture("qwen2moe", _MOE, ("qwen2moe",), ("Qwen2MoeForCausalLM",), "qwen2_moe", is_moe=True),

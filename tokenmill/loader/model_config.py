@@ -44,6 +44,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     moe_renormalize: bool = False  # the chosen experts' softmax weights are rescaled to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert behind a sigmoid gate; 0: none
+    qk_norm_after_rotary: bool = False  # the per-head q / k norms after rotary instead of before (Hunyuan)
     shared_expert_gated: bool = True  # False: a shared expert's output is added as it is (GraniteMoeShared)
     # Gemma 3
     rope_local_theta: float = 0.0  # rotary base of the local (windowed) layers; rope_theta is the global one
@@ -152,6 +153,8 @@ class ModelConfig:
             family = {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": hidden ** 0.5}
         elif ours.name == "exaone4":
             family = _exaone4_gguf(metadata, arch, int(get("block_count")))
+        elif ours.name == "hunyuan_dense":  # llama.cpp's converter folded the NTK alpha into freq_base
+            family = {"qk_norm_after_rotary": True}
         elif ours.name == "glm4":  # llama.cpp's rope.dimension_count: the rotating dims (half of each head)
             rotary = int(metadata.get(f"{arch}.rope.dimension_count", head_dim))
             family = {"rotary_dim": rotary if rotary != head_dim else None}
@@ -220,6 +223,8 @@ class ModelConfig:
                 common.update(_ernie4_5_hf(cfg))
             elif arch == "glm4":
                 common.update(_glm4_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
+            elif arch == "hunyuan_dense":
+                common.update(_hunyuan_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
             elif arch == "gemma":
                 common.update(_gemma1_hf(cfg))
             elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes an o_proj bias, which ours lacks
@@ -334,7 +339,7 @@ def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_name
 
 
 # -- per-family readers: each returns the ModelConfig fields its family sets ---------------------------
-_QK_NORM = ("qwen3", "qwen3moe", "exaone4")  # the families with per-head q/k RMSNorm
+_QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense")  # the families with per-head q/k RMSNorm
 # llama.cpp's MoE graphs: Mixtral (arch "llama"), Qwen3-MoE and Granite MoE (softmax over the top-k logits)
 # renormalize the chosen experts' weights, Qwen2-MoE and OLMoE do not; a file may say otherwise with
 # {arch}.expert_weights_norm.
@@ -545,6 +550,24 @@ def _smollm3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     if len(flags) != n:
         raise ValueError(f"smollm3 no_rope_layers has {len(flags)} entries for {n} layers")
     return {"nope_layers": tuple(i for i, f in enumerate(flags) if not f)}
+
+
+def _hunyuan_hf(cfg: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    """Hunyuan's per-head q / k norms after rotary, and its "dynamic" rope with a fixed NTK alpha, which is
+    static (transformers' ntk_alpha): the base becomes theta * alpha ** (hd / (hd - 2)), no other scaling."""
+    for key in ("attention_bias", "mlp_bias"):  # HF's include o_proj's / the MLP's, which ours lack
+        if cfg.get(key):
+            raise ValueError(f"hunyuan_dense with {key} is not supported")
+    out: dict[str, Any] = {"qk_norm": True, "qk_norm_after_rotary": True}
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    kind = params.get("rope_type") or params.get("type")
+    if kind == "dynamic" and params.get("alpha"):
+        theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        out |= {"rope_theta": theta * float(params["alpha"]) ** (head_dim / (head_dim - 2)), "rope_scaling": None}
+    elif kind not in (None, "default"):
+        raise ValueError(f"hunyuan_dense with rope scaling {kind!r} is not supported (supported: default, "
+                         "dynamic with alpha)")
+    return out
 
 
 def _glm4_hf(cfg: dict[str, Any], head_dim: int) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Llama-family decoder (Llama 2/3, SmolLM, SmolLM3, Mistral, Qwen2, Qwen3, Granite), device-free, with fused
 QKV and gate/up.
 
-Qwen3 is Llama with `cfg.qk_norm`: each q and k head RMS-normalized (its own weight) before rotary.
+Qwen3 is Llama with `cfg.qk_norm`: each q and k head RMS-normalized (its own weight) before rotary (after it
+with `cfg.qk_norm_after_rotary`: Hunyuan, models/hunyuan.py).
 SmolLM3 is Llama with `cfg.nope_layers`: those layers' q and k are not rotated (every 4th layer).
 Granite is Llama with four multipliers (ModelConfig): embeddings scaled, attention scaled by
 attention_multiplier instead of head_dim ** -0.5, each sublayer's output scaled before it joins the
@@ -47,6 +48,7 @@ class LlamaAttention(nn.Module):
         self.rotates = layer_idx not in cfg.nope_layers
         self.q_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.norm_after_rotary = cfg.qk_norm_after_rotary
 
     def forward(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
         """h: (T, D) normed hidden -> (T, D)."""
@@ -54,10 +56,12 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(h)  # (T, (nh + 2 nkv) hd)
         qk, v = qkv.split([(self.nh + self.nkv) * self.hd, self.nkv * self.hd], dim=-1)
         qk = qk.view(T, self.nh + self.nkv, self.hd)
-        if self.q_norm is not None and self.k_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None and not self.norm_after_rotary:
             qk = torch.cat([self.q_norm(qk[:, : self.nh]), self.k_norm(qk[:, self.nh :])], dim=1)
         if self.rotates:
             qk = rotate_(qk, rope)  # q and k heads are adjacent: one pass
+        if self.q_norm is not None and self.k_norm is not None and self.norm_after_rotary:  # Hunyuan's order
+            qk = torch.cat([self.q_norm(qk[:, : self.nh]), self.k_norm(qk[:, self.nh :])], dim=1)
         q, k = qk[:, : self.nh], qk[:, self.nh :]
         v = v.view(T, self.nkv, self.hd)
         o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale,
