@@ -15,6 +15,7 @@ and from GGUF.
   formats' q / k rows (llama.cpp keeps HF's rows and rotates them so), a tied head.
 - Hunyuan dense (HunYuanDenseV1ForCausalLM; GGUF "hunyuan-dense"): per-head q / k norms after rotary, a
   "dynamic" rope with a fixed NTK alpha (static: llama.cpp's converter folds it into freq_base).
+- Arcee (ArceeForCausalLM; GGUF "arcee"): an MLP without a gate, down(relu(up(x)) ** 2); q / k permuted.
 - GLM-4 (Glm4ForCausalLM; GGUF "glm4"): a norm before and after each sublayer, rotary on half of each head on
   adjacent pairs, q / k / v biases, gate|up as one tensor.
 - EXAONE 4 (Exaone4ForCausalLM; GGUF "exaone4"): OLMo 2's norms after the sublayers, per-head q / k norms,
@@ -63,6 +64,7 @@ FAMILIES = {
     # q / k norms after rotary; "dynamic" rope with a fixed NTK alpha (a static base: 10000 * 1000 ** (32 / 30))
     "hunyuan_dense": dict(cls="HunYuanDenseV1", layers=2, extra=dict(
         head_dim=32, rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0})),
+    "arcee": dict(cls="Arcee", layers=2, extra=dict(hidden_act="relu2")),  # no gate: down(relu(up(x)) ** 2)
     "glm4": dict(cls="Glm4", layers=2, extra=dict(head_dim=48, attention_bias=True, partial_rotary_factor=0.5,
                                                   pad_token_id=0)),
 }
@@ -135,6 +137,8 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
         del parts["input_layernorm"]
         parts |= {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm",
                   "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    if family == "arcee":
+        del parts["mlp.gate_proj"]
     if family == "hunyuan_dense":
         parts |= {"self_attn.query_layernorm": "attn_q_norm", "self_attn.key_layernorm": "attn_k_norm"}
     if family == "glm4":
@@ -243,6 +247,8 @@ def test_the_twist_matters(family: str, tokenizer, tmp_path: Path) -> None:
                     rows = torch.cat([h * hd + order for h in range(n)])
                     proj.weight.copy_(proj.weight[rows])
                     proj.bias.copy_(proj.bias[rows])
+    elif family == "arcee":  # relu, not squared
+        other = make_hf(tmp_path / "plain", family, tokenizer, hidden_act="relu")[1]
     elif family == "hunyuan_dense":  # the same weights as Qwen3, whose q / k norms come before rotary
         c = model.config
         theta = 10000.0 * 1000.0 ** (c.head_dim / (c.head_dim - 2))

@@ -98,6 +98,8 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
                    logits_scaling=cfg.logits_scaling)
     elif model_type == "gemma":  # its embedding scale is implied by the class
         out["hidden_act"] = cfg.hidden_act
+    elif model_type == "arcee":
+        out["hidden_act"] = cfg.hidden_act
     elif model_type == "glm4":
         out["partial_rotary_factor"] = (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim
         out["attention_bias"] = cfg.attention_bias

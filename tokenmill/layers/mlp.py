@@ -1,4 +1,5 @@
-"""The gated MLP: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
+"""The gated MLP: down(silu(gate(x)) * up(x)), with gate and up fused into one matmul; and the ungated one,
+down(relu(up(x)) ** 2) (Arcee's)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,24 @@ class GatedMLP(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(h)))
+
+
+class ReLUSquared(nn.Module):
+    """relu(x) ** 2 (HF's "relu2")."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.square(torch.relu(x))
+
+
+class UpDownMLP(nn.Module):
+    """(T, hidden) -> (T, hidden) through `intermediate` units without a gate: down(relu(up(x)) ** 2).
+    Parameters up_proj and down_proj."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, method: LinearMethod) -> None:
+        super().__init__()
+        self.up_proj = Linear(hidden_size, intermediate_size, method)
+        self.act = ReLUSquared()
+        self.down_proj = Linear(intermediate_size, hidden_size, method)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.up_proj(h)))

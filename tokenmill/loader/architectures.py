@@ -39,6 +39,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("glm4", "tokenmill.models.glm4:Glm4ForCausalLM", ("glm4",), ("Glm4ForCausalLM",), "glm4"),
     Architecture("hunyuan_dense", "tokenmill.models.hunyuan:HunYuanDenseForCausalLM", ("hunyuan-dense",),
                  ("HunYuanDenseV1ForCausalLM",), "hunyuan_v1_dense"),
+    Architecture("arcee", "tokenmill.models.arcee:ArceeForCausalLM", ("arcee",), ("ArceeForCausalLM",), "arcee"),
     Architecture("qwen3", _LLAMA, ("qwen3",), ("Qwen3ForCausalLM",), "qwen3"),
     Architecture("qwen3moe", _MOE, ("qwen3moe",), ("Qwen3MoeForCausalLM",), "qwen3_moe", is_moe=True),
     Architecture("qwen2moe", _MOE, ("qwen2moe",), ("Qwen2MoeForCausalLM",), "qwen2_moe", is_moe=True),

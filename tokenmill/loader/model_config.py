@@ -103,7 +103,7 @@ class ModelConfig:
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attn = [(q + 2 * kv, d), (d, q)]
         if not self.num_experts:
-            return attn + [(2 * i, d), (d, i)]
+            return attn + [(i if self.architecture == "arcee" else 2 * i, d), (d, i)]  # Arcee's MLP: no gate
         e, s = self.moe_intermediate_size, self.shared_expert_intermediate_size
         experts = [(2 * e, d), (d, e)] * (self.num_experts_per_tok if active else self.num_experts)
         shared = ([(2 * s, d), (d, s)] + ([(1, d)] if self.shared_expert_gated else [])) if s else []
@@ -153,6 +153,8 @@ class ModelConfig:
             family = {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": hidden ** 0.5}
         elif ours.name == "exaone4":
             family = _exaone4_gguf(metadata, arch, int(get("block_count")))
+        elif ours.name == "arcee":  # llama.cpp's arcee graph: relu(up) ** 2, no gate
+            family = {"hidden_act": "relu2"}
         elif ours.name == "hunyuan_dense":  # llama.cpp's converter folded the NTK alpha into freq_base
             family = {"qk_norm_after_rotary": True}
         elif ours.name == "glm4":  # llama.cpp's rope.dimension_count: the rotating dims (half of each head)
@@ -223,6 +225,10 @@ class ModelConfig:
                 common.update(_ernie4_5_hf(cfg))
             elif arch == "glm4":
                 common.update(_glm4_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
+            elif arch == "arcee":  # ArceeConfig's default activation is relu2
+                if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+                    raise ValueError("arcee with attention_bias or mlp_bias is not supported")
+                common["hidden_act"] = str(cfg.get("hidden_act", "relu2"))
             elif arch == "hunyuan_dense":
                 common.update(_hunyuan_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
             elif arch == "gemma":
