@@ -15,6 +15,9 @@ and from GGUF.
   formats' q / k rows (llama.cpp keeps HF's rows and rotates them so), a tied head.
 - Hunyuan dense (HunYuanDenseV1ForCausalLM; GGUF "hunyuan-dense"): per-head q / k norms after rotary, a
   "dynamic" rope with a fixed NTK alpha (static: llama.cpp's converter folds it into freq_base).
+- Ministral 3 (Ministral3ForCausalLM; GGUF "mistral3"): YaRN, and q times 1 + beta ln(1 + floor(pos / original
+  context)) after rotary (llama.cpp's attention.temperature_scale; its converter writes mscale_all_dim as
+  yarn_log_multiplier); q / k permuted.
 - Arcee (ArceeForCausalLM; GGUF "arcee"): an MLP without a gate, down(relu(up(x)) ** 2); q / k permuted.
 - GLM-4 (Glm4ForCausalLM; GGUF "glm4"): a norm before and after each sublayer, rotary on half of each head on
   adjacent pairs, q / k / v biases, gate|up as one tensor.
@@ -64,12 +67,16 @@ FAMILIES = {
     # q / k norms after rotary; "dynamic" rope with a fixed NTK alpha (a static base: 10000 * 1000 ** (32 / 30))
     "hunyuan_dense": dict(cls="HunYuanDenseV1", layers=2, extra=dict(
         head_dim=32, rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0})),
+    # YaRN with mscale == mscale_all_dim, and q's temperature from position 16 on (the tests' prompts pass it)
+    "ministral3": dict(cls="Ministral3", layers=2, extra=dict(rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16, beta_fast=32.0,
+        beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1))),
     "arcee": dict(cls="Arcee", layers=2, extra=dict(hidden_act="relu2")),  # no gate: down(relu(up(x)) ** 2)
     "glm4": dict(cls="Glm4", layers=2, extra=dict(head_dim=48, attention_bias=True, partial_rotary_factor=0.5,
                                                   pad_token_id=0)),
 }
 UNPERMUTED = ("olmo2", "gemma", "exaone4", "ernie4_5", "glm4", "hunyuan_dense")
-GGUF_ARCH = {"hunyuan_dense": "hunyuan-dense"}  # llama.cpp's name where it is not the family's
+GGUF_ARCH = {"hunyuan_dense": "hunyuan-dense", "ministral3": "mistral3"}  # llama.cpp's name where it is not the family's
 # EXAONE 4 without a window (its config then needs layer_types: it cannot derive them)
 GLOBAL_EXAONE4 = dict(sliding_window=None, layer_types=["full_attention"] * 4)
 
@@ -139,6 +146,14 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
                   "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     if family == "arcee":
         del parts["mlp.gate_proj"]
+    if family == "ministral3":  # as llama.cpp's converter writes a Ministral 3
+        w.add_string(f"{a}.rope.scaling.type", "yarn")
+        w.add_float32(f"{a}.rope.scaling.factor", rope["factor"])
+        w.add_uint32(f"{a}.rope.scaling.original_context_length", rope["original_max_position_embeddings"])
+        w.add_float32(f"{a}.rope.scaling.yarn_beta_fast", rope["beta_fast"])
+        w.add_float32(f"{a}.rope.scaling.yarn_beta_slow", rope["beta_slow"])
+        w.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", rope["mscale_all_dim"])
+        w.add_float32(f"{a}.attention.temperature_scale", rope["llama_4_scaling_beta"])
     if family == "hunyuan_dense":
         parts |= {"self_attn.query_layernorm": "attn_q_norm", "self_attn.key_layernorm": "attn_k_norm"}
     if family == "glm4":
@@ -247,6 +262,9 @@ def test_the_twist_matters(family: str, tokenizer, tmp_path: Path) -> None:
                     rows = torch.cat([h * hd + order for h in range(n)])
                     proj.weight.copy_(proj.weight[rows])
                     proj.bias.copy_(proj.bias[rows])
+    elif family == "ministral3":  # no temperature
+        plain_rope = dict(FAMILIES[family]["extra"]["rope_parameters"], llama_4_scaling_beta=0.0)
+        other = make_hf(tmp_path / "plain", family, tokenizer, rope_parameters=plain_rope)[1]
     elif family == "arcee":  # relu, not squared
         other = make_hf(tmp_path / "plain", family, tokenizer, hidden_act="relu")[1]
     elif family == "hunyuan_dense":  # the same weights as Qwen3, whose q / k norms come before rotary
@@ -291,6 +309,25 @@ def test_exaone4_without_a_window(fmt: str, tokenizer, tmp_path: Path) -> None:
         want_logits, want_tokens = hf_reference(model, ids, NUM_TOKENS)
         assert float((prompt_logits(ours, ids) - want_logits).abs().max()) < 1e-3
         assert ours.generate([ids], GREEDY)[0].outputs[0].token_ids == want_tokens
+
+
+def test_ministral3_temperature_in_the_native_decode_step(tokenizer, tmp_path: Path) -> None:
+    """The one-call native decode step has no temperature: past the original context it gives the step back
+    to the layer path. An F32 GGUF on the gguf method (ggml's F32 matmuls: fp32 accuracy) with the native
+    step on decodes transformers' greedy tokens from positions under and over 16."""
+    from tokenmill.native import ggml
+
+    if not ggml.available():
+        pytest.skip(f"ggml not built here: {ggml.unavailable_reason()}")
+    _, model = make_hf(tmp_path / "hf", "ministral3", tokenizer)
+    g = write_gguf(tmp_path / "tiny.gguf", "ministral3", model, tokenizer)
+    ours = LLM(str(g), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
+    if ours.engine.executor.worker.model.native_decode is None:
+        pytest.skip("the native decode step is not built here")
+    ids = tokenizer[0].encode("Hi")
+    assert len(ids) < 16
+    _, want = hf_reference(model, ids, NUM_TOKENS)
+    assert ours.generate([ids], GREEDY)[0].outputs[0].token_ids == want
 
 
 def test_granite_gguf_without_its_keys_uses_llama_cpp_defaults(tokenizer, tmp_path: Path) -> None:

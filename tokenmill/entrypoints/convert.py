@@ -34,9 +34,11 @@ def hf_rope_scaling(cfg: ModelConfig) -> dict[str, Any] | None:
     kind = rs.get("rope_type")
     if kind == "linear":
         return {"rope_type": "linear", "factor": rs["factor"]}
-    if kind == "yarn":
+    if kind == "yarn":  # with the ramp's betas and the temperature where the GGUF gave them
         return {"rope_type": "yarn", "factor": rs["factor"],
-                "original_max_position_embeddings": rs["original_max_position_embeddings"]}
+                "original_max_position_embeddings": rs["original_max_position_embeddings"]} | {
+            k: rs[k] for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor")
+            if rs.get(k) is not None}
     if kind == "longrope":  # phi3: short_factor / long_factor come from the GGUF's tensors (convert_gguf_to_hf)
         out = {"rope_type": "longrope", "original_max_position_embeddings": rs["original_max_position_embeddings"]}
         if rs.get("attention_factor") is not None:
@@ -98,6 +100,13 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
                    logits_scaling=cfg.logits_scaling)
     elif model_type == "gemma":  # its embedding scale is implied by the class
         out["hidden_act"] = cfg.hidden_act
+    elif model_type == "ministral3":  # its temperature rides in the rope entry, as HF's config keeps it
+        if cfg.attn_temperature_scale:
+            if not out["rope_scaling"]:
+                raise NotImplementedError("ministral3 with an attention temperature but no YaRN has no HF form")
+            out["rope_scaling"] |= {"llama_4_scaling_beta": cfg.attn_temperature_scale,
+                                    "original_max_position_embeddings": cfg.attn_temperature_length}
+        out["sliding_window"] = cfg.sliding_window
     elif model_type == "arcee":
         out["hidden_act"] = cfg.hidden_act
     elif model_type == "glm4":

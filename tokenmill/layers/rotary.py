@@ -126,6 +126,8 @@ class RotaryTables(NamedTuple):
     cos: torch.Tensor  # (T, 1, dim), dim <= hd the rotating dims
     signed_sin: torch.Tensor  # (T, 1, dim): sin with rotate-half's sign folded in
     native: bool = False  # rotate_ may use the native kernel
+    # (T, 1, 1) what each row's rotated q is multiplied by (Ministral 3's attention temperature), or None: 1
+    q_scale: torch.Tensor | None = None
 
 
 class RotaryEmbedding:

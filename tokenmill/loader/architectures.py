@@ -28,6 +28,8 @@ _MOE = "tokenmill.models.moe:MoEForCausalLM"
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("llama", _LLAMA, ("llama", "smollm"), ("LlamaForCausalLM",), "llama"),
     Architecture("mistral", _LLAMA, ("mistral",), ("MistralForCausalLM",), "mistral"),
+    # Ministral 3 (3B, 8B, 14B): Mistral with YaRN and an attention temperature past the original context
+    Architecture("ministral3", _LLAMA, ("mistral3",), ("Ministral3ForCausalLM",), "ministral3"),
     Architecture("qwen2", _LLAMA, ("qwen2",), ("Qwen2ForCausalLM",), "qwen2"),
     Architecture("granite", _LLAMA, ("granite",), ("GraniteForCausalLM",), "granite"),
     Architecture("smollm3", _LLAMA, ("smollm3",), ("SmolLM3ForCausalLM",), "smollm3"),

@@ -44,6 +44,9 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     moe_renormalize: bool = False  # the chosen experts' softmax weights are rescaled to sum to 1
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert behind a sigmoid gate; 0: none
+    # Ministral 3 (llama.cpp's attention.temperature_scale / _length): q *= 1 + scale ln(1 + floor(pos / length))
+    attn_temperature_scale: float = 0.0  # 0: none
+    attn_temperature_length: int = 0
     qk_norm_after_rotary: bool = False  # the per-head q / k norms after rotary instead of before (Hunyuan)
     shared_expert_gated: bool = True  # False: a shared expert's output is added as it is (GraniteMoeShared)
     # Gemma 3
@@ -137,7 +140,8 @@ class ModelConfig:
             if stype == "yarn":  # llama.cpp's n_ctx_orig_yarn falls back to the trained context too
                 if not rope_scaling["original_max_position_embeddings"]:
                     rope_scaling["original_max_position_embeddings"] = int(get("context_length"))
-                rope_scaling |= _yarn_gguf(metadata, arch, float(metadata.get(f"{arch}.rope.scaling.factor", 1.0)))
+                rope_scaling |= _yarn_gguf(metadata, arch, float(metadata.get(f"{arch}.rope.scaling.factor", 1.0)),
+                                           log_multiplier_is_mscale=ours.name == "ministral3")
         if "rope_freqs.weight" in tensor_names:
             rope_scaling = {"rope_type": "gguf_rope_freqs"}  # per-frequency factors stored as a tensor
         family: dict[str, Any] = {}
@@ -153,6 +157,8 @@ class ModelConfig:
             family = {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": hidden ** 0.5}
         elif ours.name == "exaone4":
             family = _exaone4_gguf(metadata, arch, int(get("block_count")))
+        elif ours.name == "ministral3":
+            family = _ministral3_gguf(metadata, arch, rope_scaling)
         elif ours.name == "arcee":  # llama.cpp's arcee graph: relu(up) ** 2, no gate
             family = {"hidden_act": "relu2"}
         elif ours.name == "hunyuan_dense":  # llama.cpp's converter folded the NTK alpha into freq_base
@@ -225,6 +231,8 @@ class ModelConfig:
                 common.update(_ernie4_5_hf(cfg))
             elif arch == "glm4":
                 common.update(_glm4_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
+            elif arch == "ministral3":
+                common.update(_ministral3_hf(cfg))
             elif arch == "arcee":  # ArceeConfig's default activation is relu2
                 if cfg.get("attention_bias") or cfg.get("mlp_bias"):
                     raise ValueError("arcee with attention_bias or mlp_bias is not supported")
@@ -268,10 +276,11 @@ class ModelConfig:
 # Phi-3 / Phi-3.5 / Phi-4-mini: LongRoPE (short and long per-frequency factors, an attention factor on cos and
 # sin), partial rotary (Phi-4-mini rotates 0.75 of each head) and a sliding window in the config. The rope
 # scaling is normalised to {"rope_type": "longrope", "short_factor", "long_factor",
-def _yarn_gguf(md: dict[str, Any], arch: str, factor: float) -> dict[str, Any]:
+def _yarn_gguf(md: dict[str, Any], arch: str, factor: float, log_multiplier_is_mscale: bool = False) -> dict[str, Any]:
     """YaRN's optional GGUF keys as the HF config's fields (layers/rotary.py): the ramp's beta_fast /
     beta_slow, and the temperature on cos and sin, llama.cpp's yarn_attn_factor times YaRN's own 1 + 0.1
-    ln(factor). An ext_factor other than 1 (a partial blend) or a log multiplier (DeepSeek's) is refused."""
+    ln(factor). An ext_factor other than 1 (a partial blend) or a log multiplier is refused (DeepSeek's), but
+    for Ministral 3, whose converter writes its mscale_all_dim there (`log_multiplier_is_mscale`)."""
     key = f"{arch}.rope.scaling."
     out: dict[str, Any] = {}
     for name, field in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
@@ -280,7 +289,10 @@ def _yarn_gguf(md: dict[str, Any], arch: str, factor: float) -> dict[str, Any]:
     ext = md.get(key + "yarn_ext_factor")
     if ext is not None and float(ext) >= 0 and float(ext) != 1.0:
         raise ValueError(f"GGUF {key}yarn_ext_factor {ext} is not supported (1.0 only: the full YaRN blend)")
-    if md.get(key + "yarn_log_multiplier"):
+    log_mul = md.get(key + "yarn_log_multiplier")
+    if log_mul and log_multiplier_is_mscale:  # Ministral 3: its mscale_all_dim, with mscale the same (1 in each)
+        out["mscale"] = out["mscale_all_dim"] = float(log_mul)
+    elif log_mul:
         raise ValueError(f"GGUF {key}yarn_log_multiplier is not supported")
     attn = md.get(key + "yarn_attn_factor")
     if attn is not None:
@@ -556,6 +568,35 @@ def _smollm3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     if len(flags) != n:
         raise ValueError(f"smollm3 no_rope_layers has {len(flags)} entries for {n} layers")
     return {"nope_layers": tuple(i for i, f in enumerate(flags) if not f)}
+
+
+def _ministral3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Ministral 3's attention temperature (rope_parameters' llama_4_scaling_beta over its
+    original_max_position_embeddings) and a sliding window if the config has one (every layer, as Mistral)."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    out: dict[str, Any] = {}
+    beta = params.get("llama_4_scaling_beta")
+    if beta:
+        original = params.get("original_max_position_embeddings") or cfg.get("max_position_embeddings") or 0
+        if int(original) <= 0:
+            raise ValueError("ministral3's llama_4_scaling_beta needs original_max_position_embeddings")
+        out |= {"attn_temperature_scale": float(beta), "attn_temperature_length": int(original)}
+    if cfg.get("sliding_window"):
+        out["sliding_window"] = int(cfg["sliding_window"])
+    return out
+
+
+def _ministral3_gguf(md: dict[str, Any], arch: str, rope_scaling: dict[str, Any] | None) -> dict[str, Any]:
+    """llama.cpp's mistral3 keys: attention.temperature_scale, over attention.temperature_length or else the
+    original context (rope.scaling.original_context_length, as its graph takes it)."""
+    scale = float(md.get(f"{arch}.attention.temperature_scale") or 0.0)
+    if not scale:
+        return {}
+    length = int(md.get(f"{arch}.attention.temperature_length") or (rope_scaling or {}).get(
+        "original_max_position_embeddings") or md.get(f"{arch}.context_length") or 0)
+    if length <= 0:
+        raise ValueError(f"GGUF {arch}.attention.temperature_scale without a length to scale positions by")
+    return {"attn_temperature_scale": scale, "attn_temperature_length": length}
 
 
 def _hunyuan_hf(cfg: dict[str, Any], head_dim: int) -> dict[str, Any]:

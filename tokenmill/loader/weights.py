@@ -141,8 +141,8 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
     """(HF name, fp32 tensor) for each tensor; (HF name, GGUFQuantized) where keep_quantized(HF name,
     tensor info) says so."""
     # llama.cpp's converter permutes q/k for the llama arch and the ones it converts as llama (LlamaModel's
-    # subclasses that keep its rotary: Granite, Granite MoE, SmolLM3, Arcee)
-    permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3", "arcee") + INTERLEAVED_ROTARY
+    # subclasses that keep its rotary: Granite, Granite MoE, SmolLM3, Arcee, Ministral 3)
+    permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3", "arcee", "mistral3") + INTERLEAVED_ROTARY
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
         hf_name, n_head = _hf_name(name, cfg, permuted)
         info = gf.tensors[name]

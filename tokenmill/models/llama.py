@@ -4,6 +4,8 @@ QKV and gate/up.
 Qwen3 is Llama with `cfg.qk_norm`: each q and k head RMS-normalized (its own weight) before rotary (after it
 with `cfg.qk_norm_after_rotary`: Hunyuan, models/hunyuan.py).
 SmolLM3 is Llama with `cfg.nope_layers`: those layers' q and k are not rotated (every 4th layer).
+Ministral 3 is Llama with an attention temperature (ModelConfig.attn_temperature_scale): each row's q, after
+rotary, times 1 + beta ln(1 + floor(pos / original context)), 1 inside the original context.
 Granite is Llama with four multipliers (ModelConfig): embeddings scaled, attention scaled by
 attention_multiplier instead of head_dim ** -0.5, each sublayer's output scaled before it joins the
 residual stream, logits divided by logits_scaling.
@@ -63,6 +65,8 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None and self.norm_after_rotary:  # Hunyuan's order
             qk = torch.cat([self.q_norm(qk[:, : self.nh]), self.k_norm(qk[:, self.nh :])], dim=1)
         q, k = qk[:, : self.nh], qk[:, self.nh :]
+        if rope.q_scale is not None:  # Ministral 3's temperature, after rotary
+            q = q * rope.q_scale.to(q.dtype)
         v = v.view(T, self.nkv, self.hd)
         o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale,
                                  sliding_window=self.sliding_window)
@@ -205,6 +209,9 @@ class LlamaForCausalLM(nn.Module):
         if self.cfg.embedding_multiplier != 1.0:  # Granite's
             x = x * self.cfg.embedding_multiplier
         rope = self.rope.tables(positions)  # (T, 1, hd) cos / sin rows, shared by every layer
+        if self.cfg.attn_temperature_scale:  # Ministral 3: q *= 1 + beta ln(1 + floor(pos / length)), (T, 1, 1)
+            steps = torch.floor(positions.to(torch.float32) / self.cfg.attn_temperature_length)
+            rope = rope._replace(q_scale=(1 + self.cfg.attn_temperature_scale * torch.log1p(steps)).view(-1, 1, 1))
         residual: torch.Tensor | None = None
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
         for layer in layers:

@@ -183,6 +183,9 @@ class NativeDecode:
         T = input_ids.shape[0]
         if not self.fits(T, attn):
             return None
+        cfg = self.model.cfg
+        if cfg.attn_temperature_scale and int(positions.max()) >= cfg.attn_temperature_length:
+            return None  # q's temperature is not 1 past the original context: the layer path applies it
         m = self.model
         assert m.rope is not None
         model = self._model_struct(attn)
