@@ -18,6 +18,8 @@ and from GGUF.
 - Ministral 3 (Ministral3ForCausalLM; GGUF "mistral3"): YaRN, and q times 1 + beta ln(1 + floor(pos / original
   context)) after rotary (llama.cpp's attention.temperature_scale; its converter writes mscale_all_dim as
   yarn_log_multiplier); q / k permuted.
+- Cohere2 (Cohere2ForCausalLM; GGUF "cohere2"): one LayerNorm (no bias) feeding attention and the MLP side
+  by side, rotary on adjacent pairs only in the windowed layers, logits times logit_scale, a tied head.
 - Arcee (ArceeForCausalLM; GGUF "arcee"): an MLP without a gate, down(relu(up(x)) ** 2); q / k permuted.
 - GLM-4 (Glm4ForCausalLM; GGUF "glm4"): a norm before and after each sublayer, rotary on half of each head on
   adjacent pairs, q / k / v biases, gate|up as one tensor.
@@ -71,11 +73,13 @@ FAMILIES = {
     "ministral3": dict(cls="Ministral3", layers=2, extra=dict(rope_parameters=dict(
         rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16, beta_fast=32.0,
         beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1))),
+    # layers 0-2 windowed (8 keys) and rotated, layer 3 global without rotary; logits times 0.25
+    "cohere2": dict(cls="Cohere2", layers=4, extra=dict(sliding_window=8, logit_scale=0.25, layer_norm_eps=1e-5)),
     "arcee": dict(cls="Arcee", layers=2, extra=dict(hidden_act="relu2")),  # no gate: down(relu(up(x)) ** 2)
     "glm4": dict(cls="Glm4", layers=2, extra=dict(head_dim=48, attention_bias=True, partial_rotary_factor=0.5,
                                                   pad_token_id=0)),
 }
-UNPERMUTED = ("olmo2", "gemma", "exaone4", "ernie4_5", "glm4", "hunyuan_dense")
+UNPERMUTED = ("olmo2", "gemma", "exaone4", "ernie4_5", "glm4", "hunyuan_dense", "cohere2")
 GGUF_ARCH = {"hunyuan_dense": "hunyuan-dense", "ministral3": "mistral3"}  # llama.cpp's name where it is not the family's
 # EXAONE 4 without a window (its config then needs layer_types: it cannot derive them)
 GLOBAL_EXAONE4 = dict(sliding_window=None, layer_types=["full_attention"] * 4)
@@ -92,7 +96,7 @@ def make_hf(tmp: Path, family: str, tokenizer: Any, **overrides: Any) -> tuple[P
     spec = FAMILIES[family]
     kw = dict(vocab_size=tok.vocab_size, hidden_size=128, intermediate_size=192, num_hidden_layers=spec["layers"],
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
-              tie_word_embeddings=family in ("smollm3", "gemma", "ernie4_5"), bos_token_id=1, eos_token_id=2, pad_token_id=2,
+              tie_word_embeddings=family in ("smollm3", "gemma", "ernie4_5", "cohere2"), bos_token_id=1, eos_token_id=2, pad_token_id=2,
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}) | spec["extra"] | overrides
     cfg = getattr(transformers, spec["cls"] + "Config")(**kw)
     cfg._attn_implementation = "eager"
@@ -146,6 +150,11 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
                   "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     if family == "arcee":
         del parts["mlp.gate_proj"]
+    if family == "cohere2":  # one norm a layer; llama.cpp's keys
+        del parts["post_attention_layernorm"]
+        w.add_float32(f"{a}.attention.layer_norm_epsilon", c.layer_norm_eps)
+        w.add_float32(f"{a}.logit_scale", c.logit_scale)
+        w.add_uint32(f"{a}.attention.sliding_window", c.sliding_window)
     if family == "ministral3":  # as llama.cpp's converter writes a Ministral 3
         w.add_string(f"{a}.rope.scaling.type", "yarn")
         w.add_float32(f"{a}.rope.scaling.factor", rope["factor"])
@@ -265,6 +274,8 @@ def test_the_twist_matters(family: str, tokenizer, tmp_path: Path) -> None:
     elif family == "ministral3":  # no temperature
         plain_rope = dict(FAMILIES[family]["extra"]["rope_parameters"], llama_4_scaling_beta=0.0)
         other = make_hf(tmp_path / "plain", family, tokenizer, rope_parameters=plain_rope)[1]
+    elif family == "cohere2":  # every layer windowed and rotated
+        other = make_hf(tmp_path / "plain", family, tokenizer, layer_types=["sliding_attention"] * 4)[1]
     elif family == "arcee":  # relu, not squared
         other = make_hf(tmp_path / "plain", family, tokenizer, hidden_act="relu")[1]
     elif family == "hunyuan_dense":  # the same weights as Qwen3, whose q / k norms come before rotary

@@ -100,6 +100,10 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
                    logits_scaling=cfg.logits_scaling)
     elif model_type == "gemma":  # its embedding scale is implied by the class
         out["hidden_act"] = cfg.hidden_act
+    elif model_type == "cohere2":
+        out.update(logit_scale=1.0 / cfg.logits_scaling, sliding_window=cfg.sliding_window,
+                   layer_norm_eps=cfg.rms_norm_eps, layer_types=list(cfg.layer_types) if cfg.sliding_window
+                   else ["full_attention"] * cfg.num_layers)
     elif model_type == "ministral3":  # its temperature rides in the rope entry, as HF's config keeps it
         if cfg.attn_temperature_scale:
             if not out["rope_scaling"]:

@@ -6,7 +6,8 @@ adds x into the residual and normalizes the sum, in one pass when the native ker
 
 `unit_offset` (Gemma's form): the checkpoint stores w and the scale is (1 + w). The parameter always holds
 the scale itself (its loader adds the 1), so the kernels and the fused add see one form. (Per-head q/k
-norms: layers/head_norm.py.)
+norms: layers/head_norm.py.) LayerNorm: the mean taken out too, a scale and no bias (Cohere's), the same
+interface, torch only.
 """
 
 from __future__ import annotations
@@ -55,3 +56,26 @@ def _load_unit_offset(param: nn.Parameter, tensor: torch.Tensor, shard: str | No
     if param.data.shape != tensor.shape:
         raise ValueError(f"norm weight has shape {tuple(tensor.shape)}, expected {tuple(param.data.shape)}")
     param.data.copy_(tensor.to(torch.float32) + 1.0)
+
+
+class LayerNorm(nn.Module):
+    """(x - mean) / sqrt(var + eps) * weight over the last dimension, no bias (Cohere's); RMSNorm's interface:
+    with a residual, residual + x is normalized and returned as the new residual."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    @overload
+    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(self, x: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return F.layer_norm(x, (x.shape[-1],), self.weight, None, self.eps)
+        residual = residual + x
+        return F.layer_norm(residual, (x.shape[-1],), self.weight, None, self.eps), residual

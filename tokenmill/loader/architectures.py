@@ -42,6 +42,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("hunyuan_dense", "tokenmill.models.hunyuan:HunYuanDenseForCausalLM", ("hunyuan-dense",),
                  ("HunYuanDenseV1ForCausalLM",), "hunyuan_v1_dense"),
     Architecture("arcee", "tokenmill.models.arcee:ArceeForCausalLM", ("arcee",), ("ArceeForCausalLM",), "arcee"),
+    Architecture("cohere2", "tokenmill.models.cohere2:Cohere2ForCausalLM", ("cohere2",), ("Cohere2ForCausalLM",),
+                 "cohere2"),
     Architecture("qwen3", _LLAMA, ("qwen3",), ("Qwen3ForCausalLM",), "qwen3"),
     Architecture("qwen3moe", _MOE, ("qwen3moe",), ("Qwen3MoeForCausalLM",), "qwen3_moe", is_moe=True),
     Architecture("qwen2moe", _MOE, ("qwen2moe",), ("Qwen2MoeForCausalLM",), "qwen2_moe", is_moe=True),

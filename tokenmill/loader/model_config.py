@@ -86,7 +86,7 @@ class ModelConfig:
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         matmuls = sum(n * k for n, k in self._layer_shapes(active))
-        per_layer = matmuls + 2 * d + (2 * self.head_dim if self.qk_norm else 0)
+        per_layer = matmuls + (d if self.architecture == "cohere2" else 2 * d) + (2 * self.head_dim if self.qk_norm else 0)
         if self.architecture in ("olmo2", "olmoe"):  # q / k norms over the whole projection
             per_layer += q + kv
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
@@ -159,6 +159,8 @@ class ModelConfig:
             family = _exaone4_gguf(metadata, arch, int(get("block_count")))
         elif ours.name == "ministral3":
             family = _ministral3_gguf(metadata, arch, rope_scaling)
+        elif ours.name == "cohere2":
+            family = _cohere2_gguf(metadata, arch, int(get("block_count")), head_dim)
         elif ours.name == "arcee":  # llama.cpp's arcee graph: relu(up) ** 2, no gate
             family = {"hidden_act": "relu2"}
         elif ours.name == "hunyuan_dense":  # llama.cpp's converter folded the NTK alpha into freq_base
@@ -191,6 +193,8 @@ class ModelConfig:
         )
         if ours.name == "phi3":
             cfg = _phi3_from_gguf(cfg, metadata, arch, tensor_names)
+        elif ours.name == "cohere2":  # LayerNorm's epsilon
+            cfg = replace(cfg, rms_norm_eps=float(metadata.get(f"{arch}.attention.layer_norm_epsilon", 1e-5)))
         return cfg
 
     @classmethod
@@ -233,6 +237,8 @@ class ModelConfig:
                 common.update(_glm4_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
             elif arch == "ministral3":
                 common.update(_ministral3_hf(cfg))
+            elif arch == "cohere2":
+                common.update(_cohere2_hf(cfg, int(cfg["num_hidden_layers"])))
             elif arch == "arcee":  # ArceeConfig's default activation is relu2
                 if cfg.get("attention_bias") or cfg.get("mlp_bias"):
                     raise ValueError("arcee with attention_bias or mlp_bias is not supported")
@@ -269,6 +275,8 @@ class ModelConfig:
         )
         if arch == "phi3":
             out = _phi3_from_hf(out, cfg, Path(path))
+        elif arch == "cohere2":  # LayerNorm's epsilon
+            out = replace(out, rms_norm_eps=float(cfg.get("layer_norm_eps", 1e-5)))
         return out
 
 
@@ -568,6 +576,38 @@ def _smollm3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     if len(flags) != n:
         raise ValueError(f"smollm3 no_rope_layers has {len(flags)} entries for {n} layers")
     return {"nope_layers": tuple(i for i, f in enumerate(flags) if not f)}
+
+
+def _cohere2_hf(cfg: dict[str, Any], n: int) -> dict[str, Any]:
+    """Cohere2's windowed layers (layer_types, else every sliding_window_pattern-th global; the global ones
+    without rotary), logit_scale as logits_scaling's reciprocal, its tied head by default."""
+    for key in ("attention_bias", "use_qk_norm"):
+        if cfg.get(key):
+            raise ValueError(f"cohere2 with {key} is not supported")
+    if float(cfg.get("rotary_pct", 1.0)) != 1.0:
+        raise ValueError("cohere2 with rotary_pct other than 1 is not supported")
+    if not cfg.get("sliding_window"):  # (HF then rotates no layer at all; no checkpoint is so)
+        raise ValueError("cohere2 without a sliding_window is not supported")
+    types = cfg.get("layer_types")
+    pattern = int(cfg.get("sliding_window_pattern") or 4)
+    sliding = [t == "sliding_attention" for t in types] if types else [(i + 1) % pattern != 0 for i in range(n)]
+    return _exaone4_fields(cfg.get("sliding_window"), sliding) | {
+        "qk_norm": False, "logits_scaling": 1.0 / float(cfg.get("logit_scale", 0.0625)),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
+
+
+def _cohere2_gguf(md: dict[str, Any], arch: str, n: int, head_dim: int) -> dict[str, Any]:
+    """llama.cpp's cohere2 keys: logit_scale, attention.sliding_window (every 4th layer global, as its graph
+    fixes it, unless a sliding_window_pattern says otherwise)."""
+    if int(md.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+        raise ValueError(f"GGUF {arch} with partial rotary is not supported")
+    pattern = md.get(f"{arch}.attention.sliding_window_pattern")
+    sliding = [bool(p) for p in pattern] if isinstance(pattern, list) else [(i + 1) % 4 != 0 for i in range(n)]
+    window = int(md.get(f"{arch}.attention.sliding_window") or 0)
+    if not window:
+        raise ValueError(f"GGUF {arch} without attention.sliding_window is not supported")
+    return {k: v for k, v in _exaone4_fields(window, sliding).items() if k != "qk_norm"} | {
+        "logits_scaling": 1.0 / float(md.get(f"{arch}.logit_scale", 1.0))}
 
 
 def _ministral3_hf(cfg: dict[str, Any]) -> dict[str, Any]:

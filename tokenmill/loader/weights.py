@@ -95,7 +95,7 @@ _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "
 # permuted ones, and the same un-permutation (_unpermute) puts each head's even dims before its odd ones: q.k
 # is unchanged by reordering both alike, and the rotation is then ours. Under partial rotary (GLM-4) only each
 # head's rotating dims are reordered (_to_halves).
-INTERLEAVED_ROTARY = ("ernie4_5", "glm4")
+INTERLEAVED_ROTARY = ("ernie4_5", "glm4", "cohere2")
 
 
 def _norm_shift(gguf_arch: str, name: str) -> float:

@@ -52,8 +52,9 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     cfg = model.cfg
     if cfg.qk_norm:
         return "per-head q/k norms"
-    if cfg.architecture in ("olmo2", "olmoe", "exaone4", "glm4"):
-        return "norms after the sublayers or over the whole q / k projection (OLMo 2, OLMoE, EXAONE 4, GLM-4)"
+    if cfg.architecture in ("olmo2", "olmoe", "exaone4", "glm4", "cohere2"):
+        return ("norms after the sublayers, over the whole q / k projection or LayerNorm with parallel sublayers "
+                "(OLMo 2, OLMoE, EXAONE 4, GLM-4, Cohere2)")
     if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
         return "partial rotary"
     assert model.rope is not None
