@@ -393,3 +393,26 @@ def test_unsupported_config_features_fail_naming_them(tokenizer, tmp_path: Path)
     (d / "config.json").write_text(json.dumps(cfg | {"attention_bias": True}))
     with pytest.raises(ValueError, match="granite with attention_bias is not supported"):
         engine(d)
+    from tokenmill.loader.model_config import ModelConfig
+
+    def gguf_md(arch: str, **extra: Any) -> dict[str, Any]:
+        md = {"general.architecture": arch} | {f"{arch}.{k}": v for k, v in extra.items()}
+        for k in ("attention.head_count", "embedding_length", "feed_forward_length", "block_count"):
+            md.setdefault(f"{arch}.{k}", 4)
+        return md
+
+    # OLMo 3 is written as olmo2 with windowed layers: refused, not run without its windows
+    with pytest.raises(ValueError, match="OLMo 3"):
+        ModelConfig.from_gguf(gguf_md("olmo2", **{"attention.sliding_window": 4096}), set(), "F32")
+    with pytest.raises(ValueError, match="cohere2 without attention.sliding_window"):
+        ModelConfig.from_gguf(gguf_md("cohere2"), set(), "F32")
+    for arch, cfg_extra, feature in [("exaone4", {"attention_bias": True}, "attention_bias"),
+                                     ("ernie4_5", {"use_bias": True}, "use_bias"),
+                                     ("cohere2", {"sliding_window": None}, "sliding_window"),
+                                     ("hunyuan_dense", {"rope_parameters": {"rope_type": "linear", "factor": 2.0}},
+                                      "rope scaling 'linear'")]:
+        d, _ = make_hf(tmp_path / arch, arch, tokenizer)
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps(cfg | cfg_extra))
+        with pytest.raises(ValueError, match=feature):
+            ModelConfig.from_hf_dir(d)

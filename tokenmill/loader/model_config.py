@@ -155,6 +155,9 @@ class ModelConfig:
             family = _granite_gguf(metadata, arch)
         elif ours.name == "gemma":  # llama.cpp: GELU (tanh), embeddings times sqrt(n_embd)
             family = {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": hidden ** 0.5}
+        elif ours.name == "olmo2" and metadata.get(f"{arch}.attention.sliding_window"):
+            # OLMo 3, which llama.cpp writes as olmo2 with windowed layers (and its rope scaling on some only)
+            raise ValueError(f"GGUF {arch} with attention.sliding_window (OLMo 3) is not supported")
         elif ours.name == "exaone4":
             family = _exaone4_gguf(metadata, arch, int(get("block_count")))
         elif ours.name == "ministral3":
