@@ -80,7 +80,7 @@ FAMILIES = {
                                                   pad_token_id=0)),
 }
 UNPERMUTED = ("olmo2", "gemma", "exaone4", "ernie4_5", "glm4", "hunyuan_dense", "cohere2")
-GGUF_ARCH = {"hunyuan_dense": "hunyuan-dense", "ministral3": "mistral3"}  # llama.cpp's name where it is not the family's
+GGUF_ARCH = {"hunyuan_dense": "hunyuan-dense", "ministral3": "mistral3"}  # llama.cpp's names that are not ours
 # EXAONE 4 without a window (its config then needs layer_types: it cannot derive them)
 GLOBAL_EXAONE4 = dict(sliding_window=None, layer_types=["full_attention"] * 4)
 
@@ -96,7 +96,8 @@ def make_hf(tmp: Path, family: str, tokenizer: Any, **overrides: Any) -> tuple[P
     spec = FAMILIES[family]
     kw = dict(vocab_size=tok.vocab_size, hidden_size=128, intermediate_size=192, num_hidden_layers=spec["layers"],
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
-              tie_word_embeddings=family in ("smollm3", "gemma", "ernie4_5", "cohere2"), bos_token_id=1, eos_token_id=2, pad_token_id=2,
+              tie_word_embeddings=family in ("smollm3", "gemma", "ernie4_5", "cohere2"), bos_token_id=1,
+              eos_token_id=2, pad_token_id=2,
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}) | spec["extra"] | overrides
     cfg = getattr(transformers, spec["cls"] + "Config")(**kw)
     cfg._attn_implementation = "eager"

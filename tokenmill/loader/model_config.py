@@ -86,7 +86,8 @@ class ModelConfig:
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
         matmuls = sum(n * k for n, k in self._layer_shapes(active))
-        per_layer = matmuls + (d if self.architecture == "cohere2" else 2 * d) + (2 * self.head_dim if self.qk_norm else 0)
+        norms = d if self.architecture == "cohere2" else 2 * d  # Cohere2: one norm for both sublayers
+        per_layer = matmuls + norms + (2 * self.head_dim if self.qk_norm else 0)
         if self.architecture in ("olmo2", "olmoe"):  # q / k norms over the whole projection
             per_layer += q + kv
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
@@ -250,7 +251,7 @@ class ModelConfig:
                 common.update(_hunyuan_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
             elif arch == "gemma":
                 common.update(_gemma1_hf(cfg))
-            elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes an o_proj bias, which ours lacks
+            elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes o_proj's, ours lacks it
                 raise ValueError(f"{arch} with attention_bias is not supported")
             elif arch == "olmoe" and cfg.get("clip_qkv") is not None:
                 raise ValueError("olmoe with clip_qkv is not supported")
@@ -594,7 +595,7 @@ def _cohere2_hf(cfg: dict[str, Any], n: int) -> dict[str, Any]:
     types = cfg.get("layer_types")
     pattern = int(cfg.get("sliding_window_pattern") or 4)
     sliding = [t == "sliding_attention" for t in types] if types else [(i + 1) % pattern != 0 for i in range(n)]
-    return _exaone4_fields(cfg.get("sliding_window"), sliding) | {
+    return _windowed_nope_fields(cfg.get("sliding_window"), sliding) | {
         "qk_norm": False, "logits_scaling": 1.0 / float(cfg.get("logit_scale", 0.0625)),
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
 
@@ -609,7 +610,7 @@ def _cohere2_gguf(md: dict[str, Any], arch: str, n: int, head_dim: int) -> dict[
     window = int(md.get(f"{arch}.attention.sliding_window") or 0)
     if not window:
         raise ValueError(f"GGUF {arch} without attention.sliding_window is not supported")
-    return {k: v for k, v in _exaone4_fields(window, sliding).items() if k != "qk_norm"} | {
+    return {k: v for k, v in _windowed_nope_fields(window, sliding).items() if k != "qk_norm"} | {
         "logits_scaling": 1.0 / float(md.get(f"{arch}.logit_scale", 1.0))}
 
 
@@ -678,9 +679,9 @@ def _ernie4_5_hf(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True))}
 
 
-def _exaone4_fields(window: int | None, sliding: list[bool]) -> dict[str, Any]:
-    """EXAONE 4's layers: with a window, the sliding ones windowed and rotated, the others global without
-    rotary; without one, every layer global and rotated (HF's and llama.cpp's rule)."""
+def _windowed_nope_fields(window: int | None, sliding: list[bool]) -> dict[str, Any]:
+    """EXAONE 4's and Cohere2's layers: with a window, the sliding ones windowed and rotated, the others global
+    without rotary; without one, every layer global and rotated (EXAONE 4's rule in HF and llama.cpp)."""
     if not window:
         return {"qk_norm": True}
     return {"qk_norm": True, "sliding_window": window,
@@ -695,7 +696,7 @@ def _exaone4_hf(cfg: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"exaone4 with {key} is not supported")
     n, window = int(cfg["num_hidden_layers"]), cfg.get("sliding_window")
     if not window:
-        return _exaone4_fields(None, [])
+        return _windowed_nope_fields(None, [])
     types, pattern = cfg.get("layer_types"), cfg.get("sliding_window_pattern", 4)
     if types:
         sliding = [t == "sliding_attention" for t in types]
@@ -705,7 +706,7 @@ def _exaone4_hf(cfg: dict[str, Any]) -> dict[str, Any]:
         sliding = [(i + 1) % int(pattern) != 0 for i in range(n)]
     if len(sliding) != n:
         raise ValueError(f"exaone4 layer_types has {len(sliding)} entries for {n} layers")
-    return _exaone4_fields(int(window), sliding)
+    return _windowed_nope_fields(int(window), sliding)
 
 
 def _exaone4_gguf(md: dict[str, Any], arch: str, n: int) -> dict[str, Any]:
@@ -716,7 +717,7 @@ def _exaone4_gguf(md: dict[str, Any], arch: str, n: int) -> dict[str, Any]:
     sliding = [bool(p) for p in pattern] if pattern is not None else [(i + 1) % 4 != 0 for i in range(n)]
     if window and len(sliding) != n:
         raise ValueError(f"GGUF {arch}.attention.sliding_window_pattern has {len(sliding)} entries for {n} layers")
-    return {k: v for k, v in _exaone4_fields(window or None, sliding).items() if k != "qk_norm"}
+    return {k: v for k, v in _windowed_nope_fields(window or None, sliding).items() if k != "qk_norm"}
 
 
 def _granite_hf(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -142,7 +142,8 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
     tensor info) says so."""
     # llama.cpp's converter permutes q/k for the llama arch and the ones it converts as llama (LlamaModel's
     # subclasses that keep its rotary: Granite, Granite MoE, SmolLM3, Arcee, Ministral 3)
-    permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3", "arcee", "mistral3") + INTERLEAVED_ROTARY
+    permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3", "arcee", "mistral3",
+                                   *INTERLEAVED_ROTARY)
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
         hf_name, n_head = _hf_name(name, cfg, permuted)
         info = gf.tensors[name]
