@@ -46,9 +46,12 @@ class RMSNorm(nn.Module):
             if out is not None:
                 return out if residual is None else (out, residual)
         if residual is None:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+            return self._torch(x)
         residual = residual + x
-        return F.rms_norm(residual, (x.shape[-1],), self.weight, self.eps), residual
+        return self._torch(residual), residual
+
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def _load_unit_offset(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
@@ -58,24 +61,13 @@ def _load_unit_offset(param: nn.Parameter, tensor: torch.Tensor, shard: str | No
     param.data.copy_(tensor.to(torch.float32) + 1.0)
 
 
-class LayerNorm(nn.Module):
-    """(x - mean) / sqrt(var + eps) * weight over the last dimension, no bias (Cohere's); RMSNorm's interface:
-    with a residual, residual + x is normalized and returned as the new residual."""
+class LayerNorm(RMSNorm):
+    """(x - mean) / sqrt(var + eps) * weight over the last dimension, no bias (Cohere's); RMSNorm's interface
+    (with a residual, residual + x is normalized and returned as the new residual), torch only."""
 
     def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-        self.eps = eps
+        super().__init__(dim, eps)
+        self.use_native = False  # the native kernel is RMSNorm's
 
-    @overload
-    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
-
-    @overload
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def forward(self, x: torch.Tensor,
-                residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return F.layer_norm(x, (x.shape[-1],), self.weight, None, self.eps)
-        residual = residual + x
-        return F.layer_norm(residual, (x.shape[-1],), self.weight, None, self.eps), residual
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, None, self.eps)
