@@ -58,12 +58,12 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(h)  # (T, (nh + 2 nkv) hd)
         qk, v = qkv.split([(self.nh + self.nkv) * self.hd, self.nkv * self.hd], dim=-1)
         qk = qk.view(T, self.nh + self.nkv, self.hd)
-        if self.q_norm is not None and self.k_norm is not None and not self.norm_after_rotary:
-            qk = torch.cat([self.q_norm(qk[:, : self.nh]), self.k_norm(qk[:, self.nh :])], dim=1)
+        if not self.norm_after_rotary:
+            qk = self._norm_qk(qk)
         if self.rotates:
             qk = rotate_(qk, rope)  # q and k heads are adjacent: one pass
-        if self.q_norm is not None and self.k_norm is not None and self.norm_after_rotary:  # Hunyuan's order
-            qk = torch.cat([self.q_norm(qk[:, : self.nh]), self.k_norm(qk[:, self.nh :])], dim=1)
+        if self.norm_after_rotary:  # Hunyuan's order
+            qk = self._norm_qk(qk)
         q, k = qk[:, : self.nh], qk[:, self.nh :]
         if rope.q_scale is not None:  # Ministral 3's temperature, after rotary
             q = q * rope.q_scale.to(q.dtype)
@@ -71,6 +71,13 @@ class LlamaAttention(nn.Module):
         o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale,
                                  sliding_window=self.sliding_window)
         return self.o_proj(o.reshape(T, -1))
+
+
+    def _norm_qk(self, qk: torch.Tensor) -> torch.Tensor:
+        """(T, nh + nkv, hd) -> each q and k head RMS-normalized by its norm (as it is without them)."""
+        if self.q_norm is None or self.k_norm is None:
+            return qk
+        return torch.cat([self.q_norm(qk[:, : self.nh]), self.k_norm(qk[:, self.nh :])], dim=1)
 
 
 class LlamaMLP(GatedMLP):

@@ -52,9 +52,12 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     cfg = model.cfg
     if cfg.qk_norm:
         return "per-head q/k norms"
-    if cfg.architecture in ("olmo2", "olmoe", "exaone4", "glm4", "cohere2"):
-        return ("norms after the sublayers, over the whole q / k projection or LayerNorm with parallel sublayers "
-                "(OLMo 2, OLMoE, EXAONE 4, GLM-4, Cohere2)")
+    from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer  # (llama imports this module)
+
+    other = {type(layer).__name__ for layer in _layers(model) if type(layer) is not LlamaDecoderLayer
+             or type(layer.self_attn) is not LlamaAttention}
+    if other:  # the step computes llama's layer (Gemma's, OLMo's, GLM-4's, Cohere2's norms differ)
+        return f"a decoder layer other than llama's ({', '.join(sorted(other))})"
     if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
         return "partial rotary"
     assert model.rope is not None
