@@ -131,10 +131,10 @@ def make_paged(B: int, nkv: int, hd: int, bs: int, lens: list[int], dtype: torch
     return k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.long)
 
 
-def reference(q, k_cache, v_cache, tables, lens, scale, starts=None, softcap=0.0) -> torch.Tensor:
+def reference(q, k_cache, v_cache, tables, lens, scale, starts=None, softcap=0.0, sinks=None) -> torch.Tensor:
     """The torch path, per sequence: gather its blocks, SDPA (GQA as enable_gqa has it), in fp32, over
-    positions [starts[b], lens[b]) (a sliding window's) or all of [0, lens[b]); with softcap, the paged
-    backend's capped attention (attention/paged.py's attend)."""
+    positions [starts[b], lens[b]) (a sliding window's) or all of [0, lens[b]); with softcap or sinks, the
+    paged backend's explicit attention (attention/paged.py's attend)."""
     from tokenmill.attention.paged import attend
 
     B, nh, hd = q.shape
@@ -146,7 +146,7 @@ def reference(q, k_cache, v_cache, tables, lens, scale, starts=None, softcap=0.0
         ids = tables[b, : -(-L // bs)]
         k = k_cache[ids].reshape(-1, nkv, hd)[S:L].float().transpose(0, 1)[None]
         v = v_cache[ids].reshape(-1, nkv, hd)[S:L].float().transpose(0, 1)[None]
-        o = attend(q[b].float()[None, :, None], k, v, None, scale, softcap)
+        o = attend(q[b].float()[None, :, None], k, v, None, scale, softcap, sinks=sinks)
         out[b] = o[0, :, 0]
     return out
 
@@ -215,6 +215,29 @@ def test_paged_decode_attention_soft_capped(dtype: torch.dtype) -> None:
     torch.testing.assert_close(out.float(), want, **tol(dtype))
     uncapped = reference(q, k_cache, v_cache, tables, lens_t, 256 ** -0.5, starts)
     assert (uncapped - want).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_attention_with_sinks(dtype: torch.dtype) -> None:
+    """gpt-oss's sinks: one more logit per query head in each softmax, selecting no value; one partition and
+    several (513, 1000 keys), with a window, decode rows and prompt rows (prefill_from); sinks large enough to
+    take most of the weight (without them the result is far off)."""
+    lens = [1, 16, 17, 100, 513, 1000]
+    nh, nkv, hd = 16, 2, 64
+    k_cache, v_cache, tables, lens_t = make_paged(len(lens), nkv, hd, 16, lens, dtype, seed=11)
+    sinks = torch.linspace(-3.0, 4.0, nh)
+    q = torch.randn(len(lens), nh, hd).to(dtype)
+    for starts in (None, (lens_t - 128).clamp(min=0)):
+        want = reference(q, k_cache, v_cache, tables, lens_t, hd ** -0.5, starts, sinks=sinks)
+        for prefill_from in (None, 3):
+            out = torch.empty_like(q)
+            assert kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens_t, hd ** -0.5, starts=starts,
+                                                  sinks=sinks, prefill_from=prefill_from)
+            torch.testing.assert_close(out.float(), want, **tol(dtype))
+        plain = reference(q, k_cache, v_cache, tables, lens_t, hd ** -0.5, starts)
+        assert (plain - want).abs().max() > 0.1
+    assert not kernels.paged_decode_attention(torch.empty_like(q), q, k_cache, v_cache, tables, lens_t, 0.125,
+                                              sinks=sinks.to(dtype=torch.float64))
 
 
 def test_paged_decode_attention_bf16() -> None:

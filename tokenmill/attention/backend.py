@@ -14,6 +14,9 @@ window is a per-layer argument of `forward`; what a backend derives from it per 
 positions) it keeps in `AttentionMetadata.window_cache`, built by the first layer that asks. Blocks wholly
 before a window are never read: with every layer windowed the block manager frees them, so a block table
 may hold -1 or another request's block there.
+
+Attention sinks (gpt-oss): a learned logit per query head joins each softmax and takes its share of the
+weight without contributing a value: out = sum_j exp(s_j) v_j / (exp(sink) + sum_j exp(s_j)).
 """
 
 from __future__ import annotations
@@ -88,10 +91,11 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float,
-                sliding_window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                sliding_window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """q (T, nh, hd), k and v (T, nkv, hd) of this step's tokens: write k, v to their cache slots, then
         attend (over the last `sliding_window` keys of each query when > 0; each score s soft-capped to
-        softcap * tanh(s / softcap) when softcap > 0). Returns (T, nh, hd)."""
+        softcap * tanh(s / softcap) when softcap > 0; with `sinks` (nh,), one more logit per query head in
+        each softmax's denominator that selects no value, gpt-oss's attention sinks). Returns (T, nh, hd)."""
 
     def release(self, req_ids: set[str]) -> None:
         """These requests are finished: drop any state kept for them."""

@@ -172,10 +172,10 @@ class MirrorAttentionBackend(PagedAttentionBackend):
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float, window: int = 0, softcap: float = 0.0) -> None:
+                         scale: float, window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
         m = meta.extra
         if not isinstance(m, MirrorStep):
-            super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window, softcap)
+            super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window, softcap, sinks)
             return
         d = meta.num_decodes
         kb, vb = m.k[layer_idx], m.v[layer_idx]  # (S, nkv, cap, hd)
@@ -189,7 +189,8 @@ class MirrorAttentionBackend(PagedAttentionBackend):
                 keys = torch.arange(m.max_len, device=m.positions.device)[None, :]
                 mask = m.mask & (keys > m.positions[:, None] - window)[:, None, None, :]
                 meta.window_cache[("mirror_mask", window)] = mask
-        out[:d] = attend(qd, kb[:d, :, : m.max_len], vb[:d, :, : m.max_len], mask, scale, softcap).squeeze(2)
+        out[:d] = attend(qd, kb[:d, :, : m.max_len], vb[:d, :, : m.max_len], mask, scale, softcap,
+                        sinks=sinks).squeeze(2)
 
     def release(self, req_ids: set[str]) -> None:
         self.mirror.drop(req_ids)

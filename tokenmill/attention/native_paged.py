@@ -126,7 +126,8 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
         return meta
 
     def attend_rows(self, out: torch.Tensor, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
-                    meta: AttentionMetadata, scale: float, window: int = 0, softcap: float = 0.0) -> int | None:
+                    meta: AttentionMetadata, scale: float, window: int = 0, softcap: float = 0.0,
+                    sinks: torch.Tensor | None = None) -> int | None:
         """The decodes and the NativeRows' prefill chunks in one kernel call -> out[:rows.count]; None when
         the step has no NativeRows or the kernel did not take these tensors (a stride)."""
         rows = meta.extra
@@ -140,13 +141,14 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
         n = rows.count
         if kernels.paged_decode_attention(out[:n], q[:n], kv_cache[0], kv_cache[1], rows.tables, rows.lens, scale,
                                           starts=starts, softcap=softcap,
-                                          prefill_from=meta.num_decodes if self.prompt_lanes and not window else None):
+                                          prefill_from=meta.num_decodes if self.prompt_lanes and not window else None,
+                                          sinks=_fp32(sinks)):
             return rows.chunks
         return None
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float, window: int = 0, softcap: float = 0.0) -> None:
+                         scale: float, window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
         d, lens, tables = meta.num_decodes, meta.decode_context_lens, meta.decode_block_tables
         if lens is not None and tables is not None:
             starts = None  # (D,) int64: each decode's first key position, lens - W, once per step and window
@@ -155,9 +157,14 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
                 if starts is None:
                     starts = meta.window_cache[("starts", window)] = (lens - window).clamp_(min=0)
             if kernels.paged_decode_attention(out[:d], q[:d], kv_cache[0], kv_cache[1], tables, lens, scale,
-                                              starts=starts, softcap=softcap):
+                                              starts=starts, softcap=softcap, sinks=_fp32(sinks)):
                 return
             if meta.decode_mask is None:  # tensors the kernel did not take (a stride): the masked gather
                 keys = torch.arange(tables.shape[1] * self.block_size, device=lens.device)
                 meta.decode_mask = (keys[None, :] < lens[:, None])[:, None, None, :]
-        super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window, softcap)
+        super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window, softcap, sinks)
+
+
+def _fp32(sinks: torch.Tensor | None) -> torch.Tensor | None:
+    """The sinks as the kernel takes them: (nh,) float32, contiguous."""
+    return None if sinks is None else sinks.detach().float().contiguous()

@@ -57,32 +57,50 @@ def prefill_chunks(prefills: list[ScheduledSeq], q_offset: int, device: torch.de
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-           softcap: float = 0.0, is_causal: bool = False) -> torch.Tensor:
+           softcap: float = 0.0, is_causal: bool = False, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, nh, Lq, hd), k and v (B, nkv, Lk, hd) -> (B, nh, Lq, hd): SDPA (GQA, a bool mask where True is
-    seen, or causal). With softcap > 0 each score s is first soft-capped, cap * tanh(s / cap) (Gemma 2),
-    which SDPA has no option for: the same attention in explicit steps, in fp32, then q's dtype."""
-    if softcap <= 0:
+    seen, or causal). With softcap > 0 each score s is first soft-capped, cap * tanh(s / cap) (Gemma 2), and
+    with sinks (nh,) each head's softmax has one more logit that selects no value (gpt-oss); SDPA has no
+    option for either: the same attention in explicit steps, in fp32, then q's dtype, a slice of queries
+    at a time (a (B, nh, rows, Lk) block of scores at most EXPLICIT_SCORES floats)."""
+    if softcap <= 0 and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                               enable_gqa=True)
-    rep = q.shape[1] // k.shape[1]
+    B, nh, lq, _ = q.shape
+    lk = k.shape[2]
+    rep = nh // k.shape[1]
     kf, vf = k.float(), v.float()
     if rep > 1:  # each kv head serves `rep` consecutive query heads, as enable_gqa pairs them
         kf, vf = kf.repeat_interleave(rep, dim=1), vf.repeat_interleave(rep, dim=1)
-    scores = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale  # (B, nh, Lq, Lk)
-    scores = torch.tanh(scores / softcap) * softcap
     if is_causal:  # Lq == Lk here: query i sees keys 0..i
-        lq, lk = scores.shape[-2], scores.shape[-1]
         mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), vf).to(q.dtype)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    rows = max(1, EXPLICIT_SCORES // max(1, B * nh * lk))
+    for r0 in range(0, lq, rows):
+        r1 = min(lq, r0 + rows)
+        scores = torch.matmul(q[:, :, r0:r1].float(), kf.transpose(-1, -2)) * scale  # (B, nh, rows, Lk)
+        if softcap > 0:
+            scores = torch.tanh(scores / softcap) * softcap
+        if mask is not None:
+            scores = scores.masked_fill(~(mask if mask.shape[-2] == 1 else mask[..., r0:r1, :]), float("-inf"))
+        if sinks is None:
+            probs = torch.softmax(scores, dim=-1)
+        else:  # the sink's column joins the softmax, then leaves: its weight goes nowhere
+            sink = sinks.float().view(1, nh, 1, 1).expand(B, nh, r1 - r0, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :lk]
+        out[:, :, r0:r1] = torch.matmul(probs, vf).to(q.dtype)
+    return out
+
+
+# the explicit attention's score blocks: at most this many floats (256 MB) at once
+EXPLICIT_SCORES = 64 * 2**20
 
 
 def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, chunks: list[PrefillChunk], scale: float, window: int = 0,
-                      softcap: float = 0.0) -> None:
+                      softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
     """Each chunk attends over its cached prefix plus itself (causal; with window W > 0 over the last W
-    keys of each query only; scores soft-capped when softcap > 0); results go into `out` (T, nh, hd)."""
+    keys of each query only; scores soft-capped when softcap > 0; sinks as attend's); results go into `out` (T, nh, hd)."""
     nkv, hd = k.shape[1], k.shape[2]
     bs = k_cache.shape[1]
     for c in chunks:
@@ -96,9 +114,9 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             ks = k[c.q_start : c.q_start + c.q_len].transpose(0, 1)[None].contiguous()
             vs = v[c.q_start : c.q_start + c.q_len].transpose(0, 1)[None].contiguous()
             if window <= 0 or c.q_len <= window:  # the window covers the whole chunk
-                o = attend(qs, ks, vs, None, scale, softcap, is_causal=True)
+                o = attend(qs, ks, vs, None, scale, softcap, is_causal=True, sinks=sinks)
             else:
-                o = attend(qs, ks, vs, _causal_mask(qpos, qpos, window), scale, softcap)
+                o = attend(qs, ks, vs, _causal_mask(qpos, qpos, window), scale, softcap, sinks=sinks)
         else:  # cached prefix + chunk: gather the blocks from the first one the window reaches
             ctx = c.start + c.q_len
             first = max(0, c.start - window + 1) // bs if window > 0 else 0  # blocks before it are unseen
@@ -108,7 +126,7 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             vs = gather_blocks(v_cache, c.block_table[first:nb]).view(-1, nkv, hd)[: ctx - k0].transpose(0, 1)[None]
             ks, vs = ks.contiguous(), vs.contiguous()
             kpos = torch.arange(k0, ctx, device=q.device)
-            o = attend(qs, ks, vs, _causal_mask(qpos, kpos, window), scale, softcap)
+            o = attend(qs, ks, vs, _causal_mask(qpos, kpos, window), scale, softcap, sinks=sinks)
         out[c.q_start : c.q_start + c.q_len] = o[0].transpose(0, 1)
 
 
@@ -183,20 +201,23 @@ class PagedAttentionBackend(AttentionBackend):
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float,
-                sliding_window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                sliding_window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)
-        chunks = self.attend_rows(out, q, kv_cache, meta, scale, sliding_window, softcap)
+        chunks = self.attend_rows(out, q, kv_cache, meta, scale, sliding_window, softcap, sinks)
         if chunks is None:
             chunks = 0
             if meta.num_decodes:
-                self.decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, sliding_window, softcap)
-        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills[chunks:], scale, sliding_window, softcap)
+                self.decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, sliding_window, softcap,
+                                      sinks)
+        prefill_attention(out, q, k, v, k_cache, v_cache, meta.prefills[chunks:], scale, sliding_window, softcap,
+                          sinks)
         return out
 
     def attend_rows(self, out: torch.Tensor, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
-                    meta: AttentionMetadata, scale: float, window: int = 0, softcap: float = 0.0) -> int | None:
+                    meta: AttentionMetadata, scale: float, window: int = 0, softcap: float = 0.0,
+                    sinks: torch.Tensor | None = None) -> int | None:
         """A backend's one pass over the decodes and the first prefill chunks together (their K/V already
         written): fills their rows of out and returns how many chunks it took; None when it took nothing
         (decode_attention and prefill_attention then do it all). Here: None."""
@@ -204,9 +225,10 @@ class PagedAttentionBackend(AttentionBackend):
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float, window: int = 0, softcap: float = 0.0) -> None:
+                         scale: float, window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
         """The first num_decodes tokens: one query each over its gathered blocks -> out[:D]; with a window,
-        over the blocks the window reaches (window_decode_blocks); scores soft-capped when softcap > 0."""
+        over the blocks the window reaches (window_decode_blocks); scores soft-capped when softcap > 0; sinks
+        as attend's."""
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         d, nkv, hd = meta.num_decodes, k.shape[1], k.shape[2]
         tables, mask = meta.decode_block_tables, meta.decode_mask
@@ -215,4 +237,4 @@ class PagedAttentionBackend(AttentionBackend):
         kd = gather_blocks(kv_cache[0], tables).view(d, -1, nkv, hd).transpose(1, 2)  # (D, nkv, L, hd)
         vd = gather_blocks(kv_cache[1], tables).view(d, -1, nkv, hd).transpose(1, 2)
         qd = q[:d].unsqueeze(2)  # (D, nh, 1, hd)
-        out[:d] = attend(qd, kd, vd, mask, scale, softcap).squeeze(2)
+        out[:d] = attend(qd, kd, vd, mask, scale, softcap, sinks=sinks).squeeze(2)

@@ -7,10 +7,12 @@ size asked for), the weights are N(0, std) and quantized row by row as they are 
 
     python -m tokenmill.benchmarks.random_gguf out.gguf --preset qwen2.5-7b --mix q4_k_m
     python -m tokenmill.benchmarks.random_gguf moe.gguf --preset qwen3-30b-a3b-4l --mix q4_k_m
+    python -m tokenmill.benchmarks.random_gguf oss.gguf --preset gpt-oss-20b --mix mxfp4_moe
 
 Mixes follow llama.cpp's recipes in spirit: `q4_k_m` / `q5_k_m` keep attn_v and ffn_down of about half
 the layers (the first and last eighth, and every third in between) and the output layer in Q6_K; a plain
-type name ("q4_0", "q8_0", "q6_k", ...) uses that type for every matrix. Norms are F32.
+type name ("q4_0", "q8_0", "q6_k", ...) uses that type for every matrix; `mxfp4_moe` (gpt-oss's own files)
+puts the experts in MXFP4 and every other matrix in Q8_0. Norms, biases and sinks are F32.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class Shape:
     experts: int = 0
     experts_used: int = 0
     expert_intermediate: int = 0
+    # arch gpt-oss: attention biases and sinks, biased router and experts, `window` keys on the even layers,
+    # YaRN (factor 32 over 4096 positions), post_attention_norm before the MLP
+    window: int = 0
 
 
 PRESETS = {
@@ -51,6 +56,9 @@ PRESETS = {
     # Qwen3-30B-A3B's layer shape (128 experts of 768, 8 used, head_dim 128), 4 of its 48 layers
     "qwen3-30b-a3b-4l": Shape("qwen3moe", 2048, 6144, 4, 32, 4, 151936, head_dim=128, qk_norm=True, experts=128,
                               experts_used=8, expert_intermediate=768),
+    # gpt-oss-20b's shapes (24 layers, 32 experts of 2880, 4 used, 64 heads of 64, 8 KV heads, window 128)
+    "gpt-oss-20b": Shape("gpt-oss", 2880, 2880, 24, 64, 8, 201088, context=131072, attention_bias=True, head_dim=64,
+                         experts=32, experts_used=4, expert_intermediate=2880, window=128),
 }
 
 
@@ -60,6 +68,8 @@ def _more_bits(layer: int, n: int) -> bool:
 
 def tensor_type(name: str, layer: int, n_layers: int, mix: str) -> str:
     """The ggml type name of tensor `name` (llama.cpp naming) in `mix`."""
+    if mix == "mxfp4_moe":  # llama-quantize's MXFP4_MOE (gpt-oss's own GGUFs): experts MXFP4, the rest Q8_0
+        return "mxfp4" if name.endswith("_exps.weight") else "q8_0"
     if mix in ("q4_k_m", "q5_k_m"):
         base = mix[:4]
         if name == "output.weight":
@@ -128,14 +138,20 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
                         (p + "attn_v.bias", (s.kv_heads * hd,), "f32")]
         if s.qk_norm:
             tensors += [(p + "attn_q_norm.weight", (hd,), "f32"), (p + "attn_k_norm.weight", (hd,), "f32")]
+        oss = s.arch == "gpt-oss"
         tensors += [(p + "attn_output.weight", (s.hidden, s.heads * hd), ""),
-                    (p + "ffn_norm.weight", (s.hidden,), "f32")]
+                    (p + ("post_attention_norm" if oss else "ffn_norm") + ".weight", (s.hidden,), "f32")]
+        if oss:
+            tensors += [(p + "attn_output.bias", (s.hidden,), "f32"), (p + "attn_sinks.weight", (s.heads,), "f32")]
         if s.experts:  # the router stays F32, as llama.cpp's quantizer leaves it; experts stacked in 3-D
             e, f = s.experts, s.expert_intermediate
             tensors += [(p + "ffn_gate_inp.weight", (e, s.hidden), "f32"),
                         (p + "ffn_gate_exps.weight", (e, f, s.hidden), ""),
                         (p + "ffn_up_exps.weight", (e, f, s.hidden), ""),
                         (p + "ffn_down_exps.weight", (e, s.hidden, f), "")]
+            if oss:
+                tensors += [(p + "ffn_gate_inp.bias", (e,), "f32"), (p + "ffn_gate_exps.bias", (e, f), "f32"),
+                            (p + "ffn_up_exps.bias", (e, f), "f32"), (p + "ffn_down_exps.bias", (e, s.hidden), "f32")]
         else:
             tensors += [(p + "ffn_gate.weight", (s.intermediate, s.hidden), ""),
                         (p + "ffn_up.weight", (s.intermediate, s.hidden), ""),
@@ -157,7 +173,7 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     w.add_uint32(f"{a}.feed_forward_length", s.intermediate)
     w.add_uint32(f"{a}.attention.head_count", s.heads)
     w.add_uint32(f"{a}.attention.head_count_kv", s.kv_heads)
-    w.add_float32(f"{a}.rope.freq_base", 10000.0)
+    w.add_float32(f"{a}.rope.freq_base", 150000.0 if a == "gpt-oss" else 10000.0)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32(f"{a}.vocab_size", s.vocab)
     w.add_uint32(f"{a}.rope.dimension_count", hd)
@@ -167,6 +183,14 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
         w.add_uint32(f"{a}.expert_count", s.experts)
         w.add_uint32(f"{a}.expert_used_count", s.experts_used)
         w.add_uint32(f"{a}.expert_feed_forward_length", s.expert_intermediate)
+    if s.window:
+        w.add_uint32(f"{a}.attention.sliding_window", s.window)
+    if a == "gpt-oss":  # as llama.cpp's converter writes gpt-oss's YaRN
+        w.add_string(f"{a}.rope.scaling.type", "yarn")
+        w.add_float32(f"{a}.rope.scaling.factor", 32.0)
+        w.add_uint32(f"{a}.rope.scaling.original_context_length", 4096)
+        w.add_float32(f"{a}.rope.scaling.yarn_beta_fast", 32.0)
+        w.add_float32(f"{a}.rope.scaling.yarn_beta_slow", 1.0)
     add_default_tokenizer(w, s.vocab)
     for key, value in (extra_metadata or {}).items():
         if isinstance(value, str):

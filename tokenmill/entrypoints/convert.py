@@ -37,7 +37,7 @@ def hf_rope_scaling(cfg: ModelConfig) -> dict[str, Any] | None:
     if kind == "yarn":  # with the ramp's betas and the temperature where the GGUF gave them
         return {"rope_type": "yarn", "factor": rs["factor"],
                 "original_max_position_embeddings": rs["original_max_position_embeddings"]} | {
-            k: rs[k] for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor")
+            k: rs[k] for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
             if rs.get(k) is not None}
     if kind == "longrope":  # phi3: short_factor / long_factor come from the GGUF's tensors (convert_gguf_to_hf)
         out = {"rope_type": "longrope", "original_max_position_embeddings": rs["original_max_position_embeddings"]}
@@ -90,7 +90,7 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
         out.update(attention_bias=cfg.attention_bias, mlp_bias=False)
     elif model_type == "qwen2_moe":
         out["qkv_bias"] = cfg.attention_bias
-    elif cfg.attention_bias and model_type not in ("qwen2", "glm4"):
+    elif cfg.attention_bias and model_type not in ("qwen2", "glm4", "gpt_oss"):
         raise NotImplementedError(f"{model_type} with attention biases has no HF config form")
     if model_type == "phi3":
         out.update(_phi3_config(cfg))
@@ -120,6 +120,9 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
     elif model_type == "exaone4":  # layer_types always (its config cannot derive them without a window)
         out["sliding_window"] = cfg.sliding_window
         out["layer_types"] = list(cfg.layer_types) if cfg.sliding_window else ["full_attention"] * cfg.num_layers
+    elif model_type == "gpt_oss":  # q/k/v/o biases always; its YaRN keeps truncate (False) in rope_scaling
+        out.update(attention_bias=True, sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types),
+                   swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit)
     elif model_type == "smollm3":
         out["no_rope_layers"] = [int(i not in cfg.nope_layers) for i in range(cfg.num_layers)]
         out["pad_token_id"] = None  # its config class defaults to 128004, past a smaller vocabulary
@@ -177,11 +180,36 @@ def _granitemoe_tensors(tensors: dict[str, Any], num_experts: int) -> None:
             tensors[p + "shared_mlp.output_linear.weight"] = tensors.pop(s + "down_proj.weight")
 
 
+def _gpt_oss_tensors(tensors: dict[str, Any], num_experts: int) -> None:
+    """In place: the sinks under their HF name, the router as mlp.router, and the experts stacked as
+    transformers' GptOss holds them: gate_up_proj (E, D, 2I) with gate and up in alternating columns (x @ w),
+    gate_up_proj_bias (E, 2I) alike, down_proj (E, I, D), down_proj_bias (E, D)."""
+    import torch
+
+    for name in [n for n in tensors if n.endswith(".self_attn.sinks.weight")]:
+        tensors[name[: -len(".weight")]] = tensors.pop(name)
+    for name in [n for n in tensors if n.endswith(".mlp.gate.weight")]:
+        p = name[: -len("gate.weight")]
+        for kind in ("weight", "bias"):
+            tensors[p + f"router.{kind}"] = tensors.pop(p + f"gate.{kind}")
+        experts = [p + f"experts.{e}." for e in range(num_experts)]
+
+        def alternate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # (I, ...) twice -> (2I, ...)
+            return torch.stack([gate, up], dim=1).reshape(2 * gate.shape[0], *gate.shape[1:])
+
+        tensors[p + "experts.gate_up_proj"] = torch.stack(
+            [alternate(tensors.pop(x + "gate_proj.weight"), tensors.pop(x + "up_proj.weight")).t() for x in experts])
+        tensors[p + "experts.gate_up_proj_bias"] = torch.stack(
+            [alternate(tensors.pop(x + "gate_proj.bias"), tensors.pop(x + "up_proj.bias")) for x in experts])
+        tensors[p + "experts.down_proj"] = torch.stack([tensors.pop(x + "down_proj.weight").t() for x in experts])
+        tensors[p + "experts.down_proj_bias"] = torch.stack([tensors.pop(x + "down_proj.bias") for x in experts])
+
+
 def _hf_moe_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
     """The experts' entries of config.json (none for a dense model)."""
     if not cfg.num_experts:
         return {}
-    if model_type in ("mixtral", "granitemoe"):
+    if model_type in ("mixtral", "granitemoe", "gpt_oss"):
         if not cfg.moe_renormalize:
             raise NotImplementedError(f"{model_type} without renormalized expert weights has no HF config form")
         local: dict[str, Any] = {"num_local_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
@@ -306,6 +334,8 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
                 tensors[name.replace(f".{ours}.", f".{theirs}.")] = tensors.pop(name)
     elif cfg.architecture == "granitemoe":
         _granitemoe_tensors(tensors, cfg.num_experts)
+    elif cfg.architecture == "gpt_oss":
+        _gpt_oss_tensors(tensors, cfg.num_experts)
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(out / "model.safetensors"),

@@ -1,4 +1,5 @@
-"""Gated activations of the MLP, from the fused gate|up projection: silu(gate) * up, gelu_tanh(gate) * up."""
+"""Gated activations of the MLP, from the fused gate|up projection: silu(gate) * up, gelu_tanh(gate) * up, and
+gpt-oss's clamped form."""
 
 from __future__ import annotations
 
@@ -33,3 +34,18 @@ class GeluTanhAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up
+
+
+class SwigluOAI(nn.Module):
+    """(T, 2I) = gate | up -> (up' + 1) * g * sigmoid(alpha g), (T, I), where g = min(gate, limit) and up' =
+    up clamped to [-limit, limit]: gpt-oss's experts (HF's swiglu_alpha 1.702 and swiglu_limit 7.0, the
+    constants llama.cpp's graph uses)."""
+
+    def __init__(self, alpha: float, limit: float) -> None:
+        super().__init__()
+        self.alpha, self.limit = alpha, limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        return (up.clamp(-self.limit, self.limit) + 1) * (gate * torch.sigmoid(gate * self.alpha))

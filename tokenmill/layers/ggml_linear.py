@@ -146,6 +146,9 @@ class _Scratch:
 
 
 _Q4_K = int(GGMLQuantizationType.Q4_K)
+# types whose fused parts (gate | up) become separate ggml weights rather than one joined copy: ggml repacks
+# them (MXFP4 on x86), and a joined copy before repacking doubled the load's peak for gpt-oss's experts
+_REPACKED_APART = {int(GGMLQuantizationType.MXFP4)}
 
 
 def q4k_plain_here() -> bool:
@@ -269,6 +272,16 @@ class GGUFLinearMethod(LinearMethod):
         pack = self._packs(layer, groups)
         weights, offsets = [], []
         packed: list[tuple[int, int, int, int]] = []
+        if self.repack:  # parts that ggml repacks stay apart, each repacked from the file's pages: a joined
+            # copy first would cost their size again (glibc kept ~1.7 GB of gpt-oss-20b's freed joins mapped)
+            split: list[tuple[int, list[GGUFQuantized]]] = []
+            for offset, parts in groups:
+                if len(parts) > 1 and int(parts[0].ggml_type) in _REPACKED_APART:
+                    split += [(r0, [p]) for p, r0 in
+                              zip(parts, itertools.accumulate((q.shape[0] for q in parts), initial=offset))]
+                else:
+                    split.append((offset, parts))
+            groups = split
         for offset, parts in groups:
             if copy is not None:
                 for p, r0 in zip(parts, itertools.accumulate((q.shape[0] for q in parts), initial=offset)):

@@ -14,12 +14,15 @@ class GatedMLP(nn.Module):
     """(T, hidden) -> (T, hidden) through `intermediate` SwiGLU units. Parameters gate_up_proj (the
     checkpoint's gate_proj | up_proj rows) and down_proj."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, method: LinearMethod) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, method: LinearMethod, bias: bool = False,
+                 act: nn.Module | None = None) -> None:
+        """`bias`: both projections have one (gpt-oss's experts); `act`: (T, 2I) gate | up -> (T, I), SwiGLU's
+        silu(gate) * up by default."""
         super().__init__()
         d, i = hidden_size, intermediate_size
-        self.gate_up_proj = Linear(d, 2 * i, method, shards={"gate": i, "up": i})
-        self.act = SiluAndMul()
-        self.down_proj = Linear(i, d, method)
+        self.gate_up_proj = Linear(d, 2 * i, method, bias=bias, shards={"gate": i, "up": i})
+        self.act = act if act is not None else SiluAndMul()
+        self.down_proj = Linear(i, d, method, bias=bias)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(h)))

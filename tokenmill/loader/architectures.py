@@ -56,6 +56,9 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     # writes as "granitemoe" too) an always-on shared expert beside them
     Architecture("granitemoe", _MOE, ("granitemoe",), ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM"),
                  "granitemoe", is_moe=True),
+    # gpt-oss (20b, 120b): attention sinks, alternating windows, biased experts on a clamped SwiGLU
+    Architecture("gpt_oss", "tokenmill.models.gpt_oss:GptOssForCausalLM", ("gpt-oss",), ("GptOssForCausalLM",),
+                 "gpt_oss", is_moe=True),
     Architecture("phi3", "tokenmill.models.phi3:Phi3ForCausalLM", ("phi3",), ("Phi3ForCausalLM",), "phi3"),
     Architecture("gemma3", "tokenmill.models.gemma3:Gemma3ForCausalLM", ("gemma3",), ("Gemma3ForCausalLM",),
                  "gemma3_text"),

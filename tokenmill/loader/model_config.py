@@ -62,6 +62,9 @@ class ModelConfig:
     logits_scaling: float = 1.0
     # SmolLM3: the layers whose q and k are not rotated (NoPE); () : every layer rotates
     nope_layers: tuple[int, ...] = ()
+    # gpt-oss's experts: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
     def layer_windows(self) -> list[int]:
         """Each layer's sliding window (0: the layer attends to every earlier key)."""
@@ -93,6 +96,9 @@ class ModelConfig:
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
         if self.architecture in ("gemma2", "gemma3", "glm4"):  # pre- and post-norms around both sublayers
             per_layer += 2 * d + (2 * self.head_dim if self.architecture == "gemma3" else 0)  # Gemma 3's q/k norms
+        if self.architecture == "gpt_oss":  # o's bias, the sinks, the router's and the experts' biases
+            experts = self.num_experts_per_tok if active else self.num_experts
+            per_layer += d + self.num_heads + self.num_experts + experts * (2 * self.moe_intermediate_size + d)
         return self.num_layers * per_layer + bias + v * d * (1 if self.tie_word_embeddings else 2) + d
 
     def linear_shapes(self) -> list[tuple[int, int]]:
@@ -172,6 +178,8 @@ class ModelConfig:
         elif ours.name == "glm4":  # llama.cpp's rope.dimension_count: the rotating dims (half of each head)
             rotary = int(metadata.get(f"{arch}.rope.dimension_count", head_dim))
             family = {"rotary_dim": rotary if rotary != head_dim else None}
+        elif ours.name == "gpt_oss":
+            family = _gpt_oss_gguf(metadata, arch)
         elif ours.name == "smollm3":  # llama.cpp: every 4th layer (no GGUF key says otherwise)
             family = {"nope_layers": _every_nth(int(get("block_count")), _SMOLLM3_NOPE_INTERVAL)}
         cfg = cls(
@@ -199,6 +207,10 @@ class ModelConfig:
             cfg = _phi3_from_gguf(cfg, metadata, arch, tensor_names)
         elif ours.name == "cohere2":  # LayerNorm's epsilon
             cfg = replace(cfg, rms_norm_eps=float(metadata.get(f"{arch}.attention.layer_norm_epsilon", 1e-5)))
+        elif ours.name == "gpt_oss" and rope_scaling and rope_scaling["rope_type"] == "yarn":
+            # the model's YaRN ramp is unrounded (HF's truncate: false, OpenAI's reference); a GGUF cannot say
+            # so, and llama.cpp rounds it (a small difference in every position's rotation)
+            cfg = replace(cfg, rope_scaling={**rope_scaling, "truncate": False})
         return cfg
 
     @classmethod
@@ -251,6 +263,8 @@ class ModelConfig:
                 common.update(_hunyuan_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
             elif arch == "gemma":
                 common.update(_gemma1_hf(cfg))
+            elif arch == "gpt_oss":
+                common.update(_gpt_oss_hf(cfg))
             elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes o_proj's, ours lacks it
                 raise ValueError(f"{arch} with attention_bias is not supported")
             elif arch == "olmoe" and cfg.get("clip_qkv") is not None:
@@ -373,7 +387,8 @@ _QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense")  # the families wit
 # llama.cpp's MoE graphs: Mixtral (arch "llama"), Qwen3-MoE and Granite MoE (softmax over the top-k logits)
 # renormalize the chosen experts' weights, Qwen2-MoE and OLMoE do not; a file may say otherwise with
 # {arch}.expert_weights_norm.
-_GGUF_MOE_RENORMALIZE = {"mixtral": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "granitemoe": True}
+_GGUF_MOE_RENORMALIZE = {"mixtral": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "granitemoe": True,
+                         "gpt_oss": True}
 
 
 def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -425,6 +440,9 @@ def _hf_moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
                     # GraniteMoeShared: an ungated shared expert of shared_intermediate_size (0: none)
                     shared_expert_intermediate_size=int(cfg.get("shared_intermediate_size") or 0),
                     shared_expert_gated=not cfg.get("shared_intermediate_size"))
+    if arch == "gpt_oss":  # top-k by logit, softmax over the chosen (= softmax, top-k, renormalized)
+        return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["intermediate_size"]), moe_renormalize=True)
     if arch == "olmoe":  # its intermediate_size is each expert's; softmax, top-k, renormalized if norm_topk_prob
         return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                     moe_intermediate_size=int(cfg["intermediate_size"]),
@@ -494,6 +512,28 @@ def _gemma3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
         "hidden_act": str(cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))),
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
     }
+
+
+# gpt-oss: windowed layers (the even ones, 128 keys) between global ones, attention sinks, biased experts on a
+# clamped SwiGLU (models/gpt_oss.py)
+def _gpt_oss_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    window = cfg.get("sliding_window")
+    return {"sliding_window": int(window) if window else None,
+            "layer_types": _hf_layer_types(cfg, "gpt_oss", 2),
+            "swiglu_alpha": float(cfg.get("swiglu_alpha", 1.702)),
+            "swiglu_limit": float(cfg.get("swiglu_limit", 7.0))}
+
+
+def _gpt_oss_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
+    """llama.cpp's openai-moe hparams: the window from the GGUF, every 2nd layer global unless the file says
+    otherwise (attention.sliding_window_pattern); the SwiGLU's alpha and limit are its constants."""
+    n = int(md[f"{arch}.block_count"])
+    pattern = md.get(f"{arch}.attention.sliding_window_pattern")
+    if pattern is not None and hasattr(pattern, "__len__"):  # per-layer flags: True = windowed
+        types = tuple("sliding_attention" if bool(x) else "full_attention" for x in pattern)
+    else:
+        types = _gemma3_pattern(n, 2 if pattern is None else int(pattern))
+    return {"sliding_window": int(md.get(f"{arch}.attention.sliding_window", 0)) or None, "layer_types": types}
 
 
 def _gemma3_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:

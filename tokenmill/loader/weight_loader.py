@@ -1,7 +1,9 @@
 """Load checkpoint tensors into a model that knows how its parameters take them (no model knowledge here).
 
 For each `(name, tensor)` from a reader:
-  0. a checkpoint module named in the model's `checkpoint_renames` (if it has one) takes that name, and a
+  0. a model with a `checkpoint_stream` first reshapes the stream as its family's checkpoints need
+     (gpt-oss: stacked, transposed, interleaved or MXFP4 experts, models/gpt_oss.py); then
+     a checkpoint module named in the model's `checkpoint_renames` (if it has one) takes that name, and a
      name with `{e}` in it is a stack of experts along dim 0, split into one tensor per expert (Granite
      MoE's `block_sparse_moe.input_linear`, (E, 2I, D) -> `mlp.experts.{e}.gate_up_proj`, (2I, D) each);
   1. the model may take it as an extra (e.g. stored rotary factors): `load_extra_weight`;
@@ -37,6 +39,9 @@ def load_weights(model: Any, weights: Iterable[tuple[str, Any]]) -> None:
     mapping: dict[str, tuple[str, str | None]] = model.packed_modules_mapping
     loaded: set[tuple[str, str | None]] = set()
     renames: dict[str, str] = getattr(model, "checkpoint_renames", {})
+    stream = getattr(model, "checkpoint_stream", None)  # a family's own reshaping of its checkpoint (gpt-oss)
+    if stream is not None:
+        weights = stream(weights)
     for name, tensor in _renamed(weights, renames) if renames else weights:
         if model.load_extra_weight(name, tensor):
             continue

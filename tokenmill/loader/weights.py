@@ -63,6 +63,7 @@ _GGUF_TO_HF_MOE = {
     "qwen3moe": _GGUF_TO_HF_QWEN_MOE, "qwen2moe": _GGUF_TO_HF_QWEN_MOE, "olmoe": _GGUF_TO_HF_QWEN_MOE,
     # Granite MoE: llama.cpp splits HF's stacked input_linear into gate and up, its shared_mlp into *_shexp
     "granitemoe": _GGUF_TO_HF_QWEN_MOE,
+    "gpt_oss": _GGUF_TO_HF_QWEN_MOE,  # each expert tensor with a 2-D bias beside it (blk.N.ffn_up_exps.bias)
     "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
                 "ffn_up_exps": "block_sparse_moe.experts.{e}.w3", "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"},
 }
@@ -83,6 +84,9 @@ _GGUF_TO_HF_BY_ARCH["exaone4"] = _GGUF_TO_HF_BY_ARCH["olmo2"]  # the same two no
 # GLM-4: gate|up rows in ffn_up (as phi3's), a norm after each sublayer besides llama's two before them
 _GGUF_TO_HF_BY_ARCH["glm4"] = {"ffn_up": "mlp.gate_up_proj", "post_attention_norm": "post_self_attn_layernorm",
                                "post_ffw_norm": "post_mlp_layernorm"}
+# gpt-oss: post_attention_norm is the norm before the MLP (HF's post_attention_layernorm); the sinks, (nh,) a
+# layer, reach the model's load_extra_weight as self_attn.sinks.weight
+_GGUF_TO_HF_BY_ARCH["gpt_oss"] = {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)
 _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",

@@ -51,6 +51,7 @@ class LlamaAttention(nn.Module):
         self.q_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.norm_after_rotary = cfg.qk_norm_after_rotary
+        self.sinks: torch.Tensor | None = None  # (nh,) gpt-oss's attention sinks (models/gpt_oss.py); None: none
 
     def forward(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
         """h: (T, D) normed hidden -> (T, D)."""
@@ -69,7 +70,7 @@ class LlamaAttention(nn.Module):
             q = q * rope.q_scale.to(q.dtype)
         v = v.view(T, self.nkv, self.hd)
         o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale,
-                                 sliding_window=self.sliding_window)
+                                 sliding_window=self.sliding_window, sinks=self.sinks)
         return self.o_proj(o.reshape(T, -1))
 
 

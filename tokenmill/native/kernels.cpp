@@ -455,6 +455,7 @@ struct AttnArgs {
     int64_t kv_slot_stride;  // elements between consecutive cache slots (nkv * hd)
     float scale;
     float softcap;  // > 0: each score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2)
+    const float* sinks = nullptr;  // (nh,): one more logit per query head in each softmax, with no value (gpt-oss)
 };
 
 // Vectors for the tiles: L::V holds L::N floats; loads (fp32, or bf16 widened), zero, broadcast, and the
@@ -1051,7 +1052,7 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
             const int64_t h = h0 + i / (R * G), b = b0 + (i / G) % R, qh = h * G + i % G;
             if (first[b + 1] - first[b] == 1) {  // the whole context: normalize into out
                 T* o = out + b * out_stride + qh * hd;
-                const V8 inv = vset1(1.0f / l[i]);
+                const V8 inv = vset1(1.0f / (a.sinks ? l[i] + exp1(a.sinks[qh] - m[i]) : l[i]));
                 for (int64_t c = 0; c < nc; ++c) vstore(o + 8 * c, vload(acc + i * hd + 8 * c) * inv);
             } else {
                 const int64_t p = sfirst[b] + pi;
@@ -1074,6 +1075,7 @@ void paged_decode(T* out, int64_t out_stride, const T* q, int64_t q_stride, cons
             for (int64_t p = p_begin; p < p_begin + np; ++p) M = pm[p * a.nh + qh] > M ? pm[p * a.nh + qh] : M;
             float Lsum = 0.0f;
             for (int64_t p = p_begin; p < p_begin + np; ++p) Lsum += exp1(pm[p * a.nh + qh] - M) * pl[p * a.nh + qh];
+            if (a.sinks) Lsum += exp1(a.sinks[qh] - M);  // the sink's share of the softmax
             for (int64_t c = 0; c < nc; ++c) {
                 V8 o = vzero();
                 for (int64_t p = p_begin; p < p_begin + np; ++p)
@@ -1133,7 +1135,7 @@ int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t 
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-int tm_abi_version() { return 5; }  // 5: tm_paged_attention_rows (prefill rows on lane-wise tiles)
+int tm_abi_version() { return 6; }  // 6: tm_paged_attention_rows takes attention sinks
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -1200,15 +1202,17 @@ int tm_rotary(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, c
 // the scale) becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's attention); 0: none.
 // prefill_from: the rows from this one on are a prompt's (the rest decodes and verification rows); at bf16 on
 // AVX-512 with AVX512_BF16 they take the lane-wise tiles (attend_range_lanes), elsewhere the same as the others.
+// sinks (nh,) fp32, or NULL: each query head's softmax has one more logit, sinks[h], that selects no value
+// (gpt-oss's attention sinks): out = sum_j e^(s_j) v_j / (e^(sinks[h]) + sum_j e^(s_j)).
 // Returns 0; -1 unknown dtype; -2 shapes it does not handle (hd % 8 != 0, nh % nkv != 0).
 int tm_paged_attention_rows(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
                             const void* k_cache, const void* v_cache, const int64_t* tables, int64_t table_stride,
                             const int64_t* lens, const int64_t* starts, int64_t num_seqs, int64_t nh, int64_t nkv,
                             int64_t hd, int64_t block_size, float scale, float softcap, int64_t partition,
-                            int nthreads, int64_t prefill_from) {
+                            int nthreads, int64_t prefill_from, const float* sinks) {
     if (hd <= 0 || hd % 8 || nkv <= 0 || nh % nkv || block_size <= 0 || partition <= 0 || partition % kTile)
         return -2;
-    const AttnArgs a{nh, nkv, hd, block_size, nkv * hd, scale, softcap > 0.0f ? softcap : 0.0f};
+    const AttnArgs a{nh, nkv, hd, block_size, nkv * hd, scale, softcap > 0.0f ? softcap : 0.0f, sinks};
     const int64_t from = prefill_from < 0 ? 0 : prefill_from > num_seqs ? num_seqs : prefill_from;
     if (dtype == 0)
         return paged_decode_dispatch<float>(out, out_stride, q, q_stride, k_cache, v_cache, tables, table_stride,
@@ -1228,7 +1232,7 @@ int tm_paged_decode_attention(int dtype, void* out, int64_t out_stride, const vo
                               int64_t partition, int nthreads) {
     return tm_paged_attention_rows(dtype, out, out_stride, q, q_stride, k_cache, v_cache, tables, table_stride, lens,
                                    starts, num_seqs, nh, nkv, hd, block_size, scale, softcap, partition, nthreads,
-                                   num_seqs);
+                                   num_seqs, nullptr);
 }
 
 }  // extern "C"

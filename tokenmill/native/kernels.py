@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 5
+ABI_VERSION = 6
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
 # merged (flash-decoding): a fixed size, so a sequence's result never depends on its batch or the threads
@@ -44,7 +44,7 @@ _SIGNATURES = {
     "tm_paged_decode_attention": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
                                   _F32, _F32, _I64, _I32],
     "tm_paged_attention_rows": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
-                                _F32, _F32, _I64, _I32, _I64],
+                                _F32, _F32, _I64, _I32, _I64, _P],
 }
 
 
@@ -156,7 +156,8 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> boo
 def paged_decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            partition: int = DEFAULT_PARTITION, starts: torch.Tensor | None = None,
-                           softcap: float = 0.0, prefill_from: int | None = None) -> bool:
+                           softcap: float = 0.0, prefill_from: int | None = None,
+                           sinks: torch.Tensor | None = None) -> bool:
     """One query token per sequence: q (B, nh, hd) (heads adjacent, any row stride) attends over positions
     [starts[b], context_lens[b]) (starts None: from 0; a sliding window's first key) of the paged caches k_cache, v_cache (num_blocks, block_size, nkv, hd; contiguous),
     found through block_tables (B, >= blocks needed) int64; the result goes into out (B, nh, hd), heads
@@ -165,6 +166,7 @@ def paged_decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Te
     prefill_from: rows from this index on are prompt rows (None: none); at bf16 with AVX512_BF16 they attend
     on lane-wise tiles (query heads in the lanes: kernels.cpp, attend_range_lanes), 1.45-1.52x for a prompt's
     runs of 16 rows, with other last bits than a decode row of the same position gets.
+    sinks (nh,) float32 contiguous: one more logit per query head in each softmax, selecting no value (gpt-oss).
     Each sequence's result depends on its own inputs (and whether it is a prompt row) only, not on the batch
     or the thread count."""
     code = _DTYPE_CODE.get(q.dtype)
@@ -184,9 +186,13 @@ def paged_decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Te
         return False
     if starts is not None and (starts.dtype != torch.int64 or starts.shape != (B,) or not starts.is_contiguous()):
         return False
+    if sinks is not None and (sinks.dtype != torch.float32 or sinks.shape != (nh,) or not sinks.is_contiguous()
+                              or not sinks.is_cpu):
+        return False
     rc = lib.tm_paged_attention_rows(code, out.data_ptr(), os_[0], q.data_ptr(), qs[0], k_cache.data_ptr(),
                                      v_cache.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
                                      context_lens.data_ptr(), None if starts is None else starts.data_ptr(), B, nh,
                                      nkv, hd, bs, scale, softcap, partition, torch.get_num_threads(),
-                                     B if prefill_from is None else prefill_from)
+                                     B if prefill_from is None else prefill_from,
+                                     None if sinks is None else sinks.data_ptr())
     return rc == 0

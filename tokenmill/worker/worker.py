@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def keep_blocks(method: LinearMethod) -> KeepQuantized | None:
     """Which GGUF tensors the method takes as their blocks: under gguf every matrix (2-D tensor, or a 3-D
-    stack of experts' matrices), except, when it requantizes, those of another type than the one asked for
+    stack of experts' matrices; not a 2-D stack of experts' biases), except, when it requantizes, those of another type than the one asked for
     (compute.held_type): they come dense and are quantized at load. Requantizing a matrix the file already
     quantized is logged once, with the types, as llama-quantize warns of it."""
     if not method.keeps_blocks:
@@ -39,7 +39,7 @@ def keep_blocks(method: LinearMethod) -> KeepQuantized | None:
     warned: set[str] = set()
 
     def keep(name: str, info: TensorInfo) -> bool:
-        if len(info.shape) not in (2, 3):
+        if len(info.shape) not in (2, 3) or name.endswith(".bias"):  # (a stack of experts' biases is 2-D)
             return False
         stored = info.ggml_type.name.lower()
         held = held_type(stored, requant, info.shape[-1])
