@@ -17,6 +17,7 @@ from typing import Any
 
 from tokenmill.config import EngineConfig, SpeculativeConfig, parse_size
 from tokenmill.heap import one_arena
+from tokenmill.entrypoints.openai.harmony import REASONING_PARSER as HARMONY_PARSER
 from tokenmill.entrypoints.openai.reasoning import PARSERS as REASONING_PARSERS
 from tokenmill.entrypoints.openai.tool_parsers.registry import PARSER_CHOICES
 from tokenmill.entrypoints.vllm_flags import add_vllm_args, apply_vllm_args
@@ -295,12 +296,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--access-log", action="store_true", help="log every HTTP request (off by default)")
     g.add_argument("--tool-call-parser", default="auto", choices=PARSER_CHOICES,
                    help="the format chat reads tool calls in (tool_choice auto): hermes (Hermes, Qwen), llama3_json "
-                        "(Llama 3.1+), mistral; auto (default): detected from the chat template, hermes when the "
-                        "template renders no tools")
-    g.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                        "(Llama 3.1+), mistral, openai (gpt-oss's harmony); auto (default): detected from the chat "
+                        "template, hermes when the template renders no tools")
+    g.add_argument("--reasoning-parser", default=None, choices=(*REASONING_PARSERS, HARMONY_PARSER),
                    help="split a thinking model's <think> ... </think> text from its answer: chat returns it as "
                         "reasoning_content (Ollama: thinking). qwen3 (Qwen3, QwQ) and deepseek_r1 (DeepSeek-R1 and "
-                        "its distills) read the same tags; default: off, the text stays in the content")
+                        "its distills) read the same tags; default: off, the text stays in the content. "
+                        "openai_gptoss: gpt-oss's harmony format (on by itself for a harmony chat template)")
     g.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"])
 
 

@@ -75,3 +75,14 @@ def test_gpu_memory_utilization_arithmetic_and_its_refusal_on_cpu() -> None:
         kv_bytes_for_gpu_share(0.2, 80 * G, 79 * G, 16 * G)
     with pytest.raises(ValueError, match="on CPU the KV cache is --kv-cache-memory"):
         LLM(device="cpu", gpu_memory_utilization=0.9, progress=False)
+
+
+def test_vllm_gpt_oss_parser_names_are_taken() -> None:
+    """vLLM's `--reasoning-parser openai_gptoss` and `--tool-call-parser openai` (gpt-oss's harmony format,
+    which a harmony chat template turns on by itself) reach the server's config."""
+    from tokenmill.entrypoints.server.config import ServerConfig
+
+    args = cli.build_parser().parse_args(["serve", "a.gguf", "--reasoning-parser", "openai_gptoss",
+                                          "--tool-call-parser", "openai"])
+    config = ServerConfig.from_args(args)
+    assert (config.reasoning_parser, config.tool_call_parser) == ("openai_gptoss", "openai")

@@ -85,6 +85,15 @@ CASES: list[tuple[str, str, str, list[ParsedToolCall]]] = [
      '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"]', []),
     ("mistral", '[TOOL_CALLS] get the weather', '[TOOL_CALLS] get the weather', []),
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": ', '[TOOL_CALLS]get_weather[ARGS]{"city": ', []),
+    # gpt-oss (harmony messages; the reasoning is not content)
+    ("openai", '<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary '
+               'to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}', "", [WEATHER]),
+    ("openai", '<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant to=functions.get_weather'
+               '<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>', "Let me check.", [WEATHER]),
+    ("openai", "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Paris.",
+     "Paris.", []),
+    ("openai", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Pa',
+     '{"city": "Pa', []),  # cut off
 ]
 
 
@@ -222,6 +231,8 @@ def test_named_streams_its_arguments_as_written() -> None:
     ("<|start_header_id|>system<|end_header_id|>{% if tools %}{{ tools }}{% endif %}", "llama3_json"),
     ("{{ '<|python_tag|>' }}", "llama3_json"),
     ("{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}", "hermes"),
+    ("{% for m in messages %}<|start|>{{ m.role }}<|channel|>final<|message|>{{ m.content }}<|end|>{% endfor %}",
+     "openai"),
     (None, "hermes"),
 ])
 def test_detect_tool_format(template: str | None, expected: str) -> None:

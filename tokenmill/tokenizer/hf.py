@@ -60,7 +60,13 @@ def read_hf_dir(path: str | os.PathLike[str]) -> HFTokenizerFiles:
     if eos_id is None and eos_ids:
         eos_id = eos_ids[0]
     eog = set(eos_ids)
-    eog.update(i for i in (backend.token_to_id(t) for t in EOG_TOKEN_TEXTS) if i is not None)
+    by_text = {t: i for t in EOG_TOKEN_TEXTS if (i := backend.token_to_id(t)) is not None}
+    eog.update(by_text.values())
+    # gpt-oss (harmony): "<|end|>" ends a message, not the answer, which ends at "<|return|>" or "<|call|>"
+    # (llama.cpp's rule, as gguf_vocab.py applies it); unless the configs name it themselves
+    end = by_text.get("<|end|>")
+    if end is not None and "<|return|>" in by_text and "<|call|>" in by_text and end not in eos_ids:
+        eog.discard(end)
 
     add_bos = config.get("add_bos_token")
     if add_bos is None:

@@ -170,9 +170,9 @@ def build_router(ctx: ServerContext) -> APIRouter:
                                 template=card.template, details=card.details,
                                 model_info=card.model_info(bool(req.verbose)),
                                 # every model takes tools (its template's way or the fallback prompt); it
-                                # thinks apart when the server reads reasoning (--reasoning-parser)
+                                # thinks apart when the server reads reasoning (--reasoning-parser, harmony)
                                 capabilities=[*card.capabilities, "tools",
-                                              *(["thinking"] if ctx.config.reasoning_parser else [])],
+                                              *(["thinking"] if serving_of(m).reads_thinking else [])],
                                 modified_at=card.modified_at)
         return await held.answer(run)
 

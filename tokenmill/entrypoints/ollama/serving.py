@@ -16,6 +16,11 @@ errors as APIErrors, logprob token text. Only the prompt building and the answer
                       its calls go in `message.tool_calls` with arguments as objects, the rest is the content.
                       A stream sends the content as it comes (a call's text never), the calls in the done object
 
+A harmony model (gpt-oss: openai/harmony.py) has its answers read as harmony, whatever `think` says (it
+always reasons): the analysis channel is `thinking` (left out when `think` is false), the final channel the
+content (generate's `response`, when the model's chat template made the prompt), calls to functions.NAME
+the chat's tool calls.
+
 A stream is one JSON object per line (`application/x-ndjson`): `done: false` objects with the new text,
 then one `done: true` object with done_reason, the token counts and the durations in nanoseconds (and
 generate's `context`: the prompt's and the answer's token ids). A failure once the stream has started is a
@@ -44,6 +49,7 @@ from tokenmill.entrypoints.ollama.options import OptionsMapper, RequestOptions
 from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest, ChatResponse, GenerateRequest,
                                                    GenerateResponse, GenerationFields, Message, TokenLogprob,
                                                    ToolCallAnswer, ToolCallFunctionAnswer, TopLogprob)
+from tokenmill.entrypoints.openai.harmony import Harmony, HarmonyCall, HarmonyReader, harmony_history
 from tokenmill.entrypoints.openai.protocol import ChatCompletionTool
 from tokenmill.entrypoints.openai.reasoning import ReasoningStream, starts_inside
 from tokenmill.entrypoints.openai.reasoning import split as split_reasoning
@@ -73,6 +79,13 @@ class OllamaServing(OpenAIServing):
         self.options = OptionsMapper(self.max_model_len, self.vocab_size, self.engine.sampling_defaults)
         self.tool_prompt = ToolPrompt(self.tokenizer, ctx.config.tool_call_parser, announce=False)
         self.reasoning_parser = ctx.config.reasoning_parser
+        self.harmony = Harmony.of(self.tokenizer, ctx.config.reasoning_parser, ctx.config.tool_call_parser,
+                                  announce=False)  # the chat endpoint's says it
+
+    @property
+    def reads_thinking(self) -> bool:
+        """Whether answers come with their thinking apart (a reasoning parser, or a harmony model)."""
+        return self.reasoning_parser is not None or self.harmony is not None
 
     # -- checks ----------------------------------------------------------------------------------------
     def check_ollama_model(self, name: str | None) -> None:
@@ -85,7 +98,7 @@ class OllamaServing(OpenAIServing):
     def _request_options(self, req: GenerationFields) -> RequestOptions:
         """The checks generate and chat share, then the options as SamplingParams."""
         self.check_ollama_model(req.model)
-        if req.think not in (None, False) and self.reasoning_parser is None:
+        if req.think not in (None, False) and not self.reads_thinking:
             raise bad_request(f'"{req.model}" does not support thinking (Ollama\'s words): this server splits the '
                               "thinking out only when started with --reasoning-parser (qwen3 or deepseek_r1)", "think")
         if req.top_logprobs and not req.logprobs:
@@ -183,7 +196,11 @@ class OllamaServing(OpenAIServing):
             return self._loaded(GenerateResponse(model=req.model, created_at=timestamp(), response="", done=True,
                                                  done_reason="unload" if is_unloading else "load"))
         prompt = self._fit(await self._generate_ids(req), ro, "prompt")
-        return await self._answer(req, prompt, ro, raw_request, received, load_seconds, is_chat=False)
+        # the model's own template made the prompt: its answer is read as that template's (harmony) format
+        is_templated = not (req.raw or req.template or req.suffix)
+        harmony = self._harmony_reader(ro, None) if is_templated else None
+        return await self._answer(req, prompt, ro, raw_request, received, load_seconds, is_chat=False,
+                                  harmony=harmony)
 
     async def create_chat(self, req: ChatRequest, raw_request: Request, load_seconds: float = 0.0,
                           is_unloading: bool = False) -> Response:
@@ -197,10 +214,23 @@ class OllamaServing(OpenAIServing):
         is_continued = req.messages[-1].role == "assistant"  # Ollama continues a final assistant message
         if calling is not None and not calling.format.skip_special_tokens:
             ro.params.skip_special_tokens = False  # the format's markers are special tokens
+        harmony = self._harmony_reader(ro, calling)
         messages, tools = self.tool_prompt.prepare(_plain_messages(req.messages), calling)
+        if harmony is not None:
+            messages = harmony_history(messages)
         text = await self._render(messages, "messages", is_continued, tools, think=req.think)
         prompt = self._fit(await self.encode(text), ro, "messages")
-        return await self._answer(req, prompt, ro, raw_request, received, load_seconds, is_chat=True, calling=calling)
+        return await self._answer(req, prompt, ro, raw_request, received, load_seconds, is_chat=True, calling=calling,
+                                  harmony=harmony)
+
+    def _harmony_reader(self, ro: RequestOptions, calling: ToolCalling | None) -> HarmonyReader | None:
+        """A harmony model's reading of this answer (None for other models); its text then keeps the markers,
+        and the vocabulary's other special tokens are dropped from what is shown (Ollama's clients never see
+        special tokens)."""
+        if self.harmony is None:
+            return None
+        ro.params.skip_special_tokens = False
+        return self.harmony.reader(calling.accepts if calling is not None else None, None, skip_special_tokens=True)
 
     def _tool_calling(self, tools: list[dict[str, Any]] | None) -> ToolCalling | None:
         """The request's tools, checked as the chat endpoint checks them (Ollama's tool objects are OpenAI's,
@@ -226,16 +256,17 @@ class OllamaServing(OpenAIServing):
 
     async def _answer(self, req: GenerateRequest | ChatRequest, prompt: ProcessedPrompt, ro: RequestOptions,
                       raw_request: Request, received: float, load_seconds: float, is_chat: bool,
-                      calling: ToolCalling | None = None) -> Response:
+                      calling: ToolCalling | None = None, harmony: HarmonyReader | None = None) -> Response:
         await self.compile_structured(ro.params)  # `format`: a schema that does not compile is a 400
         self.check_admission()
         request_id = self.new_id("ollama")
         self.maybe_log_prompt(request_id, [m.model_dump(exclude_none=True) for m in req.messages or []]
                               if isinstance(req, ChatRequest) else req.prompt)
         reasoning = None  # think: true (or a level) splits the thinking out (reasoning.py)
-        if req.think not in (None, False):
+        if req.think not in (None, False) and harmony is None:
             reasoning = starts_inside(self.tokenizer, prompt.prompt_token_ids, ro.params.structured_outputs is not None)
-        answer = _Answer(req.model, is_chat, prompt, received, load_seconds, calling, reasoning)
+        answer = _Answer(req.model, is_chat, prompt, received, load_seconds, calling, reasoning, harmony,
+                         shows_thinking=req.think is not False)
         if req.stream is not False:
             return StreamingResponse(self._stream(request_id, prompt, ro, answer), media_type=NDJSON)
         whole = await self.until_disconnect(self._collect(request_id, prompt, ro, answer), raw_request)
@@ -292,7 +323,8 @@ class _Answer:
     calls read from the text when the request has tools)."""
 
     def __init__(self, model: str, is_chat: bool, prompt: ProcessedPrompt, received: float, load_seconds: float,
-                 calling: ToolCalling | None = None, reasoning: bool | None = None) -> None:
+                 calling: ToolCalling | None = None, reasoning: bool | None = None,
+                 harmony: HarmonyReader | None = None, shows_thinking: bool = True) -> None:
         self.model = model
         self.is_chat = is_chat
         self.prompt = prompt
@@ -300,13 +332,22 @@ class _Answer:
         self.load_seconds = load_seconds
         self.calling = calling
         # a stream with tools: the text goes through the parser, which holds back what may become a call
-        self.tool_stream = ToolCallStream(calling.parser(), calling.format.new_call_id) if calling else None
+        self.tool_stream = (ToolCallStream(calling.parser(), calling.format.new_call_id)
+                            if calling and harmony is None else None)
         # think: true: the reasoning split from the text first (`reasoning`: the answer starts inside it)
         self.reasoning = reasoning
         self.thinking = ReasoningStream(reasoning) if reasoning is not None else None
+        # a harmony model: thinking, content and calls in one reading (the calls kept for the done object)
+        self.harmony = harmony.stream() if harmony is not None else None
+        self.harmony_calls: list[HarmonyCall] = []
+        self.shows_thinking = shows_thinking  # harmony's thinking is shown unless think is false
 
     def streamed_text(self, delta_text: str, is_final: bool) -> tuple[str, str]:
         """(thinking, content) a stream sends for `delta_text` (all of it content without tools or think)."""
+        if self.harmony is not None:
+            news = self.harmony.feed(delta_text, is_final)
+            self.harmony_calls += news.tool_calls
+            return (news.reasoning if self.shows_thinking else ""), news.content
         thought = ""
         if self.thinking is not None:
             thought, delta_text = self.thinking.feed(delta_text, is_final)
@@ -348,7 +389,14 @@ class _Answer:
         thought = None
         if self.reasoning is not None and text:  # the whole answer (a stream's went out in pieces)
             thought, text = split_reasoning(text, self.reasoning)
-        content, calls = self._content_and_calls(text)
+        if self.harmony is not None:
+            thought, content = self.streamed_text(text, is_final=True) if text else ("", "")
+            calls = [ToolCallAnswer(function=ToolCallFunctionAnswer(index=i, name=c.name,
+                                                                    arguments=json.loads(c.arguments)))
+                     for i, c in enumerate(self.harmony_calls)] or None
+            thought = thought or None
+        else:
+            content, calls = self._content_and_calls(text)
         obj = self._object(content, calls, thought, done=True, done_reason=c.finish_reason.value if c.finish_reason else "stop",
                            total_duration=_ns(finished - self.received), load_duration=_ns(self.load_seconds),
                            prompt_eval_count=len(self.prompt.prompt_token_ids),

@@ -11,6 +11,12 @@ each choice's text is then read as content and tool calls, and a stream sends th
 "tool_calls" when an answer that stopped made calls, except under a named tool_choice, where it stays "stop"
 (as OpenAI and vLLM answer a forced function).
 
+A model that speaks gpt-oss's harmony format (harmony.py: its chat template writes harmony's messages, or
+--reasoning-parser openai_gptoss / --tool-call-parser openai) has its answers read as harmony: the analysis
+channel is the reasoning, the final channel (and preambles) the content, messages to functions.NAME the
+tool calls; the text keeps its special tokens for that, and the request's skip_special_tokens governs only
+the vocabulary's other special tokens. A forced tool_choice's answer is the constrained JSON, read as before.
+
 vLLM's extras: `continue_final_message` renders the conversation with its final (assistant) message left
 open, so the model continues it; `echo` starts the answer (a stream: its first chunk) with the final
 message's content when that message is the assistant's, the role this server always generates.
@@ -22,7 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import Request
@@ -36,11 +42,12 @@ from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, 
                                                    ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,
                                                    ChatTopLogprob, DeltaFunctionCall, DeltaToolCall,
                                                    NamedToolChoice, ToolCall, ToolCallFunction, join_text_parts)
+from tokenmill.entrypoints.openai.harmony import Harmony, HarmonyReader, HarmonyStream, harmony_history
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, AnswerOptions, OpenAIServing, sse, sse_error
 from tokenmill.entrypoints.openai.reasoning import ReasoningStream, starts_inside
 from tokenmill.entrypoints.openai.reasoning import split as split_reasoning
 from tokenmill.entrypoints.openai.tool_calling import ToolCalling
-from tokenmill.entrypoints.openai.tool_parsers import StreamDelta, ToolCallStream
+from tokenmill.entrypoints.openai.tool_parsers import StreamDelta, ToolCallStream, ToolFormat
 from tokenmill.entrypoints.openai.tool_prompt import ToolPrompt
 from tokenmill.entrypoints.server.errors import APIError, bad_request
 from tokenmill.outputs import RequestOutput, TokenLogprobs
@@ -95,10 +102,12 @@ class OpenAIServingChat(OpenAIServing):
         super().__init__(*args, **kwargs)
         self.tool_prompt = ToolPrompt(self.tokenizer, tool_call_parser)
         self.reasoning_parser = reasoning_parser
+        self.harmony = Harmony.of(self.tokenizer, reasoning_parser, tool_call_parser)  # None: not a harmony model
 
     def starts_in_reasoning(self, prompt_ids: list[int], params: SamplingParams) -> bool | None:
-        """None without a reasoning parser; else whether the answer starts inside a <think> block."""
-        if self.reasoning_parser is None:
+        """None without a <think> reasoning parser (or for a harmony model, read otherwise); else whether
+        the answer starts inside a <think> block."""
+        if self.reasoning_parser is None or self.harmony is not None:
             return None
         return starts_inside(self.tokenizer, prompt_ids, params.structured_outputs is not None)
 
@@ -121,6 +130,7 @@ class OpenAIServingChat(OpenAIServing):
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
         calling = self._tool_calling(req, params)
+        harmony = self.harmony_reader(params, calling, req.skip_special_tokens is not False)
         beams = self.beam_search_params(req, params)
         if beams is not None and calling is not None and calling.mode != "none":
             raise bad_request("tools cannot be used with use_beam_search (set tool_choice to \"none\")",
@@ -141,16 +151,16 @@ class OpenAIServingChat(OpenAIServing):
         options = AnswerOptions.of(req)
         reasoning = self.starts_in_reasoning(prompt.prompt_token_ids, params)
         if beams is not None:
-            collect = self._collect_beams(request_id, prompt, beams, echo, options, reasoning)
+            collect = self._collect_beams(request_id, prompt, beams, echo, options, reasoning, harmony)
             if req.stream:
                 return StreamingResponse(self._stream_whole(collect, options), media_type="text/event-stream")
             result = await self.until_disconnect(collect, raw_request)
             return result if result is not None else Response(status_code=499)
         if req.stream:
-            return StreamingResponse(self._stream(request_id, prompt, params, echo, options, calling, reasoning),
-                                     media_type="text/event-stream")
+            return StreamingResponse(self._stream(request_id, prompt, params, echo, options, calling, reasoning,
+                                                  harmony), media_type="text/event-stream")
         result = await self.until_disconnect(self._collect(request_id, prompt, params, echo, options, calling,
-                                                           reasoning), raw_request)
+                                                           reasoning, harmony), raw_request)
         return result if result is not None else Response(status_code=499)
 
     @staticmethod
@@ -182,6 +192,8 @@ class OpenAIServingChat(OpenAIServing):
                               f"messages[{len(messages) - 1}] has role {messages[-1].role!r}", "continue_final_message")
         add_generation_prompt = not is_continued if add_generation_prompt is None else add_generation_prompt
         plain, tools = self.tool_prompt.prepare(messages_for_template(messages), calling)
+        if self.harmony is not None:
+            plain = harmony_history(plain)
 
         try:
             return await asyncio.to_thread(self.input_processor.render_chat_ids, plain, add_generation_prompt, tools,
@@ -235,13 +247,26 @@ class OpenAIServingChat(OpenAIServing):
             params.skip_special_tokens = False
         return calling
 
+    def harmony_reader(self, params: SamplingParams, calling: ToolCalling | None,
+                       skip_special_tokens: bool) -> HarmonyReader | None:
+        """How a harmony model's answer to this request is read (None: not a harmony model, or a forced
+        tool_choice, whose constrained answer is read as such); the text then keeps its special tokens.
+        `skip_special_tokens`: the request's, which drops the vocabulary's other special tokens."""
+        if self.harmony is None or (calling is not None and calling.mode in ("required", "named")):
+            return None
+        params.skip_special_tokens = False  # the markers are special tokens
+        if calling is None or calling.mode == "none":
+            return self.harmony.reader(None, None, skip_special_tokens)
+        return self.harmony.reader(calling.accepts, None if calling.is_parallel else 1, skip_special_tokens)
+
     async def _collect_beams(self, request_id: str, prompt: ProcessedPrompt, bp: BeamSearchParams, echo: str,
-                             options: AnswerOptions, reasoning: bool | None) -> ChatCompletionResponse:
+                             options: AnswerOptions, reasoning: bool | None,
+                             harmony: HarmonyReader | None = None) -> ChatCompletionResponse:
         """use_beam_search: the `n` best hypotheses are the choices, best first."""
-        hyps = await self.beam_search(request_id, prompt, bp)
+        hyps = await self.beam_search(request_id, prompt, bp, skip_special_tokens=harmony is None)
         ids = options.return_token_ids
         choices = [ChatChoice(index=i, message=self._message(h.text, echo, None, None, reasoning,
-                                                             options.include_reasoning)[0],
+                                                             options.include_reasoning, harmony)[0],
                               finish_reason="stop" if h.finished_by_eos else "length",
                               token_ids=h.token_ids if ids else None) for i, h in enumerate(hyps)]
         return ChatCompletionResponse(id=request_id, model=self.served_model_name, choices=choices,
@@ -270,8 +295,8 @@ class OpenAIServingChat(OpenAIServing):
         yield SSE_DONE
 
     async def _collect(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
-                       options: AnswerOptions, calling: ToolCalling | None,
-                       reasoning: bool | None) -> ChatCompletionResponse:
+                       options: AnswerOptions, calling: ToolCalling | None, reasoning: bool | None,
+                       harmony: HarmonyReader | None = None) -> ChatCompletionResponse:
         final: RequestOutput | None = None
         async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
             async for out in outputs:
@@ -283,7 +308,7 @@ class OpenAIServingChat(OpenAIServing):
         choices = []
         for c in final.outputs:
             message, finish = self._message(c.text, echo, c.finish_reason.value if c.finish_reason else None, calling,
-                                            reasoning, options.include_reasoning)
+                                            reasoning, options.include_reasoning, harmony)
             choices.append(ChatChoice(index=c.index, message=message, finish_reason=finish, stop_reason=c.stop_reason,
                                       logprobs=self._logprobs(c.token_ids, c.logprobs) if c.logprobs is not None
                                       else None, token_ids=c.token_ids if ids else None))
@@ -297,18 +322,30 @@ class OpenAIServingChat(OpenAIServing):
 
     @staticmethod
     def _message(text: str, echo: str, finish: str | None, calling: ToolCalling | None,
-                 reasoning: bool | None = None, include_reasoning: bool = True) -> tuple[ChatResponseMessage, str | None]:
+                 reasoning: bool | None = None, include_reasoning: bool = True,
+                 harmony: HarmonyReader | None = None) -> tuple[ChatResponseMessage, str | None]:
         """A choice's message and finish_reason: its text read as reasoning (`reasoning` not None: the
         parser is on, and True: the answer starts inside the block; shown under both names unless not
-        `include_reasoning`), then content and calls when it has tools."""
+        `include_reasoning`), then content and calls when it has tools; or, for a harmony model
+        (`harmony`), read as harmony's messages."""
         thought = None
         if reasoning is not None:
             thought, text = split_reasoning(text, reasoning)
+        answer = harmony.parse(text) if harmony is not None else None
+        if answer is not None:
+            thought = answer.reasoning
         shown = thought if include_reasoning else None
 
         def message(content: str | None, tool_calls: list[ToolCall] | None = None) -> ChatResponseMessage:
             return ChatResponseMessage(content=content, reasoning=shown, reasoning_content=shown, tool_calls=tool_calls)
 
+        if answer is not None:
+            new_id = calling.format.new_call_id if calling is not None else ToolFormat.new_call_id
+            calls = [ToolCall(id=new_id(), function=ToolCallFunction(name=c.name, arguments=c.arguments))
+                     for c in answer.tool_calls]
+            if not calls:
+                return message(echo + answer.content), finish
+            return message(echo + answer.content or None, calls), _calls_finish(finish, calling)
         if calling is None or calling.mode == "none":
             return message(echo + text), finish
         parsed = calling.parse(text)
@@ -319,8 +356,8 @@ class OpenAIServingChat(OpenAIServing):
         return message(echo + parsed.content or None, calls), _calls_finish(finish, calling)
 
     async def _stream(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams, echo: str,
-                      options: AnswerOptions, calling: ToolCalling | None,
-                      reasoning: bool | None) -> AsyncIterator[bytes]:
+                      options: AnswerOptions, calling: ToolCalling | None, reasoning: bool | None,
+                      harmony: HarmonyReader | None = None) -> AsyncIterator[bytes]:
         created = int(time.time())
         num_prompt = len(prompt.prompt_token_ids)
         num_sent_tokens = [0] * params.n  # choice -> generated tokens already reported (logprob slices, usage)
@@ -337,8 +374,10 @@ class OpenAIServingChat(OpenAIServing):
         num_completion = 0
         cached: int | None = None  # prompt tokens the prefix cache held (known once the request finishes)
         streams = ([ToolCallStream(calling.parser(), calling.format.new_call_id) for _ in range(params.n)]
-                   if calling is not None and calling.mode != "none" else None)
+                   if calling is not None and calling.mode != "none" and harmony is None else None)
         thinking = [ReasoningStream(reasoning) for _ in range(params.n)] if reasoning is not None else None
+        messages = [harmony.stream() for _ in range(params.n)] if harmony is not None else None
+        new_call_id = calling.format.new_call_id if calling is not None else ToolFormat.new_call_id
         try:
             role_sent = False
             async with contextlib.aclosing(self.generate(request_id, prompt, params)) as outputs:
@@ -364,7 +403,11 @@ class OpenAIServingChat(OpenAIServing):
                         text, thought = c.delta_text, None
                         if thinking is not None:  # the reasoning first: only the rest is content (and calls)
                             thought, text = thinking[c.index].feed(text, is_final=finish is not None)
-                        if streams is None:
+                        if messages is not None:  # harmony: reasoning, content and calls in one reading
+                            delta, thought = self._harmony_delta(messages[c.index], text, finish is not None,
+                                                                 new_call_id)
+                            finish = _calls_finish(finish, calling) if messages[c.index].num_calls else finish
+                        elif streams is None:
                             delta = ChatDelta(content=text) if text else ChatDelta()
                         else:
                             stream = streams[c.index]
@@ -386,6 +429,17 @@ class OpenAIServingChat(OpenAIServing):
         except APIError as e:  # headers are sent: the error goes in the stream
             yield sse_error(e)
         yield SSE_DONE
+
+    @staticmethod
+    def _harmony_delta(stream: HarmonyStream, text: str, is_final: bool,
+                       new_call_id: Callable[[], str]) -> tuple[ChatDelta, str]:
+        """A harmony stream's news for `text` as a chunk's delta (its calls whole), and the reasoning."""
+        news = stream.feed(text, is_final)
+        first = stream.num_calls - len(news.tool_calls)  # the index of the first call completed now
+        calls = [DeltaToolCall(index=first + i, id=new_call_id(), type="function",
+                               function=DeltaFunctionCall(name=c.name, arguments=c.arguments))
+                 for i, c in enumerate(news.tool_calls)]
+        return ChatDelta(content=news.content or None, tool_calls=calls or None), news.reasoning
 
     @staticmethod
     def _tool_delta(news: StreamDelta) -> ChatDelta:

@@ -277,10 +277,12 @@ class OpenAIServing:
         finally:
             self.state.in_flight.discard(request_id)
 
-    async def beam_search(self, request_id: str, prompt: ProcessedPrompt, bp: BeamSearchParams) -> list[Hypothesis]:
+    async def beam_search(self, request_id: str, prompt: ProcessedPrompt, bp: BeamSearchParams,
+                          skip_special_tokens: bool = True) -> list[Hypothesis]:
         """Beam search (engine/beam_search.py): each round, every beam is one engine request, run
-        concurrently so they batch, sharing blocks through the prefix cache. -> the hypotheses, best first.
-        A client that leaves cancels this, which aborts the round's requests."""
+        concurrently so they batch, sharing blocks through the prefix cache. -> the hypotheses, best first,
+        their text decoded with `skip_special_tokens`. A client that leaves cancels this, which aborts the
+        round's requests."""
         bp = dataclasses.replace(bp, max_tokens=min(bp.max_tokens, prompt.max_tokens))
         search = BeamSearch(prompt.prompt_token_ids, bp, self.tokenizer.eog_token_ids)
         params = search.step_params()
@@ -303,7 +305,7 @@ class OpenAIServing:
             rnd += 1
         hyps = search.results()
         for h in hyps:
-            h.text = self.tokenizer.decode(h.token_ids)
+            h.text = self.tokenizer.decode(h.token_ids, skip_special_tokens=skip_special_tokens)
         return hyps
 
     def check_finished(self, out: RequestOutput) -> None:

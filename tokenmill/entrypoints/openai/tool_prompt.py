@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tokenmill.entrypoints.openai.harmony import is_harmony_template
 from tokenmill.entrypoints.openai.tool_calling import ToolCalling, arguments_value
 from tokenmill.entrypoints.openai.tool_parsers import ToolFormat, detect_tool_format, tool_format
 from tokenmill.tokenizer.chat_template import ChatTemplateError
@@ -53,8 +54,9 @@ class ToolPrompt:
         renders no tools, since the fallback prompt then teaches the format). `announce`: log which case the
         model is in (the chat endpoint does; a second front end over the same model need not repeat it)."""
         self.renders_tools = renders_tools(tokenizer)
-        if parser_name == "auto":
-            parser_name = detect_tool_format(tokenizer.chat_template) if self.renders_tools else "hermes"
+        if parser_name == "auto":  # a harmony template's model writes harmony calls, whatever the template shows
+            is_shown = self.renders_tools or is_harmony_template(tokenizer.chat_template)
+            parser_name = detect_tool_format(tokenizer.chat_template) if is_shown else "hermes"
         self.format: type[ToolFormat] = tool_format(parser_name)
         if announce and self.renders_tools:
             log.info("tool calling: the chat template renders tools; calls are read in the %s format", parser_name)

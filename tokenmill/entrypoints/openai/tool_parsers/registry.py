@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+from tokenmill.entrypoints.openai.harmony import is_harmony_template
 from tokenmill.entrypoints.openai.tool_parsers.base import ToolFormat
+from tokenmill.entrypoints.openai.tool_parsers.gpt_oss import GptOssToolParser
 from tokenmill.entrypoints.openai.tool_parsers.hermes import HermesToolParser
 from tokenmill.entrypoints.openai.tool_parsers.llama3_json import Llama3JsonToolParser
 from tokenmill.entrypoints.openai.tool_parsers.mistral import MistralToolParser
 
 TOOL_FORMATS: dict[str, type[ToolFormat]] = {
-    cls.name: cls for cls in (HermesToolParser, Llama3JsonToolParser, MistralToolParser)}
+    cls.name: cls for cls in (HermesToolParser, Llama3JsonToolParser, MistralToolParser, GptOssToolParser)}
 PARSER_CHOICES = ("auto", *TOOL_FORMATS)  # auto: detect_tool_format(the chat template)
 DEFAULT_FORMAT = "hermes"  # what a template that shows no format, or renders no tools, gets
 
 
 def detect_tool_format(template: str | None) -> str:
-    """The format a chat template teaches, from the markers its text writes: Mistral's `[TOOL_CALLS]`,
-    Hermes/Qwen's `<tool_call>`, Llama 3's `<|python_tag|>` or header tokens; else hermes."""
+    """The format a chat template teaches, from the markers its text writes: harmony's channels (gpt-oss:
+    `openai`), Mistral's `[TOOL_CALLS]`, Hermes/Qwen's `<tool_call>`, Llama 3's `<|python_tag|>` or header
+    tokens; else hermes."""
     text = template or ""
+    if is_harmony_template(text):
+        return "openai"
     if "[TOOL_CALLS]" in text:
         return "mistral"
     if "<tool_call>" in text:
