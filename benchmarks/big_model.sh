@@ -97,7 +97,7 @@ for peer in $PEERS; do
 done
 
 {
-    echo "# A 7B-class GGUF, $(date +%Y-%m-%d)"
+    echo "# A big GGUF ($(basename "$MODEL")), $(date +%Y-%m-%d)"
     echo
     echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; flags:" \
          "$(for f in avx2 avx512f amx_bf16; do grep -qw $f /proc/cpuinfo && printf '%s yes ' $f || printf '%s no ' $f; done)"

@@ -529,41 +529,64 @@ class GGUFLinearMethod(LinearMethod):
                                 amx=True)
 
     def apply_grouped(self, layers: list[Linear], x: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
-        """Layer i on the next counts[i] rows of x (sum(counts), in), all in one ggml call (a mixture of
-        experts) -> (sum(counts), out) at x's dtype. None where some layer with rows would not take ggml's
-        path alone (more rows than the crossover on plain blocks, a bias, several weights): the caller then
-        runs them one by one. Each layer computes exactly what apply() would."""
-        weights: list[ggml.GgmlWeight] = []
+        """Layer i on the next counts[i] rows of x (sum(counts), in), all in one ggml call per weight (a mixture
+        of experts: one, or one per fused part kept apart, gpt-oss's gate and up) -> (sum(counts), out) at x's
+        dtype, each layer's bias added to its rows. None where some layer with rows would not take ggml's path
+        alone (more rows than the crossover on plain blocks), or the layers differ in their parts or biases:
+        the caller then runs them one by one. Each layer computes exactly what apply() would."""
+        parts: tuple[tuple[int, int], ...] | None = None  # (rows, first output column) of each weight
         for lyr, n in zip(layers, counts):
             mm = lyr.matmul
-            if mm is None or len(mm.weights) != 1 or mm.weights[0].n != lyr.out_features or lyr.bias is not None:
+            if mm is None or (lyr.bias is None) != (layers[0].bias is None):
                 return None
             if n > self.max_ggml_rows and (lyr.dense_ok or lyr.packed is not None):
                 return None
-            weights.append(mm.weights[0])
+            mine = tuple((w.n, off) for w, off in zip(mm.weights, mm.offsets))
+            if parts is None:
+                parts = mine
+            elif mine != parts:
+                return None
+        assert parts is not None
         k, n_out = layers[0].in_features, layers[0].out_features
+        if sum(n for n, _ in parts) != n_out:
+            return None
         x32 = x.to(torch.float32).contiguous()
         y = torch.empty(x.shape[0], n_out, dtype=torch.float32)
-        # the kernel apply() would pick for each layer: the block kernel for all (one type), or ggml's for
-        # all; a mix runs one by one
+        # the kernel apply() would pick for each layer: the block kernel for all (one type, one weight), or
+        # ggml's for all; a mix runs one by one
         blocks = [b[0] for lyr in layers if (b := lyr.block_mm) is not None and len(b) == 1]
-        mine = len(blocks) == len(layers) and len({b[0] for b in blocks}) == 1
-        if not mine and any(lyr.block_mm is not None for lyr in layers):
+        mine_all = len(blocks) == len(layers) and len({b[0] for b in blocks}) == 1
+        if not mine_all and any(lyr.block_mm is not None for lyr in layers):
             return None
         amx = {self.uses_amx(lyr, x.dtype) for lyr in layers}
         if len(amx) > 1:  # some on the AMX kernel, some not: one by one
             return None
         if x.shape[0]:
             xp, yp = x32.data_ptr(), y.data_ptr()
-            if mine:
+            if mine_all:
                 qtype, ptrs = blocks[0][0], [b[1] for b in blocks]
                 on_amx = amx.pop()
                 self.threads.run(x.shape[0] * k * n_out, lambda t: block_matmul.matmul_grouped(
                     qtype, ptrs, counts, n_out, k, xp, yp, t, amx=on_amx))
-            else:
+            elif len(parts) == 1:
+                weights = [lyr.matmul.weights[0] for lyr in layers]  # type: ignore[union-attr]
                 self.threads.run(x.shape[0] * k * n_out,
                                  lambda t: ggml.matmul_grouped(weights, counts, xp, k, yp, n_out, t))
-        return y if x.dtype == torch.float32 else y.to(x.dtype)
+            else:  # each part (gate, up) grouped on its own, into its columns
+                for j, (nj, off) in enumerate(parts):
+                    part = [lyr.matmul.weights[j] for lyr in layers]  # type: ignore[union-attr]
+                    yj = torch.empty(x.shape[0], nj, dtype=torch.float32)
+                    yjp = yj.data_ptr()
+                    self.threads.run(x.shape[0] * k * nj,
+                                     lambda t: ggml.matmul_grouped(part, counts, xp, k, yjp, nj, t))
+                    y[:, off : off + nj] = yj
+        out = y if x.dtype == torch.float32 else y.to(x.dtype)
+        if layers[0].bias is not None:  # as apply(): the bias added at x's dtype, each layer to its own rows
+            start = 0
+            for lyr, n in zip(layers, counts):
+                out[start : start + n] += lyr.bias  # type: ignore[operator]
+                start += n
+        return out
 
     # -- the crossover -----------------------------------------------------------------------------------
     def calibrate(self, layers: list[Linear], dtype: torch.dtype) -> None:
