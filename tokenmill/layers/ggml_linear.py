@@ -584,7 +584,8 @@ class GGUFLinearMethod(LinearMethod):
         if layers[0].bias is not None:  # as apply(): the bias added at x's dtype, each layer to its own rows
             start = 0
             for lyr, n in zip(layers, counts):
-                out[start : start + n] += lyr.bias  # type: ignore[operator]
+                assert lyr.bias is not None  # (all have one: checked above)
+                out[start : start + n] += lyr.bias
                 start += n
         return out
 
