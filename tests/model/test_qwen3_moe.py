@@ -1,5 +1,5 @@
-"""Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, OLMoE and Granite MoE (with and without its shared expert) against
-transformers, from HF directories and from GGUF files.
+"""Qwen3, Qwen3-MoE, Mixtral, Qwen2-MoE, OLMoE, Granite MoE (with and without its shared expert) and ERNIE 4.5 MoE
+against transformers, from HF directories and from GGUF files.
 
 Each family: a tiny random checkpoint made by transformers' own class (save_pretrained), and a GGUF of the
 same weights written with the gguf package under llama.cpp's tensor names and metadata keys (Mixtral as
@@ -61,6 +61,13 @@ FAMILIES: dict[str, dict[str, Any]] = {
                                      shared_intermediate_size=64, tie_word_embeddings=False,
                                      embedding_multiplier=12.0, attention_multiplier=0.0625,
                                      residual_multiplier=0.22, logits_scaling=8.0)),
+    # ERNIE 4.5 MoE: a dense first layer, experts chosen with a per-expert bias, two ungated shared experts, rotary on
+    # adjacent pairs (llama.cpp's converter keeps HF's q / k rows); llama.cpp sizes the shared experts as
+    # intermediate_size // num_key_value_heads, which this config meets (128 // 2 = 2 x 32)
+    "ernie4_5_moe": dict(cls="Ernie4_5_MoeForCausalLM", config="Ernie4_5_MoeConfig", gguf_arch="ernie4_5-moe",
+                         kw=dict(intermediate_size=128, moe_intermediate_size=32, moe_num_experts=6, moe_k=2,
+                                 moe_num_shared_experts=2, moe_layer_start_index=1, tie_word_embeddings=True,
+                                 rope_theta=500000.0)),
 }
 # our architecture for each family (GraniteMoeShared is Granite MoE with a shared expert)
 OURS = {"granitemoeshared": "granitemoe"}
@@ -141,6 +148,14 @@ def write_gguf(path: Path, model: Any, family: str, qtype: str = "F32") -> Path:
     if n_experts:
         w.add_expert_count(n_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
+    dense_layers: set[int] = set()
+    if family == "ernie4_5_moe":  # as llama.cpp's Ernie4_5MoeModel writes it
+        w.add_interleave_moe_layer_step(c.moe_layer_interval)
+        w.add_leading_dense_block_count(c.moe_layer_start_index)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        w.add_expert_shared_count(c.moe_num_shared_experts)
+        w.add_expert_shared_feed_forward_length(c.intermediate_size // c.num_key_value_heads)
+        dense_layers = set(range(c.moe_layer_start_index))
     if family in ("qwen3moe", "qwen2moe"):  # the others' experts are feed_forward_length wide
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if family == "qwen2moe":
@@ -183,7 +198,7 @@ def write_gguf(path: Path, model: Any, family: str, qtype: str = "F32") -> Path:
             add(b + "attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"])
             add(b + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"])
         add(b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
-        if not n_experts:
+        if not n_experts or i in dense_layers:
             for part in ("gate", "up", "down"):
                 add(b + f"ffn_{part}.weight", sd[p + f"mlp.{part}_proj.weight"])
             continue
@@ -211,6 +226,10 @@ def write_gguf(path: Path, model: Any, family: str, qtype: str = "F32") -> Path:
             add(b + "ffn_gate_inp_shexp.weight", sd[moe + "shared_expert_gate.weight"][0])  # llama.cpp's (d,)
             for part in ("gate", "up", "down"):
                 add(b + f"ffn_{part}_shexp.weight", sd[moe + f"shared_expert.{part}_proj.weight"])
+        if family == "ernie4_5_moe":
+            add(b + "exp_probs_b.bias", sd[moe + "moe_statics.e_score_correction_bias"].reshape(-1))
+            for part in ("gate", "up", "down"):
+                add(b + f"ffn_{part}_shexp.weight", sd[moe + f"shared_experts.{part}_proj.weight"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -253,7 +272,8 @@ def test_both_formats_read_the_same_config(family: dict[str, Any]) -> None:
     assert hf.architecture == gg.architecture == OURS.get(family["name"], family["name"])
     fields = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "tie_word_embeddings",
               "attention_bias", "qk_norm", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-              "moe_renormalize", "shared_expert_intermediate_size", "shared_expert_gated", "rope_theta")
+              "moe_renormalize", "shared_expert_intermediate_size", "shared_expert_gated", "rope_theta",
+              "dense_mlp_layers", "moe_selection_bias")
     assert {f: getattr(hf, f) for f in fields} == {f: getattr(gg, f) for f in fields}
     scales = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
     assert [getattr(hf, f) for f in scales] == pytest.approx([getattr(gg, f) for f in scales])  # GGUF: float32
@@ -290,11 +310,31 @@ def test_several_experts_per_token(family: dict[str, Any]) -> None:
     with torch.inference_mode():
         per_prompt = [family["model"](torch.tensor([ids]), output_router_logits=True).router_logits
                       for ids in family["ids"]]
-    for layer in range(cfg.num_layers):
-        logits = torch.cat([r[layer].reshape(-1, cfg.num_experts) for r in per_prompt])
+    moe_layers = [layer for layer in range(cfg.num_layers) if layer not in cfg.dense_mlp_layers]
+    for j, layer in enumerate(moe_layers):  # router logits: one entry per layer of experts
+        logits = torch.cat([r[j].reshape(-1, cfg.num_experts) for r in per_prompt])
         chosen = logits.topk(k, dim=-1).indices.sort(dim=-1).values  # (tokens, k)
         assert len(set(chosen.flatten().tolist())) > k, f"layer {layer}: experts {set(chosen.flatten().tolist())}"
         assert len(set(map(tuple, chosen.tolist()))) > 1, f"layer {layer}: every token has the same experts"
+
+
+def test_ernie_selection_bias_takes_part(family: dict[str, Any]) -> None:
+    """ERNIE 4.5 MoE's experts are chosen by probs + its per-expert bias: without the bias the logits move (so
+    the match above is with it), and its first layer is dense."""
+    if family["name"] != "ernie4_5_moe":
+        pytest.skip("ERNIE 4.5 MoE only")
+    from tokenmill.layers.moe import SparseMoE
+
+    llm, ids = family["engines"]["hf"], family["ids"][1]
+    layers = llm.engine.executor.worker.model.model.layers
+    assert not isinstance(layers[0].mlp, SparseMoE) and isinstance(layers[1].mlp, SparseMoE)
+    statics = layers[1].mlp.moe_statics
+    saved = statics.bias.data.clone()
+    try:
+        statics.bias.data.zero_()
+        assert (prompt_logits(llm, ids) - ref_logits(family["model"], ids)).abs().max() > 1e-2
+    finally:
+        statics.bias.data.copy_(saved)
 
 
 def test_batched_equals_alone(family: dict[str, Any]) -> None:
@@ -364,7 +404,7 @@ def test_grouped_experts_equal_one_call_per_expert(family: dict[str, Any], monke
     # one depends on the machine's speed at that moment (this failed a CI run when it came out low)
     monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", "64")
     llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
-    if not isinstance(llm.engine.executor.worker.model.model.layers[0].mlp, SparseMoE):
+    if not any(isinstance(layer.mlp, SparseMoE) for layer in llm.engine.executor.worker.model.model.layers):
         pytest.skip("a dense family")
     calls: list[bool] = []
     real = SparseMoE._experts_grouped

@@ -219,6 +219,16 @@ def _hf_moe_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
                 raise NotImplementedError(f"{model_type} with this shared expert has no HF config form")
             local["shared_intermediate_size"] = cfg.shared_expert_intermediate_size
         return local
+    if model_type == "ernie4_5_moe":  # its own names; dense layers only as a leading run (moe_layer_start_index)
+        lead = len(cfg.dense_mlp_layers)
+        if cfg.dense_mlp_layers != tuple(range(lead)) or not cfg.moe_selection_bias or cfg.shared_expert_gated:
+            raise NotImplementedError("ernie4_5_moe with these dense layers or experts has no HF config form")
+        shared, inter = cfg.shared_expert_intermediate_size, cfg.moe_intermediate_size
+        if shared % inter:
+            raise NotImplementedError("ernie4_5_moe shared experts not a whole number of experts' size")
+        return {"moe_num_experts": cfg.num_experts, "moe_k": cfg.num_experts_per_tok, "moe_intermediate_size": inter,
+                "moe_num_shared_experts": shared // inter, "moe_layer_start_index": lead,
+                "moe_layer_end_index": cfg.num_layers - 1, "moe_layer_interval": 1, "use_bias": False}
     if model_type == "olmoe":  # its intermediate_size is each expert's
         return {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
                 "intermediate_size": cfg.moe_intermediate_size, "norm_topk_prob": cfg.moe_renormalize}
@@ -336,6 +346,12 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
         _granitemoe_tensors(tensors, cfg.num_experts)
     elif cfg.architecture == "gpt_oss":
         _gpt_oss_tensors(tensors, cfg.num_experts)
+    elif cfg.architecture == "ernie4_5_moe":  # its shared experts' and selection bias's own names
+        for name in list(tensors):
+            if ".mlp.shared_expert." in name:
+                tensors[name.replace(".mlp.shared_expert.", ".mlp.shared_experts.")] = tensors.pop(name)
+            elif name.endswith(".mlp.moe_statics.bias"):
+                tensors[name[: -len("bias")] + "e_score_correction_bias"] = tensors.pop(name)[None]
     if cfg.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
     save_file(tensors, str(out / "model.safetensors"),

@@ -8,7 +8,8 @@
             + shared_expert(x[t]), ungated, GraniteMoeShared)
 
 Mixtral's rule (softmax over the top-k logits) is softmax, top-k, renormalize; Qwen3-MoE renormalizes
-when norm_topk_prob, Qwen2-MoE does not.
+when norm_topk_prob, Qwen2-MoE does not. ERNIE 4.5 MoE chooses by probs + a per-expert bias
+(`moe_statics.bias`, its e_score_correction_bias) and weighs by the chosen probs, renormalized.
 
 Grouped by expert: the T*k (token, choice) slots are sorted by expert id (stably: token order within an
 expert), each expert that has slots multiplies its rows in one batch, and the results are put back in
@@ -35,9 +36,18 @@ from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.mlp import GatedMLP
 
 
+class SelectionBias(nn.Module):
+    """A per-expert bias that takes part in choosing the experts only (ERNIE 4.5 MoE's e_score_correction_bias)."""
+
+    def __init__(self, num_experts: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(num_experts), requires_grad=False)
+
+
 class SparseMoE(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, renormalize: bool,
-                 method: LinearMethod, shared_intermediate_size: int = 0, shared_gated: bool = True) -> None:
+                 method: LinearMethod, shared_intermediate_size: int = 0, shared_gated: bool = True,
+                 selection_bias: bool = False) -> None:
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"{top_k} experts per token out of {num_experts}")
@@ -49,13 +59,18 @@ class SparseMoE(nn.Module):
         if shared_intermediate_size:
             self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, method)
             self.shared_expert_gate = Linear(hidden_size, 1, method) if shared_gated else None
+        self.moe_statics: SelectionBias | None = SelectionBias(num_experts) if selection_bias else None
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h (T, D) -> the chosen experts' weights (T, k) float32 and ids (T, k) int64."""
         probs = torch.softmax(self.gate(h).float(), dim=-1)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.moe_statics is None:
+            weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        else:  # chosen by probs + bias, weighed by probs
+            ids = torch.topk(probs + self.moe_statics.bias.float(), self.top_k, dim=-1).indices
+            weights = probs.gather(-1, ids)
         if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+            weights = weights / weights.sum(dim=-1, keepdim=True).clamp(min=1e-12)
         return weights, ids
 
     def _experts_grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor | None:

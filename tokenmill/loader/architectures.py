@@ -38,6 +38,10 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
                  "exaone4"),
     # ERNIE 4.5 (dense): llama with rotary on adjacent pairs of dims (loader/weights.py, INTERLEAVED_ROTARY)
     Architecture("ernie4_5", _LLAMA, ("ernie4_5",), ("Ernie4_5ForCausalLM",), "ernie4_5"),
+    # ERNIE 4.5 MoE (21B-A3B, 300B-A47B): ERNIE 4.5's attention, a dense first layer, then experts chosen with a
+    # per-expert bias and two ungated shared experts
+    Architecture("ernie4_5_moe", "tokenmill.models.moe:Ernie45MoeForCausalLM", ("ernie4_5-moe",),
+                 ("Ernie4_5_MoeForCausalLM",), "ernie4_5_moe", is_moe=True),
     Architecture("glm4", "tokenmill.models.glm4:Glm4ForCausalLM", ("glm4",), ("Glm4ForCausalLM",), "glm4"),
     Architecture("hunyuan_dense", "tokenmill.models.hunyuan:HunYuanDenseForCausalLM", ("hunyuan-dense",),
                  ("HunYuanDenseV1ForCausalLM",), "hunyuan_v1_dense"),

@@ -49,6 +49,10 @@ class ModelConfig:
     attn_temperature_length: int = 0
     qk_norm_after_rotary: bool = False  # the per-head q / k norms after rotary instead of before (Hunyuan)
     shared_expert_gated: bool = True  # False: a shared expert's output is added as it is (GraniteMoeShared)
+    # ERNIE 4.5 MoE: these layers have a dense MLP of intermediate_size instead of the experts (its first)
+    dense_mlp_layers: tuple[int, ...] = ()
+    # ERNIE 4.5 MoE: a per-expert bias added to the softmax probabilities to choose the experts, not to weigh them
+    moe_selection_bias: bool = False
     # Gemma 3
     rope_local_theta: float = 0.0  # rotary base of the local (windowed) layers; rope_theta is the global one
     query_pre_attn_scalar: float = 0.0  # attention scale = query_pre_attn_scalar ** -0.5; 0: head_dim ** -0.5
@@ -88,9 +92,9 @@ class ModelConfig:
         d, v = self.hidden_size, self.vocab_size
         q = self.num_heads * self.head_dim
         kv = self.num_kv_heads * self.head_dim
-        matmuls = sum(n * k for n, k in self._layer_shapes(active))
+        matmuls = sum(n * k for layer in range(self.num_layers) for n, k in self._layer_shapes(active, layer))
         norms = d if self.architecture == "cohere2" else 2 * d  # Cohere2: one norm for both sublayers
-        per_layer = matmuls + norms + (2 * self.head_dim if self.qk_norm else 0)
+        per_layer = norms + (2 * self.head_dim if self.qk_norm else 0)
         if self.architecture in ("olmo2", "olmoe"):  # q / k norms over the whole projection
             per_layer += q + kv
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
@@ -99,20 +103,22 @@ class ModelConfig:
         if self.architecture == "gpt_oss":  # o's bias, the sinks, the router's and the experts' biases
             experts = self.num_experts_per_tok if active else self.num_experts
             per_layer += d + self.num_heads + self.num_experts + experts * (2 * self.moe_intermediate_size + d)
-        return self.num_layers * per_layer + bias + v * d * (1 if self.tie_word_embeddings else 2) + d
+        if self.moe_selection_bias:  # one per expert in each layer of experts
+            bias += (self.num_layers - len(self.dense_mlp_layers)) * self.num_experts
+        return matmuls + self.num_layers * per_layer + bias + v * d * (1 if self.tie_word_embeddings else 2) + d
 
     def linear_shapes(self) -> list[tuple[int, int]]:
         """(out_features, in_features) of every matmul weight: per layer qkv, o, the MLP's (gate_up, down;
         with experts: the router, each expert's gate_up and down, and a shared expert with its gate), and
         the output layer when it is not tied to the embedding."""
         head = [] if self.tie_word_embeddings else [(self.vocab_size, self.hidden_size)]
-        return self._layer_shapes() * self.num_layers + head
+        return [s for layer in range(self.num_layers) for s in self._layer_shapes(layer=layer)] + head
 
-    def _layer_shapes(self, active: bool = False) -> list[tuple[int, int]]:
+    def _layer_shapes(self, active: bool = False, layer: int = -1) -> list[tuple[int, int]]:
         d, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attn = [(q + 2 * kv, d), (d, q)]
-        if not self.num_experts:
+        if not self.num_experts or layer in self.dense_mlp_layers:
             return attn + [(i if self.architecture == "arcee" else 2 * i, d), (d, i)]  # Arcee's MLP: no gate
         e, s = self.moe_intermediate_size, self.shared_expert_intermediate_size
         experts = [(2 * e, d), (d, e)] * (self.num_experts_per_tok if active else self.num_experts)
@@ -123,7 +129,7 @@ class ModelConfig:
     @classmethod
     def from_gguf(cls, metadata: dict[str, Any], tensor_names: set[str], quantization: str) -> ModelConfig:
         arch = str(metadata.get("general.architecture", ""))  # the prefix of its metadata keys
-        ours = architectures.from_gguf_name(arch, "blk.0.ffn_gate_exps.weight" in tensor_names)
+        ours = architectures.from_gguf_name(arch, any(n.endswith(".ffn_gate_exps.weight") for n in tensor_names))
 
         def get(key: str, default: Any = None) -> Any:
             v = metadata.get(f"{arch}.{key}", default)
@@ -180,6 +186,8 @@ class ModelConfig:
             family = {"rotary_dim": rotary if rotary != head_dim else None}
         elif ours.name == "gpt_oss":
             family = _gpt_oss_gguf(metadata, arch)
+        elif ours.name == "ernie4_5_moe":
+            family = _ernie4_5_moe_gguf(metadata, arch, int(get("block_count")), tensor_names)
         elif ours.name == "smollm3":  # llama.cpp: every 4th layer (no GGUF key says otherwise)
             family = {"nope_layers": _every_nth(int(get("block_count")), _SMOLLM3_NOPE_INTERVAL)}
         cfg = cls(
@@ -229,6 +237,8 @@ class ModelConfig:
             family["qk_norm"] = arch in _QK_NORM
         if architectures.get(arch).is_moe:
             family.update(_hf_moe_fields(cfg, arch))
+        if arch == "ernie4_5_moe":
+            family.update(_ernie4_5_moe_layers(cfg))
         common: dict[str, Any] = dict(
             rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
             # transformers < 5 writes rope_scaling; 5.x folds it (and rope_theta) into rope_parameters
@@ -247,7 +257,7 @@ class ModelConfig:
                 common.update(_smollm3_hf(cfg))
             elif arch == "exaone4":
                 common.update(_exaone4_hf(cfg))
-            elif arch == "ernie4_5":
+            elif arch in ("ernie4_5", "ernie4_5_moe"):
                 common.update(_ernie4_5_hf(cfg))
             elif arch == "glm4":
                 common.update(_glm4_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
@@ -388,7 +398,7 @@ _QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense")  # the families wit
 # renormalize the chosen experts' weights, Qwen2-MoE and OLMoE do not; a file may say otherwise with
 # {arch}.expert_weights_norm.
 _GGUF_MOE_RENORMALIZE = {"mixtral": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "granitemoe": True,
-                         "gpt_oss": True}
+                         "gpt_oss": True, "ernie4_5_moe": True}
 
 
 def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -409,10 +419,11 @@ def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_name
         moe_intermediate_size=int(metadata.get(f"{arch}.expert_feed_forward_length", ff)),  # Mixtral: ff
         moe_renormalize=bool(metadata.get(f"{arch}.expert_weights_norm", _GGUF_MOE_RENORMALIZE[ours])),
         shared_expert_intermediate_size=int(metadata.get(f"{arch}.expert_shared_feed_forward_length", 0))
-        if "blk.0.ffn_gate_shexp.weight" in tensor_names else 0,
-        # Qwen2-MoE's shared expert sits behind a sigmoid gate (ffn_gate_inp_shexp); Granite MoE's has none
-        shared_expert_gated="blk.0.ffn_gate_shexp.weight" not in tensor_names
-        or "blk.0.ffn_gate_inp_shexp.weight" in tensor_names,
+        if any(n.endswith(".ffn_gate_shexp.weight") for n in tensor_names) else 0,
+        # Qwen2-MoE's shared expert sits behind a sigmoid gate (ffn_gate_inp_shexp); Granite MoE's and ERNIE's
+        # have none
+        shared_expert_gated=not any(n.endswith(".ffn_gate_shexp.weight") for n in tensor_names)
+        or any(n.endswith(".ffn_gate_inp_shexp.weight") for n in tensor_names),
     )
 
 
@@ -432,6 +443,13 @@ def _check_hf_features(cfg: dict[str, Any], arch: str, path: str | Path) -> None
 
 
 def _hf_moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    if arch == "ernie4_5_moe":  # its own names (transformers maps num_experts / num_experts_per_tok onto them)
+        inter = int(cfg["moe_intermediate_size"])
+        return dict(num_experts=int(cfg.get("moe_num_experts") or cfg["num_experts"]),
+                    num_experts_per_tok=int(cfg.get("moe_k") or cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=inter, moe_renormalize=True, moe_selection_bias=True,
+                    shared_expert_intermediate_size=inter * int(cfg.get("moe_num_shared_experts") or 0),
+                    shared_expert_gated=False)
     # Qwen's configs say num_experts; transformers 5 writes Qwen3-MoE's as num_local_experts, as Mixtral's
     num_experts = int(cfg.get("num_local_experts") or cfg["num_experts"])
     if arch in ("mixtral", "granitemoe"):  # softmax over all, top-k, renormalized (= softmax over the top-k logits)
@@ -709,6 +727,23 @@ def _glm4_hf(cfg: dict[str, Any], head_dim: int) -> dict[str, Any]:
     partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5)))
     rotary = int(head_dim * partial)
     return {"rotary_dim": rotary if rotary != head_dim else None}
+
+
+def _ernie4_5_moe_layers(cfg: dict[str, Any]) -> dict[str, Any]:
+    """ERNIE 4.5 MoE's dense layers: those outside moe_layer_start_index .. moe_layer_end_index, or off its
+    interval (HF's rule)."""
+    n = int(cfg["num_hidden_layers"])
+    start, end = int(cfg.get("moe_layer_start_index", 0)), cfg.get("moe_layer_end_index")
+    end, step = n - 1 if end is None or int(end) < 0 else int(end), int(cfg.get("moe_layer_interval", 1))
+    return {"dense_mlp_layers": tuple(i for i in range(n) if not ((i + 1) % step == 0 and start <= i <= end))}
+
+
+def _ernie4_5_moe_gguf(md: dict[str, Any], arch: str, n: int, tensor_names: set[str]) -> dict[str, Any]:
+    """llama.cpp's ernie4_5-moe: leading_dense_block_count dense layers, then experts every
+    interleave_moe_layer_step-th layer; the selection bias (exp_probs_b) where the file has it."""
+    lead, step = int(md.get(f"{arch}.leading_dense_block_count", 0)), int(md.get(f"{arch}.interleave_moe_layer_step", 1))
+    return {"dense_mlp_layers": tuple(i for i in range(n) if not (i >= lead and (i + 1) % step == 0)),
+            "moe_selection_bias": any(x.endswith(".exp_probs_b.bias") for x in tensor_names)}
 
 
 def _ernie4_5_hf(cfg: dict[str, Any]) -> dict[str, Any]:

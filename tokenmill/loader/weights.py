@@ -64,6 +64,8 @@ _GGUF_TO_HF_MOE = {
     # Granite MoE: llama.cpp splits HF's stacked input_linear into gate and up, its shared_mlp into *_shexp
     "granitemoe": _GGUF_TO_HF_QWEN_MOE,
     "gpt_oss": _GGUF_TO_HF_QWEN_MOE,  # each expert tensor with a 2-D bias beside it (blk.N.ffn_up_exps.bias)
+    # ERNIE 4.5 MoE: its selection bias, exp_probs_b.bias, (E,)
+    "ernie4_5_moe": _GGUF_TO_HF_QWEN_MOE | {"exp_probs_b": "mlp.moe_statics"},
     "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
                 "ffn_up_exps": "block_sparse_moe.experts.{e}.w3", "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"},
 }
@@ -99,7 +101,7 @@ _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "
 # permuted ones, and the same un-permutation (_unpermute) puts each head's even dims before its odd ones: q.k
 # is unchanged by reordering both alike, and the rotation is then ours. Under partial rotary (GLM-4) only each
 # head's rotating dims are reordered (_to_halves).
-INTERLEAVED_ROTARY = ("ernie4_5", "glm4", "cohere2")
+INTERLEAVED_ROTARY = ("ernie4_5", "ernie4_5_moe", "glm4", "cohere2")
 
 
 def _norm_shift(gguf_arch: str, name: str) -> float:
@@ -146,7 +148,7 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
     tensor info) says so."""
     # llama.cpp's converter permutes q/k for the llama arch and the ones it converts as llama (LlamaModel's
     # subclasses that keep its rotary: Granite, Granite MoE, SmolLM3, Arcee, Ministral 3)
-    permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3", "arcee", "mistral3",
+    permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3", "arcee", "mistral3", "ernie4_5-moe",
                                    *INTERLEAVED_ROTARY)
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
         hf_name, n_head = _hf_name(name, cfg, permuted)

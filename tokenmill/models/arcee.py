@@ -18,5 +18,5 @@ class ArceeForCausalLM(LlamaForCausalLM):
                               if k not in ("gate_proj", "up_proj")}
     activations = ("relu2",)
 
-    def make_mlp(self, cfg: ModelConfig, method: LinearMethod) -> nn.Module:
+    def make_mlp(self, cfg: ModelConfig, method: LinearMethod, layer_idx: int) -> nn.Module:
         return UpDownMLP(cfg.hidden_size, cfg.intermediate_size, method)

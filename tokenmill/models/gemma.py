@@ -45,7 +45,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
             if isinstance(m, RMSNorm):
                 m.weight.is_required = True  # type: ignore[attr-defined]
 
-    def make_mlp(self, cfg: ModelConfig, method: LinearMethod) -> nn.Module:
+    def make_mlp(self, cfg: ModelConfig, method: LinearMethod, layer_idx: int) -> nn.Module:
         return Gemma3MLP(cfg, method)
 
     def load_extra_weight(self, name: str, tensor: object) -> bool:

@@ -65,7 +65,7 @@ class GptOssForCausalLM(LlamaForCausalLM):
     decoder_layer = GptOssDecoderLayer
     activations = ("silu",)  # HF's config says silu; the experts' clamped form is the family's own
 
-    def make_mlp(self, cfg: ModelConfig, method: LinearMethod) -> nn.Module:
+    def make_mlp(self, cfg: ModelConfig, method: LinearMethod, layer_idx: int) -> nn.Module:
         return GptOssMoE(cfg, method)
 
     @staticmethod

@@ -142,7 +142,7 @@ class LlamaForCausalLM(nn.Module):
                              f"{', '.join(self.activations)})")
         self.cfg = cfg
         self.max_positions = max_positions
-        self.model = LlamaModel(cfg, method, [self.make_mlp(cfg, method) for _ in range(cfg.num_layers)],
+        self.model = LlamaModel(cfg, method, [self.make_mlp(cfg, method, i) for i in range(cfg.num_layers)],
                                 self.decoder_layer)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, method)
         self.lm_head.wide_out = True  # fp32 logits where the kernel gives them (layers/linear.py)
@@ -156,8 +156,8 @@ class LlamaForCausalLM(nn.Module):
         self.native_decode: NativeDecode | None = None  # decode steps in one native call (finish_loading)
         self._rope_freqs: torch.Tensor | None = None
 
-    def make_mlp(self, cfg: ModelConfig, method: LinearMethod) -> nn.Module:
-        """One layer's feed-forward block; a subclass may return another (T, D) -> (T, D) module."""
+    def make_mlp(self, cfg: ModelConfig, method: LinearMethod, layer_idx: int) -> nn.Module:
+        """Layer `layer_idx`'s feed-forward block; a subclass may return another (T, D) -> (T, D) module."""
         return LlamaMLP(cfg, method)
 
     # -- weights ---------------------------------------------------------------------------------------

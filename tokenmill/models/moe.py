@@ -1,5 +1,5 @@
-"""Mixture-of-experts decoders (Qwen3-MoE, Qwen2-MoE, Mixtral, Granite MoE, OLMoE): the llama decoder with
-every layer's MLP a SparseMoE (layers/moe.py); attention as the family has it (Qwen3-MoE's q/k norms,
+"""Mixture-of-experts decoders (Qwen3-MoE, Qwen2-MoE, Mixtral, Granite MoE, OLMoE, ERNIE 4.5 MoE): the llama
+decoder with every layer's MLP a SparseMoE (layers/moe.py; ERNIE's first layer a dense MLP); attention as the family has it (Qwen3-MoE's q/k norms,
 Qwen2-MoE's biases, Granite's multipliers (ModelConfig, as for dense Granite), OLMoE's q / k norms over the
 whole projection (OLMo 2's attention, models/olmo2.py) in llama's pre-norm layer).
 
@@ -14,12 +14,15 @@ ungated shared expert), split and renamed by checkpoint_renames (loader/weight_l
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from typing import Any
+
 from torch import nn
 
 from tokenmill.layers.linear import LinearMethod
 from tokenmill.layers.moe import SparseMoE
 from tokenmill.loader.model_config import ModelConfig
-from tokenmill.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from tokenmill.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from tokenmill.models.olmo2 import Olmo2Attention
 
 
@@ -37,11 +40,14 @@ class MoEForCausalLM(LlamaForCausalLM):
         "shared_mlp.output_linear": "mlp.shared_expert.down_proj",
     }
 
-    def make_mlp(self, cfg: ModelConfig, method: LinearMethod) -> nn.Module:
+    def make_mlp(self, cfg: ModelConfig, method: LinearMethod, layer_idx: int) -> nn.Module:
         if not cfg.num_experts:
             raise ValueError(f"{cfg.architecture}: the config names no experts")
+        if layer_idx in cfg.dense_mlp_layers:  # ERNIE 4.5 MoE's first layer
+            return LlamaMLP(cfg, method)
         return SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
-                         cfg.moe_renormalize, method, cfg.shared_expert_intermediate_size, cfg.shared_expert_gated)
+                         cfg.moe_renormalize, method, cfg.shared_expert_intermediate_size, cfg.shared_expert_gated,
+                         cfg.moe_selection_bias)
 
 
 class OlmoeDecoderLayer(LlamaDecoderLayer):
@@ -54,3 +60,20 @@ class OlmoeForCausalLM(MoEForCausalLM):
     packed_modules_mapping = MoEForCausalLM.packed_modules_mapping | {
         "q_norm": ("q_norm_full", None), "k_norm": ("k_norm_full", None),
     }
+
+
+class Ernie45MoeForCausalLM(MoEForCausalLM):
+    """ERNIE 4.5 MoE: ERNIE 4.5's attention (rotary on adjacent pairs, reordered at load), dense MLPs in the
+    config's dense_mlp_layers, experts chosen by probs + moe_statics' bias and weighed by probs (renormalized),
+    and `shared_experts` (HF's name), ungated, beside them."""
+
+    packed_modules_mapping = MoEForCausalLM.packed_modules_mapping | {"shared_experts": ("shared_expert", None)}
+
+    @staticmethod
+    def checkpoint_stream(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        """HF's `mlp.moe_statics.e_score_correction_bias` (1, E) is our `mlp.moe_statics.bias` (E,)."""
+        for name, tensor in weights:
+            if name.endswith(".moe_statics.e_score_correction_bias"):
+                yield name.replace(".e_score_correction_bias", ".bias"), tensor.reshape(-1)
+            else:
+                yield name, tensor
