@@ -149,6 +149,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.system:
         history.append({"role": "system", "content": args.system})
     print(f"Chatting with {eng.model_name}. Empty line or Ctrl-D to quit; /reset clears the history.")
+    # a harmony model (gpt-oss): its markers read, the analysis channel shown dimmed, only the final one kept
+    from tokenmill.entrypoints.openai.harmony import Harmony
+
+    harmony = Harmony.of(eng.tokenizer, None, None, announce=False)
+    if harmony is not None:
+        params.skip_special_tokens = False
+    dim, plain = ("\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "")
     turn = 0
     while True:
         try:
@@ -166,13 +173,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
         rid = f"chat-{turn}"
         turn += 1
         reply = ""
+        reader = harmony.reader(None, None, True).stream() if harmony is not None else None
         try:
             eng.add_request(rid, ids, params, stream=True)
             while eng.has_unfinished_requests():
                 for out in eng.step():
-                    sys.stdout.write(out.outputs[0].delta_text)
+                    delta = out.outputs[0].delta_text
+                    if reader is not None:
+                        news = reader.feed(delta, is_final=out.finished)
+                        delta = (f"{dim}{news.reasoning}{plain}" if news.reasoning else "") + news.content
+                        reply += news.content
+                    else:
+                        reply = out.outputs[0].text
+                    sys.stdout.write(delta)
                     sys.stdout.flush()
-                    reply = out.outputs[0].text
         except KeyboardInterrupt:
             eng.abort_request(rid)
         except ValueError as e:  # e.g. the history outgrew the context

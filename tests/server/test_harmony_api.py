@@ -305,3 +305,29 @@ def test_responses_and_messages_get_the_reasoning_apart(app: Any) -> None:
     assert m["content"] == [{"type": "thinking", "thinking": "Two and two make four", "signature": ""},
                             {"type": "text", "text": "Four!"}]
     assert not any(marker in json.dumps(x) for x in (r, m) for marker in MARKERS)
+
+
+def test_terminal_chat_shows_the_final_channel(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`tokenmill chat` with a harmony model prints the analysis and the answer without a marker or channel
+    name, and keeps only the answer in the history."""
+    from tokenmill import cli
+
+    model = write_harmony_model(tmp_path / "m", THINKING)
+    lines = iter(["What is two plus two?", "And again?", ""])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    rendered: list[list[dict[str, Any]]] = []
+    from tokenmill.engine.input_processor import InputProcessor
+
+    real = InputProcessor.render_chat_ids
+
+    def spy(self, messages, *args, **kwargs):  # type: ignore[no-untyped-def]
+        rendered.append([dict(m) for m in messages])
+        return real(self, messages, *args, **kwargs)
+
+    monkeypatch.setattr(InputProcessor, "render_chat_ids", spy)
+    assert cli.main(["chat", "--model", str(model), "--dtype", "float32", "--max-model-len", "256",
+                     "--max-tokens", "32", "--kv-cache-memory", "32MiB"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Two and two make four") == 2 and out.count("Four!") == 2
+    assert not any(m in out for m in MARKERS) and "analysis" not in out
+    assert rendered[-1][1] == {"role": "assistant", "content": "Four!"}
