@@ -116,6 +116,12 @@ def assert_invariances(make_engine: Any, tokenizer: Any, subjects: list[str]) ->
     assert run(make_engine(max_num_batched_tokens=16), prompts) == batched
 
 
+def ref_logits(model: Any, ids: list[int]) -> torch.Tensor:
+    """transformers' prompt logits (T, V), float32."""
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
 def hf_reference(model: Any, ids: list[int], n: int) -> tuple[torch.Tensor, list[int]]:
     """transformers' fp32 prompt logits (T, V) and its n greedy tokens (generate, EOS ignored)."""
     with torch.inference_mode():

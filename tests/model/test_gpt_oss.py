@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import prompt_logits
+from raw_forward import assert_invariances, prompt_logits, ref_logits
 
 from tokenmill import LLM, SamplingParams
 
@@ -143,11 +143,6 @@ def write_gguf(path: Path, model: Any, qtype: str = "F32") -> Path:
     return path
 
 
-def ref_logits(model: Any, ids: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0].float()
-
-
 def texts(outs: Any) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
@@ -230,30 +225,10 @@ def test_controls_sinks_and_clamp_move_the_logits(oss: dict[str, Any]) -> None:
     assert (prompt_logits(llm, ids) - want).abs().max() < 1e-3
 
 
-def test_batched_equals_alone(oss: dict[str, Any]) -> None:
-    llm, greedy = oss["engines"]["gguf"], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    batched = texts(llm.generate(oss["ids"], greedy))
-    assert batched == [texts(llm.generate([ids], greedy))[0] for ids in oss["ids"]]
-
-
-def test_prefix_cache_on_equals_off(oss: dict[str, Any]) -> None:
-    llm, greedy = oss["engines"]["hf"], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    system = "You are a meticulous assistant. Answer briefly, cite nothing, and never apologise. " * 3
-    prompts = [system + p for p in PROMPTS]
-    off = LLM(str(oss["tmp"] / "hf"), **ENGINE, enable_prefix_caching=False)
-    want = texts(off.generate(prompts, greedy))
-    bm = llm.engine.block_manager
-    hits = bm.num_hits
-    assert texts(llm.generate(prompts, greedy)) == want
-    assert texts(llm.generate(prompts, greedy)) == want
-    assert bm.num_hits > hits
-
-
-def test_chunked_prefill_equals_whole(oss: dict[str, Any]) -> None:
-    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    whole = texts(oss["engines"]["gguf"].generate(oss["ids"], greedy))
-    chunked = LLM(str(oss["gguf"]), **ENGINE, max_num_batched_tokens=16)
-    assert texts(chunked.generate(oss["ids"], greedy)) == whole
+def test_invariances(oss: dict[str, Any]) -> None:
+    """batched == alone, prefix cache on == off, chunked == whole, with prompts past the window."""
+    assert_invariances(lambda **kw: LLM(str(oss["gguf"]), **{**ENGINE, **kw}), oss["engines"]["gguf"].tokenizer,
+                       ["the ocean", "a violin", "bread", "Mars"])
 
 
 def test_convert_writes_an_hf_copy_transformers_loads(oss: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import prompt_logits
+from raw_forward import prompt_logits, ref_logits
 
 from tokenmill import LLM, SamplingParams
 
@@ -238,11 +238,6 @@ def write_gguf(path: Path, model: Any, family: str, qtype: str = "F32") -> Path:
 
 
 # -- references --------------------------------------------------------------------------------------------
-def ref_logits(model: Any, ids: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0].float()
-
-
 def ref_greedy(model: Any, ids: list[int], n: int) -> list[int]:
     with torch.inference_mode():
         out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n,

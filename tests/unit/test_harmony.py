@@ -7,11 +7,11 @@ end tokens of a harmony vocabulary (HF and GGUF), the history handed to the temp
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_tool_parsers import token_pieces
 
 from tokenmill.entrypoints.openai.harmony import (MARKERS, HarmonyAnswer, HarmonyCall, HarmonyStream, Specials,
                                                   harmony_history, is_harmony_template, parse, uses_harmony)
@@ -89,16 +89,6 @@ def feed(stream: HarmonyStream, pieces: list[str]) -> HarmonyAnswer:
         content += news.content
         calls += news.tool_calls
     return HarmonyAnswer(reasoning or None, content, calls)
-
-
-def token_pieces(text: str, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    pieces, pos = [], 0
-    while pos < len(text):
-        n = rng.randint(1, 6)
-        pieces.append(text[pos:pos + n])
-        pos += n
-    return pieces + [""]  # the final output often brings no new text
 
 
 @pytest.mark.parametrize("text, reasoning, content, calls", CASES)

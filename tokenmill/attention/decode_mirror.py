@@ -172,7 +172,8 @@ class MirrorAttentionBackend(PagedAttentionBackend):
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float, window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
+                         scale: float, window: int = 0, softcap: float = 0.0,
+                         sinks: torch.Tensor | None = None) -> None:
         m = meta.extra
         if not isinstance(m, MirrorStep):
             super().decode_attention(out, layer_idx, q, k, v, kv_cache, meta, scale, window, softcap, sinks)

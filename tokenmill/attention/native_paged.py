@@ -148,7 +148,8 @@ class NativePagedAttentionBackend(PagedAttentionBackend):
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float, window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
+                         scale: float, window: int = 0, softcap: float = 0.0,
+                         sinks: torch.Tensor | None = None) -> None:
         d, lens, tables = meta.num_decodes, meta.decode_context_lens, meta.decode_block_tables
         if lens is not None and tables is not None:
             starts = None  # (D,) int64: each decode's first key position, lens - W, once per step and window

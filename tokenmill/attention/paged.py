@@ -100,7 +100,8 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                       v_cache: torch.Tensor, chunks: list[PrefillChunk], scale: float, window: int = 0,
                       softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
     """Each chunk attends over its cached prefix plus itself (causal; with window W > 0 over the last W
-    keys of each query only; scores soft-capped when softcap > 0; sinks as attend's); results go into `out` (T, nh, hd)."""
+    keys of each query only; scores soft-capped when softcap > 0; sinks as attend's); results go into `out`
+    (T, nh, hd)."""
     nkv, hd = k.shape[1], k.shape[2]
     bs = k_cache.shape[1]
     for c in chunks:
@@ -225,7 +226,8 @@ class PagedAttentionBackend(AttentionBackend):
 
     def decode_attention(self, out: torch.Tensor, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                         scale: float, window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> None:
+                         scale: float, window: int = 0, softcap: float = 0.0,
+                         sinks: torch.Tensor | None = None) -> None:
         """The first num_decodes tokens: one query each over its gathered blocks -> out[:D]; with a window,
         over the blocks the window reaches (window_decode_blocks); scores soft-capped when softcap > 0; sinks
         as attend's."""

@@ -272,8 +272,8 @@ class GGUFLinearMethod(LinearMethod):
         pack = self._packs(layer, groups)
         weights, offsets = [], []
         packed: list[tuple[int, int, int, int]] = []
-        if self.repack:  # parts that ggml repacks stay apart, each repacked from the file's pages: a joined
-            # copy first would cost their size again (glibc kept ~1.7 GB of gpt-oss-20b's freed joins mapped)
+        if self.repack:  # parts that ggml repacks stay apart, each repacked from the file's pages: joined first,
+            # gpt-oss-20b's load peaked at 15.3 GiB against 12.1 (benchmarks/README.md, "gpt-oss-20b's shapes")
             split: list[tuple[int, list[GGUFQuantized]]] = []
             for offset, parts in groups:
                 if len(parts) > 1 and int(parts[0].ggml_type) in _REPACKED_APART:

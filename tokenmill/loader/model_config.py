@@ -545,13 +545,17 @@ def _gpt_oss_hf(cfg: dict[str, Any]) -> dict[str, Any]:
 def _gpt_oss_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
     """llama.cpp's openai-moe hparams: the window from the GGUF, every 2nd layer global unless the file says
     otherwise (attention.sliding_window_pattern); the SwiGLU's alpha and limit are its constants."""
-    n = int(md[f"{arch}.block_count"])
+    return {"sliding_window": int(md.get(f"{arch}.attention.sliding_window", 0)) or None,
+            "layer_types": _gguf_layer_types(md, arch, 2)}
+
+
+def _gguf_layer_types(md: dict[str, Any], arch: str, default_pattern: int) -> tuple[str, ...]:
+    """llama.cpp's windowed layers: attention.sliding_window_pattern's per-layer flags (True: windowed), or its
+    period (every n-th layer global), else the family's period."""
     pattern = md.get(f"{arch}.attention.sliding_window_pattern")
-    if pattern is not None and hasattr(pattern, "__len__"):  # per-layer flags: True = windowed
-        types = tuple("sliding_attention" if bool(x) else "full_attention" for x in pattern)
-    else:
-        types = _gemma3_pattern(n, 2 if pattern is None else int(pattern))
-    return {"sliding_window": int(md.get(f"{arch}.attention.sliding_window", 0)) or None, "layer_types": types}
+    if pattern is not None and hasattr(pattern, "__len__"):
+        return tuple("sliding_attention" if bool(x) else "full_attention" for x in pattern)
+    return _gemma3_pattern(int(md[f"{arch}.block_count"]), default_pattern if pattern is None else int(pattern))
 
 
 def _gemma3_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -559,15 +563,9 @@ def _gemma3_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
     base (10000) and the attention scale are llama.cpp's constants (src/llama-model.cpp)."""
     if md.get(f"{arch}.attn_logit_softcapping") is not None:
         raise ValueError("gemma3 attn_logit_softcapping is not supported")
-    n = int(md[f"{arch}.block_count"])
-    pattern = md.get(f"{arch}.attention.sliding_window_pattern")
-    if pattern is not None and hasattr(pattern, "__len__"):  # per-layer flags: True = windowed
-        types = tuple("sliding_attention" if bool(x) else "full_attention" for x in pattern)
-    else:
-        types = _gemma3_pattern(n, 6 if pattern is None else int(pattern))
     return {
         "sliding_window": int(md[f"{arch}.attention.sliding_window"]) or None,
-        "layer_types": types,
+        "layer_types": _gguf_layer_types(md, arch, 6),
         "rope_local_theta": 10_000.0,
         "query_pre_attn_scalar": _gguf_query_pre_attn_scalar(md, arch, 62),  # the 27B: 62 layers
         "final_logit_softcapping": float(md.get(f"{arch}.final_logit_softcapping") or 0.0),
@@ -741,7 +739,8 @@ def _ernie4_5_moe_layers(cfg: dict[str, Any]) -> dict[str, Any]:
 def _ernie4_5_moe_gguf(md: dict[str, Any], arch: str, n: int, tensor_names: set[str]) -> dict[str, Any]:
     """llama.cpp's ernie4_5-moe: leading_dense_block_count dense layers, then experts every
     interleave_moe_layer_step-th layer; the selection bias (exp_probs_b) where the file has it."""
-    lead, step = int(md.get(f"{arch}.leading_dense_block_count", 0)), int(md.get(f"{arch}.interleave_moe_layer_step", 1))
+    lead = int(md.get(f"{arch}.leading_dense_block_count", 0))
+    step = int(md.get(f"{arch}.interleave_moe_layer_step", 1))
     return {"dense_mlp_layers": tuple(i for i in range(n) if not (i >= lead and (i + 1) % step == 0)),
             "moe_selection_bias": any(x.endswith(".exp_probs_b.bias") for x in tensor_names)}
 

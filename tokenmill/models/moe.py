@@ -1,7 +1,8 @@
 """Mixture-of-experts decoders (Qwen3-MoE, Qwen2-MoE, Mixtral, Granite MoE, OLMoE, ERNIE 4.5 MoE): the llama
-decoder with every layer's MLP a SparseMoE (layers/moe.py; ERNIE's first layer a dense MLP); attention as the family has it (Qwen3-MoE's q/k norms,
-Qwen2-MoE's biases, Granite's multipliers (ModelConfig, as for dense Granite), OLMoE's q / k norms over the
-whole projection (OLMo 2's attention, models/olmo2.py) in llama's pre-norm layer).
+decoder with every layer's MLP a SparseMoE (layers/moe.py; ERNIE's first layer a dense MLP); attention as the
+family has it (Qwen3-MoE's q/k norms, Qwen2-MoE's biases, Granite's multipliers (ModelConfig, as for dense
+Granite), OLMoE's q / k norms over the whole projection (OLMo 2's attention, models/olmo2.py), ERNIE's rotary
+on adjacent pairs (reordered at load)) in llama's pre-norm layer).
 
 Checkpoint names: Qwen's and OLMoE's `mlp.gate` (router), `mlp.experts.N.{gate,up,down}_proj`,
 `mlp.shared_expert.*`, `mlp.shared_expert_gate`; Mixtral's `block_sparse_moe.gate`,

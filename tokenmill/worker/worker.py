@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 def keep_blocks(method: LinearMethod) -> KeepQuantized | None:
     """Which GGUF tensors the method takes as their blocks: under gguf every matrix (2-D tensor, or a 3-D
-    stack of experts' matrices; not a 2-D stack of experts' biases), except, when it requantizes, those of another type than the one asked for
-    (compute.held_type): they come dense and are quantized at load. Requantizing a matrix the file already
+    stack of experts' matrices; not a 2-D stack of experts' biases), except, when it requantizes, those of
+    another type than the one asked for (compute.held_type): they come dense and are quantized at load. Requantizing a matrix the file already
     quantized is logged once, with the types, as llama-quantize warns of it."""
     if not method.keeps_blocks:
         return None
