@@ -23,6 +23,8 @@ and from GGUF.
 - Arcee (ArceeForCausalLM; GGUF "arcee"): an MLP without a gate, down(relu(up(x)) ** 2); q / k permuted.
 - GLM-4 (Glm4ForCausalLM; GGUF "glm4"): a norm before and after each sublayer, rotary on half of each head on
   adjacent pairs, q / k / v biases, gate|up as one tensor.
+- OLMo 3 (Olmo3ForCausalLM; GGUF "olmo2" with attention.sliding_window): OLMo 2's layer, layers 0-2 of 4
+  windowed and rotated with plain rotary, the global one with YaRN (its control: every layer on the YaRN tables).
 - EXAONE 4 (Exaone4ForCausalLM; GGUF "exaone4"): OLMo 2's norms after the sublayers, per-head q / k norms,
   and with a sliding window, windowed rotated local layers between global ones without rotary (without a
   window, as EXAONE 4.0 1.2B, every layer global and rotated).
@@ -61,6 +63,11 @@ FAMILIES = {
     "smollm3": dict(cls="SmolLM3", layers=8, extra={}),  # layers 3 and 7 without rotary
     "granite": dict(cls="Granite", layers=2, extra=GRANITE),
     "olmo2": dict(cls="Olmo2", layers=2, extra={}),
+    # layers 0-2 windowed (8 keys) with plain rotary, layer 3 global with YaRN (transformers 5's per-type entries)
+    "olmo3": dict(cls="Olmo3", layers=4, extra=dict(sliding_window=8, rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                           "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0}})),
     "gemma": dict(cls="Gemma", layers=2, extra=dict(head_dim=64, hidden_act="gelu_pytorch_tanh")),
     # layers 0-2 windowed (8 keys) and rotated, layer 3 global without rotary
     "exaone4": dict(cls="Exaone4", layers=4, extra=dict(sliding_window=8, sliding_window_pattern=4)),
@@ -79,8 +86,8 @@ FAMILIES = {
     "glm4": dict(cls="Glm4", layers=2, extra=dict(head_dim=48, attention_bias=True, partial_rotary_factor=0.5,
                                                   pad_token_id=0)),
 }
-UNPERMUTED = ("olmo2", "gemma", "exaone4", "ernie4_5", "glm4", "hunyuan_dense", "cohere2")
-GGUF_ARCH = {"hunyuan_dense": "hunyuan-dense", "ministral3": "mistral3"}  # llama.cpp's names that are not ours
+UNPERMUTED = ("olmo2", "olmo3", "gemma", "exaone4", "ernie4_5", "glm4", "hunyuan_dense", "cohere2")
+GGUF_ARCH = {"hunyuan_dense": "hunyuan-dense", "ministral3": "mistral3", "olmo3": "olmo2"}  # llama.cpp's names that are not ours
 # EXAONE 4 without a window (its config then needs layer_types: it cannot derive them)
 GLOBAL_EXAONE4 = dict(sliding_window=None, layer_types=["full_attention"] * 4)
 
@@ -126,9 +133,9 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
     w = GGUFWriter(str(path), a)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     add_hparams(w, a, c, head_dim)
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)  # OLMo 3's per-type entries: its global one
     w.add_uint32(f"{a}.rope.dimension_count",  # GLM-4's rotating dims (transformers 5 keeps the factor there)
-                 int(head_dim * c.rope_parameters.get("partial_rotary_factor", 1.0)))
-    rope = c.rope_parameters
+                 int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     w.add_float32(f"{a}.rope.freq_base", rope["rope_theta"] * rope.get("alpha", 1.0) ** (head_dim / (head_dim - 2))
                   if family == "hunyuan_dense" else rope["rope_theta"])
     if family == "granite" and scales:
@@ -145,7 +152,14 @@ def write_gguf(path: Path, family: str, model: Any, tokenizer: Any, qtype: str =
     parts = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    if family in ("olmo2", "exaone4"):
+    if family == "olmo3":  # as llama.cpp's converter writes OLMo 3: olmo2 with a window and the YaRN keys
+        w.add_uint32(f"{a}.attention.sliding_window", c.sliding_window)
+        w.add_string(f"{a}.rope.scaling.type", "yarn")
+        w.add_float32(f"{a}.rope.scaling.factor", rope["factor"])
+        w.add_uint32(f"{a}.rope.scaling.original_context_length", rope["original_max_position_embeddings"])
+        w.add_float32(f"{a}.rope.scaling.yarn_beta_fast", rope["beta_fast"])
+        w.add_float32(f"{a}.rope.scaling.yarn_beta_slow", rope["beta_slow"])
+    if family in ("olmo2", "olmo3", "exaone4"):
         del parts["input_layernorm"]
         parts |= {"post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm",
                   "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
@@ -229,6 +243,8 @@ def test_logits_and_greedy_match_transformers(case, fmt: str, tokenizer) -> None
         assert cfg.nope_layers == (3, 7)
     elif family == "exaone4":
         assert (cfg.nope_layers, cfg.layer_windows()) == ((3,), [8, 8, 8, 0])
+    elif family == "olmo3":
+        assert cfg.layer_windows() == [8, 8, 8, 0] and ours.engine.executor.worker.model.rope_windowed is not None
     elif family == "granite":
         assert (cfg.embedding_multiplier, cfg.attention_multiplier, cfg.residual_multiplier,
                 cfg.logits_scaling) == pytest.approx(tuple(GRANITE.values()))
@@ -277,6 +293,10 @@ def test_the_twist_matters(family: str, tokenizer, tmp_path: Path) -> None:
         other = make_hf(tmp_path / "plain", family, tokenizer, rope_parameters=plain_rope)[1]
     elif family == "cohere2":  # every layer windowed and rotated
         other = make_hf(tmp_path / "plain", family, tokenizer, layer_types=["sliding_attention"] * 4)[1]
+    elif family == "olmo3":  # the windowed layers on the global layers' YaRN tables
+        full = FAMILIES[family]["extra"]["rope_parameters"]["full_attention"]
+        other = make_hf(tmp_path / "plain", family, tokenizer,
+                        rope_parameters={"sliding_attention": full, "full_attention": full})[1]
     elif family == "arcee":  # relu, not squared
         other = make_hf(tmp_path / "plain", family, tokenizer, hidden_act="relu")[1]
     elif family == "hunyuan_dense":  # the same weights as Qwen3, whose q / k norms come before rotary
@@ -402,9 +422,9 @@ def test_unsupported_config_features_fail_naming_them(tokenizer, tmp_path: Path)
             md.setdefault(f"{arch}.{k}", 4)
         return md
 
-    # OLMo 3 is written as olmo2 with windowed layers: refused, not run without its windows
-    with pytest.raises(ValueError, match="OLMo 3"):
-        ModelConfig.from_gguf(gguf_md("olmo2", **{"attention.sliding_window": 4096}), set(), "F32")
+    # OLMo 3 is written as olmo2 with windowed layers: read as OLMo 3, 3 of 4 windowed
+    olmo3 = ModelConfig.from_gguf(gguf_md("olmo2", **{"attention.sliding_window": 4096}), set(), "F32")
+    assert (olmo3.architecture, olmo3.layer_windows()) == ("olmo3", [4096, 4096, 4096, 0])
     with pytest.raises(ValueError, match="cohere2 without attention.sliding_window"):
         ModelConfig.from_gguf(gguf_md("cohere2"), set(), "F32")
     for arch, cfg_extra, feature in [("exaone4", {"attention_bias": True}, "attention_bias"),

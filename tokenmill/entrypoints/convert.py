@@ -123,6 +123,15 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
     elif model_type == "gpt_oss":  # q/k/v/o biases always; its YaRN keeps truncate (False) in rope_scaling
         out.update(attention_bias=True, sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types),
                    swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit)
+    elif model_type == "olmo3":  # its windowed layers' base must be the global one (no separate HF field)
+        if cfg.rope_local_theta and cfg.rope_local_theta != cfg.rope_theta:
+            raise NotImplementedError("olmo3 with another rotary base on its windowed layers has no HF config form")
+        out.update(sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types))
+        # transformers 5's entry per layer type (from a top-level rope_theta it would give the windowed layers
+        # its default base instead)
+        full = dict(out.pop("rope_scaling") or {"rope_type": "default"}) | {"rope_theta": out.pop("rope_theta")}
+        out["rope_parameters"] = {"full_attention": full,
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": full["rope_theta"]}}
     elif model_type == "smollm3":
         out["no_rope_layers"] = [int(i not in cfg.nope_layers) for i in range(cfg.num_layers)]
         out["pad_token_id"] = None  # its config class defaults to 128004, past a smaller vocabulary

@@ -95,7 +95,7 @@ class ModelConfig:
         matmuls = sum(n * k for layer in range(self.num_layers) for n, k in self._layer_shapes(active, layer))
         norms = d if self.architecture == "cohere2" else 2 * d  # Cohere2: one norm for both sublayers
         per_layer = norms + (2 * self.head_dim if self.qk_norm else 0)
-        if self.architecture in ("olmo2", "olmoe"):  # q / k norms over the whole projection
+        if self.architecture in ("olmo2", "olmo3", "olmoe"):  # q / k norms over the whole projection
             per_layer += q + kv
         bias = (q + 2 * kv) * self.num_layers if self.attention_bias else 0
         if self.architecture in ("gemma2", "gemma3", "glm4"):  # pre- and post-norms around both sublayers
@@ -169,8 +169,13 @@ class ModelConfig:
         elif ours.name == "gemma":  # llama.cpp: GELU (tanh), embeddings times sqrt(n_embd)
             family = {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": hidden ** 0.5}
         elif ours.name == "olmo2" and metadata.get(f"{arch}.attention.sliding_window"):
-            # OLMo 3, which llama.cpp writes as olmo2 with windowed layers (and its rope scaling on some only)
-            raise ValueError(f"GGUF {arch} with attention.sliding_window (OLMo 3) is not supported")
+            # OLMo 3, which llama.cpp writes as olmo2 with windowed layers: 3 of 4 (llama.cpp's default period),
+            # rotated with freq_base_swa (else the base) and without the rope scaling of the global ones
+            ours = architectures.get("olmo3")
+            family = {"sliding_window": int(metadata[f"{arch}.attention.sliding_window"]),
+                      "layer_types": _gguf_layer_types(metadata, arch, 4),
+                      "rope_local_theta": float(metadata.get(f"{arch}.rope.freq_base_swa",
+                                                             metadata.get(f"{arch}.rope.freq_base", 10000.0)))}
         elif ours.name == "exaone4":
             family = _exaone4_gguf(metadata, arch, int(get("block_count")))
         elif ours.name == "ministral3":
@@ -275,6 +280,8 @@ class ModelConfig:
                 common.update(_gemma1_hf(cfg))
             elif arch == "gpt_oss":
                 common.update(_gpt_oss_hf(cfg))
+            elif arch == "olmo3":
+                common.update(_olmo3_hf(cfg))
             elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes o_proj's, ours lacks it
                 raise ValueError(f"{arch} with attention_bias is not supported")
             elif arch == "olmoe" and cfg.get("clip_qkv") is not None:
@@ -540,6 +547,28 @@ def _gpt_oss_hf(cfg: dict[str, Any]) -> dict[str, Any]:
             "layer_types": _hf_layer_types(cfg, "gpt_oss", 2),
             "swiglu_alpha": float(cfg.get("swiglu_alpha", 1.702)),
             "swiglu_limit": float(cfg.get("swiglu_limit", 7.0))}
+
+
+def _olmo3_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Olmo3Config: windowed layers (layer_types, else 3 of 4), and rotary per layer type: transformers 5's
+    rope_parameters has an entry for each, transformers 4's rope_theta / rope_scaling are the global layers'
+    (the windowed ones: the same base, no scaling). Scaling on the windowed layers is refused."""
+    if cfg.get("attention_bias"):
+        raise ValueError("olmo3 with attention_bias is not supported")
+    rp = cfg.get("rope_parameters") or {}
+    if "full_attention" in rp:
+        full, local = dict(rp["full_attention"] or {}), dict(rp.get("sliding_attention") or {})
+    else:
+        theta = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        full = dict(cfg.get("rope_scaling") or {"rope_type": "default"}) | {"rope_theta": theta}
+        local = {"rope_type": "default", "rope_theta": theta}
+    if local.get("rope_type", local.get("type", "default")) != "default":
+        raise ValueError("olmo3 with rope scaling on its sliding-window layers is not supported")
+    theta = float(full.get("rope_theta", 10000.0))
+    window = cfg.get("sliding_window")
+    return {"rope_theta": theta, "rope_local_theta": float(local.get("rope_theta", theta)),
+            "rope_scaling": None if full.get("rope_type", full.get("type", "default")) == "default" else full,
+            "sliding_window": int(window) if window else None, "layer_types": _hf_layer_types(cfg, "olmo3", 4)}
 
 
 def _gpt_oss_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:

@@ -83,6 +83,7 @@ _GGUF_TO_HF_BY_ARCH["gemma2"] = _GGUF_TO_HF_BY_ARCH["gemma3"]  # the same four n
 _GGUF_TO_HF_BY_ARCH["olmo2"] = {"post_attention_norm": "post_attention_layernorm",
                                 "post_ffw_norm": "post_feedforward_layernorm"}
 _GGUF_TO_HF_BY_ARCH["exaone4"] = _GGUF_TO_HF_BY_ARCH["olmo2"]  # the same two norms
+_GGUF_TO_HF_BY_ARCH["olmo3"] = _GGUF_TO_HF_BY_ARCH["olmo2"]
 # GLM-4: gate|up rows in ffn_up (as phi3's), a norm after each sublayer besides llama's two before them
 _GGUF_TO_HF_BY_ARCH["glm4"] = {"ffn_up": "mlp.gate_up_proj", "post_attention_norm": "post_self_attn_layernorm",
                                "post_ffw_norm": "post_mlp_layernorm"}

@@ -6,6 +6,7 @@ with `cfg.qk_norm_after_rotary`: Hunyuan, models/hunyuan.py).
 SmolLM3 is Llama with `cfg.nope_layers`: those layers' q and k are not rotated (every 4th layer).
 Ministral 3 is Llama with an attention temperature (ModelConfig.attn_temperature_scale): each row's q, after
 rotary, times 1 + beta ln(1 + floor(pos / original context)), 1 inside the original context.
+OLMo 3 (models/olmo2.py) rotates its windowed layers with their own tables (rope_windowed: no YaRN there).
 Granite is Llama with four multipliers (ModelConfig): embeddings scaled, attention scaled by
 attention_multiplier instead of head_dim ** -0.5, each sublayer's output scaled before it joins the
 residual stream, logits divided by logits_scaling.
@@ -153,6 +154,8 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(m, RMSNorm):
                 m.weight.is_required = False  # type: ignore[attr-defined]
         self.rope: RotaryEmbedding | None = None
+        # the windowed layers' own tables where they differ (OLMo 3: plain rotary there, YaRN on the others)
+        self.rope_windowed: RotaryEmbedding | None = None
         self.native_decode: NativeDecode | None = None  # decode steps in one native call (finish_loading)
         self._rope_freqs: torch.Tensor | None = None
 
@@ -183,6 +186,7 @@ class LlamaForCausalLM(nn.Module):
         if self.cfg.tie_word_embeddings and embed.blocks is not None:  # gather from the head's blocks if it packed them
             embed.share_packed_head(self.lm_head)
         self.rope = self.make_rotary(device, dtype)
+        self.rope_windowed = self.make_windowed_rotary(device, dtype)
         if device.type == "cpu":
             reason = unsupported(self)
             self.native_decode = NativeDecode(self) if reason is None else None
@@ -203,6 +207,18 @@ class LlamaForCausalLM(nn.Module):
         return RotaryEmbedding(dim, self.max_positions, inv, device, dtype,
                                attention_factor(scaling, cfg.max_position_embeddings))
 
+    def make_windowed_rotary(self, device: torch.device, dtype: torch.dtype) -> RotaryEmbedding | None:
+        """The windowed layers' tables where the config gives them their own base (rope_local_theta: that base,
+        no scaling, as OLMo 3's sliding layers have); None where they rotate as the others do."""
+        cfg = self.cfg
+        if not cfg.rope_local_theta or not any(cfg.layer_windows()):
+            return None
+        if cfg.rope_local_theta == cfg.rope_theta and not self.rope_scaling():
+            return None
+        dim = cfg.rotary_dim or cfg.head_dim
+        return RotaryEmbedding(dim, self.max_positions, inv_frequencies(dim, cfg.rope_local_theta, None), device,
+                               dtype)
+
     # -- compute ---------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
                 num_layers: int | None = None) -> torch.Tensor:
@@ -222,8 +238,13 @@ class LlamaForCausalLM(nn.Module):
             rope = rope._replace(q_scale=(1 + self.cfg.attn_temperature_scale * torch.log1p(steps)).view(-1, 1, 1))
         residual: torch.Tensor | None = None
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
-        for layer in layers:
-            x, residual = layer(x, residual, rope, attn)
+        if self.rope_windowed is None:
+            for layer in layers:
+                x, residual = layer(x, residual, rope, attn)
+        else:  # windowed layers on their own tables
+            windowed, windows = self.rope_windowed.tables(positions), self.cfg.layer_windows()
+            for layer, w in zip(layers, windows):
+                x, residual = layer(x, residual, windowed if w else rope, attn)
         if residual is None:  # no layers
             return self.model.norm(x)
         return self.model.norm(x, residual)[0]

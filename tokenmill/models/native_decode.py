@@ -60,6 +60,8 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
         return f"a decoder layer other than llama's ({', '.join(sorted(other))})"
     if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
         return "partial rotary"
+    if model.rope_windowed is not None:
+        return "windowed layers with their own rotary tables"
     assert model.rope is not None
     dtype = model.model.norm.weight.dtype
     if dtype not in _DTYPES:

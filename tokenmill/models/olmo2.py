@@ -1,5 +1,7 @@
-"""OLMo 2 (HF Olmo2ForCausalLM; GGUF architecture "olmo2"): the llama decoder with its norms moved; and EXAONE 4
-(Exaone4ForCausalLM; GGUF "exaone4"), the same layer around llama's attention.
+"""OLMo 2 (HF Olmo2ForCausalLM; GGUF architecture "olmo2"): the llama decoder with its norms moved; OLMo 3
+(Olmo3ForCausalLM; GGUF "olmo2" with a sliding window), the same with 3 of every 4 layers windowed and rotated
+without the YaRN scaling of its global ones (LlamaForCausalLM.rope_windowed); and EXAONE 4 (Exaone4ForCausalLM;
+GGUF "exaone4"), the same layer around llama's attention.
 
 What differs from llama (models/llama.py, whose fused qkv_proj / gate_up_proj, rotary and residual stream it
 keeps):
