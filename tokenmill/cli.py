@@ -181,7 +181,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     delta = out.outputs[0].delta_text
                     if reader is not None:
                         news = reader.feed(delta, is_final=out.finished)
-                        delta = (f"{dim}{news.reasoning}{plain}" if news.reasoning else "") + news.content
+                        delta = f"{dim}{news.reasoning}{plain}" if news.reasoning else ""
+                        if news.content and not reply and reader.sent["reasoning"]:
+                            delta += "\n"  # the answer on a line of its own after the thinking
+                        delta += news.content
                         reply += news.content
                     else:
                         reply = out.outputs[0].text

@@ -305,6 +305,9 @@ def test_responses_and_messages_get_the_reasoning_apart(app: Any) -> None:
     assert m["content"] == [{"type": "thinking", "thinking": "Two and two make four", "signature": ""},
                             {"type": "text", "text": "Four!"}]
     assert not any(marker in json.dumps(x) for x in (r, m) for marker in MARKERS)
+    off = call(app, "POST", "/v1/messages", {"max_tokens": 32, "temperature": 0, "messages": CHAT,
+                                             "thinking": {"type": "disabled"}}).json()
+    assert off["content"] == [{"type": "text", "text": "Four!"}]  # no thinking block when it is disabled
 
 
 def test_terminal_chat_shows_the_final_channel(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -328,6 +331,6 @@ def test_terminal_chat_shows_the_final_channel(tmp_path: Path, monkeypatch, caps
     assert cli.main(["chat", "--model", str(model), "--dtype", "float32", "--max-model-len", "256",
                      "--max-tokens", "32", "--kv-cache-memory", "32MiB"]) == 0
     out = capsys.readouterr().out
-    assert out.count("Two and two make four") == 2 and out.count("Four!") == 2
+    assert out.count("Two and two make four\nFour!") == 2  # the answer on its own line
     assert not any(m in out for m in MARKERS) and "analysis" not in out
     assert rendered[-1][1] == {"role": "assistant", "content": "Four!"}

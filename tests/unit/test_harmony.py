@@ -14,7 +14,8 @@ import pytest
 from test_tool_parsers import token_pieces
 
 from tokenmill.entrypoints.openai.harmony import (MARKERS, HarmonyAnswer, HarmonyCall, HarmonyStream, Specials,
-                                                  harmony_history, is_harmony_template, parse, uses_harmony)
+                                                  harmony_history, harmony_tools, is_harmony_template, parse,
+                                                  uses_harmony)
 
 OFFERED = ("get_weather", "get_time")
 
@@ -164,6 +165,52 @@ def test_a_call_turn_sent_back_with_a_preamble_renders() -> None:
     assert out[1] == {"role": "assistant", "content": "", "reasoning_content": "Need it.\nLet me check.",
                       "tool_calls": call}
     assert out[0] == history[0] and out[2] == history[2] and history[1]["content"] == "Let me check."
+
+
+def test_a_turn_with_two_calls_becomes_one_message_per_call_each_before_its_result() -> None:
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": {}}}
+             for i, n in enumerate(("get_weather", "get_time"))]
+    history = [{"role": "user", "content": "Weather and time?"},
+               {"role": "assistant", "content": "", "reasoning_content": "Both.", "tool_calls": calls},
+               {"role": "tool", "tool_call_id": "c1", "content": "noon"},
+               {"role": "tool", "tool_call_id": "c0", "content": "sunny"}]
+    out = harmony_history(history)
+    assert [(m["role"], m.get("tool_calls", [{}])[0].get("id"), m.get("tool_call_id")) for m in out] == [
+        ("user", None, None), ("assistant", "c0", None), ("tool", None, "c0"), ("assistant", "c1", None),
+        ("tool", None, "c1")]
+    assert out[1]["reasoning_content"] == "Both." and "reasoning_content" not in out[3]
+
+
+def test_tools_the_gpt_oss_template_could_not_render_are_completed() -> None:
+    """gpt-oss's template writes "// " + description and ", // default: " + default for enum parameters: a
+    tool without a description, or an integer default, made it fail; rendered now, the schema otherwise kept."""
+    from tokenmill.tokenizer.chat_template import ChatTemplateError, render_chat_template
+
+    template = ("{% for t in tools %}{{ '// ' + t.function.description }}\n{% for n, p in "
+                "t.function.parameters.properties.items() %}{{ n }}: {{ p.enum | join(' | ') }}"
+                "{{ ', // default: ' + p.default }}{% endfor %}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": {"type": "object", "properties": {
+        "n": {"type": "integer", "enum": [1, 2], "default": 1}}}}}]
+    with pytest.raises(ChatTemplateError):
+        render_chat_template(template, [], tools=tools)
+    fixed = harmony_tools(tools)
+    assert render_chat_template(template, [], tools=fixed) == "// \nn: 1 | 2, // default: 1"
+    assert fixed is not None and fixed[0]["function"]["parameters"]["properties"]["n"]["enum"] == [1, 2]
+    assert "description" not in tools[0]["function"] and tools[0]["function"]["parameters"]["properties"]["n"][
+        "default"] == 1  # the request's own tools untouched
+
+
+def test_a_call_cut_at_max_tokens_is_no_call() -> None:
+    """An answer that ended at max_tokens inside a call message never wrote its <|call|>: no call (with an empty
+    body it would read as a call without arguments)."""
+    text = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    assert parse(text, accept).tool_calls == [HarmonyCall("get_weather", "{}")]
+    cut = parse(text, accept, cut=True)
+    assert cut.tool_calls == [] and cut.content == ""
+    pieces = token_pieces(text, 3)
+    stream = HarmonyStream(accept)
+    news = [stream.feed(p, i == len(pieces) - 1, cut=True) for i, p in enumerate(pieces)]
+    assert not any(n.tool_calls for n in news)
 
 
 # -- the end of a harmony answer ---------------------------------------------------------------------------

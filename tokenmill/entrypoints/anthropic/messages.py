@@ -199,6 +199,8 @@ def _thinking(thinking: dict[str, Any] | None, body: dict[str, Any]) -> None:
     if kind not in ("enabled", "adaptive", "disabled"):
         raise bad_request(f"thinking type must be enabled, adaptive or disabled, got {kind!r}", "thinking")
     body["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
+    if kind == "disabled":  # no thinking block, whatever the model writes (gpt-oss's analysis, say)
+        body["include_reasoning"] = False
 
 
 def _output_config(config: dict[str, Any] | None, body: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ from tokenmill.entrypoints.ollama.options import OptionsMapper, RequestOptions
 from tokenmill.entrypoints.ollama.protocol import (AssistantMessage, ChatRequest, ChatResponse, GenerateRequest,
                                                    GenerateResponse, GenerationFields, Message, TokenLogprob,
                                                    ToolCallAnswer, ToolCallFunctionAnswer, TopLogprob)
-from tokenmill.entrypoints.openai.harmony import Harmony, HarmonyCall, HarmonyReader, harmony_history
+from tokenmill.entrypoints.openai.harmony import Harmony, HarmonyCall, HarmonyReader, harmony_history, harmony_tools
 from tokenmill.entrypoints.openai.protocol import ChatCompletionTool
 from tokenmill.entrypoints.openai.reasoning import ReasoningStream, starts_inside
 from tokenmill.entrypoints.openai.reasoning import split as split_reasoning
@@ -217,7 +217,7 @@ class OllamaServing(OpenAIServing):
         harmony = self._harmony_reader(ro, calling)
         messages, tools = self.tool_prompt.prepare(_plain_messages(req.messages), calling)
         if harmony is not None:
-            messages = harmony_history(messages)
+            messages, tools = harmony_history(messages), harmony_tools(tools)
         text = await self._render(messages, "messages", is_continued, tools, think=req.think)
         prompt = self._fit(await self.encode(text), ro, "messages")
         return await self._answer(req, prompt, ro, raw_request, received, load_seconds, is_chat=True, calling=calling,
@@ -298,7 +298,8 @@ class OllamaServing(OpenAIServing):
                     if c.logprobs is not None and c.delta_token_ids:
                         lps = self._logprobs(c.delta_token_ids, c.logprobs[num_sent:num_sent + len(c.delta_token_ids)])
                     num_sent += len(c.delta_token_ids)
-                    thought, text = answer.streamed_text(c.delta_text, is_final=out.finished)
+                    cut = c.finish_reason is not None and c.finish_reason.value == "length"
+                    thought, text = answer.streamed_text(c.delta_text, is_final=out.finished, cut=cut)
                     if text or thought or lps:
                         yield answer.piece(text, lps, thought)
                     if out.finished:
@@ -342,10 +343,11 @@ class _Answer:
         self.harmony_calls: list[HarmonyCall] = []
         self.shows_thinking = shows_thinking  # harmony's thinking is shown unless think is false
 
-    def streamed_text(self, delta_text: str, is_final: bool) -> tuple[str, str]:
-        """(thinking, content) a stream sends for `delta_text` (all of it content without tools or think)."""
+    def streamed_text(self, delta_text: str, is_final: bool, cut: bool = False) -> tuple[str, str]:
+        """(thinking, content) a stream sends for `delta_text` (all of it content without tools or think);
+        `cut`: the answer ended at its length limit (a harmony call still open is then no call)."""
         if self.harmony is not None:
-            news = self.harmony.feed(delta_text, is_final)
+            news = self.harmony.feed(delta_text, is_final, cut)
             self.harmony_calls += news.tool_calls
             return (news.reasoning if self.shows_thinking else ""), news.content
         thought = ""
@@ -390,7 +392,8 @@ class _Answer:
         if self.reasoning is not None and text:  # the whole answer (a stream's went out in pieces)
             thought, text = split_reasoning(text, self.reasoning)
         if self.harmony is not None:
-            thought, content = self.streamed_text(text, is_final=True) if text else ("", "")
+            cut = c.finish_reason is not None and c.finish_reason.value == "length"
+            thought, content = self.streamed_text(text, is_final=True, cut=cut) if text else ("", "")
             calls = [ToolCallAnswer(function=ToolCallFunctionAnswer(index=i, name=c.name,
                                                                     arguments=json.loads(c.arguments)))
                      for i, c in enumerate(self.harmony_calls)] or None

@@ -141,7 +141,9 @@ class HarmonyStream:
         self.sent = {"reasoning": False, "content": False}  # text of that kind has been sent
         self.saw_marker = False
 
-    def feed(self, text: str, is_final: bool = False) -> HarmonyDelta:
+    def feed(self, text: str, is_final: bool = False, cut: bool = False) -> HarmonyDelta:
+        """`cut`: the answer ended at max_tokens (with is_final): a call message still open then was never
+        closed by <|call|>, so it is no call (its body is text)."""
         out = HarmonyDelta()
         buf = self.pending + text
         self.pending = ""
@@ -154,7 +156,7 @@ class HarmonyStream:
             else:
                 is_waiting, buf = self._body(buf, is_final, out)
         if is_final and self.state == "body":
-            self._end_message(out)
+            self._end_message(out, cut)
         return out
 
     # -- the states: each returns (whether it waits for more text, the text left for the next state) -----
@@ -243,9 +245,9 @@ class HarmonyStream:
         else:
             out.content += piece
 
-    def _end_message(self, out: HarmonyDelta) -> None:
+    def _end_message(self, out: HarmonyDelta, cut: bool = False) -> None:
         if self.kind == "call":
-            call = self._call()
+            call = None if cut else self._call()
             if call is not None:
                 out.tool_calls.append(call)
                 self.num_calls += 1
@@ -269,9 +271,10 @@ class HarmonyStream:
 
 
 def parse(text: str, accept: CallCheck | None = None, max_calls: int | None = None,
-          specials: Specials = MARKERS_ONLY) -> HarmonyAnswer:
-    """A whole answer's reasoning, content and calls (HarmonyStream's arguments)."""
-    d = HarmonyStream(accept, max_calls, specials).feed(text, is_final=True)
+          specials: Specials = MARKERS_ONLY, cut: bool = False) -> HarmonyAnswer:
+    """A whole answer's reasoning, content and calls (HarmonyStream's arguments; `cut`: it ended at
+    max_tokens)."""
+    d = HarmonyStream(accept, max_calls, specials).feed(text, is_final=True, cut=cut)
     return HarmonyAnswer(d.reasoning or None, d.content, d.tool_calls)
 
 
@@ -286,8 +289,8 @@ class HarmonyReader:
     def stream(self) -> HarmonyStream:
         return HarmonyStream(self.accept, self.max_calls, self.specials)
 
-    def parse(self, text: str) -> HarmonyAnswer:
-        return parse(text, self.accept, self.max_calls, self.specials)
+    def parse(self, text: str, cut: bool = False) -> HarmonyAnswer:
+        return parse(text, self.accept, self.max_calls, self.specials, cut)
 
 
 class Harmony:
@@ -325,15 +328,60 @@ class Harmony:
         return HarmonyReader(accept, max_calls, self.hiding if skip_special_tokens else MARKERS_ONLY)
 
 
+def harmony_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tools as gpt-oss's own template can render them (copies): it concatenates a function's description and a
+    parameter's default with strings, so a tool without a description (which OpenAI allows) or an enum / oneOf
+    parameter with a non-string default made it fail. A missing description becomes "", such a default its
+    JSON text."""
+    if not tools:
+        return tools
+    out = []
+    for tool in tools:
+        tool = json.loads(json.dumps(tool))
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        fn.setdefault("description", "")
+        props = (fn.get("parameters") or {}).get("properties")
+        for spec in (props.values() if isinstance(props, dict) else []):
+            if (isinstance(spec, dict) and ("enum" in spec or "oneOf" in spec) and "default" in spec
+                    and not isinstance(spec["default"], str)):
+                spec["default"] = json.dumps(spec["default"])
+        out.append(tool)
+    return out
+
+
 def harmony_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The history as harmony templates take it. An assistant turn with tool calls renders its reasoning as
     the analysis before the calls, and such templates refuse a turn that also has content (a preamble sent
     back as it came): its content then joins the reasoning, after it, as the template would render content
-    alone. Copies; the input is unchanged. (The renderer gives the reasoning to templates as `thinking` too.)"""
-    out = []
-    for m in messages:
+    alone. An assistant turn with several calls becomes one message per call, each followed by its result (by
+    tool_call_id, else in order). Copies; the input is unchanged. (The renderer gives the reasoning to templates
+    as `thinking` too.)"""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
         thought = m.get("reasoning_content")
         if m.get("role") == "assistant" and m.get("tool_calls") and m.get("content") and thought:
             m = {**m, "reasoning_content": f"{thought}\n{m['content']}", "content": ""}
-        out.append(m)
+        calls = m.get("tool_calls") or [] if m.get("role") == "assistant" else []
+        if len(calls) < 2:
+            out.append(m)
+            i += 1
+            continue
+        # several calls in one turn: harmony writes each as its own message, each followed by its result (the
+        # template renders one call a turn and names every result after the turn's last call)
+        j = i + 1
+        while j < len(messages) and messages[j].get("role") == "tool":
+            j += 1
+        results = list(messages[i + 1 : j])
+        for n, call in enumerate(calls):
+            out.append({**m, "tool_calls": [call]} if n == 0 else
+                       {"role": "assistant", "content": "", "tool_calls": [call]})
+            match = next((r for r in results if call.get("id") and r.get("tool_call_id") == call.get("id")),
+                         results[0] if results else None)
+            if match is not None:
+                results.remove(match)
+                out.append(match)
+        out.extend(results)
+        i = j
     return out

@@ -42,7 +42,8 @@ from tokenmill.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, 
                                                    ChatLogprobs, ChatMessage, ChatResponseMessage, ChatTokenLogprob,
                                                    ChatTopLogprob, DeltaFunctionCall, DeltaToolCall,
                                                    NamedToolChoice, ToolCall, ToolCallFunction, join_text_parts)
-from tokenmill.entrypoints.openai.harmony import Harmony, HarmonyReader, HarmonyStream, harmony_history
+from tokenmill.entrypoints.openai.harmony import (Harmony, HarmonyReader, HarmonyStream, harmony_history,
+                                                  harmony_tools)
 from tokenmill.entrypoints.openai.serving_engine import SSE_DONE, AnswerOptions, OpenAIServing, sse, sse_error
 from tokenmill.entrypoints.openai.reasoning import ReasoningStream, starts_inside
 from tokenmill.entrypoints.openai.reasoning import split as split_reasoning
@@ -193,7 +194,7 @@ class OpenAIServingChat(OpenAIServing):
         add_generation_prompt = not is_continued if add_generation_prompt is None else add_generation_prompt
         plain, tools = self.tool_prompt.prepare(messages_for_template(messages), calling)
         if self.harmony is not None:
-            plain = harmony_history(plain)
+            plain, tools = harmony_history(plain), harmony_tools(tools)
 
         try:
             return await asyncio.to_thread(self.input_processor.render_chat_ids, plain, add_generation_prompt, tools,
@@ -331,7 +332,7 @@ class OpenAIServingChat(OpenAIServing):
         thought = None
         if reasoning is not None:
             thought, text = split_reasoning(text, reasoning)
-        answer = harmony.parse(text) if harmony is not None else None
+        answer = harmony.parse(text, cut=finish == "length") if harmony is not None else None
         if answer is not None:
             thought = answer.reasoning
         shown = thought if include_reasoning else None
@@ -404,7 +405,7 @@ class OpenAIServingChat(OpenAIServing):
                         if thinking is not None:  # the reasoning first: only the rest is content (and calls)
                             thought, text = thinking[c.index].feed(text, is_final=finish is not None)
                         if messages is not None:  # harmony: reasoning, content and calls in one reading
-                            delta, thought = self._harmony_delta(messages[c.index], text, finish is not None,
+                            delta, thought = self._harmony_delta(messages[c.index], text, finish,
                                                                  new_call_id)
                             finish = _calls_finish(finish, calling) if messages[c.index].num_calls else finish
                         elif streams is None:
@@ -431,10 +432,11 @@ class OpenAIServingChat(OpenAIServing):
         yield SSE_DONE
 
     @staticmethod
-    def _harmony_delta(stream: HarmonyStream, text: str, is_final: bool,
+    def _harmony_delta(stream: HarmonyStream, text: str, finish: str | None,
                        new_call_id: Callable[[], str]) -> tuple[ChatDelta, str]:
-        """A harmony stream's news for `text` as a chunk's delta (its calls whole), and the reasoning."""
-        news = stream.feed(text, is_final)
+        """A harmony stream's news for `text` (`finish`: the choice's finish_reason, None before its end) as a
+        chunk's delta (its calls whole), and the reasoning."""
+        news = stream.feed(text, finish is not None, cut=finish == "length")
         first = stream.num_calls - len(news.tool_calls)  # the index of the first call completed now
         calls = [DeltaToolCall(index=first + i, id=new_call_id(), type="function",
                                function=DeltaFunctionCall(name=c.name, arguments=c.arguments))
