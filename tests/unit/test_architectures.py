@@ -36,5 +36,6 @@ def test_unknown_hf_architecture_lists_the_supported_ones(tmp_path: Path) -> Non
 
 def test_names_resolve_both_ways() -> None:
     assert architectures.from_gguf_name("smollm").name == "llama"
+    assert architectures.from_gguf_name("olmo2").name == "olmo2"  # (OLMo 3 by its window: ModelConfig.from_gguf)
     assert architectures.from_hf_config(["Qwen2ForCausalLM"], None).name == "qwen2"
     assert architectures.from_hf_config([], "mistral").name == "mistral"

@@ -35,8 +35,9 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("smollm3", _LLAMA, ("smollm3",), ("SmolLM3ForCausalLM",), "smollm3"),
     Architecture("olmo2", "tokenmill.models.olmo2:Olmo2ForCausalLM", ("olmo2",), ("Olmo2ForCausalLM",), "olmo2"),
     # OLMo 3: OLMo 2 with windowed layers (3 of 4) rotated without the global layers' YaRN; llama.cpp writes it as
-    # olmo2 with attention.sliding_window (ModelConfig.from_gguf tells them apart)
-    Architecture("olmo3", "tokenmill.models.olmo2:Olmo2ForCausalLM", (), ("Olmo3ForCausalLM",), "olmo3"),
+    # olmo2 with attention.sliding_window (ModelConfig.from_gguf tells them apart; the name finds OLMo 2's row
+    # first)
+    Architecture("olmo3", "tokenmill.models.olmo2:Olmo2ForCausalLM", ("olmo2",), ("Olmo3ForCausalLM",), "olmo3"),
     Architecture("exaone4", "tokenmill.models.olmo2:Exaone4ForCausalLM", ("exaone4",), ("Exaone4ForCausalLM",),
                  "exaone4"),
     # ERNIE 4.5 (dense): llama with rotary on adjacent pairs of dims (loader/weights.py, INTERLEAVED_ROTARY)
