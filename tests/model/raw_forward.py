@@ -51,14 +51,19 @@ def widen_and_save(model: Any, tokenizer: Any, out: Path) -> None:
     """A tiny random transformers model made usable as a reference, then saved as an HF directory with the
     default model's tokenizer: its init is tiny, so matrices get N(0, 0.08) and norms U(0.5, 1.5) (well
     separated logits)."""
-    import json
-
     with torch.no_grad():
         for _, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.08)
             else:
                 p.uniform_(0.5, 1.5)
+    save_with_tokenizer(model, tokenizer, out)
+
+
+def save_with_tokenizer(model: Any, tokenizer: Any, out: Path) -> None:
+    """A transformers model saved as an HF directory with `tokenizer` (the default model's) and its template."""
+    import json
+
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.backend.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
@@ -114,6 +119,27 @@ def assert_invariances(make_engine: Any, tokenizer: Any, subjects: list[str]) ->
     assert run(cached, prompts) == batched and run(cached, prompts) == batched
     assert cached.engine.block_manager.num_hits > 0
     assert run(make_engine(max_num_batched_tokens=16), prompts) == batched
+
+
+def grouped_against_one_by_one(llm: LLM, prompts: list[list[int]], monkeypatch: Any) -> list[bool]:
+    """The prompts' logits with the experts run grouped (SparseMoE._experts_grouped) equal, bit for bit, the
+    ones with every expert called alone; -> for each grouped call, whether the grouped path took it."""
+    from tokenmill.layers.moe import SparseMoE
+
+    calls: list[bool] = []
+    real = SparseMoE._experts_grouped
+
+    def spy(self: Any, x: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
+        out = real(self, x, counts)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(SparseMoE, "_experts_grouped", spy)
+    grouped = [prompt_logits(llm, ids) for ids in prompts]
+    monkeypatch.setattr(SparseMoE, "_experts_grouped", lambda self, x, counts: None)
+    for ids, want in zip(prompts, grouped):
+        assert torch.equal(prompt_logits(llm, ids), want)
+    return calls
 
 
 def ref_logits(model: Any, ids: list[int]) -> torch.Tensor:

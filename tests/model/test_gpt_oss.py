@@ -15,14 +15,14 @@ limit of 7 is reached). Held at fp32 on dequantized weights:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from raw_forward import assert_invariances, prompt_logits, ref_logits
+from raw_forward import (assert_invariances, grouped_against_one_by_one, prompt_logits, ref_logits,
+                         save_with_tokenizer)
 
 from tokenmill import LLM, SamplingParams
 
@@ -63,12 +63,7 @@ def make_hf(tmp: Path) -> Any:
                 p.uniform_(-1.0, 2.0)
             else:
                 p.uniform_(-0.5, 0.5)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok = Tokenizer.from_gguf(GGUFFile(default_model_path()).metadata)
-    tok.backend.save(str(tmp / "tokenizer.json"))
-    (tmp / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
-        "chat_template": tok.chat_template}))
+    save_with_tokenizer(model, Tokenizer.from_gguf(GGUFFile(default_model_path()).metadata), tmp)
     return model
 
 
@@ -317,7 +312,6 @@ def test_quantized_experts_through_the_gguf_method(oss: dict[str, Any], qtype: s
 def test_grouped_experts_equal_one_call_per_expert(oss: dict[str, Any], monkeypatch) -> None:
     """The MXFP4 experts' gate and up (two ggml weights each) and down, with their biases, run grouped: one
     ggml call per part for every expert of a layer; exactly what one call per expert computes."""
-    from tokenmill.layers.moe import SparseMoE
     from tokenmill.native import ggml
 
     if not ggml.available():
@@ -329,17 +323,5 @@ def test_grouped_experts_equal_one_call_per_expert(oss: dict[str, Any], monkeypa
     llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
     gate_up = llm.engine.executor.worker.model.model.layers[0].mlp.experts[0].gate_up_proj
     assert gate_up.matmul is not None and len(gate_up.matmul.weights) == 2, "gate and up kept apart"
-    calls: list[bool] = []
-    real = SparseMoE._experts_grouped
-
-    def spy(self, x, counts):
-        out = real(self, x, counts)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(SparseMoE, "_experts_grouped", spy)
-    grouped = [prompt_logits(llm, ids) for ids in oss["ids"]]
+    calls = grouped_against_one_by_one(llm, oss["ids"], monkeypatch)
     assert calls and all(calls), "every layer's experts ran grouped"
-    monkeypatch.setattr(SparseMoE, "_experts_grouped", lambda self, x, counts: None)
-    for ids, want in zip(oss["ids"], grouped):
-        assert torch.equal(prompt_logits(llm, ids), want)

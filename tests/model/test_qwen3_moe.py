@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import prompt_logits, ref_logits
+from raw_forward import grouped_against_one_by_one, prompt_logits, ref_logits
 
 from tokenmill import LLM, SamplingParams
 
@@ -401,20 +401,8 @@ def test_grouped_experts_equal_one_call_per_expert(family: dict[str, Any], monke
     llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
     if not any(isinstance(layer.mlp, SparseMoE) for layer in llm.engine.executor.worker.model.model.layers):
         pytest.skip("a dense family")
-    calls: list[bool] = []
-    real = SparseMoE._experts_grouped
-
-    def spy(self, x, counts):
-        out = real(self, x, counts)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(SparseMoE, "_experts_grouped", spy)
-    grouped = [prompt_logits(llm, ids) for ids in family["ids"]]
+    calls = grouped_against_one_by_one(llm, family["ids"], monkeypatch)
     assert any(calls), "the grouped path ran (not where an expert has more rows than the crossover)"
-    monkeypatch.setattr(SparseMoE, "_experts_grouped", lambda self, x, counts: None)
-    for ids, want in zip(family["ids"], grouped):
-        assert torch.equal(prompt_logits(llm, ids), want)
 
 
 def test_convert_writes_an_hf_copy_transformers_loads(family: dict[str, Any]) -> None:
