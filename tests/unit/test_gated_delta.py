@@ -1,0 +1,277 @@
+"""tokenmill/layers/gated_delta.py against transformers' Qwen3.5 reference functions (causal_conv1d_update /
+causal_conv1d_fn, torch_recurrent_gated_delta_rule / torch_chunk_gated_delta_rule), each run per sequence.
+
+A step packs several sequences on one token axis, with uncovered rows between them; state slots are taken out
+of order, fresh sequences' slots hold NaN garbage (which must not leak), and untouched slots must not change.
+Tolerances (fp32): the chunked form sums in another order than the token loop, measured errors ~1e-6.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformers")
+from transformers.models.qwen3_5.modeling_qwen3_5 import (  # noqa: E402
+    causal_conv1d_fn,
+    causal_conv1d_update,
+    torch_chunk_gated_delta_rule,
+    torch_recurrent_gated_delta_rule,
+)
+
+from tokenmill.layers.gated_delta import StateSeq, causal_conv1d, gated_delta_rule  # noqa: E402
+
+FP32: dict[str, Any] = dict(rtol=1e-4, atol=1e-5)
+BF16: dict[str, Any] = dict(rtol=1.6e-2, atol=1.6e-2)  # two bf16 ulps: ours rounds once, at the end
+
+
+def pack(lengths: list[int], slots: list[int], fresh: list[bool], gap: int = 1) -> tuple[list[StateSeq], int]:
+    """Seqs back to back with `gap` uncovered rows before each; returns (seqs, T)."""
+    seqs, t = [], 0
+    for n, slot, f in zip(lengths, slots, fresh):
+        t += gap
+        seqs.append(StateSeq(slot=slot, q_start=t, q_len=n, fresh=f))
+        t += n
+    return seqs, t + gap
+
+
+def uncovered(seqs: list[StateSeq], T: int) -> torch.Tensor:
+    mask = torch.ones(T, dtype=torch.bool)
+    for s in seqs:
+        mask[s.q_start:s.q_start + s.q_len] = False
+    return mask
+
+
+def untouched(seqs: list[StateSeq], S: int) -> list[int]:
+    return sorted(set(range(S)) - {s.slot for s in seqs})
+
+
+def pool_with_garbage(pool: torch.Tensor, seqs: list[StateSeq]) -> torch.Tensor:
+    for s in seqs:
+        if s.fresh:
+            pool[s.slot] = float("nan")
+    return pool
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# conv
+# ---------------------------------------------------------------------------------------------------------------
+
+def ref_conv(x: torch.Tensor, w: torch.Tensor, prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence: x (L, C), prev (C, K-1) or None (fresh) -> (out (L, C), final state (C, K-1))."""
+    K = w.shape[1]
+    xt = x.t().unsqueeze(0)  # (1, C, L)
+    if prev is None:
+        out = causal_conv1d_fn(xt, w, None, activation="silu")
+        state = F.pad(xt, (K - 1, 0))[0, :, -(K - 1):]
+    else:
+        st = prev.clone().unsqueeze(0)
+        out = causal_conv1d_update(xt, st, w, None, activation="silu")
+        state = st[0]
+    return out[0].t(), state
+
+
+def test_conv_mixed_step_matches_reference():
+    torch.manual_seed(0)
+    C, K, S = 12, 4, 9
+    lengths = [1, 3, 70, 1, 2, 1, 3]
+    slots = [5, 0, 7, 2, 8, 3, 1]
+    fresh = [False, True, False, True, False, False, False]
+    seqs, T = pack(lengths, slots, fresh)
+    x, w = torch.randn(T, C), torch.randn(C, K)
+    pool = pool_with_garbage(torch.randn(S, C, K - 1), seqs)
+    before = pool.clone()
+
+    out = causal_conv1d(x, w, pool, seqs)
+
+    assert out.shape == (T, C) and out.dtype == x.dtype
+    for s in seqs:
+        rows = slice(s.q_start, s.q_start + s.q_len)
+        ref_out, ref_state = ref_conv(x[rows], w, None if s.fresh else before[s.slot])
+        torch.testing.assert_close(out[rows], ref_out, **FP32)
+        torch.testing.assert_close(pool[s.slot], ref_state, **FP32)
+    assert out[uncovered(seqs, T)].eq(0).all()
+    keep = untouched(seqs, S)
+    assert torch.equal(pool[keep], before[keep])
+
+
+def test_conv_fresh_short_sequence_pads_state_with_zeros():
+    torch.manual_seed(1)
+    C, K = 5, 4
+    x, w = torch.randn(2, C), torch.randn(C, K)
+    pool = torch.full((1, C, K - 1), float("nan"))
+    out = causal_conv1d(x, w, pool, [StateSeq(0, 0, 2, True)])
+    ref_out, ref_state = ref_conv(x, w, None)
+    torch.testing.assert_close(out, ref_out, **FP32)
+    torch.testing.assert_close(pool[0], ref_state, **FP32)
+    assert pool[0, :, 0].eq(0).all()  # K-1 = 3 > 2 inputs: the oldest column is the zero before the start
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gated delta rule
+# ---------------------------------------------------------------------------------------------------------------
+
+def delta_inputs(T: int, Hk: int, Hv: int, dk: int, dv: int, dtype: torch.dtype = torch.float32):
+    q, k = torch.randn(T, Hk, dk, dtype=dtype), torch.randn(T, Hk, dk, dtype=dtype)
+    v = torch.randn(T, Hv, dv, dtype=dtype)
+    g = -F.softplus(torch.randn(T, Hv) - 1.0)  # log decay <= 0, as the model computes it (float)
+    beta = torch.rand(T, Hv).to(dtype)
+    return q, k, v, g, beta
+
+
+def ref_delta(q, k, v, g, beta, s0):
+    """One sequence through transformers' token loop: (L, ...) inputs, s0 (Hv, dk, dv) -> (out, final state)."""
+    o, s = torch_recurrent_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None],
+                                            initial_state=s0[None], output_final_state=True,
+                                            use_qk_l2norm_in_kernel=True)
+    return o[0], s[0]
+
+
+@pytest.mark.parametrize("chunk_size", [64, 16])
+def test_delta_rule_mixed_step_matches_reference(chunk_size):
+    torch.manual_seed(2)
+    Hk, Hv, dk, dv, S = 2, 4, 16, 8, 8
+    lengths = [1, 5, 64, 130, 1, 1]
+    slots = [6, 1, 3, 0, 4, 7]
+    fresh = [False, True, False, True, True, False]
+    seqs, T = pack(lengths, slots, fresh)
+    q, k, v, g, beta = delta_inputs(T, Hk, Hv, dk, dv)
+    pool = pool_with_garbage(torch.randn(S, Hv, dk, dv) * 0.5, seqs)
+    before = pool.clone()
+
+    out = gated_delta_rule(q, k, v, g, beta, pool, seqs, chunk_size=chunk_size)
+
+    assert out.shape == (T, Hv, dv) and out.dtype == torch.float32
+    for s in seqs:
+        rows = slice(s.q_start, s.q_start + s.q_len)
+        s0 = torch.zeros(Hv, dk, dv) if s.fresh else before[s.slot]
+        ref_out, ref_state = ref_delta(q[rows], k[rows], v[rows], g[rows], beta[rows], s0)
+        torch.testing.assert_close(out[rows], ref_out, **FP32)
+        torch.testing.assert_close(pool[s.slot], ref_state, **FP32)
+    assert out[uncovered(seqs, T)].eq(0).all()
+    keep = untouched(seqs, S)
+    assert torch.equal(pool[keep], before[keep])
+
+
+def test_delta_rule_long_prompt_matches_reference_chunked():
+    """A 300-token prompt (5 chunks, padded) from a nonzero state, against transformers' own chunked form."""
+    torch.manual_seed(3)
+    Hk, Hv, dk, dv = 2, 4, 16, 8
+    q, k, v, g, beta = delta_inputs(300, Hk, Hv, dk, dv)
+    s0 = torch.randn(Hv, dk, dv)
+    pool = s0.clone().unsqueeze(0)
+    out = gated_delta_rule(q, k, v, g, beta, pool, [StateSeq(0, 0, 300, False)])
+    ref_out, ref_state = torch_chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None],
+                                                      initial_state=s0[None], output_final_state=True,
+                                                      use_qk_l2norm_in_kernel=True)
+    torch.testing.assert_close(out, ref_out[0], **FP32)
+    torch.testing.assert_close(pool[0], ref_state[0], **FP32)
+
+
+def test_split_across_calls_equals_one_call():
+    """A 100-token sequence fed in pieces of 1, 7 and 33 tokens over several steps == the whole of it in one step
+    (conv and delta rule alike); each step also carries another sequence in a neighbouring slot."""
+    torch.manual_seed(4)
+    Hk, Hv, dk, dv, C, K = 2, 4, 16, 8, 6, 4
+    L = 100
+    q, k, v, g, beta = delta_inputs(L, Hk, Hv, dk, dv)
+    x, w = torch.randn(L, C), torch.randn(C, K)
+
+    whole_pool, whole_conv = torch.zeros(1, Hv, dk, dv), torch.zeros(1, C, K - 1)
+    whole = gated_delta_rule(q, k, v, g, beta, whole_pool, [StateSeq(0, 0, L, True)])
+    whole_x = causal_conv1d(x, w, whole_conv, [StateSeq(0, 0, L, True)])
+
+    pool = torch.full((2, Hv, dk, dv), float("nan"))
+    conv_pool = torch.full((2, C, K - 1), float("nan"))
+    outs, xs, t = [], [], 0
+    for n in [1, 7, 33, 1, 1, 33, 7, 17]:
+        other = 3  # a neighbour's tokens first, in slot 1
+        q2, k2, v2, g2, b2 = delta_inputs(other, Hk, Hv, dk, dv)
+        seqs = [StateSeq(1, 0, other, True), StateSeq(0, other, n, t == 0)]
+        cat = lambda a, b: torch.cat([a, b[t:t + n]])  # noqa: E731
+        outs.append(gated_delta_rule(cat(q2, q), cat(k2, k), cat(v2, v), cat(g2, g), cat(b2, beta), pool, seqs)[other:])
+        xs.append(causal_conv1d(cat(torch.randn(other, C), x), w, conv_pool, seqs)[other:])
+        t += n
+    assert t == L
+    torch.testing.assert_close(torch.cat(outs), whole, **FP32)
+    torch.testing.assert_close(pool[0], whole_pool[0], **FP32)
+    torch.testing.assert_close(torch.cat(xs), whole_x, **FP32)
+    torch.testing.assert_close(conv_pool[0], whole_conv[0], **FP32)
+
+
+def test_tiled_value_heads_are_a_permutation_of_grouped():
+    """llama.cpp's layout: value head p = i * Hk + h (tiled) is grouped head h * r + i; permuting v, g, beta and
+    the state to tiled order and passing v_heads_tiled gives the grouped results, permuted the same way."""
+    torch.manual_seed(5)
+    Hk, Hv, dk, dv, S = 2, 6, 16, 8, 3
+    r = Hv // Hk
+    perm = [h * r + i for i, h in (divmod(p, Hk) for p in range(Hv))]
+    seqs, T = pack([1, 40, 1], [2, 0, 1], [False, False, True])
+    q, k, v, g, beta = delta_inputs(T, Hk, Hv, dk, dv)
+    pool = torch.randn(S, Hv, dk, dv)
+    tiled_pool = pool[:, perm].clone()
+
+    grouped = gated_delta_rule(q, k, v, g, beta, pool, seqs)
+    tiled = gated_delta_rule(q, k, v[:, perm], g[:, perm], beta[:, perm], tiled_pool, seqs, v_heads_tiled=True)
+
+    torch.testing.assert_close(tiled, grouped[:, perm], **FP32)
+    torch.testing.assert_close(tiled_pool, pool[:, perm], **FP32)
+    # control: the layouts really differ (reading the tiled inputs as grouped gives something else)
+    wrong = gated_delta_rule(q, k, v[:, perm], g[:, perm], beta[:, perm], pool[:, perm].clone(), seqs)
+    assert not torch.allclose(wrong, grouped[:, perm], atol=1e-3)
+
+
+def test_continued_state_is_read_and_fresh_ignores_it():
+    """Control: the same tokens from a nonzero slot give other outputs when continued (fresh=False) than when fresh,
+    for decodes and prompts alike, in both ops."""
+    torch.manual_seed(6)
+    Hk, Hv, dk, dv, C, K = 1, 2, 8, 4, 5, 4
+    seqs_cont, T = pack([1, 9], [0, 1], [False, False], gap=0)
+    seqs_fresh = [StateSeq(s.slot, s.q_start, s.q_len, True) for s in seqs_cont]
+    q, k, v, g, beta = delta_inputs(T, Hk, Hv, dk, dv)
+    x, w = torch.randn(T, C), torch.randn(C, K)
+    pool, conv_pool = torch.randn(2, Hv, dk, dv), torch.randn(2, C, K - 1)
+
+    cont = gated_delta_rule(q, k, v, g, beta, pool.clone(), seqs_cont)
+    fresh = gated_delta_rule(q, k, v, g, beta, pool.clone(), seqs_fresh)
+    zero = gated_delta_rule(q, k, v, g, beta, torch.zeros_like(pool), seqs_cont)
+    conv_cont = causal_conv1d(x, w, conv_pool.clone(), seqs_cont)
+    conv_fresh = causal_conv1d(x, w, conv_pool.clone(), seqs_fresh)
+
+    for s in seqs_cont:
+        rows = slice(s.q_start, s.q_start + s.q_len)
+        assert (cont[rows] - fresh[rows]).abs().max() > 1e-3
+        assert (conv_cont[s.q_start] - conv_fresh[s.q_start]).abs().max() > 1e-3  # the first token sees the state
+    torch.testing.assert_close(fresh, zero, rtol=0, atol=0)  # fresh == continuing from an all-zero state
+
+
+def test_bf16_inputs():
+    torch.manual_seed(7)
+    Hk, Hv, dk, dv, S, C, K = 2, 4, 16, 8, 4, 10, 4
+    seqs, T = pack([1, 70, 1, 4], [3, 0, 1, 2], [False, True, True, False])
+    q, k, v, g, beta = delta_inputs(T, Hk, Hv, dk, dv, dtype=torch.bfloat16)
+    pool = torch.randn(S, Hv, dk, dv)
+    pool32 = pool.clone()
+    out = gated_delta_rule(q, k, v, g, beta, pool, seqs)
+    out32 = gated_delta_rule(q.float(), k.float(), v.float(), g, beta.float(), pool32, seqs)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), out32, **BF16)
+    torch.testing.assert_close(pool, pool32, rtol=0, atol=0)  # the state never left fp32
+
+    x, w = torch.randn(T, C, dtype=torch.bfloat16), torch.randn(C, K, dtype=torch.bfloat16)
+    conv_pool = torch.randn(S, C, K - 1, dtype=torch.bfloat16)
+    conv_before = conv_pool.clone()
+    conv_pool32 = conv_pool.float()
+    y = causal_conv1d(x, w, conv_pool, seqs)
+    y32 = causal_conv1d(x.float(), w.float(), conv_pool32, seqs)
+    assert y.dtype == torch.bfloat16 and conv_pool.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), y32, **BF16)
+    torch.testing.assert_close(conv_pool.float(), conv_pool32, rtol=0, atol=0)  # it holds bf16 inputs exactly
+    for s in seqs:  # and against transformers run in bf16 (it convolves in the weight's dtype)
+        rows = slice(s.q_start, s.q_start + s.q_len)
+        ref, _ = ref_conv(x[rows], w, None if s.fresh else conv_before[s.slot])
+        assert ref.dtype == torch.bfloat16
+        torch.testing.assert_close(y[rows].float(), ref.float(), **BF16)
