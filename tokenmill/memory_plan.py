@@ -38,6 +38,11 @@ class MemoryPlan:
     # in the same blocks: every block holds both models' K/V for its tokens)
     draft_weight_bytes: int = 0
     draft_kv_bytes_per_token: int = 0
+    # a model with recurrent layers (Qwen3.5's linear attention): each running sequence holds a state of
+    # state_bytes_per_seq; num_state_slots of them come out of kv_cache_bytes first, and at most that many
+    # sequences run at once
+    state_bytes_per_seq: int = 0
+    num_state_slots: int = 0
 
     @property
     def max_blocks_per_decoding_seq(self) -> int:
@@ -61,7 +66,11 @@ class MemoryPlan:
     def total_bytes(self) -> int:
         """What the process should take at its peak: weights, the whole KV cache, the runtime."""
         return (self.weight_bytes + self.extra_weight_bytes + self.draft_weight_bytes
-                + self.num_blocks * self.kv_bytes_per_block + RUNTIME_BYTES)
+                + self.num_blocks * self.kv_bytes_per_block + self.state_bytes + RUNTIME_BYTES)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.num_state_slots * self.state_bytes_per_seq
 
     def with_draft(self, draft: MemoryPlan) -> MemoryPlan:
         """This plan with a draft model beside the target (speculative decoding's draft_model): its weights
@@ -102,6 +111,10 @@ class MemoryPlan:
             f"{format_size(self.kv_bytes_per_block)} per {self.block_size}-token block",
             f"KV cache: {format_size(self.num_blocks * self.kv_bytes_per_block)} -> {self.num_blocks} blocks = "
             f"{self.num_cache_tokens} tokens",
+            *([f"recurrent state (linear-attention layers): {format_size(self.state_bytes_per_seq)} per sequence x "
+               f"{self.num_state_slots} sequences at once = {format_size(self.state_bytes)}, from the KV cache's "
+               "budget; no prefix caching (a state cannot be rebuilt from cached blocks)"]
+              if self.state_bytes_per_seq else []),
             f"max_model_len {self.max_model_len}: {self.max_full_length_seqs:.1f} sequences of full length fit at once",
             *([f"sliding window {self.sliding_window} on every layer: a decoding sequence holds at most "
                f"{self.max_blocks_per_decoding_seq} blocks ({self.max_blocks_per_decoding_seq * self.block_size} "
@@ -121,8 +134,10 @@ class MemoryPlan:
             raise CacheTooSmallError(
                 f"{what} needs {format_size(need)} of KV cache for one sequence, "
                 f"but the cache holds {self.num_cache_tokens} tokens ({format_size(self.kv_cache_bytes)} at "
-                f"{format_size(self.kv_bytes_per_token)} per token). Raise --kv-cache-memory to at least "
-                f"{format_size(need + self.kv_bytes_per_block)}" + (
+                f"{format_size(self.kv_bytes_per_token)} per token"
+                + (f", after {format_size(self.state_bytes)} of one sequence's recurrent state" if self.state_bytes
+                   else "") + "). Raise --kv-cache-memory to at least "
+                f"{format_size(need + self.kv_bytes_per_block + self.state_bytes)}" + (
                     f", or lower --max-model-len to at most {self.num_cache_tokens}." if self.num_cache_tokens > 0
                     else " (it holds not one block).")
             )
@@ -198,7 +213,23 @@ def kv_bytes_for_gpu_share(share: float, total: int, free: int, weight_bytes: in
 
 def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cache_bytes: int,
               max_model_len: int, matrices: list[tuple[int, int, str]] | None = None,
-              max_chunk_tokens: int = 0) -> MemoryPlan:
+              max_chunk_tokens: int = 0, max_num_seqs: int = 1) -> MemoryPlan:
+    """The plan of `_weights_and_cache`, then, for a model with recurrent layers, the states of up to
+    max_num_seqs sequences taken from the KV cache's budget first: as many as leave the cache one sequence of
+    max_model_len (at least one)."""
+    plan = _weights_and_cache(cfg, compute, block_size, kv_cache_bytes, max_model_len, matrices, max_chunk_tokens)
+    per_seq = cfg.recurrent_state_bytes()
+    if not per_seq:
+        return plan
+    one_seq = (-(-plan.max_seq_tokens // block_size) + 1) * plan.kv_bytes_per_block
+    slots = max(1, min(max_num_seqs, (kv_cache_bytes - one_seq) // per_seq))
+    blocks = max(0, kv_cache_bytes - slots * per_seq) // plan.kv_bytes_per_block
+    return dataclasses.replace(plan, num_blocks=blocks, state_bytes_per_seq=per_seq, num_state_slots=slots)
+
+
+def _weights_and_cache(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cache_bytes: int,
+                       max_model_len: int, matrices: list[tuple[int, int, str]] | None = None,
+                       max_chunk_tokens: int = 0) -> MemoryPlan:
     """Weight bytes come from the linear method (compute.linear_weight_bytes): every matmul weight is
     stored as the method stores it, everything else (embedding, norms, biases) at the compute dtype. A
     tied output layer shares the embedding, unless the method keeps its own converted copy.

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -74,7 +75,10 @@ class AttentionContext:
 
     backend: AttentionBackend
     metadata: AttentionMetadata
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # by KV layer (ModelConfig.kv_layers' order)
+    # a model with recurrent layers: the step's sequences and their states (worker/recurrent_state.py's
+    # RecurrentStep); None: every sequence of the step starts at position 0 and keeps no state
+    recurrent: Any = None
 
 
 class AttentionBackend(ABC):

@@ -112,7 +112,10 @@ class LLMEngine:
         self.max_num_batched_tokens = (config.max_num_batched_tokens or
                                        default_token_budget(self.platform.device.type, self.platform.compute))
         self.plan: MemoryPlan = make_plan(cfg, self.platform.compute, config.block_size, kv_bytes, self.max_model_len,
-                                         matrices, max_chunk_tokens=self.max_num_batched_tokens)
+                                         matrices, max_chunk_tokens=self.max_num_batched_tokens,
+                                         max_num_seqs=config.max_num_seqs)
+        if cfg.linear_layers:
+            self._check_recurrent(config)
         draft = self._draft_config(config, kv_bytes)
         for line in self.plan.lines():
             log.info("memory plan: %s", line)
@@ -126,11 +129,14 @@ class LLMEngine:
             dense_copy=compute.dense_copy, attention_backend=backend,
             decode_mirror_bytes=mirror_bytes, num_blocks=self.plan.num_blocks,
             max_model_len=self.max_model_len, eog_token_ids=frozenset(self.tokenizer.eog_token_ids),
-            progress=progress, draft=draft))
+            progress=progress, draft=draft, num_state_slots=self.plan.num_state_slots))
         num_blocks = self.executor.num_kv_blocks()
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # a recurrent state cannot be rebuilt from cached blocks: such a model computes every prompt whole
+        self.prefix_caching = config.enable_prefix_caching and not cfg.linear_layers
+        self.block_manager = BlockManager(num_blocks, config.block_size, self.prefix_caching)
+        self.max_num_seqs = min(config.max_num_seqs, self.plan.num_state_slots or config.max_num_seqs)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, self.max_num_batched_tokens, self.max_model_len,
+            SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len,
                             watermark_blocks=max(1, num_blocks // 100), sliding_window=cfg.uniform_window),
             self.block_manager)
         # the one input path (render, tokenize, truncate, validate), shared with `LLM` and the server
@@ -150,8 +156,22 @@ class LLMEngine:
                  self.platform.device, self.max_model_len, cfg.max_position_embeddings, self.load_time)
         why = "for bf16 on AMX" if self.max_num_batched_tokens > TOKEN_BUDGET else "by default"
         log.info("scheduler: up to %d tokens and %d sequences a step%s", self.max_num_batched_tokens,
-                 config.max_num_seqs, "" if config.max_num_batched_tokens else
+                 self.max_num_seqs, "" if config.max_num_batched_tokens else
                  f" (the token budget {why}; --max-num-batched-tokens sets it)")
+
+    def _check_recurrent(self, config: EngineConfig) -> None:
+        """What a model with recurrent (linear-attention) layers cannot do here, refused or said now."""
+        if config.speculative_config is not None:
+            raise ValueError(f"speculative decoding is not supported for {self.source.name}: its linear-attention "
+                             "layers keep a recurrent state that rejected drafts would have to roll back")
+        if config.enable_prefix_caching:
+            log.info("prefix caching is off for %s: its linear-attention layers' state cannot be rebuilt from "
+                     "cached blocks", self.source.name)
+        if self.plan.num_state_slots < config.max_num_seqs:
+            log.warning("recurrent state: %s per sequence; the KV cache's budget holds %d at once, so at most %d "
+                        "sequences run at once (max_num_seqs %d; raise --kv-cache-memory for more)",
+                        format_size(self.plan.state_bytes_per_seq), self.plan.num_state_slots,
+                        self.plan.num_state_slots, config.max_num_seqs)
 
     def _draft_config(self, config: EngineConfig, kv_bytes: int) -> DraftConfig | None:
         """The workers' drafter for a model-based speculative method, checked now: layer_skip's layer count
@@ -337,7 +357,7 @@ class LLMEngine:
         return {
             "num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
             "kv_cache_usage": bm.usage, "num_free_blocks": bm.num_free_blocks, "num_blocks": bm.num_blocks,
-            "block_size": self.config.block_size, "enable_prefix_caching": float(self.config.enable_prefix_caching),
+            "block_size": self.config.block_size, "enable_prefix_caching": float(self.prefix_caching),
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": bm.num_queries, "prefix_cache_hits": bm.num_hits,
             **(self.spec.stats() if self.spec is not None else {}),

@@ -41,7 +41,8 @@ def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int
 
 def plan_model(model: str, device: str, dtype: str, quantization: str | None, block_size: int, kv_bytes: int,
                max_model_len: int | None, max_chunk_tokens: int | None,
-               spec: SpeculativeConfig | None = None, dense_copy: str = "auto") -> tuple[ModelConfig, int, MemoryPlan]:
+               spec: SpeculativeConfig | None = None, dense_copy: str = "auto",
+               max_num_seqs: int = 64) -> tuple[ModelConfig, int, MemoryPlan]:
     """(config, bytes on disk, memory plan) of a model from its header, as the engine will plan it: the
     compute rule serve uses (the CPU's flags, whether ggml is built here), and a draft model's weights and
     KV cache when `spec` names one. `device`: "cpu" or "cuda"; max_model_len None: the model's context."""
@@ -64,7 +65,7 @@ def plan_model(model: str, device: str, dtype: str, quantization: str | None, bl
         compute.dense_copy and compute.dtype == "bfloat16", 16 if vnni16 else 0))
     max_len = max_model_len or cfg.max_position_embeddings
     max_chunk_tokens = max_chunk_tokens or default_token_budget(device, compute)
-    plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens)
+    plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens, max_num_seqs)
     if spec is not None and spec.method == "draft_model" and spec.model:
         dcfg, _, dkind, dmatrices = read_model_config(spec.model)
         dquant = quantization if spec.quantization is None else (
@@ -111,7 +112,8 @@ def run_plan(args: argparse.Namespace) -> int:
         kv = default_kv_cache_bytes(False, available_ram())
     cfg, disk_bytes, plan = plan_model(args.model, args.device, args.dtype, args.quantization, args.block_size, kv,
                                        args.max_model_len, args.max_num_batched_tokens,
-                                       SpeculativeConfig.parse(args.speculative_config), args.dense_copy)
+                                       SpeculativeConfig.parse(args.speculative_config), args.dense_copy,
+                                       args.max_num_seqs)
     max_len = plan.max_model_len
     seq_len = args.seq_len or max_len
     print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
@@ -127,6 +129,8 @@ def run_plan(args: argparse.Namespace) -> int:
         print(line)
     per_seq_blocks = -(-min(seq_len, plan.max_seq_tokens) // args.block_size)  # a window frees the rest
     fit = plan.num_blocks // per_seq_blocks if per_seq_blocks else 0
+    if plan.num_state_slots:  # a recurrent model runs at most as many sequences as it holds states for
+        fit = min(fit, plan.num_state_slots)
     print(f"sequences of {seq_len} tokens that fit at once: {fit} (max_num_seqs {args.max_num_seqs})")
     if max_len > cfg.max_position_embeddings:
         print(f"warning: max_model_len {max_len} is beyond the model's trained context {cfg.max_position_embeddings}")

@@ -53,6 +53,10 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     Architecture("cohere2", "tokenmill.models.cohere2:Cohere2ForCausalLM", ("cohere2",), ("Cohere2ForCausalLM",),
                  "cohere2"),
     Architecture("qwen3", _LLAMA, ("qwen3",), ("Qwen3ForCausalLM",), "qwen3"),
+    # Qwen3.5 (0.8B-27B): three Gated DeltaNet (linear attention, a recurrent state) layers to one of gated
+    # attention; the VL checkpoint's language model
+    Architecture("qwen3_5", "tokenmill.models.qwen3_5:Qwen3_5ForCausalLM", ("qwen35",),
+                 ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"), "qwen3_5_text"),
     Architecture("qwen3moe", _MOE, ("qwen3moe",), ("Qwen3MoeForCausalLM",), "qwen3_moe", is_moe=True),
     Architecture("qwen2moe", _MOE, ("qwen2moe",), ("Qwen2MoeForCausalLM",), "qwen2_moe", is_moe=True),
     # llama.cpp writes Mixtral as general.architecture "llama", with expert tensors (blk.N.ffn_gate_exps)

@@ -69,6 +69,14 @@ class ModelConfig:
     # gpt-oss's experts: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    # Qwen3.5's Gated DeltaNet layers ("linear_attention" in layer_types; models/qwen3_5.py): no KV cache, a
+    # recurrent state per sequence instead (a conv window and a (value heads, dk, dv) matrix)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    linear_v_heads_tiled: bool = False  # value heads in llama.cpp's tiled order (a GGUF), not grouped (HF's)
 
     def layer_windows(self) -> list[int]:
         """Each layer's sliding window (0: the layer attends to every earlier key)."""
@@ -84,8 +92,35 @@ class ModelConfig:
         windows = set(self.layer_windows())
         return windows.pop() if len(windows) == 1 else 0
 
+    @property
+    def linear_layers(self) -> list[int]:
+        """The layers with a recurrent state instead of a KV cache (Qwen3.5's linear attention)."""
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+
+    @property
+    def kv_layers(self) -> list[int]:
+        """The layers with a KV cache, in order: the i-th of them uses the cache's layer i."""
+        linear = set(self.linear_layers)
+        return [i for i in range(self.num_layers) if i not in linear]
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a linear-attention layer's causal conv: q, k and v."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_value_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    def recurrent_state_bytes(self) -> int:
+        """One sequence's recurrent state over every linear-attention layer, float32: the conv's last K - 1
+        inputs and the delta rule's (value heads, dk, dv) matrix. 0 for a model without such layers."""
+        per_layer = (self.linear_conv_dim * (self.linear_conv_kernel - 1)
+                     + self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim)
+        return 4 * per_layer * len(self.linear_layers)
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        return 2 * len(self.kv_layers) * self.num_kv_heads * self.head_dim * dtype_bytes
 
     def num_parameters(self, active: bool = False) -> int:
         """Every weight; with `active`, only those one token reads (num_experts_per_tok of the experts)."""
@@ -105,6 +140,10 @@ class ModelConfig:
             per_layer += d + self.num_heads + self.num_experts + experts * (2 * self.moe_intermediate_size + d)
         if self.moe_selection_bias:  # one per expert in each layer of experts
             bias += (self.num_layers - len(self.dense_mlp_layers)) * self.num_experts
+        if self.linear_layers:  # each linear layer: its conv, A_log, dt_bias and gated norm; no q / k norms
+            per_linear = (self.linear_conv_dim * self.linear_conv_kernel + 2 * self.linear_num_value_heads
+                          + self.linear_value_head_dim - 2 * self.head_dim)
+            bias += per_linear * len(self.linear_layers)
         return matmuls + self.num_layers * per_layer + bias + v * d * (1 if self.tie_word_embeddings else 2) + d
 
     def linear_shapes(self) -> list[tuple[int, int]]:
@@ -118,6 +157,10 @@ class ModelConfig:
         d, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attn = [(q + 2 * kv, d), (d, q)]
+        if self.architecture == "qwen3_5":  # q with its output gate; a linear layer's q|k|v|z, b|a and out
+            vd = self.linear_value_dim
+            attn = ([(self.linear_conv_dim + vd, d), (2 * self.linear_num_value_heads, d), (d, vd)]
+                    if layer in self.linear_layers else [(2 * q + 2 * kv, d), (d, q)])
         if not self.num_experts or layer in self.dense_mlp_layers:
             return attn + [(i if self.architecture == "arcee" else 2 * i, d), (d, i)]  # Arcee's MLP: no gate
         e, s = self.moe_intermediate_size, self.shared_expert_intermediate_size
@@ -193,6 +236,8 @@ class ModelConfig:
             family = _gpt_oss_gguf(metadata, arch)
         elif ours.name == "ernie4_5_moe":
             family = _ernie4_5_moe_gguf(metadata, arch, int(get("block_count")), tensor_names)
+        elif ours.name == "qwen3_5":
+            family = _qwen3_5_gguf(metadata, arch)
         elif ours.name == "smollm3":  # llama.cpp: every 4th layer (no GGUF key says otherwise)
             family = {"nope_layers": _every_nth(int(get("block_count")), _SMOLLM3_NOPE_INTERVAL)}
         cfg = cls(
@@ -200,9 +245,9 @@ class ModelConfig:
             vocab_size=int(vocab),
             hidden_size=hidden,
             intermediate_size=int(get("feed_forward_length")),
-            num_layers=int(get("block_count")),
+            num_layers=int(get("block_count")) - int(metadata.get(f"{arch}.nextn_predict_layers", 0)),
             num_heads=n_heads,
-            num_kv_heads=int(n_kv if not hasattr(n_kv, "__len__") else n_kv[0]),
+            num_kv_heads=int(n_kv if not hasattr(n_kv, "__len__") else max(n_kv)),
             head_dim=head_dim,
             rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
@@ -234,6 +279,8 @@ class ModelConfig:
             arch = architectures.from_hf_config(list(archs), cfg.get("model_type")).name
         except ValueError as e:
             raise ValueError(f"{path}/config.json: {e}") from None
+        if arch == "qwen3_5" and isinstance(cfg.get("text_config"), dict):  # the VL checkpoint: its language model
+            cfg = {**cfg, **cfg["text_config"]}
         n_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         family: dict[str, Any] = {}
@@ -282,6 +329,8 @@ class ModelConfig:
                 common.update(_gpt_oss_hf(cfg))
             elif arch == "olmo3":
                 common.update(_olmo3_hf(cfg))
+            elif arch == "qwen3_5":
+                common.update(_qwen3_5_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
             elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes o_proj's, ours lacks it
                 raise ValueError(f"{arch} with attention_bias is not supported")
             elif arch == "olmoe" and cfg.get("clip_qkv") is not None:
@@ -400,7 +449,7 @@ def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_name
 
 
 # -- per-family readers: each returns the ModelConfig fields its family sets ---------------------------
-_QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense")  # the families with per-head q/k RMSNorm
+_QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense", "qwen3_5")  # the families with per-head q/k RMSNorm
 # llama.cpp's MoE graphs: Mixtral (arch "llama"), Qwen3-MoE and Granite MoE (softmax over the top-k logits)
 # renormalize the chosen experts' weights, Qwen2-MoE and OLMoE do not; a file may say otherwise with
 # {arch}.expert_weights_norm.
@@ -576,6 +625,49 @@ def _gpt_oss_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
     otherwise (attention.sliding_window_pattern); the SwiGLU's alpha and limit are its constants."""
     return {"sliding_window": int(md.get(f"{arch}.attention.sliding_window", 0)) or None,
             "layer_types": _gguf_layer_types(md, arch, 2)}
+
+
+# Qwen3.5: three Gated DeltaNet layers to one of gated attention (layer_types, else every full_attention_interval-th
+# layer full), q / k norms, a quarter of each head rotated (its interleaved M-RoPE is plain rotary on text alone)
+def _qwen3_5_hf(cfg: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    n = int(cfg["num_hidden_layers"])
+    interval = int(cfg.get("full_attention_interval", 4))
+    types = tuple(cfg.get("layer_types") or ("full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                            for i in range(n)))
+    if len(types) != n or set(types) - {"linear_attention", "full_attention"}:
+        raise ValueError(f"qwen3_5 layer_types {types} are not {n} of linear_attention / full_attention")
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"qwen3_5 with rope scaling {rope.get('rope_type')!r} is not supported")
+    rotary = int(head_dim * float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))))
+    return {"layer_types": types, "qk_norm": True, "rotary_dim": rotary if rotary != head_dim else None,
+            "rope_theta": float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))), "rope_scaling": None,
+            "linear_num_key_heads": int(cfg["linear_num_key_heads"]),
+            "linear_num_value_heads": int(cfg["linear_num_value_heads"]),
+            "linear_key_head_dim": int(cfg["linear_key_head_dim"]),
+            "linear_value_head_dim": int(cfg["linear_value_head_dim"]),
+            "linear_conv_kernel": int(cfg.get("linear_conv_kernel_dim", 4))}
+
+
+def _qwen3_5_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
+    """llama.cpp's qwen35 hparams: the ssm.* keys (state_size = dk = dv, group_count = key heads, time_step_rank =
+    value heads), attention.recurrent_layers' flags or every full_attention_interval-th layer full; its converter
+    reorders the value heads into tiled order where there are more of them than key heads."""
+    n = int(md[f"{arch}.block_count"]) - int(md.get(f"{arch}.nextn_predict_layers", 0))
+    flags = md.get(f"{arch}.attention.recurrent_layers")
+    if flags is not None and hasattr(flags, "__len__"):
+        types = tuple("linear_attention" if bool(x) else "full_attention" for x in list(flags)[:n])
+    else:
+        interval = int(md.get(f"{arch}.full_attention_interval", 4))
+        types = tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n))
+    head_dim = int(md.get(f"{arch}.attention.key_length", 0)) or (
+        int(md[f"{arch}.embedding_length"]) // int(md[f"{arch}.attention.head_count"]))
+    rotary = int(md.get(f"{arch}.rope.dimension_count", head_dim))
+    state, groups, heads = (int(md[f"{arch}.ssm.{k}"]) for k in ("state_size", "group_count", "time_step_rank"))
+    return {"layer_types": types, "rotary_dim": rotary if rotary != head_dim else None,
+            "linear_num_key_heads": groups, "linear_num_value_heads": heads, "linear_key_head_dim": state,
+            "linear_value_head_dim": int(md[f"{arch}.ssm.inner_size"]) // heads,
+            "linear_conv_kernel": int(md[f"{arch}.ssm.conv_kernel"]), "linear_v_heads_tiled": groups != heads}
 
 
 def _gguf_layer_types(md: dict[str, Any], arch: str, default_pattern: int) -> tuple[str, ...]:

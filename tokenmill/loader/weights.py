@@ -90,6 +90,13 @@ _GGUF_TO_HF_BY_ARCH["glm4"] = {"ffn_up": "mlp.gate_up_proj", "post_attention_nor
 # gpt-oss: post_attention_norm is the norm before the MLP (HF's post_attention_layernorm); the sinks, (nh,) a
 # layer, reach the model's load_extra_weight as self_attn.sinks.weight
 _GGUF_TO_HF_BY_ARCH["gpt_oss"] = {"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}
+# Qwen3.5: post_attention_norm is the norm before the MLP; a linear-attention layer's tensors under HF's names but
+# for ssm_a (-exp(A_log)) and ssm_dt's bias (dt_bias), which the model's checkpoint_stream turns back
+_GGUF_TO_HF_BY_ARCH["qwen3_5"] = {
+    "post_attention_norm": "post_attention_layernorm", "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z", "ssm_alpha": "linear_attn.in_proj_a", "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_a": "linear_attn.ssm_a", "ssm_dt": "linear_attn.ssm_dt", "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"}
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)
 _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",
@@ -106,9 +113,11 @@ INTERLEAVED_ROTARY = ("ernie4_5", "ernie4_5_moe", "glm4", "cohere2")
 
 
 def _norm_shift(gguf_arch: str, name: str) -> float:
-    """What llama.cpp's converter added to a norm weight: 1 for Gemma 1, 2 and 3, whose (1 + w) norms it stores as
-    the scale itself (convert_hf_to_gguf.py, Gemma2Model and Gemma3Model). The reader takes it off again, so
+    """What llama.cpp's converter added to a norm weight: 1 for Gemma 1, 2 and 3 and Qwen3.5, whose (1 + w) norms it
+    stores as the scale itself (convert_hf_to_gguf.py, Gemma2Model and Gemma3Model, Qwen3NextModel). The reader takes it off again, so
     every reader yields the HF checkpoint's w."""
+    if gguf_arch == "qwen35" and name.endswith("norm.weight") and not name.endswith("ssm_norm.weight"):
+        return 1.0  # Qwen3.5's (1 + w) norms, but the gated one in its linear attention (Qwen3NextModel)
     return 1.0 if gguf_arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight") else 0.0
 
 
@@ -152,6 +161,8 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
     permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3", "arcee", "mistral3", "ernie4_5-moe",
                                    *INTERLEAVED_ROTARY)
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
+        if (m := re.match(r"blk\.(\d+)\.", name)) and int(m.group(1)) >= cfg.num_layers:
+            continue  # a multi-token-prediction layer past the model's (nextn_predict_layers): not run here
         hf_name, n_head = _hf_name(name, cfg, permuted)
         info = gf.tensors[name]
         if "{e}" in hf_name:
@@ -211,11 +222,11 @@ def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
     if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", name):
         raise ValueError(f"GGUF tensor {name}: one tensor per expert is llama.cpp's old Mixtral layout, not "
                          "supported; a file converted by a current llama.cpp stacks them (ffn_gate_exps)")
-    if m := re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", name):
+    if m := re.fullmatch(r"blk\.(\d+)\.(\w+)(\.weight|\.bias|)", name):  # (Qwen3.5's ssm_a has no suffix)
         layer, part, kind = m.groups()
         moe = _GGUF_TO_HF_MOE.get(cfg.architecture, {})
         if part in moe:
-            return f"model.layers.{layer}.{moe[part]}.{kind}", 0
+            return f"model.layers.{layer}.{moe[part]}{kind}", 0
         table = _GGUF_TO_HF | _GGUF_TO_HF_BY_ARCH.get(cfg.architecture, {})
         if part not in table:
             raise ValueError(f"unexpected GGUF tensor {name}")
@@ -224,7 +235,7 @@ def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
             n_head = cfg.num_heads
         elif permuted and part == "attn_k":
             n_head = cfg.num_kv_heads
-        return f"model.layers.{layer}.{table[part]}.{kind}", n_head
+        return f"model.layers.{layer}.{table[part]}{kind}", n_head
     raise ValueError(f"unexpected GGUF tensor {name}")
 
 

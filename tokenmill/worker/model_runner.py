@@ -24,6 +24,7 @@ from tokenmill.sample.spec_verify import accepted_prefix
 from tokenmill.scheduler_output import ModelRunnerOutput, PromptLogprobsChunk, SchedulerOutput
 from tokenmill.worker.drafter import ModelDrafter
 from tokenmill.worker.kv_cache import per_layer_views
+from tokenmill.worker.recurrent_state import RecurrentStatePool
 from tokenmill.worker.request_state import CachedRequestState
 
 
@@ -71,8 +72,10 @@ class _PromptRows:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: torch.Tensor, attn_backend: AttentionBackend, device: torch.device,
-                 block_size: int, vocab_size: int, eog_token_ids: frozenset[int], seed: int = 0) -> None:
-        """kv: the paged cache, (2, layers, num_blocks, block_size, nkv, hd)."""
+                 block_size: int, vocab_size: int, eog_token_ids: frozenset[int], seed: int = 0,
+                 states: RecurrentStatePool | None = None) -> None:
+        """kv: the paged cache, (2, layers, num_blocks, block_size, nkv, hd); states: the recurrent layers'
+        per-sequence states, for a model that has such layers."""
         self.model = model
         self.kv = kv
         self.kv_caches = per_layer_views(kv)
@@ -89,6 +92,7 @@ class ModelRunner:
         self.shared_generator.manual_seed(seed)
         self.verify = accepted_prefix  # how many drafts a step keeps (a test swaps in a wrong one)
         self.drafter: ModelDrafter | None = None  # fills placeholder drafts (draft_model, layer_skip)
+        self.states = states
 
     # -- the contract ----------------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -96,8 +100,12 @@ class ModelRunner:
             for rid in so.finished_req_ids:
                 self.requests.pop(rid, None)
             self.attn_backend.release(so.finished_req_ids)
+            if self.states is not None:
+                self.states.release(so.finished_req_ids)
             if self.drafter is not None:
                 self.drafter.release(so.finished_req_ids)
+        if self.states is not None and so.preempted_req_ids:  # they recompute from position 0
+            self.states.release(so.preempted_req_ids)
         for new in so.new_reqs:
             self.requests[new.req_id] = CachedRequestState(
                 new.req_id, new.prompt_token_ids, new.sampling_params, new.seed, list(new.block_ids),
@@ -165,6 +173,12 @@ class ModelRunner:
                 rows.extend(_DraftRow(st, drafts[:j]) for j in range(1, len(drafts) + 1))
         dev = self.device
         attn = AttentionContext(self.attn_backend, meta, self.kv_caches)
+        if self.states is not None:
+            q0, seqs = 0, []
+            for seq in ordered:
+                seqs.append((seq.req_id, q0, seq.num_tokens, seq.start))
+                q0 += seq.num_tokens
+            attn.recurrent = self.states.step(seqs)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 attn, sample_idx, rows, prompt_rows)
 

@@ -23,6 +23,7 @@ from tokenmill.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.worker.drafter import ModelDrafter
 from tokenmill.worker.kv_cache import allocate_kv_cache, per_layer_views
 from tokenmill.worker.model_runner import ModelRunner
+from tokenmill.worker.recurrent_state import RecurrentStatePool
 from tokenmill.worker.worker_config import DraftConfig, WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,8 @@ def keep_blocks(method: LinearMethod) -> KeepQuantized | None:
     warned: set[str] = set()
 
     def keep(name: str, info: TensorInfo) -> bool:
-        if len(info.shape) not in (2, 3) or name.endswith(".bias"):  # (a stack of experts' biases is 2-D)
+        if len(info.shape) not in (2, 3) or name.endswith(".bias") or ".conv1d." in name:
+            # (a stack of experts' biases is 2-D; a causal conv's (channels, kernel) weight is no matmul's)
             return False
         stored = info.ggml_type.name.lower()
         held = held_type(stored, requant, info.shape[-1])
@@ -71,12 +73,13 @@ class Worker:
                            device, dtype, config.progress, config.dense_copy)
         self.model = model
         self.num_kv_blocks = config.num_blocks
-        kv = allocate_kv_cache(cfg.num_layers, config.num_blocks, ec.block_size, cfg.num_kv_heads, cfg.head_dim,
+        kv = allocate_kv_cache(len(cfg.kv_layers), config.num_blocks, ec.block_size, cfg.num_kv_heads, cfg.head_dim,
                                dtype, device)
         backend = create_attention_backend(config.attention_backend, ec.block_size, device, kv,
                                            config.decode_mirror_bytes)
+        states = RecurrentStatePool(cfg, config.num_state_slots, device) if cfg.linear_layers else None
         self.runner = ModelRunner(model, kv, backend, device, ec.block_size, cfg.vocab_size,
-                                  config.eog_token_ids, ec.seed)
+                                  config.eog_token_ids, ec.seed, states)
         if config.draft is not None:
             self.runner.drafter = self._drafter(config, config.draft, model, kv, device, dtype)
 

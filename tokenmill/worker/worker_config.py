@@ -41,3 +41,4 @@ class WorkerConfig:
     eog_token_ids: frozenset[int]
     progress: bool = True
     draft: DraftConfig | None = None  # speculative decoding with a model-based drafter
+    num_state_slots: int = 0  # a model with recurrent layers: sequences whose state it holds at once
