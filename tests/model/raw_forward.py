@@ -73,11 +73,11 @@ def save_with_tokenizer(model: Any, tokenizer: Any, out: Path) -> None:
 
 def add_hparams(w: Any, arch: str, config: Any, head_dim: int) -> None:
     """A transformers config's shape as llama.cpp's `{arch}.*` keys on the gguf.GGUFWriter `w` (the rotary
-    keys are each family's own)."""
+    keys are each family's own; no feed_forward_length for a config without a dense MLP)."""
     w.add_name(f"tiny {arch}")
+    dense = [("feed_forward_length", config.intermediate_size)] if hasattr(config, "intermediate_size") else []
     for key, value in (("block_count", config.num_hidden_layers), ("context_length", config.max_position_embeddings),
-                       ("embedding_length", config.hidden_size), ("feed_forward_length", config.intermediate_size),
-                       ("attention.head_count", config.num_attention_heads),
+                       ("embedding_length", config.hidden_size), *dense, ("attention.head_count", config.num_attention_heads),
                        ("attention.head_count_kv", config.num_key_value_heads),
                        ("attention.key_length", head_dim), ("attention.value_length", head_dim)):
         w.add_uint32(f"{arch}.{key}", value)

@@ -57,6 +57,9 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     # attention; the VL checkpoint's language model
     Architecture("qwen3_5", "tokenmill.models.qwen3_5:Qwen3_5ForCausalLM", ("qwen35",),
                  ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"), "qwen3_5_text"),
+    # Qwen3.5 MoE (35B-A3B, 122B-A10B, 397B-A17B): Qwen3.5's layers with experts and a gated shared expert
+    Architecture("qwen3_5_moe", "tokenmill.models.qwen3_5:Qwen3_5MoeForCausalLM", ("qwen35moe",),
+                 ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"), "qwen3_5_moe_text", is_moe=True),
     Architecture("qwen3moe", _MOE, ("qwen3moe",), ("Qwen3MoeForCausalLM",), "qwen3_moe", is_moe=True),
     Architecture("qwen2moe", _MOE, ("qwen2moe",), ("Qwen2MoeForCausalLM",), "qwen2_moe", is_moe=True),
     # llama.cpp writes Mixtral as general.architecture "llama", with expert tensors (blk.N.ffn_gate_exps)

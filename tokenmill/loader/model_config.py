@@ -157,10 +157,12 @@ class ModelConfig:
         d, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attn = [(q + 2 * kv, d), (d, q)]
-        if self.architecture == "qwen3_5":  # q with its output gate; a linear layer's q|k|v|z, b|a and out
+        if self.architecture in _QWEN3_5:  # q with its output gate; a linear layer's q|k|v|z, b|a and out
             vd = self.linear_value_dim
             attn = ([(self.linear_conv_dim + vd, d), (2 * self.linear_num_value_heads, d), (d, vd)]
                     if layer in self.linear_layers else [(2 * q + 2 * kv, d), (d, q)])
+            if not self.num_experts:
+                return attn + [(2 * i, d), (d, i)]
         if not self.num_experts or layer in self.dense_mlp_layers:
             return attn + [(i if self.architecture == "arcee" else 2 * i, d), (d, i)]  # Arcee's MLP: no gate
         e, s = self.moe_intermediate_size, self.shared_expert_intermediate_size
@@ -236,7 +238,7 @@ class ModelConfig:
             family = _gpt_oss_gguf(metadata, arch)
         elif ours.name == "ernie4_5_moe":
             family = _ernie4_5_moe_gguf(metadata, arch, int(get("block_count")), tensor_names)
-        elif ours.name == "qwen3_5":
+        elif ours.name in _QWEN3_5:
             family = _qwen3_5_gguf(metadata, arch)
         elif ours.name == "smollm3":  # llama.cpp: every 4th layer (no GGUF key says otherwise)
             family = {"nope_layers": _every_nth(int(get("block_count")), _SMOLLM3_NOPE_INTERVAL)}
@@ -244,7 +246,9 @@ class ModelConfig:
             architecture=ours.name,
             vocab_size=int(vocab),
             hidden_size=hidden,
-            intermediate_size=int(get("feed_forward_length")),
+            # (a MoE without dense MLPs may have no feed_forward_length: Qwen3.5 MoE)
+            intermediate_size=int(metadata.get(f"{arch}.feed_forward_length")
+                                  or get("expert_feed_forward_length") if ours.is_moe else get("feed_forward_length")),
             num_layers=int(get("block_count")) - int(metadata.get(f"{arch}.nextn_predict_layers", 0)),
             num_heads=n_heads,
             num_kv_heads=int(n_kv if not hasattr(n_kv, "__len__") else max(n_kv)),
@@ -279,7 +283,7 @@ class ModelConfig:
             arch = architectures.from_hf_config(list(archs), cfg.get("model_type")).name
         except ValueError as e:
             raise ValueError(f"{path}/config.json: {e}") from None
-        if arch == "qwen3_5" and isinstance(cfg.get("text_config"), dict):  # the VL checkpoint: its language model
+        if arch in _QWEN3_5 and isinstance(cfg.get("text_config"), dict):  # the VL checkpoint: its language model
             cfg = {**cfg, **cfg["text_config"]}
         n_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
@@ -329,7 +333,7 @@ class ModelConfig:
                 common.update(_gpt_oss_hf(cfg))
             elif arch == "olmo3":
                 common.update(_olmo3_hf(cfg))
-            elif arch == "qwen3_5":
+            elif arch in _QWEN3_5:
                 common.update(_qwen3_5_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
             elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes o_proj's, ours lacks it
                 raise ValueError(f"{arch} with attention_bias is not supported")
@@ -343,7 +347,7 @@ class ModelConfig:
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
+            intermediate_size=int(cfg.get("intermediate_size") or cfg["moe_intermediate_size"]),  # (Qwen3.5 MoE: no dense MLP)
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=n_heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
@@ -449,12 +453,13 @@ def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_name
 
 
 # -- per-family readers: each returns the ModelConfig fields its family sets ---------------------------
-_QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense", "qwen3_5")  # the families with per-head q/k RMSNorm
+_QWEN3_5 = ("qwen3_5", "qwen3_5_moe")
+_QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense", *_QWEN3_5)  # the families with per-head q/k RMSNorm
 # llama.cpp's MoE graphs: Mixtral (arch "llama"), Qwen3-MoE and Granite MoE (softmax over the top-k logits)
 # renormalize the chosen experts' weights, Qwen2-MoE and OLMoE do not; a file may say otherwise with
 # {arch}.expert_weights_norm.
 _GGUF_MOE_RENORMALIZE = {"mixtral": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "granitemoe": True,
-                         "gpt_oss": True, "ernie4_5_moe": True}
+                         "gpt_oss": True, "ernie4_5_moe": True, "qwen3_5_moe": True}
 
 
 def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -468,7 +473,7 @@ def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_name
         raise ValueError(f"GGUF {arch}.expert_gating_func {gating} is not supported (only 1, softmax)")
     if float(metadata.get(f"{arch}.expert_weights_scale", 1.0)) != 1.0:
         raise ValueError(f"GGUF {arch}.expert_weights_scale is not supported")
-    ff = int(get("feed_forward_length"))
+    ff = int(metadata.get(f"{arch}.feed_forward_length") or get("expert_feed_forward_length"))
     return dict(
         num_experts=int(get("expert_count")),
         num_experts_per_tok=int(get("expert_used_count")),
@@ -517,6 +522,10 @@ def _hf_moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     if arch == "gpt_oss":  # top-k by logit, softmax over the chosen (= softmax, top-k, renormalized)
         return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                     moe_intermediate_size=int(cfg["intermediate_size"]), moe_renormalize=True)
+    if arch == "qwen3_5_moe":  # softmax, top-k, always renormalized; a shared expert behind a sigmoid gate
+        return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["moe_intermediate_size"]), moe_renormalize=True,
+                    shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0))
     if arch == "olmoe":  # its intermediate_size is each expert's; softmax, top-k, renormalized if norm_topk_prob
         return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                     moe_intermediate_size=int(cfg["intermediate_size"]),

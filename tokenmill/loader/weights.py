@@ -66,6 +66,7 @@ _GGUF_TO_HF_MOE = {
     "gpt_oss": _GGUF_TO_HF_QWEN_MOE,  # each expert tensor with a 2-D bias beside it (blk.N.ffn_up_exps.bias)
     # ERNIE 4.5 MoE: its selection bias, exp_probs_b.bias, (E,)
     "ernie4_5_moe": _GGUF_TO_HF_QWEN_MOE | {"exp_probs_b": "mlp.moe_statics"},
+    "qwen3_5_moe": _GGUF_TO_HF_QWEN_MOE,
     "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
                 "ffn_up_exps": "block_sparse_moe.experts.{e}.w3", "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"},
 }
@@ -97,6 +98,7 @@ _GGUF_TO_HF_BY_ARCH["qwen3_5"] = {
     "attn_gate": "linear_attn.in_proj_z", "ssm_alpha": "linear_attn.in_proj_a", "ssm_beta": "linear_attn.in_proj_b",
     "ssm_a": "linear_attn.ssm_a", "ssm_dt": "linear_attn.ssm_dt", "ssm_conv1d": "linear_attn.conv1d",
     "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"}
+_GGUF_TO_HF_BY_ARCH["qwen3_5_moe"] = _GGUF_TO_HF_BY_ARCH["qwen3_5"]
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)
 _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",
@@ -116,7 +118,7 @@ def _norm_shift(gguf_arch: str, name: str) -> float:
     """What llama.cpp's converter added to a norm weight: 1 for Gemma 1, 2 and 3 and Qwen3.5, whose (1 + w) norms it
     stores as the scale itself (convert_hf_to_gguf.py, Gemma2Model and Gemma3Model, Qwen3NextModel). The reader takes it off again, so
     every reader yields the HF checkpoint's w."""
-    if gguf_arch == "qwen35" and name.endswith("norm.weight") and not name.endswith("ssm_norm.weight"):
+    if gguf_arch in ("qwen35", "qwen35moe") and name.endswith("norm.weight") and not name.endswith("ssm_norm.weight"):
         return 1.0  # Qwen3.5's (1 + w) norms, but the gated one in its linear attention (Qwen3NextModel)
     return 1.0 if gguf_arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight") else 0.0
 

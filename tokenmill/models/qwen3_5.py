@@ -1,4 +1,4 @@
-"""Qwen3.5 (the dense 0.8B, 2B, 4B, 9B and 27B; their VL checkpoints' language model): llama's pre-norm layer
+"""Qwen3.5 (the dense 0.8B, 2B, 4B, 9B and 27B, and the MoE ones; their VL checkpoints' language model): llama's pre-norm layer
 where three of every four layers mix tokens with a Gated DeltaNet (linear attention with a recurrent state)
 instead of attention.
 
@@ -37,6 +37,7 @@ from tokenmill.attention.backend import AttentionContext
 from tokenmill.layers.gated_delta import RecurrentStep, StateSeq, causal_conv1d, gated_delta_rule
 from tokenmill.layers.head_norm import HeadRMSNorm
 from tokenmill.layers.linear import Linear, LinearMethod
+from tokenmill.layers.moe import SparseMoE
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryTables, rotate_
 from tokenmill.loader.model_config import ModelConfig
@@ -212,3 +213,12 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         ssm = torch.zeros((self.num_state_layers, n, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                            cfg.linear_value_head_dim), device=dev)
         return RecurrentStep([StateSeq(i, p.q_start, p.q_len, True) for i, p in enumerate(meta.prefills)], conv, ssm)
+
+
+class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
+    """Qwen3.5 MoE: every layer's MLP is experts (softmax over all, top-k, renormalized) beside a shared expert
+    behind a sigmoid gate (Qwen2-MoE's); the checkpoints' per-expert names are Qwen3-MoE's."""
+
+    def make_mlp(self, cfg: ModelConfig, method: LinearMethod, layer_idx: int) -> nn.Module:
+        return SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                         cfg.moe_renormalize, method, cfg.shared_expert_intermediate_size, cfg.shared_expert_gated)
