@@ -48,11 +48,20 @@ class Shape:
     # arch gpt-oss: attention biases and sinks, biased router and experts, `window` keys on the even layers,
     # YaRN (factor 32 over 4096 positions), post_attention_norm before the MLP
     window: int = 0
+    # arch qwen35: Gated DeltaNet layers (three in every four; `linear_heads` key and value heads of
+    # `linear_dim`), gated attention with q / k norms and a quarter of each head rotated on the others
+    linear_heads: tuple[int, int] = (0, 0)
+    linear_dim: int = 0
 
 
 PRESETS = {
     "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 152064, attention_bias=True),
     "tiny-256": Shape("llama", 256, 512, 2, 4, 2, 49152),
+    # Qwen3.5-0.8B's and -4B's shapes (head_dim 256; 16 key / 16 or 32 value heads of 128 in the linear layers)
+    "qwen3.5-0.8b": Shape("qwen35", 1024, 3584, 24, 8, 2, 248320, tied=True, head_dim=256, qk_norm=True,
+                          linear_heads=(16, 16), linear_dim=128),
+    "qwen3.5-4b": Shape("qwen35", 2560, 9216, 32, 16, 4, 248320, tied=True, head_dim=256, qk_norm=True,
+                        linear_heads=(16, 32), linear_dim=128),
     # Qwen3-30B-A3B's layer shape (128 experts of 768, 8 used, head_dim 128), 4 of its 48 layers
     "qwen3-30b-a3b-4l": Shape("qwen3moe", 2048, 6144, 4, 32, 4, 151936, head_dim=128, qk_norm=True, experts=128,
                               experts_used=8, expert_intermediate=768),
@@ -127,10 +136,26 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     hd = s.head_dim or s.hidden // s.heads
     rng = np.random.default_rng(seed)
     tensors: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (s.vocab, s.hidden), "")]
+    q35 = s.arch == "qwen35"
+    hk, hv = s.linear_heads
+    conv_dim, value_dim = (2 * hk + hv) * s.linear_dim, hv * s.linear_dim
     for i in range(s.layers):
         p = f"blk.{i}."
+        if q35 and (i + 1) % 4:  # a Gated DeltaNet layer (llama.cpp's qwen35 tensors)
+            tensors += [(p + "attn_norm.weight", (s.hidden,), "f32"),
+                        (p + "attn_qkv.weight", (conv_dim, s.hidden), ""),
+                        (p + "attn_gate.weight", (value_dim, s.hidden), ""),
+                        (p + "ssm_alpha.weight", (hv, s.hidden), "f32"), (p + "ssm_beta.weight", (hv, s.hidden), "f32"),
+                        (p + "ssm_a", (hv,), "f32"), (p + "ssm_dt.bias", (hv,), "f32"),
+                        (p + "ssm_conv1d.weight", (conv_dim, 4), "f32"), (p + "ssm_norm.weight", (s.linear_dim,), "f32"),
+                        (p + "ssm_out.weight", (s.hidden, value_dim), ""),
+                        (p + "post_attention_norm.weight", (s.hidden,), "f32"),
+                        (p + "ffn_gate.weight", (s.intermediate, s.hidden), ""),
+                        (p + "ffn_up.weight", (s.intermediate, s.hidden), ""),
+                        (p + "ffn_down.weight", (s.hidden, s.intermediate), "")]
+            continue
         tensors += [(p + "attn_norm.weight", (s.hidden,), "f32"),
-                    (p + "attn_q.weight", (s.heads * hd, s.hidden), ""),
+                    (p + "attn_q.weight", ((2 if q35 else 1) * s.heads * hd, s.hidden), ""),  # qwen35: q and its gate
                     (p + "attn_k.weight", (s.kv_heads * hd, s.hidden), ""),
                     (p + "attn_v.weight", (s.kv_heads * hd, s.hidden), "")]
         if s.attention_bias:
@@ -140,7 +165,7 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
             tensors += [(p + "attn_q_norm.weight", (hd,), "f32"), (p + "attn_k_norm.weight", (hd,), "f32")]
         oss = s.arch == "gpt-oss"
         tensors += [(p + "attn_output.weight", (s.hidden, s.heads * hd), ""),
-                    (p + ("post_attention_norm" if oss else "ffn_norm") + ".weight", (s.hidden,), "f32")]
+                    (p + ("post_attention_norm" if oss or q35 else "ffn_norm") + ".weight", (s.hidden,), "f32")]
         if oss:
             tensors += [(p + "attn_output.bias", (s.hidden,), "f32"), (p + "attn_sinks.weight", (s.heads,), "f32")]
         if s.experts:  # the router stays F32, as llama.cpp's quantizer leaves it; experts stacked in 3-D
@@ -176,7 +201,7 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     w.add_float32(f"{a}.rope.freq_base", 150000.0 if a == "gpt-oss" else 10000.0)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32(f"{a}.vocab_size", s.vocab)
-    w.add_uint32(f"{a}.rope.dimension_count", hd)
+    w.add_uint32(f"{a}.rope.dimension_count", hd // 4 if q35 else hd)
     w.add_uint32(f"{a}.attention.key_length", hd)
     w.add_uint32(f"{a}.attention.value_length", hd)
     if s.experts:
@@ -185,6 +210,12 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
         w.add_uint32(f"{a}.expert_feed_forward_length", s.expert_intermediate)
     if s.window:
         w.add_uint32(f"{a}.attention.sliding_window", s.window)
+    if q35:
+        for key, value in (("conv_kernel", 4), ("state_size", s.linear_dim), ("group_count", hk),
+                           ("time_step_rank", hv), ("inner_size", value_dim)):
+            w.add_uint32(f"{a}.ssm.{key}", value)
+        w.add_uint32(f"{a}.full_attention_interval", 4)
+        w.add_array(f"{a}.rope.dimension_sections", [11, 11, 10, 0])
     if a == "gpt-oss":  # as llama.cpp's converter writes gpt-oss's YaRN
         w.add_string(f"{a}.rope.scaling.type", "yarn")
         w.add_float32(f"{a}.rope.scaling.factor", 32.0)
@@ -217,6 +248,8 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
         if len(tshape) == 1:
             arr = (1.0 + 0.1 * rng.standard_normal(tshape[0])).astype(np.float32) if "norm" in tname else \
                 (0.1 * rng.standard_normal(tshape[0])).astype(np.float32)
+            if tname.endswith(".ssm_a"):  # -exp(A_log): a decay, negative
+                arr = -np.exp(arr)
             w.write_tensor_data(arr)
             continue
         qtype = GGMLQuantizationType[type_of(tname, t).upper()]
