@@ -343,3 +343,19 @@ def test_moe_matches_transformers(q35moe: dict[str, Any], fmt: str) -> None:
     batched = texts(llm.generate(q35moe["ids"], params))
     assert batched == [hf_reference(q35moe["model"], ids, 32)[1] for ids in q35moe["ids"]]
     assert [texts(llm.generate([ids], params))[0] for ids in q35moe["ids"]] == batched
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_convert_writes_an_hf_copy_transformers_loads(q35: dict[str, Any], q35moe: dict[str, Any], moe: bool,
+                                                      tmp_path: Path) -> None:
+    """`tokenmill convert` on the GGUF (value heads tiled, A as -exp(A_log), norms + 1): transformers loads the
+    directory as the same model (its logits equal the original's)."""
+    from tokenmill.entrypoints.convert import convert_gguf_to_hf
+
+    src = q35moe if moe else q35
+    gguf_path = src["tmp"] / "model.gguf" if moe else src["gguf"]
+    out = convert_gguf_to_hf(str(gguf_path), tmp_path / "hf", progress=False)
+    cls = transformers.Qwen3_5MoeForCausalLM if moe else transformers.Qwen3_5ForCausalLM
+    back = cls.from_pretrained(str(out), dtype=torch.float32).eval()
+    for ids in src["ids"][:2]:
+        assert torch.allclose(ref_logits(back, ids), ref_logits(src["model"], ids), atol=1e-4, rtol=1e-4)

@@ -132,6 +132,8 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
         full = dict(out.pop("rope_scaling") or {"rope_type": "default"}) | {"rope_theta": out.pop("rope_theta")}
         out["rope_parameters"] = {"full_attention": full,
                                   "sliding_attention": {"rope_type": "default", "rope_theta": full["rope_theta"]}}
+    elif model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
+        out.update(_qwen3_5_config(cfg, out))
     elif model_type == "smollm3":
         out["no_rope_layers"] = [int(i not in cfg.nope_layers) for i in range(cfg.num_layers)]
         out["pad_token_id"] = None  # its config class defaults to 128004, past a smaller vocabulary
@@ -244,11 +246,63 @@ def _hf_moe_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
     out: dict[str, Any] = {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
                            "moe_intermediate_size": cfg.moe_intermediate_size, "norm_topk_prob": cfg.moe_renormalize,
                            "decoder_sparse_step": 1, "mlp_only_layers": []}
-    if model_type == "qwen2_moe":
+    if model_type == "qwen3_5_moe_text" and not cfg.moe_renormalize:
+        raise NotImplementedError("qwen3_5_moe without renormalized expert weights has no HF config form")
+    if model_type in ("qwen2_moe", "qwen3_5_moe_text"):
         if not cfg.shared_expert_intermediate_size:
-            raise NotImplementedError("Qwen2-MoE without a shared expert has no HF config form")
+            raise NotImplementedError(f"{model_type} without a shared expert has no HF config form")
         out["shared_expert_intermediate_size"] = cfg.shared_expert_intermediate_size
     return out
+
+
+def _qwen3_5_config(cfg: ModelConfig, out: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5's fields: layer types, the linear-attention shapes, rotary in rope_parameters (transformers 5's
+    form, with the partial factor); the MoE's config has no dense MLP."""
+    if out.pop("rope_scaling"):
+        raise NotImplementedError("qwen3_5 with rope scaling has no HF config form")
+    if cfg.num_experts:
+        del out["intermediate_size"]
+    return {"layer_types": list(cfg.layer_types), "linear_num_key_heads": cfg.linear_num_key_heads,
+            "linear_num_value_heads": cfg.linear_num_value_heads, "linear_key_head_dim": cfg.linear_key_head_dim,
+            "linear_value_head_dim": cfg.linear_value_head_dim, "linear_conv_kernel_dim": cfg.linear_conv_kernel,
+            "attention_bias": cfg.attention_bias, "pad_token_id": None,
+            "rope_parameters": {"rope_type": "default", "rope_theta": out.pop("rope_theta"),
+                                "partial_rotary_factor": (cfg.rotary_dim or cfg.head_dim) / cfg.head_dim}}
+
+
+def _qwen3_5_tensors(tensors: dict[str, Any], cfg: ModelConfig) -> None:
+    """A Qwen3.5 GGUF's tensors in transformers' form: A_log from ssm_a (-exp(A_log)), dt_bias, the conv as
+    (C, 1, K), and the value heads back from llama.cpp's tiled order to grouped (every tensor that has them)."""
+    import torch
+
+    hk, dk, dv = cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    qk = 2 * hk * dk
+
+    def grouped(t: torch.Tensor, dim: int, width: int) -> torch.Tensor:
+        if not cfg.linear_v_heads_tiled:
+            return t
+        t = t.movedim(dim, 0)
+        rest = t.shape[1:]  # (r Hk + kh) -> (kh R + r)
+        t = t.reshape(-1, hk, width, *rest).transpose(0, 1).reshape(-1, *rest)
+        return t.movedim(0, dim).contiguous()
+
+    for name in [n for n in tensors if ".linear_attn." in n]:
+        t = tensors.pop(name)
+        if name.endswith(".ssm_a"):
+            name, t = name[: -len("ssm_a")] + "A_log", torch.log(-t)
+        elif name.endswith(".ssm_dt.bias"):
+            name = name[: -len("ssm_dt.bias")] + "dt_bias"
+        if name.endswith(("A_log", "dt_bias", "in_proj_a.weight", "in_proj_b.weight")):
+            t = grouped(t, 0, 1)
+        elif name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+            t = torch.cat([t[:qk], grouped(t[qk:], 0, dv)])
+            if name.endswith("conv1d.weight"):
+                t = t.reshape(t.shape[0], 1, -1)
+        elif name.endswith("in_proj_z.weight"):
+            t = grouped(t, 0, dv)
+        elif name.endswith("out_proj.weight"):
+            t = grouped(t, 1, dv)
+        tensors[name] = t
 
 
 def _gemma_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -355,6 +409,8 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
         _granitemoe_tensors(tensors, cfg.num_experts)
     elif cfg.architecture == "gpt_oss":
         _gpt_oss_tensors(tensors, cfg.num_experts)
+    elif cfg.architecture in ("qwen3_5", "qwen3_5_moe"):
+        _qwen3_5_tensors(tensors, cfg)
     elif cfg.architecture == "ernie4_5_moe":  # its shared experts' and selection bias's own names
         for name in list(tensors):
             if ".mlp.shared_expert." in name:
