@@ -275,3 +275,26 @@ def test_bf16_inputs():
         ref, _ = ref_conv(x[rows], w, None if s.fresh else conv_before[s.slot])
         assert ref.dtype == torch.bfloat16
         torch.testing.assert_close(y[rows].float(), ref.float(), **BF16)
+
+
+def test_consecutive_slots_in_place_equal_gathered_slots():
+    """Decodes in consecutive slots (rows 0..N-1) are updated in place; the same decodes scattered over the pool
+    (gathered and written back) give the same outputs and states, fresh ones included."""
+    torch.manual_seed(3)
+    N, Hk, Hv, dk, dv, C, K = 4, 2, 4, 16, 8, 24, 4
+    q, k, v, g, beta = delta_inputs(N, Hk, Hv, dk, dv)
+    x, w = torch.randn(N, C), torch.randn(C, K)
+    fresh = [False, True, False, False]
+    results = []
+    for slots in ([2, 3, 4, 5], [5, 0, 3, 1]):
+        seqs = [StateSeq(s, i, 1, f) for i, (s, f) in enumerate(zip(slots, fresh))]
+        torch.manual_seed(4)  # the same pools (garbage in the other slots) and per-sequence states either way
+        ssm, conv = torch.randn(6, Hv, dk, dv), torch.randn(6, C, K - 1)
+        base_ssm, base_conv = torch.randn(N, Hv, dk, dv), torch.randn(N, C, K - 1)
+        for i, s in enumerate(slots):
+            ssm[s], conv[s] = base_ssm[i], base_conv[i]
+        o = gated_delta_rule(q, k, v, g, beta, ssm, seqs)
+        y = causal_conv1d(x, w, conv, seqs)
+        results.append((o, y, torch.stack([ssm[s] for s in slots]), torch.stack([conv[s] for s in slots])))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

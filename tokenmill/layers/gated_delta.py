@@ -12,7 +12,7 @@ Per token t of a sequence (reference: transformers' torch_recurrent_gated_delta_
     S = exp(g) * S;  S = S + k (beta * (v - S^T k))^T;  o = S^T q
 
 Paths: every single-token sequence (decodes) goes through one batched update (index_select their slots,
-update, index_copy back); every longer one, one sequence at a time, through the chunked form: a scan over
+update, index_copy back; in place where their slots are consecutive); every longer one, one sequence at a time, through the chunked form: a scan over
 chunks of `chunk_size` tokens, each a few matmuls and one triangular solve (the UT transform), so memory stays
 O(chunk) whatever the length. Query/key heads are shared with value heads through broadcasting views, never
 repeated. Invariants the caller keeps: the seqs' row ranges do not overlap and lie inside [0, T); no slot
@@ -55,14 +55,39 @@ def _split(seqs: list[StateSeq]) -> tuple[list[StateSeq], list[StateSeq]]:
     return [s for s in seqs if s.q_len == 1], [s for s in seqs if s.q_len > 1]
 
 
-def _indices(singles: list[StateSeq], device: torch.device) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(rows, slots, fresh mask or None when no seq is fresh), each (N,), for single-token seqs."""
-    rows = torch.tensor([s.q_start for s in singles], dtype=torch.long, device=device)
-    slots = torch.tensor([s.slot for s in singles], dtype=torch.long, device=device)
+Index = Tensor | slice  # rows or slots: an index tensor, or a slice where they are consecutive (no copies)
+
+
+def _indices(singles: list[StateSeq], device: torch.device) -> tuple[Index, Index, Tensor | None]:
+    """(rows, slots, fresh mask or None when no seq is fresh) for single-token seqs, each (N,) or a slice: decodes
+    lead the step (rows 0..N-1) and a small batch often holds consecutive slots, so the state is then read and
+    updated in place rather than gathered and scattered."""
+    rows: Index = _consecutive([s.q_start for s in singles], device)
+    slots: Index = _consecutive([s.slot for s in singles], device)
     fresh = None
     if any(s.fresh for s in singles):
         fresh = torch.tensor([s.fresh for s in singles], dtype=torch.bool, device=device)
     return rows, slots, fresh
+
+
+def _consecutive(idx: list[int], device: torch.device) -> Index:
+    if idx == list(range(idx[0], idx[0] + len(idx))):
+        return slice(idx[0], idx[0] + len(idx))
+    return torch.tensor(idx, dtype=torch.long, device=device)
+
+
+def _take(x: Tensor, idx: Index) -> Tensor:
+    """x's rows idx: a view for a slice, a copy for an index tensor."""
+    return x[idx] if isinstance(idx, slice) else x.index_select(0, idx)
+
+
+def _put(x: Tensor, idx: Index, src: Tensor) -> None:
+    """x's rows idx = src (a no-op where src is already that view of x)."""
+    if isinstance(idx, slice):
+        if src.data_ptr() != x[idx].data_ptr():
+            x[idx] = src
+    else:
+        x.index_copy_(0, idx, src)
 
 
 def _output(like: Tensor, shape: tuple[int, ...], seqs: list[StateSeq], dtype: torch.dtype) -> Tensor:
@@ -90,12 +115,12 @@ def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq]
 
     if singles:  # one window per seq: (N, C, K) = [its K-1 saved inputs, the new one]
         rows, slots, fresh = _indices(singles, x.device)
-        prev = state.index_select(0, slots).float()  # (N, C, K-1), a copy
+        prev = _take(state, slots).float()  # (N, C, K-1): a copy, or a view into the pool (zeroing it is right)
         if fresh is not None:
             prev.masked_fill_(fresh[:, None, None], 0.0)
-        window = torch.cat([prev, x.index_select(0, rows).float().unsqueeze(-1)], dim=-1)
-        out.index_copy_(0, rows, F.silu((window * w).sum(-1)).to(out.dtype))
-        state.index_copy_(0, slots, window[..., 1:].to(state.dtype))
+        window = torch.cat([prev, _take(x, rows).float().unsqueeze(-1)], dim=-1)
+        _put(out, rows, F.silu((window * w).sum(-1)).to(out.dtype))
+        _put(state, slots, window[..., 1:].to(state.dtype))
 
     wt = w.t()  # (K, C): tap j multiplies the input K-1-j rows back
     for s in longs:
@@ -161,13 +186,13 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s
 
     if singles:
         rows, slots, fresh = _indices(singles, v.device)
-        s = state.index_select(0, slots)  # (N, Hv, dk, dv), a copy
+        s = _take(state, slots)  # (N, Hv, dk, dv): a copy, or a view updated in place
         if fresh is not None:
             s.masked_fill_(fresh[:, None, None, None], 0.0)
-        o = _recurrent_step(qn.index_select(0, rows), kn.index_select(0, rows), vf.index_select(0, rows),
-                            gf.index_select(0, rows), bf.index_select(0, rows), s, heads)
-        out.index_copy_(0, rows, o.to(out.dtype))
-        state.index_copy_(0, slots, s)
+        o = _recurrent_step(_take(qn, rows), _take(kn, rows), _take(vf, rows), _take(gf, rows), _take(bf, rows), s,
+                            heads)
+        _put(out, rows, o.to(out.dtype))
+        _put(state, slots, s)
 
     for seq in longs:
         r0, r1 = seq.q_start, seq.q_start + seq.q_len

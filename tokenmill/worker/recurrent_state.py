@@ -12,6 +12,8 @@ speculative drafts, no prefix cache: the engine refuses or turns them off for su
 
 from __future__ import annotations
 
+import heapq
+
 import torch
 
 from tokenmill.layers.gated_delta import RecurrentStep, StateSeq
@@ -26,7 +28,8 @@ class RecurrentStatePool:
         self.ssm = torch.zeros((n, num_slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                 cfg.linear_value_head_dim), dtype=torch.float32, device=device)
         self.num_slots = num_slots
-        self._free = list(range(num_slots - 1, -1, -1))  # popped from the end: slot 0 first
+        self._free = list(range(num_slots))  # a heap: the lowest free slot first, so a small batch's slots tend
+        # to be consecutive (layers/gated_delta.py then updates them in place)
         self._slot_of: dict[str, int] = {}
 
     def slot(self, req_id: str) -> int:
@@ -36,7 +39,7 @@ class RecurrentStatePool:
             if not self._free:
                 raise RuntimeError(f"no recurrent-state slot left for {req_id}: {self.num_slots} sequences hold them "
                                    "(the scheduler runs at most that many)")
-            s = self._slot_of[req_id] = self._free.pop()
+            s = self._slot_of[req_id] = heapq.heappop(self._free)
         return s
 
     def release(self, req_ids: object) -> None:
@@ -44,7 +47,7 @@ class RecurrentStatePool:
         for rid in req_ids:  # type: ignore[attr-defined]
             s = self._slot_of.pop(rid, None)
             if s is not None:
-                self._free.append(s)
+                heapq.heappush(self._free, s)
 
     @property
     def num_used(self) -> int:
