@@ -256,13 +256,33 @@ def test_state_across_steps(q35: dict[str, Any]) -> None:
     assert eng.executor.worker.runner.states.num_used == 0  # every slot back
 
 
-def test_n_samples_equal_one_at_a_time(q35: dict[str, Any]) -> None:
+def test_n_samples_compute_their_own_prompt(q35: dict[str, Any]) -> None:
+    """n > 1 over prompts longer than a block: every greedy sample equals transformers' (a sibling shares no
+    blocks: its state must cover its whole prompt), and seeded samples repeat."""
     llm = q35["engines"]["hf"]
+    for ids in (q35["ids"][1], q35["ids"][2][:17]):
+        want = hf_reference(q35["model"], ids, 12)[1]
+        greedy = SamplingParams(temperature=0, max_tokens=12, n=3, ignore_eos=True)
+        assert [c.token_ids for c in llm.generate([ids], greedy)[0].outputs] == [want] * 3
     params = SamplingParams(temperature=0.8, max_tokens=12, n=3, seed=7, ignore_eos=True)
-    many = [c.token_ids for c in llm.generate([q35["ids"][0]], params)[0].outputs]
-    assert len(many) == 3 and len({tuple(t) for t in many}) > 1
-    one = [c.token_ids for c in llm.generate([q35["ids"][0]], params)[0].outputs]
-    assert many == one
+    many = [c.token_ids for c in llm.generate([q35["ids"][1]], params)[0].outputs]
+    assert len({tuple(t) for t in many}) > 1
+    assert [c.token_ids for c in llm.generate([q35["ids"][1]], params)[0].outputs] == many
+
+
+def test_a_sequence_without_its_state_is_refused() -> None:
+    """The pool's guard: a sequence first seen past position 0 (no state for its earlier tokens) is an error."""
+    from tokenmill.loader.model_config import ModelConfig
+    from tokenmill.worker.recurrent_state import RecurrentStatePool
+
+    cfg = ModelConfig("qwen3_5", 16, 8, 8, 2, 1, 1, 8, 1e-6, 1e4, 64, False, layer_types=("linear_attention",
+                      "full_attention"), linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=4,
+                      linear_value_head_dim=4, linear_conv_kernel=4)
+    pool = RecurrentStatePool(cfg, 2, torch.device("cpu"))
+    pool.step([("a", 0, 3, 0)])
+    assert pool.step([("a", 0, 1, 3)]).seqs[0].fresh is False  # continues its own state
+    with pytest.raises(RuntimeError, match="without the recurrent state"):
+        pool.step([("b", 0, 1, 16)])
 
 
 def test_vl_checkpoint_layout_loads(q35: dict[str, Any], tmp_path: Path) -> None:
@@ -359,3 +379,23 @@ def test_convert_writes_an_hf_copy_transformers_loads(q35: dict[str, Any], q35mo
     back = cls.from_pretrained(str(out), dtype=torch.float32).eval()
     for ids in src["ids"][:2]:
         assert torch.allclose(ref_logits(back, ids), ref_logits(src["model"], ids), atol=1e-4, rtol=1e-4)
+
+
+def test_plan_advice_counts_the_states_and_refuses_speculation(q35: dict[str, Any], capsys: Any) -> None:
+    """`tokenmill plan`: the --kv-cache-memory it advises for max_num_seqs sequences holds their states as well
+    (following it, they all fit), and speculative decoding is refused as serve refuses it."""
+    import re
+
+    from tokenmill.cli import main
+
+    path = str(q35["gguf"])
+    args = ["plan", path, "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "64"]
+    assert main([*args, "--kv-cache-memory", "2MiB"]) == 0
+    advice = re.search(r"use --kv-cache-memory ([\d.]+) (\w+) \(their KV cache and recurrent states\)",
+                       capsys.readouterr().out)
+    assert advice is not None
+    assert main([*args, "--kv-cache-memory", advice.group(1) + advice.group(2)]) == 0
+    out = capsys.readouterr().out
+    assert "fit at once: 64 (max_num_seqs 64)" in out and out.rstrip().endswith("verdict: works.")
+    assert main([*args, "--kv-cache-memory", "64MiB", "--speculative-config", '{"method": "ngram"}']) == 1
+    assert "Speculative decoding is not supported" in capsys.readouterr().out

@@ -137,7 +137,8 @@ class LLMEngine:
         self.max_num_seqs = min(config.max_num_seqs, self.plan.num_state_slots or config.max_num_seqs)
         self.scheduler = Scheduler(
             SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len,
-                            watermark_blocks=max(1, num_blocks // 100), sliding_window=cfg.uniform_window),
+                            watermark_blocks=max(1, num_blocks // 100), sliding_window=cfg.uniform_window,
+                            recurrent_state=bool(cfg.linear_layers)),
             self.block_manager)
         # the one input path (render, tokenize, truncate, validate), shared with `LLM` and the server
         self.input_processor = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)

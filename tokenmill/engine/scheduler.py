@@ -38,6 +38,9 @@ class SchedulerConfig:
     max_model_len: int
     watermark_blocks: int = 0  # admit new requests only while this many blocks stay free
     sliding_window: int = 0  # W > 0: every layer windowed by W, blocks that leave the window are freed
+    # a model with recurrent layers (Qwen3.5): a sequence's state covers only the tokens it computed, so it reuses
+    # no blocks (an n > 1 sibling computes its prompt itself; prefix caching is off in the block manager)
+    recurrent_state: bool = False
 
 
 class Scheduler:
@@ -168,6 +171,8 @@ class Scheduler:
         """Blocks req can reuse: a prefilled sibling's full prompt blocks (n > 1), else prefix-cache hits.
         The flag says whether they came from the cache. A request that wants prompt logprobs computes its
         whole prompt (as vLLM does); its full blocks still go into the cache for others."""
+        if self.config.recurrent_state:
+            return [], False
         leader = req.fork_of
         if leader is not None and not leader.is_finished and leader.status is RequestStatus.RUNNING:
             n_full = min(leader.num_computed_tokens, req.num_tokens - 1) // self.bm.block_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 
@@ -139,10 +140,23 @@ def run_plan(args: argparse.Namespace) -> int:
     except CacheTooSmallError as e:
         print(f"verdict: cannot work. {e}")
         return 1
+    if cfg.linear_layers and args.speculative_config:  # serve's refusal (engine/llm_engine.py), in its words
+        print("verdict: cannot work. Speculative decoding is not supported for this model: its linear-attention "
+              "layers keep a recurrent state that rejected drafts would have to roll back.")
+        return 1
     if fit < args.max_num_seqs:
         print(f"verdict: works. At most {fit} sequences of {seq_len} tokens run at once; with more, requests "
               f"wait or are preempted (recompute). For {args.max_num_seqs} at once use --kv-cache-memory "
-              f"{format_size(args.max_num_seqs * per_seq_blocks * plan.kv_bytes_per_block)}.")
+              f"{format_size(_rounded_up(args.max_num_seqs * (per_seq_blocks * plan.kv_bytes_per_block + plan.state_bytes_per_seq)))}"
+              + (" (their KV cache and recurrent states)." if plan.state_bytes_per_seq else "."))
     else:
         print("verdict: works.")
     return 0
+
+
+def _rounded_up(num_bytes: int) -> float:
+    """num_bytes rounded up to the tenth of the unit format_size prints it in, so advice taken as printed suffices."""
+    unit = 1
+    while num_bytes >= 1024 * unit and unit < 1024 ** 4:
+        unit *= 1024
+    return math.ceil(num_bytes * 10 / unit) * unit / 10

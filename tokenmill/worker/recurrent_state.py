@@ -54,6 +54,13 @@ class RecurrentStatePool:
         return len(self._slot_of)
 
     def step(self, seqs: list[tuple[str, int, int, int]]) -> RecurrentStep:
-        """seqs: (req_id, q_start, q_len, start position) in the step's token order -> the step's states."""
-        return RecurrentStep([StateSeq(self.slot(rid), q0, n, start == 0) for rid, q0, n, start in seqs],
-                             self.conv, self.ssm)
+        """seqs: (req_id, q_start, q_len, start position) in the step's token order -> the step's states. A
+        sequence seen for the first time must start at position 0: no slot holds the state of tokens it did not
+        compute (a shared or cached prefix), and reading one anyway would be silently wrong."""
+        out = []
+        for rid, q0, n, start in seqs:
+            if start and rid not in self._slot_of:
+                raise RuntimeError(f"{rid} starts at token {start} without the recurrent state of the tokens before "
+                                   "it: a model with recurrent layers computes every sequence from its first token")
+            out.append(StateSeq(self.slot(rid), q0, n, start == 0))
+        return RecurrentStep(out, self.conv, self.ssm)
