@@ -312,9 +312,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="log each request's prompt text (off by default: logs never contain prompts or outputs)")
     g.add_argument("--access-log", action="store_true", help="log every HTTP request (off by default)")
     g.add_argument("--tool-call-parser", default="auto", choices=PARSER_CHOICES,
-                   help="the format chat reads tool calls in (tool_choice auto): hermes (Hermes, Qwen), llama3_json "
-                        "(Llama 3.1+), mistral, openai (gpt-oss's harmony); auto (default): detected from the chat "
-                        "template, hermes when the template renders no tools")
+                   help="the format chat reads tool calls in (tool_choice auto): hermes (Hermes, Qwen2.5, Qwen3), "
+                        "qwen3_coder (Qwen3-Coder, Qwen3.5: <function=...> XML), llama3_json (Llama 3.1+), mistral, "
+                        "openai (gpt-oss's harmony); auto (default): detected from the chat template, hermes when "
+                        "the template renders no tools")
     g.add_argument("--reasoning-parser", default=None, choices=(*REASONING_PARSERS, HARMONY_PARSER),
                    help="split a thinking model's <think> ... </think> text from its answer: chat returns it as "
                         "reasoning_content (Ollama: thinking). qwen3 (Qwen3, QwQ) and deepseek_r1 (DeepSeek-R1 and "

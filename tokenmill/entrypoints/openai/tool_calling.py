@@ -130,7 +130,7 @@ class ToolCalling:
         max_calls = None if self.is_parallel else 1
         if self.mode == "required":
             return RequiredToolParser(self.accepts, max_calls)
-        return self.format(self.accepts, max_calls)
+        return self.format(self.accepts, max_calls, {n: t.parameters for n, t in self.tools.items()})
 
     def parse(self, text: str) -> ParsedOutput:
         """The answer's content and calls ("none": all content)."""

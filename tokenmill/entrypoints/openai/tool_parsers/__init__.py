@@ -1,4 +1,4 @@
-"""Tool-call parsers: one file per model family's format (hermes, llama3_json, mistral, gpt_oss), the forced-call
+"""Tool-call parsers: one file per model family's format (hermes, qwen3_coder, llama3_json, mistral, gpt_oss), the forced-call
 parsers for constrained output (forced), the streaming wrapper (streaming) and the registry."""
 
 from tokenmill.entrypoints.openai.tool_parsers.base import ParsedOutput, ParsedToolCall, ToolFormat, ToolParser

@@ -20,7 +20,7 @@ import json
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -71,11 +71,14 @@ class ToolParser(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, accept: CallCheck | None = None, max_calls: int | None = None) -> None:
+    def __init__(self, accept: CallCheck | None = None, max_calls: int | None = None,
+                 schemas: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         """`accept`: which (name, arguments) are calls (default: any); `max_calls`: the calls kept, in order
-        (parallel_tool_calls false: 1); later ones stay in the content."""
+        (parallel_tool_calls false: 1); later ones stay in the content. `schemas`: each offered function's
+        parameters schema, for a format whose values are text to be typed by them (qwen3_coder)."""
         self.accept = accept
         self.max_calls = max_calls
+        self.schemas: dict[str, Mapping[str, Any]] = dict(schemas or {})
 
     def parse(self, text: str, is_final: bool = True) -> ParsedOutput:
         """`text` as content and calls. Not final: only what more text cannot change (see the module doc)."""
