@@ -41,6 +41,7 @@ from tokenmill.layers.moe import SparseMoE
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryTables, rotate_
 from tokenmill.loader.model_config import ModelConfig
+from tokenmill.native import kernels
 from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
 
@@ -105,19 +106,49 @@ class GatedDeltaNet(nn.Module):
         self.v_heads_tiled = cfg.linear_v_heads_tiled
         self.neg_a: torch.Tensor | None = None  # -exp(A_log), float32 (finish)
         self.dt_f32: torch.Tensor | None = None
+        # the native decode kernel's float32 copies of the conv and the gated norm (finish; None: torch only)
+        self.native: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def finish(self, A_log: torch.Tensor, dt_bias: torch.Tensor) -> None:
-        """The decay's parameters in float32, from the checkpoint's values before any cast to the compute dtype."""
+        """The decay's parameters in float32, from the checkpoint's values before any cast to the compute dtype;
+        on CPU with the native kernels, the conv's and the gated norm's weights in float32 for tm_gdn_decode."""
         self.neg_a = -A_log.detach().float().exp()
         self.dt_f32 = dt_bias.detach().float()
+        if self.neg_a.is_cpu and kernels.is_enabled():
+            self.native = (self.conv1d.weight.detach().float().contiguous(),
+                           self.norm.weight.detach().float().contiguous())
 
     def forward(self, h: torch.Tensor, step: RecurrentStep) -> torch.Tensor:
-        """h: (T, D) normed hidden -> (T, D); reads and writes each sequence's state in `step`."""
+        """h: (T, D) normed hidden -> (T, D); reads and writes each sequence's state in `step`. The decodes
+        (one token each, leading the step) take the native kernel where it is built; the rest, torch."""
         assert self.neg_a is not None and self.dt_f32 is not None, "call finish_loading() first"
         T = h.shape[0]
         qkv, z = self.in_proj_qkvz(h).split([self.conv_dim, self.value_dim], dim=-1)
-        b, a = self.in_proj_ba(h).split([self.hv, self.hv], dim=-1)
+        ba = self.in_proj_ba(h)
+        decodes = [s for s in step.seqs if s.q_len == 1] if self.native is not None else []
+        if decodes and [s.q_start for s in decodes] != list(range(len(decodes))):
+            decodes = []
+        rest = [s for s in step.seqs if s.q_len > 1] if decodes else step.seqs
+        normed = self._mix(qkv, z, ba, step, rest) if rest else h.new_empty(T, self.value_dim)
+        if decodes:
+            assert self.native is not None
+            n, j = len(decodes), self.state_index
+            slots = torch.tensor([s.slot for s in decodes], dtype=torch.int64)
+            fresh = torch.tensor([s.fresh for s in decodes], dtype=torch.bool)
+            if not kernels.gdn_decode(normed[:n], qkv[:n], z[:n], ba[:n], self.native[0], step.conv[j], step.ssm[j],
+                                      slots, fresh, self.neg_a, self.dt_f32, self.native[1], self.hk,
+                                      self.v_heads_tiled, self.eps):
+                normed[:n] = self._mix(qkv, z, ba, step, decodes)[:n]  # shapes the kernel does not take
+        return self.out_proj(normed)
+
+    def _mix(self, qkv: torch.Tensor, z: torch.Tensor, ba: torch.Tensor, step: RecurrentStep,
+             seqs: list[StateSeq]) -> torch.Tensor:
+        """The torch path between the projections for `seqs` (other rows come back as zeros): qkv (T, C), z
+        (T, Hv dv), ba (T, 2 Hv) -> the gated norm's output (T, Hv dv) in qkv's dtype."""
+        T = qkv.shape[0]
+        b, a = ba.split([self.hv, self.hv], dim=-1)
         j = self.state_index
+        step = RecurrentStep(seqs, step.conv, step.ssm)
         mixed = causal_conv1d(qkv, self.conv1d.weight, step.conv[j], step.seqs)  # (T, C), SiLU applied
         kd = self.hk * self.dk
         q, k, v = mixed.split([kd, kd, self.value_dim], dim=-1)
@@ -129,8 +160,8 @@ class GatedDeltaNet(nn.Module):
         # the gated norm, per value head: rmsnorm(o) * w, then * silu(z) (in float32, as the reference)
         of = o.float()
         of = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.eps)
-        normed = (self.norm.weight * of.to(h.dtype)).float() * F.silu(z.reshape(T, self.hv, self.dv).float())
-        return self.out_proj(normed.to(h.dtype).reshape(T, self.value_dim))
+        normed = (self.norm.weight * of.to(qkv.dtype)).float() * F.silu(z.reshape(T, self.hv, self.dv).float())
+        return normed.to(qkv.dtype).reshape(T, self.value_dim)
 
 
 class Qwen3_5DecoderLayer(LlamaDecoderLayer):

@@ -9,6 +9,8 @@
 //                     one query token per sequence against its paged K/V: for each KV head, all its
 //                     query heads against tiles of 16 keys, online softmax; the context is cut into
 //                     fixed partitions (flash-decoding), merged at the end
+//   tm_gdn_decode     a Gated DeltaNet layer's decode step between its projections (conv, norms, delta rule,
+//                     gated norm), over the recurrent state pools
 //   tm_paged_attention_rows
 //                     the same, with the rows from one index on marked as a prompt's: at bf16 with
 //                     AVX512_BF16 those take lane-wise tiles (query heads in the lanes; attend_range_lanes)
@@ -1130,12 +1132,105 @@ int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t 
     return 0;
 }
 
+// ---- Gated DeltaNet decode (Qwen3.5's linear attention, one token per sequence) ------------------------
+// Everything between a layer's input projections and its output projection, for N sequences each at its
+// next token, over the state pools (float32): conv_pool (S, C, K - 1) the causal conv's last inputs, ssm_pool
+// (S, Hv, dk, dv) the delta rule's matrices; sequence n's state in slot slots[n] (fresh[n]: it starts here,
+// its state is zero whatever the slot held). Per sequence: the conv window [state, x] -> silu(w . window) (C
+// channels: q | k | v), the state shifted; q and k l2-normalized per key head (eps inside the root), q
+// scaled by dk^-1/2; then per value head j (key head j % Hk when tiled, else j / (Hv / Hk)):
+//     beta = sigmoid(b_j), a = exp(neg_a_j * softplus(a_j + dt_bias_j)),
+//     S = a S + k (beta (v - a S^T k))^T,  o = S^T q  (one read of the old S gives S^T k and S^T q),
+//     out_j = rmsnorm(o) * norm_w * silu(z_j).
+// Each (sequence, value head) is computed on its own: the same bits alone or in any batch.
+template <typename T>
+void gdn_decode(T* out, int64_t out_stride, const T* qkv, int64_t qkv_stride, const T* z, int64_t z_stride,
+                const T* ba, int64_t ba_stride, const float* conv_w, float* conv_pool, float* ssm_pool,
+                const int64_t* slots, const uint8_t* fresh, const float* neg_a, const float* dt_bias,
+                const float* norm_w, int64_t N, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, int64_t K, bool tiled,
+                float eps, int nthreads) {
+    const int64_t C = 2 * Hk * dk + Hv * dv, R = Hv / Hk, K1 = K - 1;
+    std::vector<float> mixed(static_cast<size_t>(N * C));
+    // the conv and the l2 norms: cheap (C * K a sequence), so one thread unless the batch is big
+#pragma omp parallel for num_threads(nthreads) if (N * C * K >= (int64_t(1) << 18)) schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        float* m = mixed.data() + n * C;
+        float* st = conv_pool + slots[n] * C * K1;
+        const T* x = qkv + n * qkv_stride;
+        for (int64_t c = 0; c < C; ++c) {
+            float* sc = st + c * K1;
+            const float* w = conv_w + c * K;
+            const float xc = to_f32(x[c]);
+            float acc = 0.0f;
+            for (int64_t j = 0; j < K1; ++j) acc += w[j] * (fresh[n] ? 0.0f : sc[j]);
+            acc += w[K1] * xc;
+            for (int64_t j = 0; j + 1 < K1; ++j) sc[j] = fresh[n] ? 0.0f : sc[j + 1];
+            if (K1 > 0) sc[K1 - 1] = xc;
+            m[c] = acc / (1.0f + std::exp(-acc));
+        }
+        for (int64_t h = 0; h < 2 * Hk; ++h) {  // q heads, then k heads
+            float* v = m + h * dk;
+            float ss = 0.0f;
+            for (int64_t i = 0; i < dk; ++i) ss += v[i] * v[i];
+            const float inv = 1.0f / std::sqrt(ss + 1e-6f) * (h < Hk ? 1.0f / std::sqrt(float(dk)) : 1.0f);
+            for (int64_t i = 0; i < dk; ++i) v[i] *= inv;
+        }
+    }
+#pragma omp parallel num_threads(nthreads) if (N * Hv * dk * dv >= (int64_t(1) << 15))
+    {
+        std::vector<float> rk(static_cast<size_t>(dv)), rq(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv));
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < N * Hv; ++task) {
+            const int64_t n = task / Hv, j = task % Hv, kh = tiled ? j % Hk : j / R;
+            const float* m = mixed.data() + n * C;
+            const float* q = m + kh * dk;
+            const float* k = m + Hk * dk + kh * dk;
+            const float* v = m + 2 * Hk * dk + j * dv;
+            float* S = ssm_pool + (slots[n] * Hv + j) * dk * dv;
+            if (fresh[n]) std::fill(S, S + dk * dv, 0.0f);
+            const float b = to_f32(ba[n * ba_stride + j]), a_in = to_f32(ba[n * ba_stride + Hv + j]) + dt_bias[j];
+            const float beta = 1.0f / (1.0f + std::exp(-b));
+            const float decay = std::exp(neg_a[j] * (a_in > 20.0f ? a_in : std::log1p(std::exp(a_in))));
+            std::fill(rk.begin(), rk.end(), 0.0f);
+            std::fill(rq.begin(), rq.end(), 0.0f);
+            float qk = 0.0f;
+            for (int64_t i = 0; i < dk; ++i) {
+                const float* row = S + i * dv;
+                const float ki = k[i], qi = q[i];
+                qk += qi * ki;
+                for (int64_t t = 0; t < dv; ++t) {
+                    rk[t] += row[t] * ki;
+                    rq[t] += row[t] * qi;
+                }
+            }
+            float ss = 0.0f;
+            for (int64_t t = 0; t < dv; ++t) {
+                delta[t] = beta * (v[t] - decay * rk[t]);
+                rq[t] = decay * rq[t] + qk * delta[t];  // o
+                ss += rq[t] * rq[t];
+            }
+            for (int64_t i = 0; i < dk; ++i) {
+                float* row = S + i * dv;
+                const float ki = k[i];
+                for (int64_t t = 0; t < dv; ++t) row[t] = decay * row[t] + ki * delta[t];
+            }
+            const float inv = 1.0f / std::sqrt(ss / float(dv) + eps);
+            const T* zj = z + n * z_stride + j * dv;
+            T* oj = out + n * out_stride + j * dv;
+            for (int64_t t = 0; t < dv; ++t) {
+                const float zt = to_f32(zj[t]);
+                store1(oj + t, rq[t] * inv * norm_w[t] * (zt / (1.0f + std::exp(-zt))));
+            }
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-int tm_abi_version() { return 6; }  // 6: tm_paged_attention_rows takes attention sinks
+int tm_abi_version() { return 7; }  // 7: tm_gdn_decode (6: tm_paged_attention_rows takes attention sinks)
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -1221,6 +1316,28 @@ int tm_paged_attention_rows(int dtype, void* out, int64_t out_stride, const void
         return paged_decode_dispatch<bf16>(out, out_stride, q, q_stride, k_cache, v_cache, tables, table_stride,
                                            lens, starts, num_seqs, a, partition, nthreads, from);
     return -1;
+}
+
+// gdn_decode above: out (N, Hv dv), qkv (N, C), z (N, Hv dv), ba (N, 2 Hv: b | a), rows *_stride apart, of `dtype`;
+// the weights and pools float32, contiguous. Returns 0; -1 unknown dtype; -2 shapes it does not handle.
+int tm_gdn_decode(int dtype, void* out, int64_t out_stride, const void* qkv, int64_t qkv_stride, const void* z,
+                  int64_t z_stride, const void* ba, int64_t ba_stride, const float* conv_w, float* conv_pool,
+                  float* ssm_pool, const int64_t* slots, const uint8_t* fresh, const float* neg_a,
+                  const float* dt_bias, const float* norm_w, int64_t N, int64_t Hk, int64_t Hv, int64_t dk,
+                  int64_t dv, int64_t K, int tiled, float eps, int nthreads) {
+    if (Hk <= 0 || Hv % Hk || dk <= 0 || dv <= 0 || K < 1) return -2;
+    if (dtype == 0)
+        gdn_decode(static_cast<float*>(out), out_stride, static_cast<const float*>(qkv), qkv_stride,
+                   static_cast<const float*>(z), z_stride, static_cast<const float*>(ba), ba_stride, conv_w,
+                   conv_pool, ssm_pool, slots, fresh, neg_a, dt_bias, norm_w, N, Hk, Hv, dk, dv, K, tiled != 0, eps,
+                   nthreads);
+    else if (dtype == 1)
+        gdn_decode(static_cast<bf16*>(out), out_stride, static_cast<const bf16*>(qkv), qkv_stride,
+                   static_cast<const bf16*>(z), z_stride, static_cast<const bf16*>(ba), ba_stride, conv_w, conv_pool,
+                   ssm_pool, slots, fresh, neg_a, dt_bias, norm_w, N, Hk, Hv, dk, dv, K, tiled != 0, eps, nthreads);
+    else
+        return -1;
+    return 0;
 }
 
 // tm_paged_attention_rows with every row a decode (the native decode step's entry).
