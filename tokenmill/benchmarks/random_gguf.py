@@ -211,9 +211,9 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     if s.window:
         w.add_uint32(f"{a}.attention.sliding_window", s.window)
     if q35:
-        for key, value in (("conv_kernel", 4), ("state_size", s.linear_dim), ("group_count", hk),
-                           ("time_step_rank", hv), ("inner_size", value_dim)):
-            w.add_uint32(f"{a}.ssm.{key}", value)
+        for key, n in (("conv_kernel", 4), ("state_size", s.linear_dim), ("group_count", hk),
+                       ("time_step_rank", hv), ("inner_size", value_dim)):
+            w.add_uint32(f"{a}.ssm.{key}", n)
         w.add_uint32(f"{a}.full_attention_interval", 4)
         w.add_array(f"{a}.rope.dimension_sections", [11, 11, 10, 0])
     if a == "gpt-oss":  # as llama.cpp's converter writes gpt-oss's YaRN

@@ -61,6 +61,7 @@ class Qwen3_5Attention(LlamaAttention):
         T, nh, nkv, hd = h.shape[0], self.nh, self.nkv, self.hd
         qg, k, v = self.qkv_proj(h).split([2 * nh * hd, nkv * hd, nkv * hd], dim=-1)
         qg = qg.view(T, nh, 2, hd)
+        assert self.q_norm is not None and self.k_norm is not None
         qk = torch.cat([self.q_norm(qg[:, :, 0]), self.k_norm(k.reshape(T, nkv, hd))], dim=1)  # (T, nh + nkv, hd)
         qk = rotate_(qk, rope)
         o = attn.backend.forward(self.kv_index, qk[:, :nh], qk[:, nh:], v.reshape(T, nkv, hd),
@@ -145,6 +146,7 @@ class GatedDeltaNet(nn.Module):
              seqs: list[StateSeq]) -> torch.Tensor:
         """The torch path between the projections for `seqs` (other rows come back as zeros): qkv (T, C), z
         (T, Hv dv), ba (T, 2 Hv) -> the gated norm's output (T, Hv dv) in qkv's dtype."""
+        assert self.neg_a is not None and self.dt_f32 is not None
         T = qkv.shape[0]
         b, a = ba.split([self.hv, self.hv], dim=-1)
         j = self.state_index
