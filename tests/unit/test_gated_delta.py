@@ -60,16 +60,17 @@ def pool_with_garbage(pool: torch.Tensor, seqs: list[StateSeq]) -> torch.Tensor:
 # conv
 # ---------------------------------------------------------------------------------------------------------------
 
-def ref_conv(x: torch.Tensor, w: torch.Tensor, prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def ref_conv(x: torch.Tensor, w: torch.Tensor, prev: torch.Tensor | None,
+             activation: str | None = "silu") -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence: x (L, C), prev (C, K-1) or None (fresh) -> (out (L, C), final state (C, K-1))."""
     K = w.shape[1]
     xt = x.t().unsqueeze(0)  # (1, C, L)
     if prev is None:
-        out = causal_conv1d_fn(xt, w, None, activation="silu")
+        out = causal_conv1d_fn(xt, w, None, activation=activation)
         state = F.pad(xt, (K - 1, 0))[0, :, -(K - 1):]
     else:
         st = prev.clone().unsqueeze(0)
-        out = causal_conv1d_update(xt, st, w, None, activation="silu")
+        out = causal_conv1d_update(xt, st, w, None, activation=activation)
         state = st[0]
     return out[0].t(), state
 
@@ -96,6 +97,28 @@ def test_conv_mixed_step_matches_reference():
     assert out[uncovered(seqs, T)].eq(0).all()
     keep = untouched(seqs, S)
     assert torch.equal(pool[keep], before[keep])
+
+
+def test_conv_without_activation_matches_reference():
+    """activation=False (LFM2's short conv, K = 3): the bare conv, the same state updates, for decodes and longer
+    sequences alike; a control: it differs from the SiLU'd output."""
+    torch.manual_seed(2)
+    C, K, S = 10, 3, 6
+    seqs, T = pack([1, 5, 1, 40, 2], [4, 1, 0, 5, 2], [False, True, True, False, False])
+    x, w = torch.randn(T, C), torch.randn(C, K)
+    pool = pool_with_garbage(torch.randn(S, C, K - 1), seqs)
+    before = pool.clone()
+
+    out = causal_conv1d(x, w, pool, seqs, activation=False)
+
+    for s in seqs:
+        rows = slice(s.q_start, s.q_start + s.q_len)
+        ref_out, ref_state = ref_conv(x[rows], w, None if s.fresh else before[s.slot], activation=None)
+        torch.testing.assert_close(out[rows], ref_out, **FP32)
+        torch.testing.assert_close(pool[s.slot], ref_state, **FP32)
+    assert out[uncovered(seqs, T)].eq(0).all()
+    silu = causal_conv1d(x, w, pool_with_garbage(before.clone(), seqs), seqs)
+    assert (silu - out).abs().max() > 0.1
 
 
 def test_conv_fresh_short_sequence_pads_state_with_zeros():

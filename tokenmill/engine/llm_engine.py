@@ -163,10 +163,10 @@ class LLMEngine:
     def _check_recurrent(self, config: EngineConfig) -> None:
         """What a model with recurrent (linear-attention) layers cannot do here, refused or said now."""
         if config.speculative_config is not None:
-            raise ValueError(f"speculative decoding is not supported for {self.source.name}: its linear-attention "
-                             "layers keep a recurrent state that rejected drafts would have to roll back")
+            raise ValueError(f"speculative decoding is not supported for {self.source.name}: its recurrent layers "
+                             "(linear attention, short convolutions) keep a recurrent state that rejected drafts would have to roll back")
         if config.enable_prefix_caching:
-            log.info("prefix caching is off for %s: its linear-attention layers' state cannot be rebuilt from "
+            log.info("prefix caching is off for %s: its recurrent layers' state cannot be rebuilt from "
                      "cached blocks", self.source.name)
         if self.plan.num_state_slots < config.max_num_seqs:
             log.warning("recurrent state: %s per sequence; the KV cache's budget holds %d at once, so at most %d "

@@ -134,6 +134,11 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
                                   "sliding_attention": {"rope_type": "default", "rope_theta": full["rope_theta"]}}
     elif model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
         out.update(_qwen3_5_config(cfg, out))
+    elif model_type == "lfm2":  # the MLP's width as it is (not adjusted again), its own names for the rest
+        if out["rope_scaling"]:
+            raise NotImplementedError("lfm2 with rope scaling has no HF config form")
+        out.update(layer_types=list(cfg.layer_types), conv_L_cache=cfg.linear_conv_kernel, conv_bias=False,
+                   norm_eps=cfg.rms_norm_eps, block_auto_adjust_ff_dim=False, pad_token_id=None)
     elif model_type == "smollm3":
         out["no_rope_layers"] = [int(i not in cfg.nope_layers) for i in range(cfg.num_layers)]
         out["pad_token_id"] = None  # its config class defaults to 128004, past a smaller vocabulary
@@ -411,6 +416,9 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
         _gpt_oss_tensors(tensors, cfg.num_experts)
     elif cfg.architecture in ("qwen3_5", "qwen3_5_moe"):
         _qwen3_5_tensors(tensors, cfg)
+    elif cfg.architecture == "lfm2":  # the conv as (C, 1, K)
+        for name in [n for n in tensors if n.endswith(".conv.conv.weight")]:
+            tensors[name] = tensors[name].unsqueeze(1).contiguous()
     elif cfg.architecture == "ernie4_5_moe":  # its shared experts' and selection bias's own names
         for name in list(tensors):
             if ".mlp.shared_expert." in name:

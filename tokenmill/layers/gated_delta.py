@@ -98,13 +98,14 @@ def _output(like: Tensor, shape: tuple[int, ...], seqs: list[StateSeq], dtype: t
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# depthwise causal conv1d + SiLU
+# depthwise causal conv1d (+ SiLU)
 # ---------------------------------------------------------------------------------------------------------------
 
-def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq]) -> Tensor:
+def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq], activation: bool = True) -> Tensor:
     """x (T, C) the step's inputs; weight (C, K) a depthwise kernel; state (S, C, K-1) the pool, each slot holding its
     sequence's last K-1 inputs (older first; zeros before the sequence's start), updated in place for every seq.
-    Returns SiLU(conv) (T, C) in x's dtype. Rows of x not covered by any seq are returned as zeros."""
+    Returns SiLU(conv) (T, C) in x's dtype, or the conv itself without `activation` (LFM2's short conv). Rows of x
+    not covered by any seq are returned as zeros."""
     T, C = x.shape
     K = weight.shape[1]
     if weight.shape != (C, K) or state.shape[1:] != (C, K - 1):
@@ -119,7 +120,8 @@ def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq]
         if fresh is not None:
             prev.masked_fill_(fresh[:, None, None], 0.0)
         window = torch.cat([prev, _take(x, rows).float().unsqueeze(-1)], dim=-1)
-        _put(out, rows, F.silu((window * w).sum(-1)).to(out.dtype))
+        y1 = (window * w).sum(-1)
+        _put(out, rows, (F.silu(y1) if activation else y1).to(out.dtype))
         _put(state, slots, window[..., 1:].to(state.dtype))
 
     wt = w.t()  # (K, C): tap j multiplies the input K-1-j rows back
@@ -134,7 +136,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq]
         y = xs[:n] * wt[0]
         for j in range(1, K):
             y.addcmul_(xs[j:j + n], wt[j])
-        out[r0:r0 + n] = F.silu(y, inplace=True)
+        out[r0:r0 + n] = F.silu(y, inplace=True) if activation else y
         state[s.slot] = xs[n:].t()  # the last K-1 rows (xs[-(K-1):] would take all of them when K == 1)
     return out
 

@@ -60,6 +60,9 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     # Qwen3.5 MoE (35B-A3B, 122B-A10B, 397B-A17B): Qwen3.5's layers with experts and a gated shared expert
     Architecture("qwen3_5_moe", "tokenmill.models.qwen3_5:Qwen3_5MoeForCausalLM", ("qwen35moe",),
                  ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"), "qwen3_5_moe_text", is_moe=True),
+    # LFM2 (350M-2.6B): short-conv layers (a gated depthwise conv, a recurrent state per sequence) between GQA
+    # layers with q / k norms
+    Architecture("lfm2", "tokenmill.models.lfm2:Lfm2ForCausalLM", ("lfm2",), ("Lfm2ForCausalLM",), "lfm2"),
     Architecture("qwen3moe", _MOE, ("qwen3moe",), ("Qwen3MoeForCausalLM",), "qwen3_moe", is_moe=True),
     Architecture("qwen2moe", _MOE, ("qwen2moe",), ("Qwen2MoeForCausalLM",), "qwen2_moe", is_moe=True),
     # llama.cpp writes Mixtral as general.architecture "llama", with expert tensors (blk.N.ffn_gate_exps)

@@ -34,7 +34,9 @@ class ModelConfig:
     rotary_dim: int | None = None  # leading dims of each head that rotate (partial rotary); None: head_dim
     # sliding-window attention (Mistral, Phi-3: every layer; Gemma 3: its local layers)
     sliding_window: int | None = None  # W: a windowed layer's query at p sees W keys, (p - W, p]; None: all
-    layer_types: tuple[str, ...] = ()  # per layer "sliding_attention" | "full_attention"; () and W: all windowed
+    # per layer "sliding_attention" | "full_attention" (() and W: all windowed); Qwen3.5's "linear_attention" and
+    # LFM2's "conv" layers keep a recurrent state instead of a KV cache
+    layer_types: tuple[str, ...] = ()
     # Qwen3, Qwen3-MoE: RMSNorm over head_dim on each q and k head, before rotary
     qk_norm: bool = False
     # mixture of experts (Qwen3-MoE, Qwen2-MoE, Mixtral): every layer's MLP is num_experts experts of
@@ -70,7 +72,9 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     # Qwen3.5's Gated DeltaNet layers ("linear_attention" in layer_types; models/qwen3_5.py): no KV cache, a
-    # recurrent state per sequence instead (a conv window and a (value heads, dk, dv) matrix)
+    # recurrent state per sequence instead (a conv window and a (value heads, dk, dv) matrix). LFM2's short
+    # convolutions ("conv"; models/lfm2.py) keep only the conv window (over hidden_size channels): their heads
+    # and head dims are 0, linear_conv_kernel the conv's taps
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
     linear_key_head_dim: int = 0
@@ -94,8 +98,9 @@ class ModelConfig:
 
     @property
     def linear_layers(self) -> list[int]:
-        """The layers with a recurrent state instead of a KV cache (Qwen3.5's linear attention)."""
-        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+        """The layers with a recurrent state instead of a KV cache (Qwen3.5's linear attention, LFM2's short
+        convolutions)."""
+        return [i for i, t in enumerate(self.layer_types) if t in ("linear_attention", "conv")]
 
     @property
     def kv_layers(self) -> list[int]:
@@ -105,7 +110,9 @@ class ModelConfig:
 
     @property
     def linear_conv_dim(self) -> int:
-        """Channels of a linear-attention layer's causal conv: q, k and v."""
+        """Channels of a recurrent layer's causal conv: q, k and v (Qwen3.5), the hidden size (LFM2)."""
+        if "conv" in self.layer_types:
+            return self.hidden_size
         return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_value_dim
 
     @property
@@ -113,8 +120,8 @@ class ModelConfig:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
     def recurrent_state_bytes(self) -> int:
-        """One sequence's recurrent state over every linear-attention layer, float32: the conv's last K - 1
-        inputs and the delta rule's (value heads, dk, dv) matrix. 0 for a model without such layers."""
+        """One sequence's recurrent state over every recurrent layer, float32: the conv's last K - 1 inputs and the
+        delta rule's (value heads, dk, dv) matrix (none for LFM2). 0 for a model without such layers."""
         per_layer = (self.linear_conv_dim * (self.linear_conv_kernel - 1)
                      + self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim)
         return 4 * per_layer * len(self.linear_layers)
@@ -140,7 +147,7 @@ class ModelConfig:
             per_layer += d + self.num_heads + self.num_experts + experts * (2 * self.moe_intermediate_size + d)
         if self.moe_selection_bias:  # one per expert in each layer of experts
             bias += (self.num_layers - len(self.dense_mlp_layers)) * self.num_experts
-        if self.linear_layers:  # each linear layer: its conv, A_log, dt_bias and gated norm; no q / k norms
+        if self.linear_layers:  # each linear layer: its conv, A_log, dt_bias and gated norm (LFM2: its conv); no q / k norms
             per_linear = (self.linear_conv_dim * self.linear_conv_kernel + 2 * self.linear_num_value_heads
                           + self.linear_value_head_dim - 2 * self.head_dim)
             bias += per_linear * len(self.linear_layers)
@@ -157,6 +164,8 @@ class ModelConfig:
         d, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attn = [(q + 2 * kv, d), (d, q)]
+        if self.architecture == "lfm2" and layer in self.linear_layers:  # the short conv's in (B|C|x) and out
+            attn = [(3 * d, d), (d, d)]
         if self.architecture in _QWEN3_5:  # q with its output gate; a linear layer's q|k|v|z, b|a and out
             vd = self.linear_value_dim
             attn = ([(self.linear_conv_dim + vd, d), (2 * self.linear_num_value_heads, d), (d, vd)]
@@ -240,6 +249,8 @@ class ModelConfig:
             family = _ernie4_5_moe_gguf(metadata, arch, int(get("block_count")), tensor_names)
         elif ours.name in _QWEN3_5:
             family = _qwen3_5_gguf(metadata, arch)
+        elif ours.name == "lfm2":
+            family = _lfm2_gguf(metadata, arch, int(get("block_count")))
         elif ours.name == "smollm3":  # llama.cpp: every 4th layer (no GGUF key says otherwise)
             family = {"nope_layers": _every_nth(int(get("block_count")), _SMOLLM3_NOPE_INTERVAL)}
         cfg = cls(
@@ -285,6 +296,8 @@ class ModelConfig:
             raise ValueError(f"{path}/config.json: {e}") from None
         if arch in _QWEN3_5 and isinstance(cfg.get("text_config"), dict):  # the VL checkpoint: its language model
             cfg = {**cfg, **cfg["text_config"]}
+        if arch == "lfm2":  # its own names for the common fields
+            cfg = _lfm2_common(cfg)
         n_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         family: dict[str, Any] = {}
@@ -335,6 +348,8 @@ class ModelConfig:
                 common.update(_olmo3_hf(cfg))
             elif arch in _QWEN3_5:
                 common.update(_qwen3_5_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
+            elif arch == "lfm2":
+                common.update(_lfm2_hf(cfg))
             elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes o_proj's, ours lacks it
                 raise ValueError(f"{arch} with attention_bias is not supported")
             elif arch == "olmoe" and cfg.get("clip_qkv") is not None:
@@ -454,7 +469,7 @@ def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_name
 
 # -- per-family readers: each returns the ModelConfig fields its family sets ---------------------------
 _QWEN3_5 = ("qwen3_5", "qwen3_5_moe")
-_QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense", *_QWEN3_5)  # the families with per-head q/k RMSNorm
+_QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense", "lfm2", *_QWEN3_5)  # the families with per-head q/k RMSNorm
 # llama.cpp's MoE graphs: Mixtral (arch "llama"), Qwen3-MoE and Granite MoE (softmax over the top-k logits)
 # renormalize the chosen experts' weights, Qwen2-MoE and OLMoE do not; a file may say otherwise with
 # {arch}.expert_weights_norm.
@@ -677,6 +692,55 @@ def _qwen3_5_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
             "linear_num_key_heads": groups, "linear_num_value_heads": heads, "linear_key_head_dim": state,
             "linear_value_head_dim": int(md[f"{arch}.ssm.inner_size"]) // heads,
             "linear_conv_kernel": int(md[f"{arch}.ssm.conv_kernel"]), "linear_v_heads_tiled": groups != heads}
+
+
+# LFM2: short-conv layers (a gated depthwise conv of conv_L_cache taps, a recurrent state) between GQA layers
+def _lfm2_common(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Lfm2Config's names for the common fields (norm_eps, tie_embedding, block_ff_dim; rope_theta 1e6 by default),
+    and its MLP's width as transformers' Lfm2MLP computes it: with block_auto_adjust_ff_dim, 2/3 of the config's,
+    times block_ffn_dim_multiplier rounded up to block_multiple_of (when there is a multiplier)."""
+    ff = int(cfg.get("intermediate_size") or cfg["block_ff_dim"])
+    if cfg.get("block_auto_adjust_ff_dim", True):
+        ff = int(2 * ff / 3)
+        mult = cfg.get("block_ffn_dim_multiplier", 1.0)
+        if mult is not None:
+            multiple = int(cfg.get("block_multiple_of", 256))
+            ff = multiple * ((int(mult * ff) + multiple - 1) // multiple)
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = cfg.get("rope_theta", rope.get("rope_theta", cfg.get("theta", 1e6)))
+    return {**cfg, "intermediate_size": ff, "rms_norm_eps": float(cfg.get("norm_eps", 1e-5)), "rope_theta": theta,
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", cfg.get("tie_embedding", True)))}
+
+
+def _lfm2_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """layer_types (else full_attn_idxs: those full, the rest conv), the conv's taps (conv_L_cache); no conv bias,
+    no rope scaling."""
+    n = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    if types is None:
+        full = set(cfg.get("full_attn_idxs") or range(n))
+        types = ["full_attention" if i in full else "conv" for i in range(n)]
+    types = tuple(types)
+    if len(types) != n or set(types) - {"conv", "full_attention"}:
+        raise ValueError(f"lfm2 layer_types {types} are not {n} of conv / full_attention")
+    if cfg.get("conv_bias"):
+        raise ValueError("lfm2 with conv_bias is not supported")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"lfm2 with rope scaling {rope.get('rope_type')!r} is not supported")
+    return {"layer_types": types, "qk_norm": True, "rope_scaling": None,
+            "linear_conv_kernel": int(cfg.get("conv_L_cache", 3))}
+
+
+def _lfm2_gguf(md: dict[str, Any], arch: str, n: int) -> dict[str, Any]:
+    """llama.cpp's converter marks the conv layers by a head_count_kv of 0 in its per-layer array, and writes the
+    conv's taps as shortconv.l_cache."""
+    kv = md.get(f"{arch}.attention.head_count_kv", md[f"{arch}.attention.head_count"])
+    kv = list(kv) if hasattr(kv, "__len__") else [kv] * n
+    if md.get(f"{arch}.attention.sliding_window"):
+        raise ValueError(f"GGUF {arch} with attention.sliding_window is not supported")
+    return {"layer_types": tuple("conv" if int(k) == 0 else "full_attention" for k in kv[:n]),
+            "linear_conv_kernel": int(md[f"{arch}.shortconv.l_cache"])}
 
 
 def _gguf_layer_types(md: dict[str, Any], arch: str, default_pattern: int) -> tuple[str, ...]:

@@ -99,6 +99,13 @@ _GGUF_TO_HF_BY_ARCH["qwen3_5"] = {
     "ssm_a": "linear_attn.ssm_a", "ssm_dt": "linear_attn.ssm_dt", "ssm_conv1d": "linear_attn.conv1d",
     "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"}
 _GGUF_TO_HF_BY_ARCH["qwen3_5_moe"] = _GGUF_TO_HF_BY_ARCH["qwen3_5"]
+# LFM2: HF's names (operator_norm, feed_forward's w1 / w3 / w2, the attention's out_proj and q / k layernorms); a
+# conv layer's shortconv tensors, the conv squeezed to (C, K); its final norm is token_embd_norm (_hf_name)
+_GGUF_TO_HF_BY_ARCH["lfm2"] = {
+    "attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_output": "self_attn.out_proj",
+    "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm",
+    "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+    "shortconv.conv": "conv.conv", "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj"}
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)
 _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",
@@ -217,6 +224,8 @@ def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
         return "model.embed_tokens.weight", 0
     if name == "output_norm.weight":
         return "model.norm.weight", 0
+    if name == "token_embd_norm.weight" and cfg.architecture == "lfm2":  # LFM2's final norm (HF's embedding_norm)
+        return "model.embedding_norm.weight", 0
     if name == "output.weight":
         return "lm_head.weight", 0
     if name in _GGUF_EXTRAS:
@@ -224,7 +233,8 @@ def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
     if re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", name):
         raise ValueError(f"GGUF tensor {name}: one tensor per expert is llama.cpp's old Mixtral layout, not "
                          "supported; a file converted by a current llama.cpp stacks them (ffn_gate_exps)")
-    if m := re.fullmatch(r"blk\.(\d+)\.(\w+)(\.weight|\.bias|)", name):  # (Qwen3.5's ssm_a has no suffix)
+    # (Qwen3.5's ssm_a has no suffix; LFM2's shortconv.conv has a dot)
+    if m := re.fullmatch(r"blk\.(\d+)\.(\w+(?:\.(?!weight$|bias$)\w+)?)(\.weight|\.bias|)", name):
         layer, part, kind = m.groups()
         moe = _GGUF_TO_HF_MOE.get(cfg.architecture, {})
         if part in moe:

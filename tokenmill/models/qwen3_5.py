@@ -70,16 +70,17 @@ class Qwen3_5Attention(LlamaAttention):
         return self.o_proj(o.reshape(T, nh * hd))
 
 
-class _Weight(nn.Module):
-    """A module holding one parameter named `weight` (the conv's and the gated norm's checkpoint names)."""
+class OneWeight(nn.Module):
+    """A module holding one parameter named `weight` (the conv's and the gated norm's checkpoint names; LFM2's conv
+    too)."""
 
     def __init__(self, *shape: int, fill: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.full(shape, fill), requires_grad=False)
 
 
-def _load_conv(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
-    """HF's (C, 1, K) or a GGUF's (C, K) -> (C, K)."""
+def load_conv_weight(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
+    """HF's (C, 1, K) or a GGUF's (C, K) -> (C, K) (Qwen3.5's and LFM2's conv)."""
     t = tensor.reshape(tensor.shape[0], -1) if tensor.dim() == 3 else tensor
     if t.shape != param.data.shape:
         raise ValueError(f"conv1d weight has shape {tuple(tensor.shape)}, expected {tuple(param.data.shape)}")
@@ -96,11 +97,11 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_qkvz = Linear(d, self.conv_dim + self.value_dim, method,
                                    shards={"qkv": self.conv_dim, "z": self.value_dim})
         self.in_proj_ba = Linear(d, 2 * self.hv, method, shards={"b": self.hv, "a": self.hv})
-        self.conv1d = _Weight(self.conv_dim, cfg.linear_conv_kernel)
-        self.conv1d.weight.weight_loader = _load_conv  # type: ignore[attr-defined]
+        self.conv1d = OneWeight(self.conv_dim, cfg.linear_conv_kernel)
+        self.conv1d.weight.weight_loader = load_conv_weight  # type: ignore[attr-defined]
         self.A_log = nn.Parameter(torch.zeros(self.hv), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.ones(self.hv), requires_grad=False)
-        self.norm = _Weight(self.dv, fill=1.0)  # the gated norm's plain weight
+        self.norm = OneWeight(self.dv, fill=1.0)  # the gated norm's plain weight
         self.out_proj = Linear(self.value_dim, d, method)
         self.eps = cfg.rms_norm_eps
         self.state_index = cfg.linear_layers.index(layer_idx)  # its state in the pool
@@ -203,7 +204,6 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         super().__init__(cfg, method, max_positions)
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)
         self.model.norm.weight.is_required = False  # type: ignore[attr-defined]
-        self.num_state_layers = len(cfg.linear_layers)
 
     def _delta_nets(self) -> list[GatedDeltaNet]:
         return [m for m in self.modules() if isinstance(m, GatedDeltaNet)]
@@ -234,18 +234,22 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         """LlamaForCausalLM.forward; without a step's states (a forward outside the runner), each sequence of
         the step must start at position 0 and gets a zero state that is dropped afterwards."""
         if attn.recurrent is None:
-            attn = AttentionContext(attn.backend, attn.metadata, attn.kv_caches, self._scratch_states(attn))
+            attn = AttentionContext(attn.backend, attn.metadata, attn.kv_caches,
+                                    scratch_states(self.cfg, attn, self.lm_head.weight.device))
         return super().forward(input_ids, positions, attn, num_layers)
 
-    def _scratch_states(self, attn: AttentionContext) -> RecurrentStep:
-        meta, cfg = attn.metadata, self.cfg
-        if meta.num_decodes or any(p.start for p in meta.prefills):
-            raise ValueError("a step that continues a sequence needs its recurrent state (AttentionContext.recurrent)")
-        n, dev = len(meta.prefills), self.lm_head.weight.device
-        conv = torch.zeros((self.num_state_layers, n, cfg.linear_conv_dim, cfg.linear_conv_kernel - 1), device=dev)
-        ssm = torch.zeros((self.num_state_layers, n, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                           cfg.linear_value_head_dim), device=dev)
-        return RecurrentStep([StateSeq(i, p.q_start, p.q_len, True) for i, p in enumerate(meta.prefills)], conv, ssm)
+
+def scratch_states(cfg: ModelConfig, attn: AttentionContext, device: torch.device) -> RecurrentStep:
+    """Zero states for a forward outside the runner (every sequence of the step starts at position 0), dropped
+    afterwards: Qwen3.5's, and LFM2's (models/lfm2.py; no delta-rule state, a zero-size ssm)."""
+    meta = attn.metadata
+    if meta.num_decodes or any(p.start for p in meta.prefills):
+        raise ValueError("a step that continues a sequence needs its recurrent state (AttentionContext.recurrent)")
+    n, layers = len(meta.prefills), len(cfg.linear_layers)
+    conv = torch.zeros((layers, n, cfg.linear_conv_dim, cfg.linear_conv_kernel - 1), device=device)
+    ssm = torch.zeros((layers, n, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim),
+                      device=device)
+    return RecurrentStep([StateSeq(i, p.q_start, p.q_len, True) for i, p in enumerate(meta.prefills)], conv, ssm)
 
 
 class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):

@@ -1,10 +1,10 @@
-"""The recurrent state of a model's linear-attention layers (Qwen3.5's Gated DeltaNet): one slot per running
+"""The recurrent state of a model's recurrent layers (Qwen3.5's Gated DeltaNet, LFM2's short convs): one slot per running
 sequence, assigned by the runner the first time the sequence is scheduled and freed when it finishes or is
 preempted (a preempted sequence recomputes from position 0, where its state starts at zero again).
 
-Per linear-attention layer j (the j-th in ModelConfig.linear_layers), float32:
+Per recurrent layer j (the j-th in ModelConfig.linear_layers), float32:
     conv[j]  (slots, conv_dim, K - 1)   the causal conv's last K - 1 inputs
-    ssm[j]   (slots, Hv, dk, dv)        the delta rule's state matrix per value head
+    ssm[j]   (slots, Hv, dk, dv)        the delta rule's state matrix per value head (LFM2: none, zero-size)
 A sequence's state covers exactly its tokens [0, num_computed_tokens): every step that computes its next
 tokens reads the slot and writes it back, so a sequence appears at most once in a step, in token order (no
 speculative drafts, no prefix cache: the engine refuses or turns them off for such a model).

@@ -1,0 +1,114 @@
+"""LFM2 (Liquid AI's LFM2-350M, 700M, 1.2B, 2.6B): a pre-norm decoder whose layers mix tokens either by GQA
+attention or by a short gated convolution, which keeps a small recurrent state per sequence instead of a KV cache.
+
+- Attention layers: llama's GQA, each q and k head RMS-normed (q_layernorm / k_layernorm, plain weights) before
+  rotary over the whole head (NeoX halves); the output projection is out_proj.
+- Conv layers (LFM2's "short conv"): in_proj (D -> 3D) gives B, C and x, D each; B * x goes through a depthwise
+  causal conv of conv_L_cache taps (no bias, no activation), then y = C * conv; out_proj. Each sequence's last
+  K - 1 values of B * x live in a slot of the worker's RecurrentStatePool between steps (its conv tensor; no
+  delta-rule state: the ssm tensor is empty); layer j of cfg.linear_layers uses conv[j], and attention layer i
+  uses the KV cache's layer cfg.kv_layers.index(i).
+- Every layer: operator_norm before the mixer, ffn_norm before a SwiGLU MLP (feed_forward: w1 gate, w3 up, w2
+  down; its width from block_auto_adjust_ff_dim, loader/model_config.py); the final norm is named
+  embedding_norm (it is applied after the last layer, not to the embeddings).
+
+Checkpoints. HF (transformers' Lfm2ForCausalLM): conv.conv.weight (D, 1, K), embeddings usually tied. GGUF
+(llama.cpp's converter, arch "lfm2"): head_count_kv per layer with 0 for the conv layers, shortconv.l_cache the
+taps, shortconv.conv (D, K), the final norm as token_embd_norm; norms as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from tokenmill.attention.backend import AttentionContext
+from tokenmill.layers.gated_delta import RecurrentStep, causal_conv1d
+from tokenmill.layers.linear import Linear, LinearMethod
+from tokenmill.layers.norm import RMSNorm
+from tokenmill.layers.rotary import RotaryTables
+from tokenmill.loader.model_config import ModelConfig
+from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from tokenmill.models.qwen3_5 import load_conv_weight, OneWeight, scratch_states
+
+
+class Lfm2Attention(LlamaAttention):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
+        super().__init__(cfg, layer_idx, method)
+        self.layer_idx = cfg.kv_layers.index(layer_idx)  # its layer in the KV cache (conv layers have none)
+
+
+class ShortConv(nn.Module):
+    """(T, D) normed hidden -> (T, D): out_proj(C * conv(B * x)), (B, C, x) = in_proj(h)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
+        super().__init__()
+        d = cfg.hidden_size
+        self.in_proj = Linear(d, 3 * d, method)
+        self.conv = OneWeight(d, cfg.linear_conv_kernel)
+        self.conv.weight.weight_loader = load_conv_weight  # type: ignore[attr-defined]
+        self.out_proj = Linear(d, d, method)
+        self.state_index = cfg.linear_layers.index(layer_idx)  # its conv window in the pool
+
+    def forward(self, h: torch.Tensor, step: RecurrentStep) -> torch.Tensor:
+        b, c, x = self.in_proj(h).chunk(3, dim=-1)
+        y = causal_conv1d(b * x, self.conv.weight, step.conv[self.state_index], step.seqs, activation=False)
+        return self.out_proj(c * y)
+
+
+class Lfm2DecoderLayer(LlamaDecoderLayer):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod, mlp: nn.Module) -> None:
+        nn.Module.__init__(self)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # operator_norm
+        self.is_conv = layer_idx in cfg.linear_layers
+        if self.is_conv:
+            self.conv = ShortConv(cfg, layer_idx, method)
+        else:
+            self.self_attn = Lfm2Attention(cfg, layer_idx, method)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # ffn_norm
+        self.mlp = mlp
+        self.residual_multiplier = 1.0
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTables,
+                attn: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """llama's residual contract (LlamaDecoderLayer.forward), the token mixer chosen by the layer's type."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        if self.is_conv:
+            assert attn.recurrent is not None
+            a = self.conv(h, attn.recurrent)
+        else:
+            a = self.self_attn(h, rope, attn)
+        h, residual = self.post_attention_layernorm(a, residual)
+        return self.mlp(h), residual
+
+
+class Lfm2ForCausalLM(LlamaForCausalLM):
+    decoder_layer = Lfm2DecoderLayer
+    packed_modules_mapping = {
+        **LlamaForCausalLM.packed_modules_mapping,
+        "operator_norm": ("input_layernorm", None), "ffn_norm": ("post_attention_layernorm", None),
+        "feed_forward": ("mlp", None), "w1": ("gate_up_proj", "gate"), "w3": ("gate_up_proj", "up"),
+        "w2": ("down_proj", None), "q_layernorm": ("q_norm", None), "k_layernorm": ("k_norm", None),
+        "embedding_norm": ("norm", None),
+    }
+
+    @staticmethod
+    def checkpoint_stream(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        """The attention's out_proj as our o_proj (a conv layer's out_proj keeps its name)."""
+        for name, tensor in weights:
+            yield name.replace(".self_attn.out_proj.", ".self_attn.o_proj."), tensor
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
+                num_layers: int | None = None) -> torch.Tensor:
+        """LlamaForCausalLM.forward; without a step's states (a forward outside the runner), each sequence of the
+        step must start at position 0 and gets a zero state that is dropped afterwards."""
+        if attn.recurrent is None:
+            attn = AttentionContext(attn.backend, attn.metadata, attn.kv_caches,
+                                    scratch_states(self.cfg, attn, self.lm_head.weight.device))
+        return super().forward(input_ids, positions, attn, num_layers)
