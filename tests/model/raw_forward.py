@@ -156,3 +156,38 @@ def hf_reference(model: Any, ids: list[int], n: int) -> tuple[torch.Tensor, list
         out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
                              min_new_tokens=n, pad_token_id=None, eos_token_id=None)
     return logits, out[0, len(ids):].tolist()
+
+
+def assert_state_across_steps(base: LLM, path: str, engine: dict[str, Any], ids: list[list[int]],
+                              small_cache: int) -> None:
+    """A model with recurrent layers at fp32 (`base` an engine of `path` built with `engine`): batched == alone ==
+    chunked prefill (16, 7) == preempted (a cache of `small_cache` bytes) == requests joining a running batch,
+    and every state slot back afterwards."""
+    from tokenmill import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+    def texts(outs: Any) -> list[list[int]]:
+        return [o.outputs[0].token_ids for o in outs]
+
+    batched = texts(base.generate(ids, params))
+    assert [texts(base.generate([p], params))[0] for p in ids] == batched
+    for chunk in (16, 7):
+        assert texts(LLM(path, **{**engine, "max_num_batched_tokens": chunk}).generate(ids, params)) == batched
+    small = LLM(path, **{**engine, "kv_cache_memory": small_cache})  # requests preempted: their states start over
+    assert texts(small.generate(ids, params)) == batched
+    assert small.engine.scheduler.num_preemptions > 0
+    eng = base.engine
+    for i, p in enumerate(ids[:3]):
+        eng.add_request(f"a{i}", p, params)
+    for _ in range(5):
+        eng.step()
+    for i, p in enumerate(ids[3:]):
+        eng.add_request(f"b{i}", p, params)
+    done: dict[str, list[int]] = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    assert [done[f"a{i}"] for i in range(3)] + [done[f"b{i}"] for i in range(len(ids) - 3)] == batched
+    assert eng.executor.worker.runner.states.num_used == 0

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import hf_reference, prompt_logits, ref_logits, save_with_tokenizer
+from raw_forward import assert_state_across_steps, hf_reference, prompt_logits, ref_logits, save_with_tokenizer
 
 from tokenmill import LLM, SamplingParams
 
@@ -196,34 +196,8 @@ def test_control_states_dropped_between_steps_move_the_tokens(lfm2: dict[str, An
 
 
 def test_state_across_steps(lfm2: dict[str, Any]) -> None:
-    """Batched == alone == chunked == preempted == joining a running batch, at fp32."""
-    path = str(lfm2["tmp"] / "hf")
     ids = lfm2["ids"] + [lfm2["ids"][0][:5], lfm2["ids"][2][3:40]]
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    base = lfm2["engines"]["hf"]
-    batched = texts(base.generate(ids, params))
-    assert [texts(base.generate([p], params))[0] for p in ids] == batched
-    for chunk in (16, 7):
-        assert texts(LLM(path, **{**ENGINE, "max_num_batched_tokens": chunk}).generate(ids, params)) == batched
-    # a cache of few blocks: requests are preempted and recompute (their states start over)
-    small = LLM(path, **{**ENGINE, "kv_cache_memory": 36 * 16 * 2 * 2 * 2 * 16 * 4})
-    assert texts(small.generate(ids, params)) == batched
-    assert small.engine.scheduler.num_preemptions > 0
-    # requests added while others decode join the running batch
-    eng = base.engine
-    for i, p in enumerate(ids[:3]):
-        eng.add_request(f"a{i}", p, params)
-    for _ in range(5):
-        eng.step()
-    for i, p in enumerate(ids[3:]):
-        eng.add_request(f"b{i}", p, params)
-    done: dict[str, list[int]] = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-    assert [done[f"a{i}"] for i in range(3)] + [done[f"b{i}"] for i in range(len(ids) - 3)] == batched
-    assert eng.executor.worker.runner.states.num_used == 0  # every slot back
+    assert_state_across_steps(lfm2["engines"]["hf"], str(lfm2["tmp"] / "hf"), ENGINE, ids, 36 * 16 * 2 * 2 * 2 * 16 * 4)
 
 
 def test_n_samples_compute_their_own_prompt(lfm2: dict[str, Any]) -> None:

@@ -31,8 +31,8 @@ from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryTables
 from tokenmill.loader.model_config import ModelConfig
-from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
-from tokenmill.models.qwen3_5 import load_conv_weight, OneWeight, scratch_states
+from tokenmill.models.llama import LlamaAttention, LlamaForCausalLM
+from tokenmill.models.qwen3_5 import HybridDecoderLayer, OneWeight, load_conv_weight, scratch_states
 
 
 class Lfm2Attention(LlamaAttention):
@@ -59,7 +59,7 @@ class ShortConv(nn.Module):
         return self.out_proj(c * y)
 
 
-class Lfm2DecoderLayer(LlamaDecoderLayer):
+class Lfm2DecoderLayer(HybridDecoderLayer):
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod, mlp: nn.Module) -> None:
         nn.Module.__init__(self)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # operator_norm
@@ -72,20 +72,8 @@ class Lfm2DecoderLayer(LlamaDecoderLayer):
         self.mlp = mlp
         self.residual_multiplier = 1.0
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTables,
-                attn: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """llama's residual contract (LlamaDecoderLayer.forward), the token mixer chosen by the layer's type."""
-        if residual is None:
-            residual, h = x, self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        if self.is_conv:
-            assert attn.recurrent is not None
-            a = self.conv(h, attn.recurrent)
-        else:
-            a = self.self_attn(h, rope, attn)
-        h, residual = self.post_attention_layernorm(a, residual)
-        return self.mlp(h), residual
+    def mix(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
+        return self.conv(h, attn.recurrent) if self.is_conv else self.self_attn(h, rope, attn)
 
 
 class Lfm2ForCausalLM(LlamaForCausalLM):

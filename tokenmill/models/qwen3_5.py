@@ -167,7 +167,24 @@ class GatedDeltaNet(nn.Module):
         return normed.to(qkv.dtype).reshape(T, self.value_dim)
 
 
-class Qwen3_5DecoderLayer(LlamaDecoderLayer):
+class HybridDecoderLayer(LlamaDecoderLayer):
+    """llama's residual contract (LlamaDecoderLayer.forward) with the token mixer chosen by the layer's type: a
+    recurrent one, given the step's states, or attention (`mix`, each family's own)."""
+
+    def mix(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTables,
+                attn: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.mix(h, rope, attn), residual)
+        return self.mlp(h), residual
+
+
+class Qwen3_5DecoderLayer(HybridDecoderLayer):
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod, mlp: nn.Module) -> None:
         nn.Module.__init__(self)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)
@@ -180,16 +197,8 @@ class Qwen3_5DecoderLayer(LlamaDecoderLayer):
         self.mlp = mlp
         self.residual_multiplier = 1.0
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTables,
-                attn: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """llama's residual contract (LlamaDecoderLayer.forward), the token mixer chosen by the layer's type."""
-        if residual is None:
-            residual, h = x, self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        a = self.linear_attn(h, attn.recurrent) if self.is_linear else self.self_attn(h, rope, attn)
-        h, residual = self.post_attention_layernorm(a, residual)
-        return self.mlp(h), residual
+    def mix(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
+        return self.linear_attn(h, attn.recurrent) if self.is_linear else self.self_attn(h, rope, attn)
 
 
 class Qwen3_5ForCausalLM(LlamaForCausalLM):
