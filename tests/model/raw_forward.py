@@ -191,3 +191,17 @@ def assert_state_across_steps(base: LLM, path: str, engine: dict[str, Any], ids:
                 done[out.request_id] = out.outputs[0].token_ids
     assert [done[f"a{i}"] for i in range(3)] + [done[f"b{i}"] for i in range(len(ids) - 3)] == batched
     assert eng.executor.worker.runner.states.num_used == 0
+
+
+def close_gguf(w: Any, path: Path) -> Path:
+    """Write a gguf.GGUFWriter's header, metadata and tensors to its file, close it; -> path."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def texts(outs: Any) -> list[list[int]]:
+    """Each request's first completion's token ids."""
+    return [o.outputs[0].token_ids for o in outs]

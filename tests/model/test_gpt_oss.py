@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import (assert_invariances, grouped_against_one_by_one, prompt_logits, ref_logits,
-                         save_with_tokenizer)
+from raw_forward import (assert_invariances, close_gguf, grouped_against_one_by_one, prompt_logits, ref_logits,
+                         save_with_tokenizer, texts)
 
 from tokenmill import LLM, SamplingParams
 
@@ -131,15 +131,7 @@ def write_gguf(path: Path, model: Any, qtype: str = "F32") -> Path:
         add(b + "ffn_up_exps.bias", sd[e + "gate_up_proj_bias"][:, 1::2])
         add(b + "ffn_down_exps.weight", sd[e + "down_proj"].transpose(0, 2, 1), quantized=True)  # (E, D, I)
         add(b + "ffn_down_exps.bias", sd[e + "down_proj_bias"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def texts(outs: Any) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outs]
+    return close_gguf(w, path)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import assert_state_across_steps, hf_reference, prompt_logits, ref_logits, save_with_tokenizer
+from raw_forward import (assert_state_across_steps, close_gguf, hf_reference, prompt_logits, ref_logits,
+                         save_with_tokenizer, texts)
 
 from tokenmill import LLM, SamplingParams
 
@@ -106,15 +107,7 @@ def write_gguf(path: Path, model: Any) -> Path:
             add(b + f"{ours}.weight", sd[p + f"self_attn.{hf}.weight"])  # not permuted: llama.cpp's NeoX rotary
         add(b + "attn_q_norm.weight", sd[p + "self_attn.q_layernorm.weight"])
         add(b + "attn_k_norm.weight", sd[p + "self_attn.k_layernorm.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def texts(outs: Any) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outs]
+    return close_gguf(w, path)
 
 
 @pytest.fixture(scope="module")

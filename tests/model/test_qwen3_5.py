@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import (add_hparams, assert_state_across_steps, hf_reference, prompt_logits, ref_logits,
-                         save_with_tokenizer)
+from raw_forward import (add_hparams, assert_state_across_steps, close_gguf, hf_reference, prompt_logits,
+                         ref_logits, save_with_tokenizer, texts)
 
 from tokenmill import LLM, SamplingParams
 
@@ -162,15 +162,7 @@ def write_gguf(path: Path, model: Any, qtype: str = "F32") -> Path:
         add(b + "ssm_conv1d.weight", np.concatenate([conv[: 2 * hk * dk], _tiled(conv[2 * hk * dk:], 0, hk, dv)]))
         add(b + "ssm_norm.weight", sd[la + "norm.weight"])
         add(b + "ssm_out.weight", _tiled(sd[la + "out_proj.weight"], 1, hk, dv), quantized=True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def texts(outs: Any) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outs]
+    return close_gguf(w, path)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """LFM2 (Liquid AI's LFM2-350M, 700M, 1.2B, 2.6B): a pre-norm decoder whose layers mix tokens either by GQA
 attention or by a short gated convolution, which keeps a small recurrent state per sequence instead of a KV cache.
 
-- Attention layers: llama's GQA, each q and k head RMS-normed (q_layernorm / k_layernorm, plain weights) before
+- Attention layers: llama's GQA (LlamaAttention, its KV cache layer cfg.kv_layers.index(i)), each q and k head RMS-normed (q_layernorm / k_layernorm, plain weights) before
   rotary over the whole head (NeoX halves); the output projection is out_proj.
 - Conv layers (LFM2's "short conv"): in_proj (D -> 3D) gives B, C and x, D each; B * x goes through a depthwise
   causal conv of conv_L_cache taps (no bias, no activation), then y = C * conv; out_proj. Each sequence's last
@@ -35,12 +35,6 @@ from tokenmill.models.llama import LlamaAttention, LlamaForCausalLM
 from tokenmill.models.qwen3_5 import HybridDecoderLayer, OneWeight, load_conv_weight, scratch_states
 
 
-class Lfm2Attention(LlamaAttention):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
-        super().__init__(cfg, layer_idx, method)
-        self.layer_idx = cfg.kv_layers.index(layer_idx)  # its layer in the KV cache (conv layers have none)
-
-
 class ShortConv(nn.Module):
     """(T, D) normed hidden -> (T, D): out_proj(C * conv(B * x)), (B, C, x) = in_proj(h)."""
 
@@ -67,7 +61,7 @@ class Lfm2DecoderLayer(HybridDecoderLayer):
         if self.is_conv:
             self.conv = ShortConv(cfg, layer_idx, method)
         else:
-            self.self_attn = Lfm2Attention(cfg, layer_idx, method)
+            self.self_attn = LlamaAttention(cfg, layer_idx, method)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # ffn_norm
         self.mlp = mlp
         self.residual_multiplier = 1.0

@@ -41,7 +41,7 @@ log = logging.getLogger("tokenmill")
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
         super().__init__()
-        self.layer_idx = layer_idx
+        self.layer_idx = cfg.kv_layers.index(layer_idx)  # its layer in the KV cache (== layer_idx without recurrent layers)
         self.sliding_window = cfg.layer_windows()[layer_idx]  # Mistral's and Phi-3's window (0: none)
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q, kv, d = self.nh * self.hd, self.nkv * self.hd, cfg.hidden_size

@@ -54,7 +54,6 @@ class Qwen3_5Attention(LlamaAttention):
                                shards={"q": 2 * q, "k": kv, "v": kv})
         self.q_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0)
         self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0)
-        self.kv_index = cfg.kv_layers.index(layer_idx)  # its layer in the KV cache
 
     def forward(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
         """h: (T, D) normed hidden -> (T, D)."""
@@ -64,8 +63,8 @@ class Qwen3_5Attention(LlamaAttention):
         assert self.q_norm is not None and self.k_norm is not None
         qk = torch.cat([self.q_norm(qg[:, :, 0]), self.k_norm(k.reshape(T, nkv, hd))], dim=1)  # (T, nh + nkv, hd)
         qk = rotate_(qk, rope)
-        o = attn.backend.forward(self.kv_index, qk[:, :nh], qk[:, nh:], v.reshape(T, nkv, hd),
-                                 attn.kv_caches[self.kv_index], attn.metadata, self.scale)
+        o = attn.backend.forward(self.layer_idx, qk[:, :nh], qk[:, nh:], v.reshape(T, nkv, hd),
+                                 attn.kv_caches[self.layer_idx], attn.metadata, self.scale)
         o = o.reshape(T, nh, hd) * torch.sigmoid(qg[:, :, 1])
         return self.o_proj(o.reshape(T, nh * hd))
 
