@@ -38,6 +38,10 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = True) -
                         "when big batches run on oneDNN, else 512)")
     g.add_argument("--block-size", type=int, default=EngineConfig.block_size, help="tokens per KV block")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable automatic prefix caching")
+    g.add_argument("--state-checkpoints", type=int, default=None, metavar="N",
+                   help="models with recurrent layers (Qwen3.5, LFM2): recurrent states kept at block boundaries "
+                        "for prefix caching, from the KV cache's budget (default: as many as a quarter of it holds, "
+                        "at most --max-num-seqs; 0: none, prefix caching off for such a model)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     g.add_argument("--dtype", default="auto",
                    help="auto (bf16 on CUDA and on CPUs with AMX, else fp32), float32, bfloat16, float16")
@@ -75,7 +79,8 @@ def engine_config_from_args(args: argparse.Namespace, model: str | None = None) 
     return EngineConfig(
         model=model or args.model, max_model_len=args.max_model_len, kv_cache_memory=parse_size(args.kv_cache_memory),
         block_size=args.block_size, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=not args.no_prefix_caching, device=args.device, dtype=args.dtype, seed=args.seed,
+        enable_prefix_caching=not args.no_prefix_caching, state_checkpoints=getattr(args, "state_checkpoints", None),
+        device=args.device, dtype=args.dtype, seed=args.seed,
         num_threads=args.num_threads, quantization=None if args.quantization == "auto" else args.quantization,
         dense_copy=args.dense_copy, speculative_config=SpeculativeConfig.parse(args.speculative_config),
         chat_template=getattr(args, "chat_template", None),

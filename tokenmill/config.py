@@ -155,6 +155,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None  # None: the platform's (compute.default_token_budget)
     enable_prefix_caching: bool = True
+    # a model with recurrent layers (Qwen3.5, LFM2): states kept at block boundaries for prefix caching
+    # (engine/state_cache.py); None: as many as a quarter of the KV cache's budget holds, at most max_num_seqs
+    state_checkpoints: int | None = None
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on CUDA and on CPUs with AMX, else fp32) | float32 | bfloat16 | float16
     seed: int = 0
@@ -184,6 +187,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.state_checkpoints is not None and self.state_checkpoints < 0:
+            raise ValueError(f"state_checkpoints must be at least 0, got {self.state_checkpoints}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

@@ -40,9 +40,11 @@ class MemoryPlan:
     draft_kv_bytes_per_token: int = 0
     # a model with recurrent layers (Qwen3.5's linear attention): each running sequence holds a state of
     # state_bytes_per_seq; num_state_slots of them come out of kv_cache_bytes first, and at most that many
-    # sequences run at once
+    # sequences run at once; num_state_checkpoints more hold states at block boundaries for prefix caching
+    # (engine/state_cache.py)
     state_bytes_per_seq: int = 0
     num_state_slots: int = 0
+    num_state_checkpoints: int = 0
 
     @property
     def max_blocks_per_decoding_seq(self) -> int:
@@ -70,7 +72,7 @@ class MemoryPlan:
 
     @property
     def state_bytes(self) -> int:
-        return self.num_state_slots * self.state_bytes_per_seq
+        return (self.num_state_slots + self.num_state_checkpoints) * self.state_bytes_per_seq
 
     def with_draft(self, draft: MemoryPlan) -> MemoryPlan:
         """This plan with a draft model beside the target (speculative decoding's draft_model): its weights
@@ -112,8 +114,10 @@ class MemoryPlan:
             f"KV cache: {format_size(self.num_blocks * self.kv_bytes_per_block)} -> {self.num_blocks} blocks = "
             f"{self.num_cache_tokens} tokens",
             *([f"recurrent state (linear-attention layers): {format_size(self.state_bytes_per_seq)} per sequence x "
-               f"{self.num_state_slots} sequences at once = {format_size(self.state_bytes)}, from the KV cache's "
-               "budget; no prefix caching (a state cannot be rebuilt from cached blocks)"]
+               f"({self.num_state_slots} sequences at once + {self.num_state_checkpoints} prefix-cache checkpoints) = "
+               f"{format_size(self.state_bytes)}, from the KV cache's budget"
+               + ("" if self.num_state_checkpoints else "; no prefix caching (a state cannot be rebuilt from cached "
+                  "blocks without a checkpoint of it)")]
               if self.state_bytes_per_seq else []),
             f"max_model_len {self.max_model_len}: {self.max_full_length_seqs:.1f} sequences of full length fit at once",
             *([f"sliding window {self.sliding_window} on every layer: a decoding sequence holds at most "
@@ -213,18 +217,23 @@ def kv_bytes_for_gpu_share(share: float, total: int, free: int, weight_bytes: in
 
 def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cache_bytes: int,
               max_model_len: int, matrices: list[tuple[int, int, str]] | None = None,
-              max_chunk_tokens: int = 0, max_num_seqs: int = 1) -> MemoryPlan:
-    """The plan of `_weights_and_cache`, then, for a model with recurrent layers, the states of up to
-    max_num_seqs sequences taken from the KV cache's budget first: as many as leave the cache one sequence of
-    max_model_len (at least one)."""
+              max_chunk_tokens: int = 0, max_num_seqs: int = 1, state_checkpoints: int | None = None) -> MemoryPlan:
+    """The plan of `_weights_and_cache`, then, for a model with recurrent layers, states taken from the KV cache's
+    budget first: `state_checkpoints` for prefix caching (None: as many as a quarter of the budget holds, at most
+    max_num_seqs; 0: prefix caching is off), then those of up to max_num_seqs running sequences, as many as leave
+    the cache one sequence of max_model_len (at least one, checkpoints given up for it)."""
     plan = _weights_and_cache(cfg, compute, block_size, kv_cache_bytes, max_model_len, matrices, max_chunk_tokens)
     per_seq = cfg.recurrent_state_bytes()
     if not per_seq:
         return plan
     one_seq = (-(-plan.max_seq_tokens // block_size) + 1) * plan.kv_bytes_per_block
-    slots = max(1, min(max_num_seqs, (kv_cache_bytes - one_seq) // per_seq))
-    blocks = max(0, kv_cache_bytes - slots * per_seq) // plan.kv_bytes_per_block
-    return dataclasses.replace(plan, num_blocks=blocks, state_bytes_per_seq=per_seq, num_state_slots=slots)
+    room = max(0, (kv_cache_bytes - one_seq) // per_seq)  # states that leave the cache one full-length sequence
+    ckpts = min(max_num_seqs, kv_cache_bytes // 4 // per_seq) if state_checkpoints is None else state_checkpoints
+    ckpts = max(0, min(ckpts, room - 1))
+    slots = max(1, min(max_num_seqs, room - ckpts))
+    blocks = max(0, kv_cache_bytes - (slots + ckpts) * per_seq) // plan.kv_bytes_per_block
+    return dataclasses.replace(plan, num_blocks=blocks, state_bytes_per_seq=per_seq, num_state_slots=slots,
+                               num_state_checkpoints=ckpts)
 
 
 def _weights_and_cache(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cache_bytes: int,

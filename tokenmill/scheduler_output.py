@@ -56,6 +56,18 @@ class CachedRequestData:
 
 
 @dataclass
+class StatePlan:
+    """A model with recurrent layers: how one request's recurrent state moves this step (engine/state_cache.py).
+    Its tokens [num_computed_tokens, ends[-1]) read the state in slot `src` (-1: zeros, it starts at token 0) and
+    are computed in segments: segment i ends at position ends[i] (ascending) and writes the state there into slot
+    dsts[i], which segment i + 1 reads."""
+
+    src: int
+    ends: list[int]
+    dsts: list[int]
+
+
+@dataclass
 class SchedulerOutput:
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
@@ -69,6 +81,8 @@ class SchedulerOutput:
     # a (G, ceil(V / 32)) int32 numpy array whose row g allows token t iff bit t % 32 of word t // 32 is set
     structured_output_request_ids: dict[str, int] = field(default_factory=dict)
     grammar_bitmask: Any = None  # numpy.ndarray | None (numpy, not torch: the contract stays torch-free)
+    # a model with recurrent layers: every scheduled request's state moves (slots of the workers' state pool)
+    state_plans: dict[str, StatePlan] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -190,7 +190,45 @@ def assert_state_across_steps(base: LLM, path: str, engine: dict[str, Any], ids:
             if out.finished:
                 done[out.request_id] = out.outputs[0].token_ids
     assert [done[f"a{i}"] for i in range(3)] + [done[f"b{i}"] for i in range(len(ids) - 3)] == batched
-    assert eng.executor.worker.runner.states.num_used == 0
+    assert eng.state_cache is not None and eng.state_cache.num_running == 0
+    eng.state_cache.check()
+
+
+def assert_prefix_cache_exact(path: str, engine: dict[str, Any], ids: list[list[int]]) -> None:
+    """A model with recurrent layers at fp32: prompts that restart from a checkpoint of the state (a repeated prompt,
+    prompts sharing a first part, the next turn of a chat built on the first's answer, batched or one by one) give
+    the greedy tokens of an engine without prefix caching, and each of them longer than a block did restart past
+    its first block."""
+    from tokenmill import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    cold = LLM(path, **{**engine, "enable_prefix_caching": False})
+    assert not cold.engine.prefix_caching
+    warm = LLM(path, **engine)
+    eng = warm.engine
+    assert eng.prefix_caching and eng.plan.num_state_checkpoints > 0
+    shared = ids[1][:24]  # a common first part (a system prompt), then different tails
+    tails = [shared + p[:9] for p in ids]
+    first = [o.outputs[0].token_ids for o in warm.generate(ids, params)]
+    warm.generate(tails[:1], params)  # the second prompt of the common first part: checkpointed where it diverged
+    turns = [p + out + p[3:10] for p, out in zip(ids, first)]  # each chat's next turn
+    later = ids + tails[1:] + turns
+    want = [o.outputs[0].token_ids for o in cold.generate(later, params)]
+    hits0 = eng.block_manager.num_hits
+    got = []
+    for i, p in enumerate(later):  # one by one, so each restores what the ones before it left
+        eng.add_request(f"p{i}", p, params)
+        req = eng.scheduler.waiting[-1]
+        while eng.has_unfinished_requests():
+            outs = eng.step()
+        got.append(outs[0].outputs[0].token_ids)
+        if len(p) > eng.config.block_size:  # a prompt of one block or less has nothing to restart from
+            assert req.num_cached_tokens >= eng.config.block_size, f"prompt {i} ({len(p)} tokens) restored nothing"
+    assert got == want
+    assert [o.outputs[0].token_ids for o in warm.generate(later, params)] == want  # batched, the cache warm
+    assert eng.block_manager.num_hits > hits0 and eng.state_cache is not None
+    eng.state_cache.check()
+    assert eng.state_cache.num_running == 0
 
 
 def close_gguf(w: Any, path: Path) -> Path:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import (assert_state_across_steps, close_gguf, hf_reference, prompt_logits, ref_logits,
-                         save_with_tokenizer, texts)
+from raw_forward import (assert_prefix_cache_exact, assert_state_across_steps, close_gguf, hf_reference,
+                         prompt_logits, ref_logits, save_with_tokenizer, texts)
 
 from tokenmill import LLM, SamplingParams
 
@@ -193,6 +193,10 @@ def test_state_across_steps(lfm2: dict[str, Any]) -> None:
     assert_state_across_steps(lfm2["engines"]["hf"], str(lfm2["tmp"] / "hf"), ENGINE, ids, 36 * 16 * 2 * 2 * 2 * 16 * 4)
 
 
+def test_prefix_cache_restores_states_exactly(lfm2: dict[str, Any]) -> None:
+    assert_prefix_cache_exact(str(lfm2["tmp"] / "hf"), ENGINE, lfm2["ids"])
+
+
 def test_n_samples_compute_their_own_prompt(lfm2: dict[str, Any]) -> None:
     """n > 1 over prompts longer than a block (16 tokens): every greedy sample equals transformers'."""
     llm = lfm2["engines"]["hf"]
@@ -213,7 +217,7 @@ def test_speculative_decoding_is_refused_and_the_plan_counts_states(lfm2: dict[s
     assert cfg.recurrent_state_bytes() == 3 * 4 * 64 * 2
     assert eng.plan.num_state_slots == eng.max_num_seqs and eng.plan.state_bytes > 0
     assert cfg.kv_bytes_per_token(4) == 2 * 2 * 2 * 16 * 4  # two attention layers' K and V
-    assert not eng.prefix_caching
+    assert eng.prefix_caching and eng.plan.num_state_checkpoints > 0
 
 
 def test_parameter_count_matches_transformers(lfm2: dict[str, Any]) -> None:

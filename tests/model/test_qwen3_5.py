@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import (add_hparams, assert_state_across_steps, close_gguf, hf_reference, prompt_logits,
-                         ref_logits, save_with_tokenizer, texts)
+from raw_forward import (add_hparams, assert_prefix_cache_exact, assert_state_across_steps, close_gguf,
+                         hf_reference, prompt_logits, ref_logits, save_with_tokenizer, texts)
 
 from tokenmill import LLM, SamplingParams
 
@@ -223,14 +223,20 @@ def test_state_across_steps(q35: dict[str, Any]) -> None:
     assert_state_across_steps(q35["engines"]["hf"], str(q35["tmp"] / "hf"), ENGINE, ids, 36 * 16 * 2 * 2 * 32 * 4)
 
 
+def test_prefix_cache_restores_states_exactly(q35: dict[str, Any]) -> None:
+    assert_prefix_cache_exact(str(q35["tmp"] / "hf"), ENGINE, q35["ids"])
+
+
 def test_n_samples_compute_their_own_prompt(q35: dict[str, Any]) -> None:
-    """n > 1 over prompts longer than a block: every greedy sample equals transformers' (a sibling shares no
-    blocks: its state must cover its whole prompt), and seeded samples repeat."""
+    """n > 1 over prompts longer than a block: every greedy sample equals transformers' (a sibling restarts from
+    the checkpoint of the leader's prompt, its state must cover the rest), and seeded samples repeat."""
     llm = q35["engines"]["hf"]
     for ids in (q35["ids"][1], q35["ids"][2][:17]):
         want = hf_reference(q35["model"], ids, 12)[1]
         greedy = SamplingParams(temperature=0, max_tokens=12, n=3, ignore_eos=True)
+        restored = llm.engine.state_cache.num_restored
         assert [c.token_ids for c in llm.generate([ids], greedy)[0].outputs] == [want] * 3
+        assert llm.engine.state_cache.num_restored >= restored + 2  # the siblings restarted from the leader's
     params = SamplingParams(temperature=0.8, max_tokens=12, n=3, seed=7, ignore_eos=True)
     many = [c.token_ids for c in llm.generate([q35["ids"][1]], params)[0].outputs]
     assert len({tuple(t) for t in many}) > 1
@@ -238,18 +244,27 @@ def test_n_samples_compute_their_own_prompt(q35: dict[str, Any]) -> None:
 
 
 def test_a_sequence_without_its_state_is_refused() -> None:
-    """The pool's guard: a sequence first seen past position 0 (no state for its earlier tokens) is an error."""
+    """The guards: the state cache refuses a sequence admitted past token 0 without a checkpoint of its state, and
+    the pool a plan that does not cover the step's tokens; a plan's segments chain through their slots."""
+    from tokenmill.engine.request import Request
+    from tokenmill.engine.state_cache import StateCache
     from tokenmill.loader.model_config import ModelConfig
+    from tokenmill.scheduler_output import StatePlan
     from tokenmill.worker.recurrent_state import RecurrentStatePool
 
+    req = Request("b", list(range(20)), SamplingParams(max_tokens=4), 4)
+    req.num_computed_tokens = 16
+    with pytest.raises(RuntimeError, match="without a checkpoint"):
+        StateCache(2, 2, 16).admit(req)
     cfg = ModelConfig("qwen3_5", 16, 8, 8, 2, 1, 1, 8, 1e-6, 1e4, 64, False, layer_types=("linear_attention",
                       "full_attention"), linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=4,
                       linear_value_head_dim=4, linear_conv_kernel=4)
-    pool = RecurrentStatePool(cfg, 2, torch.device("cpu"))
-    pool.step([("a", 0, 3, 0)])
-    assert pool.step([("a", 0, 1, 3)]).seqs[0].fresh is False  # continues its own state
-    with pytest.raises(RuntimeError, match="without the recurrent state"):
-        pool.step([("b", 0, 1, 16)])
+    pool = RecurrentStatePool(cfg, 3, torch.device("cpu"))
+    with pytest.raises(ValueError, match="does not cover"):
+        pool.step([(0, 3, 0, StatePlan(-1, [2], [0]))])
+    seqs = pool.step([(0, 1, 7, StatePlan(2, [8], [2])), (1, 3, 0, StatePlan(-1, [2, 3], [1, 0]))]).seqs
+    assert [(s.read_slot, s.slot, s.q_start, s.q_len, s.fresh) for s in seqs] == [
+        (2, 2, 0, 1, False), (1, 1, 1, 2, True), (1, 0, 3, 1, False)]
 
 
 def test_vl_checkpoint_layout_loads(q35: dict[str, Any], tmp_path: Path) -> None:
@@ -303,7 +318,7 @@ def test_speculative_decoding_is_refused_and_the_plan_counts_states(q35: dict[st
     assert eng.plan.num_state_slots == eng.max_num_seqs and eng.plan.state_bytes > 0
     assert any("recurrent state" in line for line in eng.plan.lines())
     assert cfg.kv_bytes_per_token(4) == 2 * 1 * 2 * 32 * 4  # one attention layer's K and V
-    assert not eng.prefix_caching
+    assert eng.prefix_caching and eng.plan.num_state_checkpoints > 0
 
 
 # -- Qwen3.5 MoE -------------------------------------------------------------------------------------------
@@ -358,7 +373,8 @@ def test_plan_advice_counts_the_states_and_refuses_speculation(q35: dict[str, An
     path = str(q35["gguf"])
     args = ["plan", path, "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "64"]
     assert main([*args, "--kv-cache-memory", "2MiB"]) == 0
-    advice = re.search(r"use --kv-cache-memory ([\d.]+) (\w+) \(their KV cache and recurrent states\)",
+    advice = re.search(r"use --kv-cache-memory ([\d.]+) (\w+) \(their KV cache and recurrent states, and 64 of the "
+                       r"prefix cache's checkpoints\)",
                        capsys.readouterr().out)
     assert advice is not None
     assert main([*args, "--kv-cache-memory", advice.group(1) + advice.group(2)]) == 0

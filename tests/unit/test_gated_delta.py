@@ -3,6 +3,8 @@ causal_conv1d_fn, torch_recurrent_gated_delta_rule / torch_chunk_gated_delta_rul
 
 A step packs several sequences on one token axis, with uncovered rows between them; state slots are taken out
 of order, fresh sequences' slots hold NaN garbage (which must not leak), and untouched slots must not change.
+Seqs may read one slot and write another (StateSeq.src), and one sequence may be cut into chained segments
+within a step: each checked against in-place runs on copies, and against runs that stop at each segment's end.
 Tolerances (fp32): the chunked form sums in another order than the token loop, measured errors ~1e-6.
 """
 
@@ -22,7 +24,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (  # noqa: E402
     torch_recurrent_gated_delta_rule,
 )
 
-from tokenmill.layers.gated_delta import StateSeq, causal_conv1d, gated_delta_rule  # noqa: E402
+from tokenmill.layers.gated_delta import StateSeq, causal_conv1d, chained, gated_delta_rule  # noqa: E402
 
 FP32: dict[str, Any] = dict(rtol=1e-4, atol=1e-5)
 BF16: dict[str, Any] = dict(rtol=1.6e-2, atol=1.6e-2)  # two bf16 ulps: ours rounds once, at the end
@@ -321,3 +323,176 @@ def test_consecutive_slots_in_place_equal_gathered_slots():
         results.append((o, y, torch.stack([ssm[s] for s in slots]), torch.stack([conv[s] for s in slots])))
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# src / dst slots and chained segments
+# ---------------------------------------------------------------------------------------------------------------
+
+NAN_EQ: dict[str, Any] = dict(rtol=0, atol=0, equal_nan=True)
+
+
+def in_place_copy(pool: torch.Tensor, seqs: list[StateSeq]) -> tuple[torch.Tensor, list[StateSeq]]:
+    """The same step done in place: a copy of the pool whose write slots hold the read slots' states (NaN when
+    fresh), and the seqs without src."""
+    ref = pool.clone()
+    for s in seqs:
+        ref[s.slot] = float("nan") if s.fresh else pool[s.read_slot]
+    return ref, [StateSeq(s.slot, s.q_start, s.q_len, s.fresh) for s in seqs]
+
+
+def test_src_dst_equals_in_place_on_a_copy():
+    """Reading src and writing slot gives the bits of the in-place run on a copy holding the src states in the write
+    slots: batched singles (consecutive src slots into consecutive dst slots; two reading one src; a fresh one whose
+    src holds NaN; one in place), longer ones (from a src, fresh from a NaN src, in place); src slots unchanged."""
+    torch.manual_seed(8)
+    Hk, Hv, dk, dv, C, K, S = 2, 4, 16, 8, 12, 4, 16
+    seqs = [StateSeq(8, 0, 1, False, src=2), StateSeq(9, 1, 1, False, src=3), StateSeq(10, 2, 1, False, src=4),
+            StateSeq(11, 3, 1, False, src=4), StateSeq(12, 4, 1, True, src=5), StateSeq(0, 5, 1, False),
+            StateSeq(13, 7, 20, False, src=6), StateSeq(14, 28, 70, True, src=7), StateSeq(1, 99, 5, False)]
+    T = 105
+    assert not any(chained(seqs))
+    q, k, v, g, beta = delta_inputs(T, Hk, Hv, dk, dv)
+    x, w = torch.randn(T, C), torch.randn(C, K)
+    ssm, conv = torch.randn(S, Hv, dk, dv) * 0.5, torch.randn(S, C, K - 1)
+    ssm[[5, 7]] = conv[[5, 7]] = float("nan")
+    ssm_before, conv_before = ssm.clone(), conv.clone()
+    ssm_ref, ref_seqs = in_place_copy(ssm, seqs)
+    conv_ref, _ = in_place_copy(conv, seqs)
+
+    o = gated_delta_rule(q, k, v, g, beta, ssm, seqs, chunk_size=16)
+    y = causal_conv1d(x, w, conv, seqs)
+    o_ref = gated_delta_rule(q, k, v, g, beta, ssm_ref, ref_seqs, chunk_size=16)
+    y_ref = causal_conv1d(x, w, conv_ref, ref_seqs)
+
+    assert o.isfinite().all() and y.isfinite().all()
+    torch.testing.assert_close(o, o_ref, **NAN_EQ)
+    torch.testing.assert_close(y, y_ref, **NAN_EQ)
+    dst = [s.slot for s in seqs]
+    torch.testing.assert_close(ssm[dst], ssm_ref[dst], **NAN_EQ)
+    torch.testing.assert_close(conv[dst], conv_ref[dst], **NAN_EQ)
+    keep = [i for i in range(S) if i not in dst]  # the src slots 2..7 among them
+    torch.testing.assert_close(ssm[keep], ssm_before[keep], **NAN_EQ)
+    torch.testing.assert_close(conv[keep], conv_before[keep], **NAN_EQ)
+    # and against the reference for the sequences read from a src
+    for s in seqs[:3] + seqs[6:8]:
+        rows = slice(s.q_start, s.q_start + s.q_len)
+        s0 = torch.zeros(Hv, dk, dv) if s.fresh else ssm_before[s.read_slot]
+        ref_out, ref_state = ref_delta(q[rows], k[rows], v[rows], g[rows], beta[rows], s0)
+        torch.testing.assert_close(o[rows], ref_out, **FP32)
+        torch.testing.assert_close(ssm[s.slot], ref_state, **FP32)
+
+
+@pytest.mark.parametrize("cuts", [[1, 39], [1, 1, 30, 8], [17, 1, 22], [5, 33, 1, 1], [20, 20]])
+@pytest.mark.parametrize("fresh", [False, True])
+def test_chained_segments_equal_one_segment(cuts, fresh):
+    """One 40-token sequence cut into chained segments in one call (segment i reads the slot segment i-1 wrote,
+    starting from a checkpoint slot, or fresh), among independent decodes and a prompt: every row and the final
+    state are those of the whole sequence as one segment, each segment's slot holds the state a call stopping at
+    that segment's end leaves, the checkpoint slot is unchanged, and the independent seqs are unaffected."""
+    torch.manual_seed(9 + len(cuts))
+    Hk, Hv, dk, dv, C, K, S, L = 2, 4, 16, 8, 10, 4, 12, 40
+    src0, dsts = 5, [6 + i for i in range(len(cuts))]
+    others = [StateSeq(0, 0, 1, False), StateSeq(1, 1, 1, False, src=4), StateSeq(2, 2, 7, True)]
+    c0 = 9  # the chain's rows: [9, 49)
+    chain, pos, src = [], 0, src0
+    for n, d in zip(cuts, dsts):
+        chain.append(StateSeq(d, c0 + pos, n, fresh and pos == 0, src=src))
+        src, pos = d, pos + n
+    tail = [StateSeq(3, c0 + L, 1, False)]  # a decode after them
+    seqs, T = others + chain + tail, c0 + L + 1
+    assert chained(seqs) == [False] * 3 + [False] + [True] * (len(cuts) - 1) + [False]
+    q, k, v, g, beta = delta_inputs(T, Hk, Hv, dk, dv)
+    x, w = torch.randn(T, C), torch.randn(C, K)
+    ssm, conv = torch.randn(S, Hv, dk, dv) * 0.5, torch.randn(S, C, K - 1)
+    ssm[dsts] = conv[dsts] = float("nan")  # a read of a segment's slot before its write shows
+    ssm_before, conv_before = ssm.clone(), conv.clone()
+
+    o = gated_delta_rule(q, k, v, g, beta, ssm, seqs, chunk_size=16)
+    y = causal_conv1d(x, w, conv, seqs)
+
+    rows = slice(c0, c0 + L)
+
+    def prefix(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The chain's first n tokens alone, one segment from the checkpoint into slot 0 of fresh pools:
+        (outputs, state, conv outputs, conv state)."""
+        one = [StateSeq(0, 0, n, fresh, src=1)]
+        r = slice(c0, c0 + n)
+        p_ssm, p_conv = torch.full((2, Hv, dk, dv), float("nan")), torch.full((2, C, K - 1), float("nan"))
+        p_ssm[1], p_conv[1] = ssm_before[src0], conv_before[src0]
+        po = gated_delta_rule(q[r], k[r], v[r], g[r], beta[r], p_ssm, one, chunk_size=16)
+        py = causal_conv1d(x[r], w, p_conv, one)
+        return po, p_ssm[0], py, p_conv[0]
+
+    whole_o, whole_s, whole_y, whole_c = prefix(L)
+    torch.testing.assert_close(o[rows], whole_o, **FP32)
+    torch.testing.assert_close(y[rows], whole_y, **FP32)
+    torch.testing.assert_close(ssm[dsts[-1]], whole_s, **FP32)
+    torch.testing.assert_close(conv[dsts[-1]], whole_c, **FP32)
+    end = 0
+    for n, d in zip(cuts, dsts):
+        end += n
+        _, s_end, _, c_end = prefix(end)
+        torch.testing.assert_close(ssm[d], s_end, **FP32)
+        torch.testing.assert_close(conv[d], c_end, **FP32)
+    torch.testing.assert_close(ssm[src0], ssm_before[src0], **NAN_EQ)
+    torch.testing.assert_close(conv[src0], conv_before[src0], **NAN_EQ)
+    # the independent seqs: what a call without the chain gives (not always its bits: the batched conv's sum may
+    # round otherwise in another batch)
+    alone = others + tail
+    a_ssm, a_conv = ssm_before.clone(), conv_before.clone()
+    a_o = gated_delta_rule(q, k, v, g, beta, a_ssm, alone, chunk_size=16)
+    a_y = causal_conv1d(x, w, a_conv, alone)
+    for s in alone:
+        r = slice(s.q_start, s.q_start + s.q_len)
+        torch.testing.assert_close(o[r], a_o[r], **FP32)
+        torch.testing.assert_close(y[r], a_y[r], **FP32)
+        torch.testing.assert_close(ssm[s.slot], a_ssm[s.slot], **FP32)
+        torch.testing.assert_close(conv[s.slot], a_conv[s.slot], **FP32)
+
+
+def test_chained_single_reads_the_state_written_before_it():
+    """Control: two one-token segments in one call (the second chained on the first, both singles) give what two
+    calls in turn give, which differs from the second reading its slot's old (finite) contents, as it would in
+    the batched path beside the first."""
+    torch.manual_seed(10)
+    Hk, Hv, dk, dv, C, K = 2, 4, 16, 8, 10, 4
+    q, k, v, g, beta = delta_inputs(2, Hk, Hv, dk, dv)
+    x, w = torch.randn(2, C), torch.randn(C, K)
+    ssm, conv = torch.randn(4, Hv, dk, dv) * 0.5, torch.randn(4, C, K - 1)
+    seqs = [StateSeq(2, 0, 1, False, src=1), StateSeq(3, 1, 1, False, src=2)]
+    assert chained(seqs) == [False, True]
+
+    def run(seqs_: list[StateSeq], ssm_: torch.Tensor, conv_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return gated_delta_rule(q, k, v, g, beta, ssm_, seqs_), causal_conv1d(x, w, conv_, seqs_)
+
+    one_ssm, one_conv = ssm.clone(), conv.clone()
+    o, y = run(seqs, one_ssm, one_conv)
+    two_ssm, two_conv = ssm.clone(), conv.clone()
+    o1, y1 = run(seqs[:1], two_ssm, two_conv)
+    o2, y2 = run(seqs[1:], two_ssm, two_conv)
+    stale_o, stale_y = run(seqs[1:], ssm.clone(), conv.clone())  # slot 2 as it was before the call
+    torch.testing.assert_close(o, o1 + o2, **FP32)  # each call writes its row, zeros the other
+    torch.testing.assert_close(y, y1 + y2, **FP32)
+    torch.testing.assert_close(one_ssm, two_ssm, **FP32)
+    torch.testing.assert_close(one_conv, two_conv, **FP32)
+    assert (o[1] - stale_o[1]).abs().max() > 1e-3 and (y[1] - stale_y[1]).abs().max() > 1e-3
+
+
+def test_empty_seq_with_a_src_copies_its_state():
+    """q_len 0 and src != slot: the write slot gets the src state (zeros when fresh), which a chained seq reads."""
+    torch.manual_seed(12)
+    Hk, Hv, dk, dv, C, K = 1, 2, 8, 4, 5, 4
+    q, k, v, g, beta = delta_inputs(3, Hk, Hv, dk, dv)
+    x, w = torch.randn(3, C), torch.randn(C, K)
+    ssm, conv = torch.randn(4, Hv, dk, dv), torch.randn(4, C, K - 1)
+    seqs = [StateSeq(1, 0, 0, False, src=0), StateSeq(2, 0, 3, False, src=1), StateSeq(3, 3, 0, True, src=0)]
+    ref_ssm, ref_conv = ssm.clone(), conv.clone()
+    o = gated_delta_rule(q, k, v, g, beta, ssm, seqs)
+    y = causal_conv1d(x, w, conv, seqs)
+    ref_o = gated_delta_rule(q, k, v, g, beta, ref_ssm, [StateSeq(2, 0, 3, False, src=0)])
+    ref_y = causal_conv1d(x, w, ref_conv, [StateSeq(2, 0, 3, False, src=0)])
+    torch.testing.assert_close(o, ref_o, rtol=0, atol=0)
+    torch.testing.assert_close(y, ref_y, rtol=0, atol=0)
+    assert torch.equal(ssm[1], ssm[0]) and torch.equal(conv[1], conv[0]) and torch.equal(ssm[2], ref_ssm[2])
+    assert ssm[3].eq(0).all() and conv[3].eq(0).all()

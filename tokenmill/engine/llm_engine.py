@@ -21,6 +21,7 @@ from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.engine.scheduler import Scheduler, SchedulerConfig
 from tokenmill.engine.spec_decode import SpecDecoder
+from tokenmill.engine.state_cache import StateCache
 from tokenmill.engine.stop_checker import StopChecker
 from tokenmill.loader.model_source import ModelSource, resolve_model
 from tokenmill.memory_plan import MemoryPlan, dense_copy_bytes, make_plan
@@ -113,7 +114,8 @@ class LLMEngine:
                                        default_token_budget(self.platform.device.type, self.platform.compute))
         self.plan: MemoryPlan = make_plan(cfg, self.platform.compute, config.block_size, kv_bytes, self.max_model_len,
                                          matrices, max_chunk_tokens=self.max_num_batched_tokens,
-                                         max_num_seqs=config.max_num_seqs)
+                                         max_num_seqs=config.max_num_seqs,
+                                         state_checkpoints=config.state_checkpoints if config.enable_prefix_caching else 0)
         if cfg.linear_layers:
             self._check_recurrent(config)
         draft = self._draft_config(config, kv_bytes)
@@ -129,17 +131,21 @@ class LLMEngine:
             dense_copy=compute.dense_copy, attention_backend=backend,
             decode_mirror_bytes=mirror_bytes, num_blocks=self.plan.num_blocks,
             max_model_len=self.max_model_len, eog_token_ids=frozenset(self.tokenizer.eog_token_ids),
-            progress=progress, draft=draft, num_state_slots=self.plan.num_state_slots))
+            progress=progress, draft=draft,
+            num_state_slots=self.plan.num_state_slots + self.plan.num_state_checkpoints))
         num_blocks = self.executor.num_kv_blocks()
-        # a recurrent state cannot be rebuilt from cached blocks: such a model computes every prompt whole
-        self.prefix_caching = config.enable_prefix_caching and not cfg.linear_layers
+        # a recurrent state cannot be rebuilt from cached blocks: such a model reuses a prefix only as far as a
+        # checkpoint of its state reaches (engine/state_cache.py), and has none without checkpoints
+        self.prefix_caching = config.enable_prefix_caching and (not cfg.linear_layers or
+                                                                self.plan.num_state_checkpoints > 0)
         self.block_manager = BlockManager(num_blocks, config.block_size, self.prefix_caching)
         self.max_num_seqs = min(config.max_num_seqs, self.plan.num_state_slots or config.max_num_seqs)
+        self.state_cache = (StateCache(self.plan.num_state_slots, self.plan.num_state_checkpoints, config.block_size)
+                            if cfg.linear_layers else None)
         self.scheduler = Scheduler(
             SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_model_len,
-                            watermark_blocks=max(1, num_blocks // 100), sliding_window=cfg.uniform_window,
-                            recurrent_state=bool(cfg.linear_layers)),
-            self.block_manager)
+                            watermark_blocks=max(1, num_blocks // 100), sliding_window=cfg.uniform_window),
+            self.block_manager, self.state_cache)
         # the one input path (render, tokenize, truncate, validate), shared with `LLM` and the server
         self.input_processor = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -165,9 +171,13 @@ class LLMEngine:
         if config.speculative_config is not None:
             raise ValueError(f"speculative decoding is not supported for {self.source.name}: its recurrent layers "
                              "(linear attention, short convolutions) keep a recurrent state that rejected drafts would have to roll back")
-        if config.enable_prefix_caching:
-            log.info("prefix caching is off for %s: its recurrent layers' state cannot be rebuilt from "
-                     "cached blocks", self.source.name)
+        if config.enable_prefix_caching and not self.plan.num_state_checkpoints:
+            log.warning("prefix caching is off for %s: its recurrent layers' state cannot be rebuilt from cached "
+                        "blocks, and the KV cache's budget holds no checkpoint of it (--state-checkpoints %s)",
+                        self.source.name, config.state_checkpoints)
+        elif config.state_checkpoints is not None and self.plan.num_state_checkpoints < config.state_checkpoints:
+            log.warning("--state-checkpoints %d: the KV cache's budget holds %d beside the running sequences' states",
+                        config.state_checkpoints, self.plan.num_state_checkpoints)
         if self.plan.num_state_slots < config.max_num_seqs:
             log.warning("recurrent state: %s per sequence; the KV cache's budget holds %d at once, so at most %d "
                         "sequences run at once (max_num_seqs %d; raise --kv-cache-memory for more)",

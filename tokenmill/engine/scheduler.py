@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from tokenmill.engine.block_manager import LEFT_WINDOW, BlockManager
 from tokenmill.engine.request import Request, RequestStatus
+from tokenmill.engine.state_cache import StateCache
 from tokenmill.scheduler_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
@@ -38,15 +39,15 @@ class SchedulerConfig:
     max_model_len: int
     watermark_blocks: int = 0  # admit new requests only while this many blocks stay free
     sliding_window: int = 0  # W > 0: every layer windowed by W, blocks that leave the window are freed
-    # a model with recurrent layers (Qwen3.5): a sequence's state covers only the tokens it computed, so it reuses
-    # no blocks (an n > 1 sibling computes its prompt itself; prefix caching is off in the block manager)
-    recurrent_state: bool = False
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, states: StateCache | None = None) -> None:
+        """states: a model with recurrent layers' state slots (engine/state_cache.py); its running sequences are
+        at most its private slots, and a cached prefix is reused only as far as a checkpoint of the state reaches."""
         self.config = config
         self.bm = block_manager
+        self.states = states
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
@@ -72,6 +73,8 @@ class Scheduler:
                 pass
         req.status = status
         self.bm.free(req)
+        if self.states is not None:
+            self.states.release(req)
         self.requests.pop(req.request_id, None)
         if req.is_known_to_workers:
             self._finished_req_ids.add(req.request_id)
@@ -88,6 +91,8 @@ class Scheduler:
     def _preempt(self, victim: Request) -> None:
         self.running.remove(victim)
         self.bm.free(victim)
+        if self.states is not None:
+            self.states.release(victim)
         victim.num_computed_tokens = 0
         victim.num_sent_blocks = 0  # re-admitted: the workers get its whole new block table
         victim.spec_token_ids = []
@@ -142,7 +147,12 @@ class Scheduler:
                 if leader is not None and not leader.is_finished and leader.num_computed_tokens < leader.num_prompt_tokens:
                     skipped.append(self.waiting.popleft())  # wait for the sibling's prefill, let others by
                     continue
-                shared, from_cache = self._shared_prefix(req)
+                restore, diverged_at = -1, 0
+                if self.states is not None:
+                    shared, restore, diverged_at = self._restorable_prefix(req)
+                    from_cache = bool(self.bm.enable_prefix_caching)
+                else:
+                    shared, from_cache = self._shared_prefix(req)
                 req.num_computed_tokens = len(shared) * self.bm.block_size
                 if self.config.sliding_window:  # hits the window no longer reaches are not taken at all
                     unread = (req.num_computed_tokens - self.config.sliding_window + 1) // self.bm.block_size
@@ -153,6 +163,8 @@ class Scheduler:
                     break
                 self.waiting.popleft()
                 self.bm.allocate(req, num_new, shared)
+                if self.states is not None:
+                    self.states.admit(req, restore, diverged_at)
                 if from_cache:
                     self.bm.record_query(req.num_tokens, req.num_computed_tokens)
                 if req.first_scheduled_time is None:
@@ -171,8 +183,6 @@ class Scheduler:
         """Blocks req can reuse: a prefilled sibling's full prompt blocks (n > 1), else prefix-cache hits.
         The flag says whether they came from the cache. A request that wants prompt logprobs computes its
         whole prompt (as vLLM does); its full blocks still go into the cache for others."""
-        if self.config.recurrent_state:
-            return [], False
         leader = req.fork_of
         if leader is not None and not leader.is_finished and leader.status is RequestStatus.RUNNING:
             n_full = min(leader.num_computed_tokens, req.num_tokens - 1) // self.bm.block_size
@@ -183,10 +193,23 @@ class Scheduler:
             return [], False  # cached blocks hold KV, not the logits the prompt's logprobs come from
         return self.bm.find_cached_prefix(req), True
 
-    @staticmethod
-    def _emit(out: SchedulerOutput, req: Request, num_new: int) -> None:
+    def _restorable_prefix(self, req: Request) -> tuple[list[int], int, int]:
+        """A model with recurrent layers: the cached KV blocks req can take, up to the longest prefix with a
+        checkpoint of the state (StateCache.find), that checkpoint's slot (-1: none) and where its prompt left the
+        cached blocks if that is further (0: it is not), a place to take a checkpoint for the next such request.
+        n > 1 siblings find the leader's prompt checkpoint once it has prefilled; prompt logprobs take nothing."""
+        assert self.states is not None
+        if req.sampling_params.prompt_logprobs is not None:
+            return [], -1, 0
+        hits = self.bm.find_cached_prefix(req)
+        j, slot = self.states.find(req, len(hits))
+        return hits[:j], slot, (len(hits) * self.bm.block_size if len(hits) > j else 0)
+
+    def _emit(self, out: SchedulerOutput, req: Request, num_new: int) -> None:
         """Put req's share of the step into the contract: all of it the first time, deltas after."""
         out.num_scheduled_tokens[req.request_id] = num_new
+        if self.states is not None:
+            out.state_plans[req.request_id] = self.states.plan(req, num_new)
         if not req.is_known_to_workers:
             out.new_reqs.append(NewRequestData(
                 req.request_id, list(req.prompt_token_ids), req.output_token_ids, req.sampling_params, req.seed,
@@ -223,6 +246,9 @@ class Scheduler:
                     req.first_token_time = now
                 updated.append(req)
             self.bm.cache_full_blocks(req)
+            if self.states is not None:
+                self.bm.compute_block_hashes(req)  # a checkpoint is keyed by its last block's hash
+                self.states.update(req)
             if self.config.sliding_window:
                 self.bm.free_outside_window(req, self.config.sliding_window)
         return updated

@@ -43,7 +43,7 @@ def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int
 def plan_model(model: str, device: str, dtype: str, quantization: str | None, block_size: int, kv_bytes: int,
                max_model_len: int | None, max_chunk_tokens: int | None,
                spec: SpeculativeConfig | None = None, dense_copy: str = "auto",
-               max_num_seqs: int = 64) -> tuple[ModelConfig, int, MemoryPlan]:
+               max_num_seqs: int = 64, state_checkpoints: int | None = None) -> tuple[ModelConfig, int, MemoryPlan]:
     """(config, bytes on disk, memory plan) of a model from its header, as the engine will plan it: the
     compute rule serve uses (the CPU's flags, whether ggml is built here), and a draft model's weights and
     KV cache when `spec` names one. `device`: "cpu" or "cuda"; max_model_len None: the model's context."""
@@ -66,7 +66,8 @@ def plan_model(model: str, device: str, dtype: str, quantization: str | None, bl
         compute.dense_copy and compute.dtype == "bfloat16", 16 if vnni16 else 0))
     max_len = max_model_len or cfg.max_position_embeddings
     max_chunk_tokens = max_chunk_tokens or default_token_budget(device, compute)
-    plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens, max_num_seqs)
+    plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens, max_num_seqs,
+                     state_checkpoints)
     if spec is not None and spec.method == "draft_model" and spec.model:
         dcfg, _, dkind, dmatrices = read_model_config(spec.model)
         dquant = quantization if spec.quantization is None else (
@@ -82,6 +83,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", default=None, help="e.g. 2GiB (default: what serve would pick here)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--state-checkpoints", type=int, default=None, metavar="N",
+                   help="as for serve: a recurrent model's states kept for prefix caching (default: a quarter of the "
+                        "KV cache's budget, at most --max-num-seqs)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="as for serve: a prefill chunk's most (what a sliding-window sequence adds to its window)")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES])
@@ -99,7 +103,8 @@ def run_plan(args: argparse.Namespace) -> int:
         kv = parse_size(args.kv_cache_memory)
         EngineConfig(max_model_len=args.max_model_len, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                      max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=kv, dtype=args.dtype,
-                     quantization=args.quantization, dense_copy=args.dense_copy)
+                     quantization=args.quantization, dense_copy=args.dense_copy,
+                     state_checkpoints=args.state_checkpoints)
         if args.seq_len is not None and args.seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {args.seq_len}")
     except ValueError as e:
@@ -114,7 +119,7 @@ def run_plan(args: argparse.Namespace) -> int:
     cfg, disk_bytes, plan = plan_model(args.model, args.device, args.dtype, args.quantization, args.block_size, kv,
                                        args.max_model_len, args.max_num_batched_tokens,
                                        SpeculativeConfig.parse(args.speculative_config), args.dense_copy,
-                                       args.max_num_seqs)
+                                       args.max_num_seqs, args.state_checkpoints)
     max_len = plan.max_model_len
     seq_len = args.seq_len or max_len
     print(f"model: {cfg.name or args.model} ({cfg.architecture}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
@@ -145,10 +150,15 @@ def run_plan(args: argparse.Namespace) -> int:
               "layers keep a recurrent state that rejected drafts would have to roll back.")
         return 1
     if fit < args.max_num_seqs:
+        # a recurrent model's prefix-cache checkpoints: as asked, else up to max_num_seqs (a quarter of the budget)
+        ckpts = args.max_num_seqs if args.state_checkpoints is None else args.state_checkpoints
+        need = (args.max_num_seqs * (per_seq_blocks * plan.kv_bytes_per_block + plan.state_bytes_per_seq)
+                + ckpts * plan.state_bytes_per_seq)
         print(f"verdict: works. At most {fit} sequences of {seq_len} tokens run at once; with more, requests "
               f"wait or are preempted (recompute). For {args.max_num_seqs} at once use --kv-cache-memory "
-              f"{format_size(_rounded_up(args.max_num_seqs * (per_seq_blocks * plan.kv_bytes_per_block + plan.state_bytes_per_seq)))}"
-              + (" (their KV cache and recurrent states)." if plan.state_bytes_per_seq else "."))
+              f"{format_size(_rounded_up(need))}"
+              + (f" (their KV cache and recurrent states, and {ckpts} of the prefix cache's checkpoints)."
+                 if plan.state_bytes_per_seq else "."))
     else:
         print("verdict: works.")
     return 0

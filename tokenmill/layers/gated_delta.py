@@ -1,23 +1,35 @@
 """Gated DeltaNet ops (the linear-attention layers of Qwen3.5 / Qwen3-Next) over a step's flat token axis.
 
 A step's tokens lie on one axis of T rows holding several sequences back to back (`StateSeq`: rows
-[q_start, q_start + q_len)). Each sequence owns one slot of two state pools, updated in place:
+[q_start, q_start + q_len)). Each sequence's state lives in slots of two state pools:
 
 - conv pool (S, C, K-1): the last K-1 inputs of the depthwise causal conv (older first, zeros before the
   sequence's start). transformers' cache keeps K columns; the oldest never reaches an output, so K-1 suffice.
 - recurrent pool (S, Hv, dk, dv) float32: the delta-rule memory, read as o_t = S_t^T q_t.
 
+Source and destination: a seq reads its initial state from slot `read_slot` (`src`, or `slot` when src is None;
+zeros when fresh, src then not read) and writes its final state to slot `slot`; in place when they are equal, and
+when they differ the src slot is left unchanged (a snapshot of a prefix's state stays there). Chaining: a seq
+whose read slot is the write slot of an EARLIER seq of the list (and that is not fresh) is chained on it and sees
+that seq's written state, so one sequence's tokens may be split within a step into consecutive segments
+(segment 1 writes slot A, segment 2 reads A and writes B, ...).
+
 Per token t of a sequence (reference: transformers' torch_recurrent_gated_delta_rule, use_qk_l2norm_in_kernel):
     q = l2norm(q) * dk**-0.5,  k = l2norm(k),  l2norm(x) = x * rsqrt(sum(x^2) + 1e-6)
     S = exp(g) * S;  S = S + k (beta * (v - S^T k))^T;  o = S^T q
 
-Paths: every single-token sequence (decodes) goes through one batched update (index_select their slots,
-update, index_copy back; in place where their slots are consecutive); every longer one, one sequence at a time, through the chunked form: a scan over
-chunks of `chunk_size` tokens, each a few matmuls and one triangular solve (the UT transform), so memory stays
-O(chunk) whatever the length. Query/key heads are shared with value heads through broadcasting views, never
-repeated. Invariants the caller keeps: the seqs' row ranges do not overlap and lie inside [0, T); no slot
-appears twice in one call. Rows not covered by a seq come back as zeros. Arithmetic is float32 throughout
-(conv included); outputs are cast to the input's dtype once. No host syncs: CPU and CUDA run the same code.
+Paths: every unchained single-token sequence (decodes) goes through one batched update first (index_select their
+read slots, update, index_copy into their write slots; in place, through a view, where read slots == write slots
+and are consecutive); then every other one (longer ones, and chained ones whatever their length), one sequence at a
+time in list order, through the chunked form: a scan over chunks of `chunk_size` tokens, each a few matmuls and one
+triangular solve (the UT transform), so memory stays O(chunk) whatever the length. Query/key heads are shared with
+value heads through broadcasting views, never repeated. Invariants the caller keeps: the seqs' row ranges do not
+overlap and lie inside [0, T); no two seqs write the same slot; a slot one seq writes is read by no other seq but
+LATER ones chained on it (so no seq reads a slot a later seq writes, and running the unchained decodes first
+changes nothing). An empty seq (q_len 0) whose read slot is not its write slot copies its state over (zeros
+when fresh); an empty in-place one is skipped. Rows not covered by a seq come back as zeros. Arithmetic is
+float32 throughout (conv included); outputs are cast to the input's dtype once. No host syncs: CPU and CUDA run
+the same code.
 """
 
 from __future__ import annotations
@@ -33,12 +45,18 @@ L2NORM_EPS = 1e-6  # inside the rsqrt, as in FLA / transformers (not F.normalize
 
 @dataclass
 class StateSeq:
-    """One sequence's tokens in a step: rows [q_start, q_start + q_len) of the step's token axis, its state in
-    pool slot `slot`; fresh: the sequence starts here (position 0), so its state starts at zero (whatever the slot held)."""
-    slot: int
+    """One sequence's tokens in a step: rows [q_start, q_start + q_len) of the step's token axis; its state read
+    from pool slot `read_slot` (src, or `slot` when src is None: in place) and written, after its rows, to `slot`;
+    fresh: the sequence starts here (position 0), so its state starts at zero (src, or the slot, is not read)."""
+    slot: int  # the slot this sequence's state is written to after its rows
     q_start: int
     q_len: int
     fresh: bool
+    src: int | None = None  # the slot its state is read from; None: `slot`
+
+    @property
+    def read_slot(self) -> int:
+        return self.slot if self.src is None else self.src
 
 
 @dataclass
@@ -50,24 +68,55 @@ class RecurrentStep:
     ssm: Tensor
 
 
+def chained(seqs: list[StateSeq]) -> list[bool]:
+    """Per seq: whether it reads (not fresh) the slot that an earlier seq of the list writes, so it must run after
+    that one, never in a batch with it."""
+    written: set[int] = set()
+    out = []
+    for s in seqs:
+        out.append(not s.fresh and s.read_slot in written)
+        written.add(s.slot)
+    return out
+
+
 def _split(seqs: list[StateSeq]) -> tuple[list[StateSeq], list[StateSeq]]:
-    """(single-token seqs, longer seqs); empty ones dropped."""
-    return [s for s in seqs if s.q_len == 1], [s for s in seqs if s.q_len > 1]
+    """(unchained single-token seqs: the batched path; the others, in list order: the per-sequence path). Empty
+    seqs go to the second list, where one whose read slot is not its write slot copies its state over."""
+    singles: list[StateSeq] = []
+    loop: list[StateSeq] = []
+    for s, c in zip(seqs, chained(seqs)):
+        if s.q_len == 1 and not c:
+            singles.append(s)
+        elif s.q_len > 1 or c or s.read_slot != s.slot:
+            loop.append(s)
+    return singles, loop
 
 
 Index = Tensor | slice  # rows or slots: an index tensor, or a slice where they are consecutive (no copies)
 
 
-def _indices(singles: list[StateSeq], device: torch.device) -> tuple[Index, Index, Tensor | None]:
-    """(rows, slots, fresh mask or None when no seq is fresh) for single-token seqs, each (N,) or a slice: decodes
-    lead the step (rows 0..N-1) and a small batch often holds consecutive slots, so the state is then read and
-    updated in place rather than gathered and scattered."""
-    rows: Index = _consecutive([s.q_start for s in singles], device)
-    slots: Index = _consecutive([s.slot for s in singles], device)
-    fresh = None
-    if any(s.fresh for s in singles):
-        fresh = torch.tensor([s.fresh for s in singles], dtype=torch.bool, device=device)
-    return rows, slots, fresh
+class _Singles:
+    """The batched path's indices for N single-token seqs: rows, read and write slots, each (N,) or a slice (decodes
+    lead the step at rows 0..N-1, and a small batch often holds consecutive slots); fresh (N,) bool or None when
+    no seq is fresh. `in_place`: every seq reads the slot it writes, so the state is taken as a view of the pool
+    where the slots are consecutive, updated there, and the write-back is a no-op."""
+
+    def __init__(self, singles: list[StateSeq], device: torch.device) -> None:
+        reads, writes = [s.read_slot for s in singles], [s.slot for s in singles]
+        self.rows: Index = _consecutive([s.q_start for s in singles], device)
+        self.in_place = reads == writes
+        self.dst: Index = _consecutive(writes, device)
+        self.src: Index = self.dst if self.in_place else _consecutive(reads, device)
+        self.fresh = None
+        if any(s.fresh for s in singles):
+            self.fresh = torch.tensor([s.fresh for s in singles], dtype=torch.bool, device=device)
+
+    def read(self, pool: Tensor) -> Tensor:
+        """(N, ...) the seqs' states: a view into the pool when in place over consecutive slots, else a copy (so
+        updating it never touches a src slot)."""
+        if self.in_place:
+            return _take(pool, self.src)
+        return pool[self.src].clone() if isinstance(self.src, slice) else pool.index_select(0, self.src)
 
 
 def _consecutive(idx: list[int], device: torch.device) -> Index:
@@ -90,6 +139,14 @@ def _put(x: Tensor, idx: Index, src: Tensor) -> None:
         x.index_copy_(0, idx, src)
 
 
+def _copy_state(pool: Tensor, s: StateSeq) -> None:
+    """An empty seq: its write slot gets its initial state (the read slot's, or zeros when fresh)."""
+    if s.fresh:
+        pool[s.slot] = 0.0
+    else:
+        pool[s.slot] = pool[s.read_slot]
+
+
 def _output(like: Tensor, shape: tuple[int, ...], seqs: list[StateSeq], dtype: torch.dtype) -> Tensor:
     """The step's output buffer: zeros unless the seqs cover every row (they never overlap, so q_lens summing to T
     means all rows are written)."""
@@ -103,7 +160,8 @@ def _output(like: Tensor, shape: tuple[int, ...], seqs: list[StateSeq], dtype: t
 
 def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq], activation: bool = True) -> Tensor:
     """x (T, C) the step's inputs; weight (C, K) a depthwise kernel; state (S, C, K-1) the pool, each slot holding its
-    sequence's last K-1 inputs (older first; zeros before the sequence's start), updated in place for every seq.
+    sequence's last K-1 inputs (older first; zeros before the sequence's start): every seq reads its read slot and
+    writes its slot (the module docstring's src/dst and chaining).
     Returns SiLU(conv) (T, C) in x's dtype, or the conv itself without `activation` (LFM2's short conv). Rows of x
     not covered by any seq are returned as zeros."""
     T, C = x.shape
@@ -112,26 +170,30 @@ def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq]
         raise ValueError(f"causal_conv1d: x {tuple(x.shape)}, weight {tuple(weight.shape)}, state {tuple(state.shape)}")
     w = weight.float()
     out = _output(x, (T, C), seqs, x.dtype)
-    singles, longs = _split(seqs)
+    singles, loop = _split(seqs)
 
     if singles:  # one window per seq: (N, C, K) = [its K-1 saved inputs, the new one]
-        rows, slots, fresh = _indices(singles, x.device)
-        prev = _take(state, slots).float()  # (N, C, K-1): a copy, or a view into the pool (zeroing it is right)
-        if fresh is not None:
-            prev.masked_fill_(fresh[:, None, None], 0.0)
-        window = torch.cat([prev, _take(x, rows).float().unsqueeze(-1)], dim=-1)
+        ix = _Singles(singles, x.device)
+        # (N, C, K-1): a copy, or (in place) a view into the pool, whose fresh slots are then rightly zeroed
+        prev = ix.read(state).float()
+        if ix.fresh is not None:
+            prev.masked_fill_(ix.fresh[:, None, None], 0.0)
+        window = torch.cat([prev, _take(x, ix.rows).float().unsqueeze(-1)], dim=-1)
         y1 = (window * w).sum(-1)
-        _put(out, rows, (F.silu(y1) if activation else y1).to(out.dtype))
-        _put(state, slots, window[..., 1:].to(state.dtype))
+        _put(out, ix.rows, (F.silu(y1) if activation else y1).to(out.dtype))
+        _put(state, ix.dst, window[..., 1:].to(state.dtype))
 
     wt = w.t()  # (K, C): tap j multiplies the input K-1-j rows back
-    for s in longs:
+    for s in loop:  # in list order: a chained seq after the seq it reads from
         n, r0 = s.q_len, s.q_start
+        if n == 0:
+            _copy_state(state, s)
+            continue
         xs = x.new_empty(K - 1 + n, C, dtype=torch.float32)  # (K-1+L, C): left context, then the seq's inputs
         if s.fresh:
             xs[:K - 1] = 0.0
         else:
-            xs[:K - 1] = state[s.slot].t()
+            xs[:K - 1] = state[s.read_slot].t()
         xs[K - 1:] = x[r0:r0 + n]
         y = xs[:n] * wt[0]
         for j in range(1, K):
@@ -167,10 +229,11 @@ class _Heads:
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, seqs: list[StateSeq],
                      v_heads_tiled: bool = False, chunk_size: int = 64) -> Tensor:
-    """q, k (T, Hk, dk), v (T, Hv, dv), g (T, Hv) log-decay (<= 0), beta (T, Hv); state (S, Hv, dk, dv) float32 pool,
-    updated in place. q and k are l2-normalized (eps 1e-6) and q scaled by dk**-0.5 inside. Value head j reads
-    query/key head j // (Hv // Hk) (grouped, transformers' layout), or j % Hk when v_heads_tiled (llama.cpp's GGUF
-    layout, which permutes value heads to tiled order). Returns (T, Hv, dv) in v's dtype. All arithmetic in float32."""
+    """q, k (T, Hk, dk), v (T, Hv, dv), g (T, Hv) log-decay (<= 0), beta (T, Hv); state (S, Hv, dk, dv) float32 pool:
+    every seq reads its read slot and writes its slot (the module docstring's src/dst and chaining). q and k are
+    l2-normalized (eps 1e-6) and q scaled by dk**-0.5 inside. Value head j reads query/key head j // (Hv // Hk)
+    (grouped, transformers' layout), or j % Hk when v_heads_tiled (llama.cpp's GGUF layout, which permutes value
+    heads to tiled order). Returns (T, Hv, dv) in v's dtype. All arithmetic in float32."""
     T, Hk, dk = k.shape
     Hv, dv = v.shape[1:]
     if (q.shape != k.shape or v.shape[0] != T or g.shape != (T, Hv) or beta.shape != (T, Hv)
@@ -184,21 +247,26 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s
     kn = _l2norm(k.float())
     vf, gf, bf = v.float(), g.float(), beta.float()
     out = _output(v, (T, Hv, dv), seqs, v.dtype)
-    singles, longs = _split(seqs)
+    singles, loop = _split(seqs)
 
     if singles:
-        rows, slots, fresh = _indices(singles, v.device)
-        s = _take(state, slots)  # (N, Hv, dk, dv): a copy, or a view updated in place
-        if fresh is not None:
-            s.masked_fill_(fresh[:, None, None, None], 0.0)
+        ix = _Singles(singles, v.device)
+        rows = ix.rows
+        s = ix.read(state)  # (N, Hv, dk, dv): a copy, or (in place) a view updated there
+        if ix.fresh is not None:
+            s.masked_fill_(ix.fresh[:, None, None, None], 0.0)
         o = _recurrent_step(_take(qn, rows), _take(kn, rows), _take(vf, rows), _take(gf, rows), _take(bf, rows), s,
                             heads)
         _put(out, rows, o.to(out.dtype))
-        _put(state, slots, s)
+        _put(state, ix.dst, s)
 
-    for seq in longs:
+    for seq in loop:  # in list order: a chained seq after the seq it reads from
+        if seq.q_len == 0:
+            _copy_state(state, seq)
+            continue
         r0, r1 = seq.q_start, seq.q_start + seq.q_len
-        s0 = state.new_zeros(Hv, dk, dv) if seq.fresh else state[seq.slot]
+        # the state before the seq (Hv, dk, dv): a view of the read slot, which _chunked does not modify
+        s0 = state.new_zeros(Hv, dk, dv) if seq.fresh else state[seq.read_slot]
         state[seq.slot] = _chunked(qn[r0:r1], kn[r0:r1], vf[r0:r1], gf[r0:r1], bf[r0:r1], s0, chunk_size, heads,
                                    out[r0:r1])
     return out

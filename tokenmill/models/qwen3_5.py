@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.attention.backend import AttentionContext
-from tokenmill.layers.gated_delta import RecurrentStep, StateSeq, causal_conv1d, gated_delta_rule
+from tokenmill.layers.gated_delta import RecurrentStep, StateSeq, causal_conv1d, chained, gated_delta_rule
 from tokenmill.layers.head_norm import HeadRMSNorm
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.moe import SparseMoE
@@ -120,26 +120,38 @@ class GatedDeltaNet(nn.Module):
                            self.norm.weight.detach().float().contiguous())
 
     def forward(self, h: torch.Tensor, step: RecurrentStep) -> torch.Tensor:
-        """h: (T, D) normed hidden -> (T, D); reads and writes each sequence's state in `step`. The decodes
-        (one token each, leading the step) take the native kernel where it is built; the rest, torch."""
+        """h: (T, D) normed hidden -> (T, D); reads and writes each sequence's state in `step` (each from its read
+        slot to its write slot; gated_delta.py's src/dst and chaining). The decodes (one token each, not chained on
+        an earlier seq, leading the step at rows 0..n-1) take the native kernel where it is built, before the rest
+        (which may be chained on them); the rest, torch."""
         assert self.neg_a is not None and self.dt_f32 is not None, "call finish_loading() first"
         T = h.shape[0]
         qkv, z = self.in_proj_qkvz(h).split([self.conv_dim, self.value_dim], dim=-1)
         ba = self.in_proj_ba(h)
-        decodes = [s for s in step.seqs if s.q_len == 1] if self.native is not None else []
-        if decodes and [s.q_start for s in decodes] != list(range(len(decodes))):
-            decodes = []
-        rest = [s for s in step.seqs if s.q_len > 1] if decodes else step.seqs
-        normed = self._mix(qkv, z, ba, step, rest) if rest else h.new_empty(T, self.value_dim)
+        decodes: list[StateSeq] = []
+        if self.native is not None:
+            decodes = [s for s, c in zip(step.seqs, chained(step.seqs)) if s.q_len == 1 and not c]
+            if [s.q_start for s in decodes] != list(range(len(decodes))):
+                decodes = []
+        n, j = len(decodes), self.state_index
+        normed = h.new_empty(T, self.value_dim)
         if decodes:
             assert self.native is not None
-            n, j = len(decodes), self.state_index
-            slots = torch.tensor([s.slot for s in decodes], dtype=torch.int64)
-            fresh = torch.tensor([s.fresh for s in decodes], dtype=torch.bool)
+            # (n,) int64: the read slot (-1: fresh, a zero state) and the write slot of each decode
+            src = torch.tensor([-1 if s.fresh else s.read_slot for s in decodes], dtype=torch.int64)
+            dst = torch.tensor([s.slot for s in decodes], dtype=torch.int64)
             if not kernels.gdn_decode(normed[:n], qkv[:n], z[:n], ba[:n], self.native[0], step.conv[j], step.ssm[j],
-                                      slots, fresh, self.neg_a, self.dt_f32, self.native[1], self.hk,
+                                      src, dst, self.neg_a, self.dt_f32, self.native[1], self.hk,
                                       self.v_heads_tiled, self.eps):
-                normed[:n] = self._mix(qkv, z, ba, step, decodes)[:n]  # shapes the kernel does not take
+                decodes, n = [], 0  # shapes the kernel does not take (nothing written): all through torch
+        if n == 0:
+            return self.out_proj(self._mix(qkv, z, ba, step, step.seqs) if step.seqs else normed)
+        taken = {id(s) for s in decodes}
+        rest = [s for s in step.seqs if id(s) not in taken]  # rows n.. (rows 0..n-1 are the decodes')
+        if rest:
+            mixed = self._mix(qkv, z, ba, step, rest)
+            mixed[:n] = normed[:n]
+            normed = mixed
         return self.out_proj(normed)
 
     def _mix(self, qkv: torch.Tensor, z: torch.Tensor, ba: torch.Tensor, step: RecurrentStep,

@@ -10,7 +10,8 @@
 //                     query heads against tiles of 16 keys, online softmax; the context is cut into
 //                     fixed partitions (flash-decoding), merged at the end
 //   tm_gdn_decode     a Gated DeltaNet layer's decode step between its projections (conv, norms, delta rule,
-//                     gated norm), over the recurrent state pools
+//                     gated norm), over the recurrent state pools: each sequence's state read from one slot
+//                     (or zero) and written to another (or the same, in place)
 //   tm_paged_attention_rows
 //                     the same, with the rows from one index on marked as a prompt's: at bf16 with
 //                     AVX512_BF16 those take lane-wise tiles (query heads in the lanes; attend_range_lanes)
@@ -1135,10 +1136,12 @@ int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t 
 // ---- Gated DeltaNet decode (Qwen3.5's linear attention, one token per sequence) ------------------------
 // Everything between a layer's input projections and its output projection, for N sequences each at its
 // next token, over the state pools (float32): conv_pool (S, C, K - 1) the causal conv's last inputs, ssm_pool
-// (S, Hv, dk, dv) the delta rule's matrices; sequence n's state in slot slots[n] (fresh[n]: it starts here,
-// its state is zero whatever the slot held). Per sequence: the conv window [state, x] -> silu(w . window) (C
-// channels: q | k | v), the state shifted; q and k l2-normalized per key head (eps inside the root), q
-// scaled by dk^-1/2; then per value head j (key head j % Hk when tiled, else j / (Hv / Hk)):
+// (S, Hv, dk, dv) the delta rule's matrices; sequence n's state is read from slot src_slots[n] (-1: it starts
+// here, its state is zero) and written to slot dst_slots[n]: in place when they are equal, and otherwise the
+// src slot is left as it was. No two sequences write one slot, and none reads a slot another one writes (the
+// sequences run in parallel); two may read one src slot. Per sequence: the conv window [state, x] ->
+// silu(w . window) (C channels: q | k | v), the state shifted; q and k l2-normalized per key head (eps inside
+// the root), q scaled by dk^-1/2; then per value head j (key head j % Hk when tiled, else j / (Hv / Hk)):
 //     beta = sigmoid(b_j), a = exp(neg_a_j * softplus(a_j + dt_bias_j)),
 //     S = a S + k (beta (v - a S^T k))^T,  o = S^T q  (one read of the old S gives S^T k and S^T q),
 //     out_j = rmsnorm(o) * norm_w * silu(z_j).
@@ -1146,7 +1149,7 @@ int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t 
 template <typename T>
 void gdn_decode(T* out, int64_t out_stride, const T* qkv, int64_t qkv_stride, const T* z, int64_t z_stride,
                 const T* ba, int64_t ba_stride, const float* conv_w, float* conv_pool, float* ssm_pool,
-                const int64_t* slots, const uint8_t* fresh, const float* neg_a, const float* dt_bias,
+                const int64_t* src_slots, const int64_t* dst_slots, const float* neg_a, const float* dt_bias,
                 const float* norm_w, int64_t N, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, int64_t K, bool tiled,
                 float eps, int nthreads) {
     const int64_t C = 2 * Hk * dk + Hv * dv, R = Hv / Hk, K1 = K - 1;
@@ -1155,17 +1158,21 @@ void gdn_decode(T* out, int64_t out_stride, const T* qkv, int64_t qkv_stride, co
 #pragma omp parallel for num_threads(nthreads) if (N * C * K >= (int64_t(1) << 18)) schedule(static)
     for (int64_t n = 0; n < N; ++n) {
         float* m = mixed.data() + n * C;
-        float* st = conv_pool + slots[n] * C * K1;
+        // the window (C, K1) read from src (nullptr: zeros) and written shifted to dst; when they are one slot,
+        // dst[j] = src[j + 1] in ascending j reads each column before it is overwritten
+        const float* src = src_slots[n] < 0 ? nullptr : conv_pool + src_slots[n] * C * K1;
+        float* dst = conv_pool + dst_slots[n] * C * K1;
         const T* x = qkv + n * qkv_stride;
         for (int64_t c = 0; c < C; ++c) {
-            float* sc = st + c * K1;
+            const float* sc = src ? src + c * K1 : nullptr;
+            float* dc = dst + c * K1;
             const float* w = conv_w + c * K;
             const float xc = to_f32(x[c]);
             float acc = 0.0f;
-            for (int64_t j = 0; j < K1; ++j) acc += w[j] * (fresh[n] ? 0.0f : sc[j]);
+            for (int64_t j = 0; j < K1; ++j) acc += w[j] * (sc ? sc[j] : 0.0f);
             acc += w[K1] * xc;
-            for (int64_t j = 0; j + 1 < K1; ++j) sc[j] = fresh[n] ? 0.0f : sc[j + 1];
-            if (K1 > 0) sc[K1 - 1] = xc;
+            for (int64_t j = 0; j + 1 < K1; ++j) dc[j] = sc ? sc[j + 1] : 0.0f;
+            if (K1 > 0) dc[K1 - 1] = xc;
             m[c] = acc / (1.0f + std::exp(-acc));
         }
         for (int64_t h = 0; h < 2 * Hk; ++h) {  // q heads, then k heads
@@ -1186,8 +1193,13 @@ void gdn_decode(T* out, int64_t out_stride, const T* qkv, int64_t qkv_stride, co
             const float* q = m + kh * dk;
             const float* k = m + Hk * dk + kh * dk;
             const float* v = m + 2 * Hk * dk + j * dv;
-            float* S = ssm_pool + (slots[n] * Hv + j) * dk * dv;
-            if (fresh[n]) std::fill(S, S + dk * dv, 0.0f);
+            // (dk, dv) matrices: Sd written, Sr read (Sd itself when in place, or when fresh: zeroed first)
+            float* Sd = ssm_pool + (dst_slots[n] * Hv + j) * dk * dv;
+            const float* Sr = Sd;
+            if (src_slots[n] < 0)
+                std::fill(Sd, Sd + dk * dv, 0.0f);
+            else
+                Sr = ssm_pool + (src_slots[n] * Hv + j) * dk * dv;
             const float b = to_f32(ba[n * ba_stride + j]), a_in = to_f32(ba[n * ba_stride + Hv + j]) + dt_bias[j];
             const float beta = 1.0f / (1.0f + std::exp(-b));
             const float decay = std::exp(neg_a[j] * (a_in > 20.0f ? a_in : std::log1p(std::exp(a_in))));
@@ -1195,7 +1207,7 @@ void gdn_decode(T* out, int64_t out_stride, const T* qkv, int64_t qkv_stride, co
             std::fill(rq.begin(), rq.end(), 0.0f);
             float qk = 0.0f;
             for (int64_t i = 0; i < dk; ++i) {
-                const float* row = S + i * dv;
+                const float* row = Sr + i * dv;
                 const float ki = k[i], qi = q[i];
                 qk += qi * ki;
                 for (int64_t t = 0; t < dv; ++t) {
@@ -1210,9 +1222,10 @@ void gdn_decode(T* out, int64_t out_stride, const T* qkv, int64_t qkv_stride, co
                 ss += rq[t] * rq[t];
             }
             for (int64_t i = 0; i < dk; ++i) {
-                float* row = S + i * dv;
+                const float* row = Sr + i * dv;
+                float* drow = Sd + i * dv;  // row itself when in place: each element read, then written
                 const float ki = k[i];
-                for (int64_t t = 0; t < dv; ++t) row[t] = decay * row[t] + ki * delta[t];
+                for (int64_t t = 0; t < dv; ++t) drow[t] = decay * row[t] + ki * delta[t];
             }
             const float inv = 1.0f / std::sqrt(ss / float(dv) + eps);
             const T* zj = z + n * z_stride + j * dv;
@@ -1230,7 +1243,9 @@ void gdn_decode(T* out, int64_t out_stride, const T* qkv, int64_t qkv_stride, co
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-int tm_abi_version() { return 7; }  // 7: tm_gdn_decode (6: tm_paged_attention_rows takes attention sinks)
+// 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots + fresh); 7: tm_gdn_decode;
+// 6: tm_paged_attention_rows takes attention sinks
+int tm_abi_version() { return 8; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -1319,22 +1334,24 @@ int tm_paged_attention_rows(int dtype, void* out, int64_t out_stride, const void
 }
 
 // gdn_decode above: out (N, Hv dv), qkv (N, C), z (N, Hv dv), ba (N, 2 Hv: b | a), rows *_stride apart, of `dtype`;
-// the weights and pools float32, contiguous. Returns 0; -1 unknown dtype; -2 shapes it does not handle.
+// the weights and pools float32, contiguous; src_slots (-1: fresh, a zero state), dst_slots (N,) int64.
+// Returns 0; -1 unknown dtype; -2 shapes it does not handle.
 int tm_gdn_decode(int dtype, void* out, int64_t out_stride, const void* qkv, int64_t qkv_stride, const void* z,
                   int64_t z_stride, const void* ba, int64_t ba_stride, const float* conv_w, float* conv_pool,
-                  float* ssm_pool, const int64_t* slots, const uint8_t* fresh, const float* neg_a,
+                  float* ssm_pool, const int64_t* src_slots, const int64_t* dst_slots, const float* neg_a,
                   const float* dt_bias, const float* norm_w, int64_t N, int64_t Hk, int64_t Hv, int64_t dk,
                   int64_t dv, int64_t K, int tiled, float eps, int nthreads) {
     if (Hk <= 0 || Hv % Hk || dk <= 0 || dv <= 0 || K < 1) return -2;
     if (dtype == 0)
         gdn_decode(static_cast<float*>(out), out_stride, static_cast<const float*>(qkv), qkv_stride,
                    static_cast<const float*>(z), z_stride, static_cast<const float*>(ba), ba_stride, conv_w,
-                   conv_pool, ssm_pool, slots, fresh, neg_a, dt_bias, norm_w, N, Hk, Hv, dk, dv, K, tiled != 0, eps,
-                   nthreads);
+                   conv_pool, ssm_pool, src_slots, dst_slots, neg_a, dt_bias, norm_w, N, Hk, Hv, dk, dv, K, tiled != 0,
+                   eps, nthreads);
     else if (dtype == 1)
         gdn_decode(static_cast<bf16*>(out), out_stride, static_cast<const bf16*>(qkv), qkv_stride,
                    static_cast<const bf16*>(z), z_stride, static_cast<const bf16*>(ba), ba_stride, conv_w, conv_pool,
-                   ssm_pool, slots, fresh, neg_a, dt_bias, norm_w, N, Hk, Hv, dk, dv, K, tiled != 0, eps, nthreads);
+                   ssm_pool, src_slots, dst_slots, neg_a, dt_bias, norm_w, N, Hk, Hv, dk, dv, K, tiled != 0, eps,
+                   nthreads);
     else
         return -1;
     return 0;

@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 7
+ABI_VERSION = 8  # 8: tm_gdn_decode takes src_slots and dst_slots (was slots and fresh)
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
 # merged (flash-decoding): a fixed size, so a sequence's result never depends on its batch or the threads
@@ -43,6 +43,7 @@ _SIGNATURES = {
     "tm_argmax_rows": [_I32, _P, _I64, _I64, _I64, _P, _I32],
     "tm_paged_decode_attention": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
                                   _F32, _F32, _I64, _I32],
+    # ..., conv_w, conv_pool, ssm_pool, src_slots, dst_slots (int64 pointers), neg_a, dt_bias, norm_w, N, ...
     "tm_gdn_decode": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64,
                       _I64, _I64, _I64, _I32, _F32, _I32],
     "tm_paged_attention_rows": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
@@ -201,14 +202,16 @@ def paged_decode_attention(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Te
 
 
 def gdn_decode(out: torch.Tensor, qkv: torch.Tensor, z: torch.Tensor, ba: torch.Tensor, conv_w: torch.Tensor,
-               conv_pool: torch.Tensor, ssm_pool: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor,
+               conv_pool: torch.Tensor, ssm_pool: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,
                neg_a: torch.Tensor, dt_bias: torch.Tensor, norm_w: torch.Tensor, num_key_heads: int, tiled: bool,
                eps: float) -> bool:
     """A Gated DeltaNet layer's decode step between its projections (kernels.cpp, gdn_decode), N sequences:
     out (N, Hv dv) written; qkv (N, C), z (N, Hv dv), ba (N, 2 Hv: b | a) of out's dtype, unit stride in the
     last dim; conv_w (C, K), neg_a, dt_bias (Hv,), norm_w (dv,) float32; conv_pool (S, C, K - 1) and ssm_pool
-    (S, Hv, dk, dv) float32 contiguous, updated in place at slots (N,) int64; fresh (N,) bool. False: not for
-    the kernel (nothing written)."""
+    (S, Hv, dk, dv) float32 contiguous: sequence n's state read from slot src_slots[n] (-1: fresh, a zero state)
+    and written to slot dst_slots[n] (in place when equal; otherwise the src slot is left unchanged), both (N,)
+    int64 contiguous. The sequences run in parallel: no two write one slot, none reads a slot another writes.
+    False: not for the kernel (nothing written)."""
     code = _DTYPE_CODE.get(out.dtype)
     lib = library()
     if code is None or lib is None or not out.is_cpu or out.dim() != 2:
@@ -222,11 +225,12 @@ def gdn_decode(out: torch.Tensor, qkv: torch.Tensor, z: torch.Tensor, ba: torch.
             or qkv.shape[1] != C or C != 2 * num_key_heads * dk + Hv * dv
             or any(t.dtype != f32 or not t.is_contiguous() for t in (conv_w, conv_pool, ssm_pool, neg_a, dt_bias, norm_w))
             or conv_pool.shape != (S, C, K - 1) or neg_a.shape != (Hv,) or dt_bias.shape != (Hv,)
-            or norm_w.shape != (dv,) or slots.dtype != torch.int64 or slots.shape != (N,) or not slots.is_contiguous()
-            or fresh.dtype != torch.bool or fresh.shape != (N,) or not fresh.is_contiguous()):
+            or norm_w.shape != (dv,)
+            or any(t.dtype != torch.int64 or t.shape != (N,) or not t.is_contiguous() or not t.is_cpu
+                   for t in (src_slots, dst_slots))):
         return False
     rc = lib.tm_gdn_decode(code, out.data_ptr(), out.stride(0), qkv.data_ptr(), qkv.stride(0), z.data_ptr(),
                            z.stride(0), ba.data_ptr(), ba.stride(0), conv_w.data_ptr(), conv_pool.data_ptr(),
-                           ssm_pool.data_ptr(), slots.data_ptr(), fresh.data_ptr(), neg_a.data_ptr(), dt_bias.data_ptr(),
-                           norm_w.data_ptr(), N, num_key_heads, Hv, dk, dv, K, int(tiled), eps, torch.get_num_threads())
+                           ssm_pool.data_ptr(), src_slots.data_ptr(), dst_slots.data_ptr(), neg_a.data_ptr(),
+                           dt_bias.data_ptr(), norm_w.data_ptr(), N, num_key_heads, Hv, dk, dv, K, int(tiled), eps, torch.get_num_threads())
     return rc == 0

@@ -100,12 +100,8 @@ class ModelRunner:
             for rid in so.finished_req_ids:
                 self.requests.pop(rid, None)
             self.attn_backend.release(so.finished_req_ids)
-            if self.states is not None:
-                self.states.release(so.finished_req_ids)
             if self.drafter is not None:
                 self.drafter.release(so.finished_req_ids)
-        if self.states is not None and so.preempted_req_ids:  # they recompute from position 0
-            self.states.release(so.preempted_req_ids)
         for new in so.new_reqs:
             self.requests[new.req_id] = CachedRequestState(
                 new.req_id, new.prompt_token_ids, new.sampling_params, new.seed, list(new.block_ids),
@@ -176,7 +172,7 @@ class ModelRunner:
         if self.states is not None:
             q0, seqs = 0, []
             for seq in ordered:
-                seqs.append((seq.req_id, q0, seq.num_tokens, seq.start))
+                seqs.append((q0, seq.num_tokens, seq.start, so.state_plans[seq.req_id]))
                 q0 += seq.num_tokens
             attn.recurrent = self.states.step(seqs)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),

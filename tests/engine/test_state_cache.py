@@ -1,0 +1,200 @@
+"""Prefix caching for models with recurrent layers (engine/state_cache.py) through the scheduler, without a model.
+
+A fake worker applies each step's StatePlans to a pool whose "state" is the exact tuple of tokens it has absorbed,
+so any wrong move shows: a request must sample from a state equal to its tokens, a checkpoint must hold the
+prefix its key names, and a slot read must hold what the plan says. Targeted cases (a repeated prompt, a shared
+system prompt, the next turn of a chat, preemption, no checkpoint slots) and a randomised stress with a pool small
+enough to evict and preempt; StateCache.check() after every step."""
+
+from __future__ import annotations
+
+import random
+
+from tokenmill.engine.block_manager import BlockManager
+from tokenmill.engine.request import Request, RequestStatus
+from tokenmill.engine.scheduler import Scheduler, SchedulerConfig
+from tokenmill.engine.state_cache import StateCache
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler_output import ModelRunnerOutput, SchedulerOutput
+
+BS = 4
+
+
+class FakeStates:
+    """The workers' pool: slot -> the tokens its state has absorbed (None: never written)."""
+
+    def __init__(self, n: int) -> None:
+        self.slots: list[tuple[int, ...] | None] = [None] * n
+
+    def run(self, sched: Scheduler, out: SchedulerOutput) -> dict[str, tuple[int, ...]]:
+        """Apply the step's plans; -> each request's state after its scheduled tokens."""
+        after = {}
+        for rid, n in out.num_scheduled_tokens.items():
+            req = sched.requests[rid]
+            plan = out.state_plans[rid]
+            start = req.num_computed_tokens
+            assert plan.ends[-1] == start + n and plan.ends == sorted(plan.ends) and len(plan.ends) == len(plan.dsts)
+            if plan.src < 0:
+                assert start == 0, f"{rid} starts at {start} from zeros"
+                state: tuple[int, ...] = ()
+            else:
+                state = self.slots[plan.src] or ()
+                assert state == tuple(req.token_ids[:start]), f"{rid} reads slot {plan.src} holding another prefix"
+            pos = start
+            for end, dst in zip(plan.ends, plan.dsts):
+                state = state + tuple(req.token_ids[pos:end])
+                self.slots[dst] = state
+                pos = end
+            after[rid] = state
+        return after
+
+
+class Sim:
+    def __init__(self, num_seqs: int = 4, checkpoints: int = 8, blocks: int = 64, budget: int = 64,
+                 prefix_caching: bool = True) -> None:
+        self.bm = BlockManager(blocks, BS, prefix_caching)
+        self.sc = StateCache(num_seqs, checkpoints, BS)
+        self.sched = Scheduler(SchedulerConfig(num_seqs, budget, 4096), self.bm, self.sc)
+        self.pool = FakeStates(num_seqs + checkpoints)
+        self.next_token = 100
+        self.n = 0
+
+    def add(self, prompt: list[int], max_tokens: int = 6) -> Request:
+        self.n += 1
+        req = Request(f"r{self.n}", list(prompt), SamplingParams(max_tokens=max_tokens), max_tokens)
+        self.sched.add(req)
+        return req
+
+    def step(self) -> SchedulerOutput:
+        out = self.sched.schedule()
+        after = self.pool.run(self.sched, out)
+        sampled = {}
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.sched.requests[rid]
+            if req.num_computed_tokens + n == req.num_tokens:  # it samples: from exactly its tokens' state
+                assert after[rid] == tuple(req.token_ids)
+                self.next_token += 1
+                sampled[rid] = [self.next_token % 50 + 1]
+        for req in self.sched.update(out, ModelRunnerOutput(sampled)):
+            if req.num_output_tokens >= req.max_tokens:
+                self.sched.finish(req, RequestStatus.FINISHED_LENGTH)
+        self.check()
+        return out
+
+    def check(self) -> None:
+        self.sc.check()
+        for (block_hash, L), k in self.sc._by_key.items():  # a checkpoint holds the prefix its key names
+            state = self.pool.slots[k]
+            assert state is not None and len(state) == L
+
+    def run(self) -> None:
+        while self.sched.num_unfinished:
+            self.step()
+
+
+def test_a_repeated_prompt_restores_its_last_boundary() -> None:
+    sim = Sim()
+    prompt = list(range(1, 15))  # 14 tokens: the last boundary before the last token is 12
+    sim.add(prompt)
+    sim.run()
+    again = sim.add(prompt)
+    sim.step()
+    assert again.num_cached_tokens == 12
+    assert sim.bm.num_hits == 12 and sim.sc.num_restored == 1
+    sim.run()
+
+
+def test_a_shared_system_prompt_is_checkpointed_where_prompts_diverge() -> None:
+    sim = Sim()
+    system = list(range(1, 11))  # 10 shared tokens: the KV hit ends at 8
+    a = sim.add(system + [20, 21, 22, 23, 24])
+    sim.run()
+    b = sim.add(system + [30, 31, 32, 33, 34])
+    sim.run()
+    assert a.num_cached_tokens == 0 and b.num_cached_tokens == 0  # no checkpoint at 8 yet: b takes it
+    c = sim.add(system + [40, 41, 42])
+    sim.step()
+    assert c.num_cached_tokens == 8
+    sim.run()
+
+
+def test_the_next_turn_restores_the_latest_decode_boundary() -> None:
+    sim = Sim()
+    first = sim.add(list(range(1, 8)), max_tokens=11)  # 7 prompt + 11 out: computed 17, last boundary 16
+    sim.run()
+    turn2 = sim.add(first.token_ids + [44, 45])
+    sim.step()
+    assert turn2.num_cached_tokens == 16
+    sim.run()
+
+
+def test_only_the_latest_decode_checkpoint_of_a_sequence_is_kept() -> None:
+    sim = Sim(checkpoints=8)
+    sim.add(list(range(1, 4)), max_tokens=30)
+    sim.run()
+    lengths = sorted(L for _, L in sim.sc._by_key)
+    assert lengths == [32]  # the prompt (3 tokens) has no boundary; decodes crossed 4 .. 32, kept the last
+
+
+def test_preempted_requests_restart_from_their_checkpoints() -> None:
+    sim = Sim(num_seqs=4, checkpoints=8, blocks=12, budget=16)
+    reqs = [sim.add([i] * 9 + list(range(1, 8)), max_tokens=12) for i in range(1, 5)]
+    sim.run()
+    assert sim.sched.num_preemptions > 0
+    assert all(r.num_output_tokens == 12 for r in reqs)
+
+
+def test_without_checkpoint_slots_nothing_is_restored() -> None:
+    sim = Sim(checkpoints=0)
+    prompt = list(range(1, 15))
+    sim.add(prompt)
+    sim.run()
+    again = sim.add(prompt)
+    sim.run()
+    assert again.num_cached_tokens == 0 and sim.sc.num_cached == 0
+
+
+def test_a_request_wanting_prompt_logprobs_restores_nothing() -> None:
+    sim = Sim()
+    prompt = list(range(1, 15))
+    sim.add(prompt)
+    sim.run()
+    sim.n += 1
+    req = Request("lp", prompt, SamplingParams(max_tokens=2, prompt_logprobs=1), 2)
+    sim.sched.add(req)
+    sim.run()
+    assert req.num_cached_tokens == 0
+
+
+def test_random_traffic_keeps_every_state_exact() -> None:
+    """Random arrivals over a few shared prefixes, chat turns built on earlier answers, aborts, a pool small
+    enough to evict checkpoints and a cache small enough to preempt: every sample comes from exactly its tokens'
+    state, every checkpoint holds its prefix, and at the end every slot is back."""
+    for seed in range(6):
+        rng = random.Random(seed)
+        sim = Sim(num_seqs=rng.choice([2, 4, 6]), checkpoints=rng.choice([0, 1, 3, 8]), blocks=rng.choice([24, 48]),
+                  budget=rng.choice([5, 16, 64]))
+        prefixes = [[rng.randrange(1, 50) for _ in range(rng.randint(0, 13))] for _ in range(3)]
+        finished: list[Request] = []
+        restored = 0
+        for _ in range(400):
+            if rng.random() < 0.3 and len(sim.sched.requests) < 10:
+                if finished and rng.random() < 0.4:  # the next turn of an earlier chat
+                    base = rng.choice(finished).token_ids
+                else:
+                    base = rng.choice(prefixes)
+                sim.add(base + [rng.randrange(1, 50) for _ in range(rng.randint(1, 9))], max_tokens=rng.randint(1, 12))
+            if sim.sched.running and rng.random() < 0.03:  # a client goes away
+                victim = rng.choice(sim.sched.running)
+                sim.sched.finish(victim, RequestStatus.FINISHED_ABORTED)
+            live = {r.request_id: r for r in list(sim.sched.running) + list(sim.sched.waiting)}
+            sim.step()
+            for rid, r in live.items():
+                if r.is_finished and r.status is not RequestStatus.FINISHED_ABORTED:
+                    finished.append(r)
+                    restored += r.num_cached_tokens > 0
+        sim.run()
+        assert sim.sc.num_running == 0
+        sim.check()
+        if sim.sc.num_checkpoints >= 3:
+            assert restored > 0, f"seed {seed}: no request restored a checkpoint"
