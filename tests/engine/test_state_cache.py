@@ -136,6 +136,25 @@ def test_only_the_latest_decode_checkpoint_of_a_sequence_is_kept() -> None:
     assert lengths == [32]  # the prompt (3 tokens) has no boundary; decodes crossed 4 .. 32, kept the last
 
 
+def test_decoding_sequences_do_not_evict_a_prompt_checkpoint() -> None:
+    """Many sequences decoding past block boundaries with few checkpoint slots: their decode-time checkpoints
+    churn among themselves; the shared first part's checkpoint stays, and the next request restarts from it."""
+    sim = Sim(num_seqs=6, checkpoints=3)
+    system = list(range(1, 11))
+    sim.add(system + [20, 21])
+    sim.run()
+    sim.add(system + [30, 31])  # leaves the checkpoint at 8
+    sim.run()
+    for i in range(6):
+        sim.add(system + [40 + i], max_tokens=40)
+    sim.run()
+    assert any(L == 8 for _, L in sim.sc._by_key)
+    last = sim.add(system + [49, 48, 47])
+    sim.step()
+    assert last.num_cached_tokens == 8
+    sim.run()
+
+
 def test_preempted_requests_restart_from_their_checkpoints() -> None:
     sim = Sim(num_seqs=4, checkpoints=8, blocks=12, budget=16)
     reqs = [sim.add([i] * 9 + list(range(1, 8)), max_tokens=12) for i in range(1, 5)]

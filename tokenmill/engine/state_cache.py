@@ -24,8 +24,8 @@ A step's moves for one request are a StatePlan (scheduler_output.py): read slot 
 token 0), compute in segments, segment i ending at position ends[i] and writing dsts[i]. No copies are made: a
 checkpoint is written in place of the private slot at the boundary and read back by the next segment or step.
 A checkpoint read by a step, or holding a running sequence's latest state, is referenced and never evicted; an
-unreferenced one is evicted in LRU order when a new one needs its slot (a checkpoint that finds no slot is
-skipped). Invariants: a slot is in exactly one of {free, a sequence's private slot, a checkpoint};
+unreferenced one is evicted in LRU order when a new one needs its slot, decode-time ones first, and a decode-time
+one never evicts a prompt's (a checkpoint that finds no slot is skipped). Invariants: a slot is in exactly one of {free, a sequence's private slot, a checkpoint};
 refs(k) = the sequences whose state lives in k + the plans of the running step that read it.
 """
 
@@ -42,6 +42,7 @@ from tokenmill.scheduler_output import StatePlan
 class _Checkpoint:
     slot: int
     refs: int = 0
+    decode: bool = False  # taken at a decode step (a sequence's latest boundary), not in a prompt
     key: tuple[int, int] | None = None  # (block hash, length L) once registered; None: held by its writer only
 
 
@@ -63,7 +64,8 @@ class StateCache:
         self._free_ckpt = list(range(num_seqs + num_checkpoints - 1, num_seqs - 1, -1))
         self._ckpt: dict[int, _Checkpoint] = {}  # slot -> checkpoint, for every slot not free
         self._by_key: dict[tuple[int, int], int] = {}  # (block hash, L) -> slot
-        self._lru: OrderedDict[int, None] = OrderedDict()  # registered, unreferenced checkpoints, oldest first
+        # registered, unreferenced checkpoints, oldest first: decode-time ones, prompt ones
+        self._lru: tuple[OrderedDict[int, None], OrderedDict[int, None]] = (OrderedDict(), OrderedDict())
         self._seqs: dict[str, _SeqState] = {}
         self.num_restored = 0  # checkpoints restored by admitted requests (a counter, for stats)
 
@@ -136,7 +138,7 @@ class StateCache:
         ends: list[int] = []
         dsts: list[int] = []
         for L in wanted:
-            k = self._take()
+            k = self._take(decode=num_new == 1)
             if k < 0:
                 break
             ends.append(L)
@@ -178,17 +180,19 @@ class StateCache:
         st.pending = []
 
     # -- checkpoint slots ------------------------------------------------------------------------------
-    def _take(self) -> int:
+    def _take(self, decode: bool) -> int:
         """A slot for a new checkpoint, referenced by its writer: a free one, else the least recently used
-        unreferenced one evicted; -1 when every checkpoint slot is in use."""
+        unreferenced decode-time one evicted, else (for a prompt's checkpoint only) the least recently used prompt
+        one; -1 when none is. Sequences decoding at once take a boundary every block each, so they must not churn
+        out the prompt checkpoints (a shared system prompt's) that every new request restarts from."""
         if self._free_ckpt:
             k = self._free_ckpt.pop()
-        elif self._lru:
-            k, _ = self._lru.popitem(last=False)
+        elif self._lru[0] or (self._lru[1] and not decode):
+            k, _ = self._lru[0 if self._lru[0] else 1].popitem(last=False)
             self._forget(k)
         else:
             return -1
-        self._ckpt[k] = _Checkpoint(k, refs=1)
+        self._ckpt[k] = _Checkpoint(k, refs=1, decode=decode)
         return k
 
     def _register(self, k: int, block_hash: int, L: int) -> None:
@@ -202,7 +206,7 @@ class StateCache:
     def _ref(self, k: int) -> None:
         ck = self._ckpt[k]
         if ck.refs == 0:
-            self._lru.pop(k, None)
+            self._lru[not ck.decode].pop(k, None)
         ck.refs += 1
 
     def _unref(self, k: int) -> None:
@@ -213,12 +217,12 @@ class StateCache:
             if ck.key is None:
                 self._free(k)
             else:
-                self._lru[k] = None  # the most recently used end
+                self._lru[not ck.decode][k] = None  # the most recently used end
 
     def _drop_if_unused(self, k: int) -> None:
         ck = self._ckpt.get(k)
         if ck is not None and ck.refs == 0:
-            self._lru.pop(k, None)
+            self._lru[not ck.decode].pop(k, None)
             self._forget(k)
             self._free(k)
 
@@ -245,6 +249,7 @@ class StateCache:
                     refs[k] = refs.get(k, 0) + 1
         for k, ck in self._ckpt.items():
             assert ck.refs == refs.get(k, 0), f"slot {k}: {ck.refs} refs, {refs.get(k, 0)} uses"
-            assert (k in self._lru) == (ck.refs == 0), f"slot {k}: in the LRU iff unreferenced"
+            assert (k in self._lru[not ck.decode]) == (ck.refs == 0), f"slot {k}: in its LRU iff unreferenced"
+            assert k not in self._lru[ck.decode]
             assert ck.refs > 0 or ck.key is not None, f"slot {k}: an unreferenced checkpoint must be cached"
         assert all(self._ckpt[k].key == key for key, k in self._by_key.items())
