@@ -30,14 +30,15 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def stream_ttft(client: httpx.Client, url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, str]:
-    """(seconds to the first text, the completion's text)."""
+def stream_ttft(url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, str]:
+    """(seconds to the first text, the completion's text). A connection per request, for every server alike
+    (llama-server closes a kept-alive connection after a few requests, which a reusing client trips on)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True}
     t0 = time.perf_counter()
     first = None
     text = []
-    with client.stream("POST", url + "/v1/completions", json=body) as r:
+    with httpx.Client(timeout=600) as client, client.stream("POST", url + "/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -67,14 +68,13 @@ def main() -> None:
     rng = random.Random(args.seed)
     shared = "System: " + words(rng, args.system_words) + "\n"
     ttft: list[list[float]] = [[] for _ in range(args.turns)]
-    with httpx.Client(timeout=600) as client:
-        for c in range(args.conversations):
-            history = shared if args.shared_system else "System: " + words(rng, args.system_words) + "\n"
-            for t in range(args.turns):
-                history += "User: " + words(rng, args.user_words) + "\nAssistant:"
-                secs, answer = stream_ttft(client, args.base_url, args.model, history, args.max_tokens)
-                ttft[t].append(secs)
-                history += answer + "\n"
+    for c in range(args.conversations):
+        history = shared if args.shared_system else "System: " + words(rng, args.system_words) + "\n"
+        for t in range(args.turns):
+            history += "User: " + words(rng, args.user_words) + "\nAssistant:"
+            secs, answer = stream_ttft(args.base_url, args.model, history, args.max_tokens)
+            ttft[t].append(secs)
+            history += answer + "\n"
     per_turn = [statistics.mean(x) for x in ttft]
     result = {"label": args.label, "conversations": args.conversations, "turns": args.turns,
               "system_words": args.system_words, "user_words": args.user_words, "max_tokens": args.max_tokens,
