@@ -118,6 +118,21 @@ def test_a_shared_system_prompt_is_checkpointed_where_prompts_diverge() -> None:
     sim.run()
 
 
+def test_a_long_prompt_leaves_a_checkpoint_every_interval() -> None:
+    """A second prompt on the same long document restarts from the last interval checkpoint before they part."""
+    sim = Sim(blocks=64, budget=64)
+    sim.sc.interval = 16
+    doc = [(7 * i) % 45 + 1 for i in range(50)]
+    first = sim.add(doc + [46, 47])
+    sim.run()
+    assert first.num_cached_tokens == 0
+    assert sorted(L for _, L in sim.sc._by_key) == [16, 32, 48, 56]  # every 16, the last boundary, a decode one
+    second = sim.add(doc[:45] + [48, 49, 1, 2])
+    sim.step()
+    assert second.num_cached_tokens == 32
+    sim.run()
+
+
 def test_the_next_turn_restores_the_latest_decode_boundary() -> None:
     sim = Sim()
     first = sim.add(list(range(1, 8)), max_tokens=11)  # 7 prompt + 11 out: computed 17, last boundary 16

@@ -18,7 +18,10 @@ keeps the boundaries a later request is likely to restart from):
     restored from): the point at which two requests' prompts diverged, where the next one will diverge too (a
     shared system prompt);
   - while decoding, at every block boundary, keeping the sequence's latest one only: the next turn of a chat
-    starts with this turn's prompt and answer.
+    starts with this turn's prompt and answer;
+  - every `interval` tokens (1024) of a long prompt: a second request on the same long document restarts
+    within `interval` of where it leaves it, not from token 0 (only the third would find the checkpoint the
+    second leaves where they part).
 
 A step's moves for one request are a StatePlan (scheduler_output.py): read slot `src` (-1: zeros, it starts at
 token 0), compute in segments, segment i ending at position ends[i] and writing dsts[i]. No copies are made: a
@@ -56,10 +59,11 @@ class _SeqState:
 
 
 class StateCache:
-    def __init__(self, num_seqs: int, num_checkpoints: int, block_size: int) -> None:
+    def __init__(self, num_seqs: int, num_checkpoints: int, block_size: int, interval: int = 1024) -> None:
         self.num_seqs = num_seqs
         self.num_checkpoints = num_checkpoints
         self.block_size = block_size
+        self.interval = max(block_size, interval // block_size * block_size)  # a multiple of the block size
         self._free_private = list(range(num_seqs - 1, -1, -1))  # a stack: the lowest slot first
         self._free_ckpt = list(range(num_seqs + num_checkpoints - 1, num_seqs - 1, -1))
         self._ckpt: dict[int, _Checkpoint] = {}  # slot -> checkpoint, for every slot not free
@@ -133,8 +137,10 @@ class StateCache:
         src = st.current if st.current >= 0 else (st.private if c else -1)
         if num_new == 1:  # a decode: at each block boundary
             wanted = [end] if end % bs == 0 else []
-        else:  # a prompt chunk: the prompt's last boundary, where it left the cache
-            wanted = sorted({L for L in (st.diverged_at, (req.num_tokens - 1) // bs * bs) if c < L <= end and L > 0})
+        else:  # a prompt chunk: every interval, where it left the cache, the prompt's last boundary
+            every = range((c // self.interval + 1) * self.interval, end + 1, self.interval)
+            wanted = sorted({L for L in (*every, st.diverged_at, (req.num_tokens - 1) // bs * bs)
+                             if c < L <= end and L > 0})
         ends: list[int] = []
         dsts: list[int] = []
         for L in wanted:
