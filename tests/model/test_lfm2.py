@@ -154,6 +154,16 @@ def test_prompt_logits_match_transformers(lfm2: dict[str, Any], fmt: str) -> Non
         assert torch.allclose(got, want, atol=1e-3, rtol=1e-3), f"{fmt}: max diff {(got - want).abs().max():.2e}"
 
 
+def test_the_default_gguf_method_loads_and_matches(lfm2: dict[str, Any]) -> None:
+    """`serve file.gguf` as a user runs it (the gguf method, blocks kept): the short conv's (C, K) weight is no
+    matmul's, so it must not be handed over as blocks (it was, and the load failed)."""
+    llm = LLM(str(lfm2["gguf"]), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
+    assert llm.engine.platform.compute.linear_method == "gguf"
+    for ids in lfm2["ids"]:
+        want = ref_logits(lfm2["model"], ids)
+        assert torch.allclose(prompt_logits(llm, ids), want, atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize("fmt", ["hf", "gguf"])
 def test_greedy_32_tokens_match_transformers(lfm2: dict[str, Any], fmt: str) -> None:
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)

@@ -139,6 +139,13 @@ def hf_config(cfg: ModelConfig, tok: Tokenizer) -> dict[str, Any]:
             raise NotImplementedError("lfm2 with rope scaling has no HF config form")
         out.update(layer_types=list(cfg.layer_types), conv_L_cache=cfg.linear_conv_kernel, conv_bias=False,
                    norm_eps=cfg.rms_norm_eps, block_auto_adjust_ff_dim=False, pad_token_id=None)
+    elif model_type == "lfm2_moe":  # LFM2's names; its dense MLP's width is taken as it is
+        if out["rope_scaling"]:
+            raise NotImplementedError("lfm2_moe with rope scaling has no HF config form")
+        out.update(layer_types=list(cfg.layer_types), conv_L_cache=cfg.linear_conv_kernel, conv_bias=False,
+                   norm_eps=cfg.rms_norm_eps, pad_token_id=None)
+    elif model_type == "granitemoehybrid":
+        out.update(_granite_hybrid_config(cfg, out))
     elif model_type == "smollm3":
         out["no_rope_layers"] = [int(i not in cfg.nope_layers) for i in range(cfg.num_layers)]
         out["pad_token_id"] = None  # its config class defaults to 128004, past a smaller vocabulary
@@ -196,6 +203,56 @@ def _granitemoe_tensors(tensors: dict[str, Any], num_experts: int) -> None:
             tensors[p + "shared_mlp.output_linear.weight"] = tensors.pop(s + "down_proj.weight")
 
 
+def _granite_hybrid_config(cfg: ModelConfig, out: dict[str, Any]) -> dict[str, Any]:
+    """GraniteMoeHybridConfig's fields: the multipliers, layer types, rotary on every attention layer or none, the
+    Mamba2 shapes; a dense model (Micro) as the shared MLP alone (num_local_experts 0)."""
+    if out["rope_scaling"]:
+        raise NotImplementedError("granitemoehybrid with rope scaling has no HF config form")
+    attn = set(cfg.kv_layers)
+    if not attn.issubset(cfg.nope_layers) and attn & set(cfg.nope_layers):
+        raise NotImplementedError("granitemoehybrid with rotary on some attention layers only has no HF config form")
+    inner = cfg.linear_value_dim_mamba
+    if inner % cfg.hidden_size:
+        raise NotImplementedError("granitemoehybrid with d_inner not a multiple of the hidden size has no HF form")
+    fields: dict[str, Any] = dict(
+        embedding_multiplier=cfg.embedding_multiplier, residual_multiplier=cfg.residual_multiplier,
+        attention_multiplier=cfg.attention_multiplier or cfg.head_dim ** -0.5, logits_scaling=cfg.logits_scaling,
+        layer_types=["mamba" if t == "mamba" else "attention" for t in cfg.layer_types],
+        position_embedding_type="nope" if attn & set(cfg.nope_layers) else "rope",
+        mamba_n_heads=cfg.linear_num_value_heads, mamba_n_groups=cfg.linear_num_key_heads,
+        mamba_d_state=cfg.linear_value_head_dim, mamba_d_head=cfg.linear_key_head_dim,
+        mamba_d_conv=cfg.linear_conv_kernel, mamba_expand=inner // cfg.hidden_size, mamba_conv_bias=True,
+        mamba_proj_bias=False, pad_token_id=None)
+    if not cfg.num_experts:  # the dense MLP is the shared one
+        fields.update(num_local_experts=0, shared_intermediate_size=cfg.intermediate_size)
+    return fields
+
+
+def _granite_hybrid_tensors(tensors: dict[str, Any], cfg: ModelConfig) -> None:
+    """In place: the Mamba2 layers' tensors as HF holds them (A_log from ssm_a = -exp(A_log), dt_bias, D and the
+    gated norm flat, the conv (C, 1, K), a zero conv bias where the GGUF has none), and the MLPs as Granite MoE's
+    stacked experts and shared_mlp (the dense one too)."""
+    import torch
+
+    for name in [n for n in tensors if n.endswith(".mamba.ssm_a")]:
+        p = name[: -len("ssm_a")]
+        tensors[p + "A_log"] = torch.log(-tensors.pop(name)).reshape(-1)
+        tensors[p + "dt_bias"] = tensors.pop(p + "ssm_dt.bias").reshape(-1)
+        tensors[p + "D"] = tensors[p + "D"].reshape(-1)
+        tensors[p + "norm.weight"] = tensors[p + "norm.weight"].reshape(-1)
+        conv = tensors[p + "conv1d.weight"]
+        tensors[p + "conv1d.weight"] = conv.reshape(conv.shape[0], 1, -1).contiguous()
+        tensors.setdefault(p + "conv1d.bias", torch.zeros(conv.shape[0]))
+    if cfg.num_experts:
+        _granitemoe_tensors(tensors, cfg.num_experts)
+        return
+    for name in [n for n in tensors if n.endswith(".mlp.gate_proj.weight")]:
+        p = name[: -len("mlp.gate_proj.weight")]
+        tensors[p + "shared_mlp.input_linear.weight"] = torch.cat([tensors.pop(name),
+                                                                  tensors.pop(p + "mlp.up_proj.weight")])
+        tensors[p + "shared_mlp.output_linear.weight"] = tensors.pop(p + "mlp.down_proj.weight")
+
+
 def _gpt_oss_tensors(tensors: dict[str, Any], num_experts: int) -> None:
     """In place: the sinks under their HF name, the router as mlp.router, and the experts stacked as
     transformers' GptOss holds them: gate_up_proj (E, D, 2I) with gate and up in alternating columns (x @ w),
@@ -225,13 +282,13 @@ def _hf_moe_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
     """The experts' entries of config.json (none for a dense model)."""
     if not cfg.num_experts:
         return {}
-    if model_type in ("mixtral", "granitemoe", "gpt_oss"):
+    if model_type in ("mixtral", "granitemoe", "gpt_oss", "granitemoehybrid"):
         if not cfg.moe_renormalize:
             raise NotImplementedError(f"{model_type} without renormalized expert weights has no HF config form")
         local: dict[str, Any] = {"num_local_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
                                  "intermediate_size": cfg.moe_intermediate_size}
         if cfg.shared_expert_intermediate_size:
-            if model_type != "granitemoe" or cfg.shared_expert_gated:
+            if model_type not in ("granitemoe", "granitemoehybrid") or cfg.shared_expert_gated:
                 raise NotImplementedError(f"{model_type} with this shared expert has no HF config form")
             local["shared_intermediate_size"] = cfg.shared_expert_intermediate_size
         return local
@@ -245,6 +302,14 @@ def _hf_moe_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
         return {"moe_num_experts": cfg.num_experts, "moe_k": cfg.num_experts_per_tok, "moe_intermediate_size": inter,
                 "moe_num_shared_experts": shared // inter, "moe_layer_start_index": lead,
                 "moe_layer_end_index": cfg.num_layers - 1, "moe_layer_interval": 1, "use_bias": False}
+    if model_type == "lfm2_moe":  # sigmoid scores only; dense layers only as a leading run (num_dense_layers)
+        lead = len(cfg.dense_mlp_layers)
+        if cfg.dense_mlp_layers != tuple(range(lead)) or not cfg.moe_sigmoid or cfg.shared_expert_intermediate_size:
+            raise NotImplementedError("lfm2_moe with these dense layers or experts has no HF config form")
+        return {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+                "moe_intermediate_size": cfg.moe_intermediate_size, "norm_topk_prob": cfg.moe_renormalize,
+                "use_expert_bias": cfg.moe_selection_bias, "routed_scaling_factor": cfg.moe_routed_scaling,
+                "num_dense_layers": lead}
     if model_type == "olmoe":  # its intermediate_size is each expert's
         return {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
                 "intermediate_size": cfg.moe_intermediate_size, "norm_topk_prob": cfg.moe_renormalize}
@@ -414,11 +479,15 @@ def convert_gguf_to_hf(model: str, out_dir: str | Path, progress: bool = True) -
         _granitemoe_tensors(tensors, cfg.num_experts)
     elif cfg.architecture == "gpt_oss":
         _gpt_oss_tensors(tensors, cfg.num_experts)
+    elif cfg.architecture in ("granite_hybrid", "granite_hybrid_moe"):
+        _granite_hybrid_tensors(tensors, cfg)
     elif cfg.architecture in ("qwen3_5", "qwen3_5_moe"):
         _qwen3_5_tensors(tensors, cfg)
-    elif cfg.architecture == "lfm2":  # the conv as (C, 1, K)
+    elif cfg.architecture in ("lfm2", "lfm2_moe"):  # the conv as (C, 1, K); LFM2-MoE's selection bias's own name
         for name in [n for n in tensors if n.endswith(".conv.conv.weight")]:
             tensors[name] = tensors[name].unsqueeze(1).contiguous()
+        for name in [n for n in tensors if n.endswith(".feed_forward.moe_statics.bias")]:
+            tensors[name.replace(".moe_statics.bias", ".expert_bias")] = tensors.pop(name)
     elif cfg.architecture == "ernie4_5_moe":  # its shared experts' and selection bias's own names
         for name in list(tensors):
             if ".mlp.shared_expert." in name:

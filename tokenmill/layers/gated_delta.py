@@ -158,10 +158,11 @@ def _output(like: Tensor, shape: tuple[int, ...], seqs: list[StateSeq], dtype: t
 # depthwise causal conv1d (+ SiLU)
 # ---------------------------------------------------------------------------------------------------------------
 
-def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq], activation: bool = True) -> Tensor:
+def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq], activation: bool = True,
+                  bias: Tensor | None = None) -> Tensor:
     """x (T, C) the step's inputs; weight (C, K) a depthwise kernel; state (S, C, K-1) the pool, each slot holding its
     sequence's last K-1 inputs (older first; zeros before the sequence's start): every seq reads its read slot and
-    writes its slot (the module docstring's src/dst and chaining).
+    writes its slot (the module docstring's src/dst and chaining); bias (C,) added to the conv (Mamba2's), or none.
     Returns SiLU(conv) (T, C) in x's dtype, or the conv itself without `activation` (LFM2's short conv). Rows of x
     not covered by any seq are returned as zeros."""
     T, C = x.shape
@@ -169,6 +170,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq]
     if weight.shape != (C, K) or state.shape[1:] != (C, K - 1):
         raise ValueError(f"causal_conv1d: x {tuple(x.shape)}, weight {tuple(weight.shape)}, state {tuple(state.shape)}")
     w = weight.float()
+    b = None if bias is None else bias.float()
     out = _output(x, (T, C), seqs, x.dtype)
     singles, loop = _split(seqs)
 
@@ -180,6 +182,8 @@ def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq]
             prev.masked_fill_(ix.fresh[:, None, None], 0.0)
         window = torch.cat([prev, _take(x, ix.rows).float().unsqueeze(-1)], dim=-1)
         y1 = (window * w).sum(-1)
+        if b is not None:
+            y1 = y1 + b
         _put(out, ix.rows, (F.silu(y1) if activation else y1).to(out.dtype))
         _put(state, ix.dst, window[..., 1:].to(state.dtype))
 
@@ -198,6 +202,8 @@ def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq]
         y = xs[:n] * wt[0]
         for j in range(1, K):
             y.addcmul_(xs[j:j + n], wt[j])
+        if b is not None:
+            y += b
         out[r0:r0 + n] = F.silu(y, inplace=True) if activation else y
         state[s.slot] = xs[n:].t()  # the last K-1 rows (xs[-(K-1):] would take all of them when K == 1)
     return out

@@ -9,7 +9,9 @@
 
 Mixtral's rule (softmax over the top-k logits) is softmax, top-k, renormalize; Qwen3-MoE renormalizes
 when norm_topk_prob, Qwen2-MoE does not. ERNIE 4.5 MoE chooses by probs + a per-expert bias
-(`moe_statics.bias`, its e_score_correction_bias) and weighs by the chosen probs, renormalized.
+(`moe_statics.bias`, its e_score_correction_bias) and weighs by the chosen probs, renormalized. LFM2-MoE
+scores each expert by sigmoid(logit) instead of the softmax (`sigmoid`), chooses by scores + its expert_bias
+(the same selection-only bias), renormalizes the chosen scores and multiplies them by routed_scaling.
 
 Grouped by expert: the T*k (token, choice) slots are sorted by expert id (stably: token order within an
 expert), each expert that has slots multiplies its rows in one batch, and the results are put back in
@@ -47,11 +49,12 @@ class SelectionBias(nn.Module):
 class SparseMoE(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, renormalize: bool,
                  method: LinearMethod, shared_intermediate_size: int = 0, shared_gated: bool = True,
-                 selection_bias: bool = False) -> None:
+                 selection_bias: bool = False, sigmoid: bool = False, routed_scaling: float = 1.0) -> None:
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"{top_k} experts per token out of {num_experts}")
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.sigmoid, self.routed_scaling = sigmoid, routed_scaling  # LFM2-MoE's scoring and scale
         self.gate = Linear(hidden_size, num_experts, method)  # the router
         self.experts = nn.ModuleList(GatedMLP(hidden_size, intermediate_size, method) for _ in range(num_experts))
         self.shared_expert: GatedMLP | None = None
@@ -63,7 +66,8 @@ class SparseMoE(nn.Module):
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h (T, D) -> the chosen experts' weights (T, k) float32 and ids (T, k) int64."""
-        probs = torch.softmax(self.gate(h).float(), dim=-1)
+        logits = self.gate(h).float()
+        probs = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         if self.moe_statics is None:
             weights, ids = torch.topk(probs, self.top_k, dim=-1)
         else:  # chosen by probs + bias, weighed by probs
@@ -71,6 +75,8 @@ class SparseMoE(nn.Module):
             weights = probs.gather(-1, ids)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True).clamp(min=1e-12)
+        if self.routed_scaling != 1.0:
+            weights = weights * self.routed_scaling
         return weights, ids
 
     def _experts_grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor | None:

@@ -63,6 +63,16 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
     # LFM2 (350M-2.6B): short-conv layers (a gated depthwise conv, a recurrent state per sequence) between GQA
     # layers with q / k norms
     Architecture("lfm2", "tokenmill.models.lfm2:Lfm2ForCausalLM", ("lfm2",), ("Lfm2ForCausalLM",), "lfm2"),
+    # LFM2-MoE (8B-A1B): LFM2's layers, experts (sigmoid scores, a selection-only bias) past the leading dense MLPs
+    Architecture("lfm2_moe", "tokenmill.models.lfm2:Lfm2MoeForCausalLM", ("lfm2moe",), ("Lfm2MoeForCausalLM",),
+                 "lfm2_moe", is_moe=True),
+    # Granite 4.0-H (Micro, Tiny, Small): Mamba2 layers (a recurrent state per sequence) among GQA attention layers
+    # (NoPE in the released ones), Granite's multipliers; a dense MLP (Micro) or experts beside an ungated shared
+    # MLP (Tiny, Small). One HF class and one GGUF name for both: ModelConfig tells them apart by the experts
+    Architecture("granite_hybrid", "tokenmill.models.granite_hybrid:GraniteHybridForCausalLM", ("granitehybrid",),
+                 ("GraniteMoeHybridForCausalLM",), "granitemoehybrid"),
+    Architecture("granite_hybrid_moe", "tokenmill.models.granite_hybrid:GraniteHybridForCausalLM", ("granitehybrid",),
+                 ("GraniteMoeHybridForCausalLM",), "granitemoehybrid", is_moe=True),
     Architecture("qwen3moe", _MOE, ("qwen3moe",), ("Qwen3MoeForCausalLM",), "qwen3_moe", is_moe=True),
     Architecture("qwen2moe", _MOE, ("qwen2moe",), ("Qwen2MoeForCausalLM",), "qwen2_moe", is_moe=True),
     # llama.cpp writes Mixtral as general.architecture "llama", with expert tensors (blk.N.ffn_gate_exps)

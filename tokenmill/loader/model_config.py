@@ -55,6 +55,9 @@ class ModelConfig:
     dense_mlp_layers: tuple[int, ...] = ()
     # ERNIE 4.5 MoE: a per-expert bias added to the softmax probabilities to choose the experts, not to weigh them
     moe_selection_bias: bool = False
+    # LFM2-MoE: experts scored by sigmoid(logit) (not softmax), the chosen weights times moe_routed_scaling
+    moe_sigmoid: bool = False
+    moe_routed_scaling: float = 1.0
     # Gemma 3
     rope_local_theta: float = 0.0  # rotary base of the local (windowed) layers; rope_theta is the global one
     query_pre_attn_scalar: float = 0.0  # attention scale = query_pre_attn_scalar ** -0.5; 0: head_dim ** -0.5
@@ -74,7 +77,9 @@ class ModelConfig:
     # Qwen3.5's Gated DeltaNet layers ("linear_attention" in layer_types; models/qwen3_5.py): no KV cache, a
     # recurrent state per sequence instead (a conv window and a (value heads, dk, dv) matrix). LFM2's short
     # convolutions ("conv"; models/lfm2.py) keep only the conv window (over hidden_size channels): their heads
-    # and head dims are 0, linear_conv_kernel the conv's taps
+    # and head dims are 0, linear_conv_kernel the conv's taps. Granite 4.0-H's Mamba2 layers ("mamba";
+    # models/granite_hybrid.py): key heads = n_groups, value heads = mamba heads, key head dim = mamba head_dim,
+    # value head dim = d_state (a (heads, head_dim, d_state) state), the conv over d_inner + 2 n_groups d_state
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
     linear_key_head_dim: int = 0
@@ -100,7 +105,7 @@ class ModelConfig:
     def linear_layers(self) -> list[int]:
         """The layers with a recurrent state instead of a KV cache (Qwen3.5's linear attention, LFM2's short
         convolutions)."""
-        return [i for i, t in enumerate(self.layer_types) if t in ("linear_attention", "conv")]
+        return [i for i, t in enumerate(self.layer_types) if t in ("linear_attention", "conv", "mamba")]
 
     @property
     def kv_layers(self) -> list[int]:
@@ -110,14 +115,22 @@ class ModelConfig:
 
     @property
     def linear_conv_dim(self) -> int:
-        """Channels of a recurrent layer's causal conv: q, k and v (Qwen3.5), the hidden size (LFM2)."""
+        """Channels of a recurrent layer's causal conv: q, k and v (Qwen3.5), the hidden size (LFM2), x, B and C
+        (Granite 4.0-H's Mamba2: d_inner + 2 n_groups d_state)."""
         if "conv" in self.layer_types:
             return self.hidden_size
+        if "mamba" in self.layer_types:
+            return self.linear_value_dim_mamba + 2 * self.linear_num_key_heads * self.linear_value_head_dim
         return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_value_dim
 
     @property
     def linear_value_dim(self) -> int:
         return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_value_dim_mamba(self) -> int:
+        """Mamba2's d_inner: heads times head_dim (the pool's dk)."""
+        return self.linear_num_value_heads * self.linear_key_head_dim
 
     def recurrent_state_bytes(self) -> int:
         """One sequence's recurrent state over every recurrent layer, float32: the conv's last K - 1 inputs and the
@@ -147,7 +160,11 @@ class ModelConfig:
             per_layer += d + self.num_heads + self.num_experts + experts * (2 * self.moe_intermediate_size + d)
         if self.moe_selection_bias:  # one per expert in each layer of experts
             bias += (self.num_layers - len(self.dense_mlp_layers)) * self.num_experts
-        if self.linear_layers:  # each linear layer: its conv, A_log, dt_bias and gated norm (LFM2: its conv); no q / k norms
+        if self.linear_layers and "mamba" in self.layer_types:  # the conv, its bias, A_log, dt_bias, D, the norm
+            per_linear = (self.linear_conv_dim * (self.linear_conv_kernel + 1) + 3 * self.linear_num_value_heads
+                          + self.linear_value_dim_mamba - (2 * self.head_dim if self.qk_norm else 0))
+            bias += per_linear * len(self.linear_layers)
+        elif self.linear_layers:  # each linear layer: its conv, A_log, dt_bias and gated norm (LFM2: its conv); no q / k norms
             per_linear = (self.linear_conv_dim * self.linear_conv_kernel + 2 * self.linear_num_value_heads
                           + self.linear_value_head_dim - 2 * self.head_dim)
             bias += per_linear * len(self.linear_layers)
@@ -164,8 +181,11 @@ class ModelConfig:
         d, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attn = [(q + 2 * kv, d), (d, q)]
-        if self.architecture == "lfm2" and layer in self.linear_layers:  # the short conv's in (B|C|x) and out
+        if self.architecture in ("lfm2", "lfm2_moe") and layer in self.linear_layers:  # the short conv's in (B|C|x) and out
             attn = [(3 * d, d), (d, d)]
+        if self.architecture in _GRANITE_HYBRID and layer in self.linear_layers:  # Mamba2's in (z|xBC|dt) and out
+            inner = self.linear_value_dim_mamba
+            attn = [(inner + self.linear_conv_dim + self.linear_num_value_heads, d), (d, inner)]
         if self.architecture in _QWEN3_5:  # q with its output gate; a linear layer's q|k|v|z, b|a and out
             vd = self.linear_value_dim
             attn = ([(self.linear_conv_dim + vd, d), (2 * self.linear_num_value_heads, d), (d, vd)]
@@ -220,6 +240,8 @@ class ModelConfig:
             family = {"sliding_window": int(metadata[f"{arch}.attention.sliding_window"])}
         elif ours.name in ("granite", "granitemoe"):
             family = _granite_gguf(metadata, arch)
+        elif ours.name in _GRANITE_HYBRID:
+            family = _granite_gguf(metadata, arch) | _granite_hybrid_gguf(metadata, arch, int(get("block_count")))
         elif ours.name == "gemma":  # llama.cpp: GELU (tanh), embeddings times sqrt(n_embd)
             family = {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": hidden ** 0.5}
         elif ours.name == "olmo2" and metadata.get(f"{arch}.attention.sliding_window"):
@@ -251,6 +273,10 @@ class ModelConfig:
             family = _qwen3_5_gguf(metadata, arch)
         elif ours.name == "lfm2":
             family = _lfm2_gguf(metadata, arch, int(get("block_count")))
+        elif ours.name == "lfm2_moe":  # LFM2's layers; leading_dense_block_count dense MLPs, then experts
+            family = _lfm2_gguf(metadata, arch, int(get("block_count"))) | {
+                "dense_mlp_layers": tuple(range(int(metadata.get(f"{arch}.leading_dense_block_count", 0)))),
+                "moe_selection_bias": any(x.endswith(".exp_probs_b.bias") for x in tensor_names)}
         elif ours.name == "smollm3":  # llama.cpp: every 4th layer (no GGUF key says otherwise)
             family = {"nope_layers": _every_nth(int(get("block_count")), _SMOLLM3_NOPE_INTERVAL)}
         cfg = cls(
@@ -298,10 +324,16 @@ class ModelConfig:
             cfg = {**cfg, **cfg["text_config"]}
         if arch == "lfm2":  # its own names for the common fields
             cfg = _lfm2_common(cfg)
+        if arch == "lfm2_moe":  # LFM2's names; its dense MLP is intermediate_size as it is
+            cfg = _lfm2_common({**cfg, "block_auto_adjust_ff_dim": False})
+        if arch in _GRANITE_HYBRID:  # one HF class for both: the experts decide
+            arch = "granite_hybrid_moe" if int(cfg.get("num_local_experts") or 0) else "granite_hybrid"
+            if arch == "granite_hybrid":  # the dense MLP is the shared one
+                cfg = {**cfg, "intermediate_size": cfg.get("shared_intermediate_size", 1024)}
         n_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         family: dict[str, Any] = {}
-        if arch in ("qwen3", "qwen3moe", "qwen2moe", "mixtral", "olmoe", "granitemoe"):
+        if arch in ("qwen3", "qwen3moe", "qwen2moe", "mixtral", "olmoe", "granitemoe", *_GRANITE_HYBRID):
             _check_hf_features(cfg, arch, path)
             family["qk_norm"] = arch in _QK_NORM
         if architectures.get(arch).is_moe:
@@ -322,6 +354,8 @@ class ModelConfig:
                 common.update(_gemma2_hf(cfg))
             elif arch in ("granite", "granitemoe"):
                 common.update(_granite_hf(cfg))
+            elif arch in _GRANITE_HYBRID:
+                common.update(_granite_hf(cfg) | _granite_hybrid_hf(cfg))
             elif arch == "smollm3":
                 common.update(_smollm3_hf(cfg))
             elif arch == "exaone4":
@@ -348,7 +382,7 @@ class ModelConfig:
                 common.update(_olmo3_hf(cfg))
             elif arch in _QWEN3_5:
                 common.update(_qwen3_5_hf(cfg, int(cfg.get("head_dim") or hidden // n_heads)))
-            elif arch == "lfm2":
+            elif arch in ("lfm2", "lfm2_moe"):
                 common.update(_lfm2_hf(cfg))
             elif arch in ("olmo2", "olmoe") and cfg.get("attention_bias"):  # HF's includes o_proj's, ours lacks it
                 raise ValueError(f"{arch} with attention_bias is not supported")
@@ -469,12 +503,15 @@ def _phi3_from_gguf(cfg: ModelConfig, md: dict[str, Any], arch: str, tensor_name
 
 # -- per-family readers: each returns the ModelConfig fields its family sets ---------------------------
 _QWEN3_5 = ("qwen3_5", "qwen3_5_moe")
-_QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense", "lfm2", *_QWEN3_5)  # the families with per-head q/k RMSNorm
+_GRANITE_HYBRID = ("granite_hybrid", "granite_hybrid_moe")
+_QK_NORM = ("qwen3", "qwen3moe", "exaone4", "hunyuan_dense", "lfm2", "lfm2_moe", *_QWEN3_5)  # the families with per-head q/k RMSNorm
 # llama.cpp's MoE graphs: Mixtral (arch "llama"), Qwen3-MoE and Granite MoE (softmax over the top-k logits)
 # renormalize the chosen experts' weights, Qwen2-MoE and OLMoE do not; a file may say otherwise with
 # {arch}.expert_weights_norm.
 _GGUF_MOE_RENORMALIZE = {"mixtral": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "granitemoe": True,
-                         "gpt_oss": True, "ernie4_5_moe": True, "qwen3_5_moe": True}
+                         "granite_hybrid_moe": True,
+                         "gpt_oss": True, "ernie4_5_moe": True, "qwen3_5_moe": True, "lfm2_moe": True}
+_GGUF_MOE_SIGMOID = ("lfm2_moe",)  # the families whose experts may be scored by sigmoid (expert_gating_func 2)
 
 
 def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -484,7 +521,8 @@ def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_name
         return metadata[f"{arch}.{key}"]
 
     gating = int(metadata.get(f"{arch}.expert_gating_func", 1))  # llama.cpp: 1 softmax, 2 sigmoid
-    if gating != 1:
+    sigmoid = gating == 2 and ours in _GGUF_MOE_SIGMOID
+    if gating != 1 and not sigmoid:
         raise ValueError(f"GGUF {arch}.expert_gating_func {gating} is not supported (only 1, softmax)")
     if float(metadata.get(f"{arch}.expert_weights_scale", 1.0)) != 1.0:
         raise ValueError(f"GGUF {arch}.expert_weights_scale is not supported")
@@ -492,6 +530,7 @@ def _gguf_moe_fields(metadata: dict[str, Any], arch: str, ours: str, tensor_name
     return dict(
         num_experts=int(get("expert_count")),
         num_experts_per_tok=int(get("expert_used_count")),
+        moe_sigmoid=sigmoid,
         moe_intermediate_size=int(metadata.get(f"{arch}.expert_feed_forward_length", ff)),  # Mixtral: ff
         moe_renormalize=bool(metadata.get(f"{arch}.expert_weights_norm", _GGUF_MOE_RENORMALIZE[ours])),
         shared_expert_intermediate_size=int(metadata.get(f"{arch}.expert_shared_feed_forward_length", 0))
@@ -526,9 +565,16 @@ def _hf_moe_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
                     moe_intermediate_size=inter, moe_renormalize=True, moe_selection_bias=True,
                     shared_expert_intermediate_size=inter * int(cfg.get("moe_num_shared_experts") or 0),
                     shared_expert_gated=False)
+    if arch == "lfm2_moe":  # sigmoid scores, chosen with expert_bias, after num_dense_layers dense layers
+        return dict(num_experts=int(cfg["num_experts"]), num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                    moe_renormalize=bool(cfg.get("norm_topk_prob", True)),
+                    moe_selection_bias=bool(cfg.get("use_expert_bias", True)), moe_sigmoid=True,
+                    moe_routed_scaling=float(cfg.get("routed_scaling_factor") or 1.0),
+                    dense_mlp_layers=tuple(range(int(cfg.get("num_dense_layers", 2)))))
     # Qwen's configs say num_experts; transformers 5 writes Qwen3-MoE's as num_local_experts, as Mixtral's
     num_experts = int(cfg.get("num_local_experts") or cfg["num_experts"])
-    if arch in ("mixtral", "granitemoe"):  # softmax over all, top-k, renormalized (= softmax over the top-k logits)
+    if arch in ("mixtral", "granitemoe", "granite_hybrid_moe"):  # softmax over all, top-k, renormalized (= softmax over the top-k logits)
         return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                     moe_intermediate_size=int(cfg["intermediate_size"]), moe_renormalize=True,
                     # GraniteMoeShared: an ungated shared expert of shared_intermediate_size (0: none)
@@ -1008,6 +1054,58 @@ def _granite_gguf(md: dict[str, Any], arch: str) -> dict[str, Any]:
 
     return dict(embedding_multiplier=get("embedding_scale", 1.0), attention_multiplier=get("attention.scale", 0.0),
                 residual_multiplier=get("residual_scale", 1.0), logits_scaling=get("logit_scale", 1.0))
+
+
+# -- granite 4.0-H (GraniteMoeHybrid) ------------------------------------------------------------------
+# Mamba2 layers among GQA attention layers (layer_types "mamba" / "attention", transformers 5 also writes them as
+# "linear_attention" / "full_attention"), Granite's multipliers, attention rotated only with position_embedding_type
+# "rope" (the released ones: "nope")
+_MAMBA_TYPES = {"mamba": "mamba", "linear_attention": "mamba", "attention": "full_attention",
+                "full_attention": "full_attention"}
+
+
+def _granite_hybrid_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    n, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
+    raw = cfg.get("layer_types") or cfg.get("layers_block_type") or ["mamba"] * n
+    if len(raw) != n or set(raw) - set(_MAMBA_TYPES):
+        raise ValueError(f"granitemoehybrid layer_types {raw} are not {n} of mamba / attention")
+    if cfg.get("mamba_proj_bias"):
+        raise ValueError("granitemoehybrid with mamba_proj_bias is not supported")
+    limit = cfg.get("time_step_limit")
+    if limit is not None:  # (0, inf), transformers' default, is a no-op after softplus; JSON may spell inf as a dict
+        hi = limit[1]["__float__"] if isinstance(limit[1], dict) else limit[1]
+        if float(limit[0]) != 0.0 or float(hi) != float("inf"):
+            raise ValueError(f"granitemoehybrid with time_step_limit {limit} is not supported")
+    heads = int(cfg.get("mamba_n_heads", 128))
+    inner = int(cfg.get("mamba_expand", 2)) * hidden
+    head_dim = cfg.get("mamba_d_head", "auto")
+    head_dim = inner // heads if head_dim in (None, "auto") else int(head_dim)
+    if heads * head_dim != inner:
+        raise ValueError(f"granitemoehybrid mamba_n_heads {heads} x mamba_d_head {head_dim} != d_inner {inner}")
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"granitemoehybrid with rope scaling {rope.get('rope_type')!r} is not supported")
+    types = tuple(_MAMBA_TYPES[t] for t in raw)
+    return {"layer_types": types, "rope_scaling": None,
+            "nope_layers": () if cfg.get("position_embedding_type") == "rope" else tuple(range(n)),
+            "linear_num_key_heads": int(cfg.get("mamba_n_groups", 1)), "linear_num_value_heads": heads,
+            "linear_key_head_dim": head_dim, "linear_value_head_dim": int(cfg.get("mamba_d_state", 256)),
+            "linear_conv_kernel": int(cfg.get("mamba_d_conv", 4))}
+
+
+def _granite_hybrid_gguf(md: dict[str, Any], arch: str, n: int) -> dict[str, Any]:
+    """llama.cpp's granitehybrid hparams: a head_count_kv of 0 marks a Mamba2 layer; ssm.* keys (time_step_rank =
+    heads, inner_size = d_inner, state_size, group_count, conv_kernel); rope.scaling.finetuned switches rotary on
+    (its converter writes false for Granite 4.0-H, which is NoPE; absent: true, as llama.cpp reads it)."""
+    kv = md.get(f"{arch}.attention.head_count_kv", md[f"{arch}.attention.head_count"])
+    kv = list(kv) if hasattr(kv, "__len__") else [kv] * n
+    heads, inner = int(md[f"{arch}.ssm.time_step_rank"]), int(md[f"{arch}.ssm.inner_size"])
+    rope = bool(md.get(f"{arch}.rope.scaling.finetuned", True))
+    return {"layer_types": tuple("mamba" if int(k) == 0 else "full_attention" for k in kv[:n]),
+            "nope_layers": () if rope else tuple(range(n)),
+            "linear_num_key_heads": int(md[f"{arch}.ssm.group_count"]), "linear_num_value_heads": heads,
+            "linear_key_head_dim": inner // heads, "linear_value_head_dim": int(md[f"{arch}.ssm.state_size"]),
+            "linear_conv_kernel": int(md[f"{arch}.ssm.conv_kernel"])}
 
 
 # -- gemma (the first generation) -------------------------------------------------------------------------

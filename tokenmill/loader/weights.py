@@ -67,6 +67,11 @@ _GGUF_TO_HF_MOE = {
     # ERNIE 4.5 MoE: its selection bias, exp_probs_b.bias, (E,)
     "ernie4_5_moe": _GGUF_TO_HF_QWEN_MOE | {"exp_probs_b": "mlp.moe_statics"},
     "qwen3_5_moe": _GGUF_TO_HF_QWEN_MOE,
+    # LFM2-MoE: HF's feed_forward names (w1 gate, w3 up, w2 down); its selection bias exp_probs_b.bias, (E,)
+    "lfm2_moe": {"ffn_gate_inp": "feed_forward.gate", "ffn_gate_exps": "feed_forward.experts.{e}.w1",
+                 "ffn_up_exps": "feed_forward.experts.{e}.w3", "ffn_down_exps": "feed_forward.experts.{e}.w2",
+                 "exp_probs_b": "feed_forward.moe_statics"},
+    "granite_hybrid_moe": _GGUF_TO_HF_QWEN_MOE,  # as Granite MoE's: experts split, the shared MLP as *_shexp
     "mixtral": {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
                 "ffn_up_exps": "block_sparse_moe.experts.{e}.w3", "ffn_down_exps": "block_sparse_moe.experts.{e}.w2"},
 }
@@ -106,6 +111,14 @@ _GGUF_TO_HF_BY_ARCH["lfm2"] = {
     "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm",
     "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
     "shortconv.conv": "conv.conv", "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj"}
+_GGUF_TO_HF_BY_ARCH["lfm2_moe"] = _GGUF_TO_HF_BY_ARCH["lfm2"]  # (its experts: _GGUF_TO_HF_MOE)
+# Granite 4.0-H: a Mamba2 layer's ssm_* tensors under HF's names but for ssm_a (-exp(A_log), (H, 1)), ssm_dt's bias
+# (dt_bias), ssm_d (D, (H, 1)) and ssm_norm (n_groups, d_inner / n_groups), which the model's checkpoint_stream
+# turns back; a dense MLP (Micro) as ffn_gate / ffn_up / ffn_down
+_GGUF_TO_HF_BY_ARCH["granite_hybrid"] = {
+    "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.ssm_dt", "ssm_a": "mamba.ssm_a",
+    "ssm_d": "mamba.D", "ssm_norm": "mamba.norm", "ssm_out": "mamba.out_proj"}
+_GGUF_TO_HF_BY_ARCH["granite_hybrid_moe"] = _GGUF_TO_HF_BY_ARCH["granite_hybrid"]
 # GGUF tensors that are not parameters, for the model's load_extra_weight (rope_freqs: llama3's factors;
 # rope_factors_*: phi3's longrope factors)
 _GGUF_EXTRAS = {"rope_freqs.weight": "rope_freqs", "rope_factors_long.weight": "rope_factors_long",
@@ -166,8 +179,8 @@ def gguf_weights(gf: GGUFFile, cfg: ModelConfig, progress: bool = True,
     """(HF name, fp32 tensor) for each tensor; (HF name, GGUFQuantized) where keep_quantized(HF name,
     tensor info) says so."""
     # llama.cpp's converter permutes q/k for the llama arch and the ones it converts as llama (LlamaModel's
-    # subclasses that keep its rotary: Granite, Granite MoE, SmolLM3, Arcee, Ministral 3)
-    permuted = gf.architecture in ("llama", "granite", "granitemoe", "smollm3", "arcee", "mistral3", "ernie4_5-moe",
+    # subclasses that keep its rotary: Granite, Granite MoE, Granite 4.0-H, SmolLM3, Arcee, Ministral 3)
+    permuted = gf.architecture in ("llama", "granite", "granitemoe", "granitehybrid", "smollm3", "arcee", "mistral3", "ernie4_5-moe",
                                    *INTERLEAVED_ROTARY)
     for name in tqdm(list(gf.tensors), desc="Loading weights", unit="tensor", disable=not progress, leave=False):
         if (m := re.match(r"blk\.(\d+)\.", name)) and int(m.group(1)) >= cfg.num_layers:
@@ -224,7 +237,7 @@ def _hf_name(name: str, cfg: ModelConfig, permuted: bool) -> tuple[str, int]:
         return "model.embed_tokens.weight", 0
     if name == "output_norm.weight":
         return "model.norm.weight", 0
-    if name == "token_embd_norm.weight" and cfg.architecture == "lfm2":  # LFM2's final norm (HF's embedding_norm)
+    if name == "token_embd_norm.weight" and cfg.architecture in ("lfm2", "lfm2_moe"):  # LFM2's final norm (HF's embedding_norm)
         return "model.embedding_norm.weight", 0
     if name == "output.weight":
         return "lm_head.weight", 0

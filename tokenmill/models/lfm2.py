@@ -15,6 +15,14 @@ attention or by a short gated convolution, which keeps a small recurrent state p
 Checkpoints. HF (transformers' Lfm2ForCausalLM): conv.conv.weight (D, 1, K), embeddings usually tied. GGUF
 (llama.cpp's converter, arch "lfm2"): head_count_kv per layer with 0 for the conv layers, shortconv.l_cache the
 taps, shortconv.conv (D, K), the final norm as token_embd_norm; norms as they are.
+
+LFM2-MoE (LFM2-8B-A1B; Lfm2MoeForCausalLM, GGUF arch "lfm2moe"): the same layers, but every layer from
+cfg.dense_mlp_layers on (num_dense_layers, leading_dense_block_count) has a SparseMoE (layers/moe.py) for its
+MLP: sigmoid scores, experts chosen by scores + expert_bias (selection only), the chosen scores renormalized
+(norm_topk_prob; llama.cpp always) and times routed_scaling_factor. HF: feed_forward.gate (router),
+feed_forward.experts.N.w1 / w3 / w2, feed_forward.expert_bias (our mlp.moe_statics.bias); the dense layers' MLP
+is intermediate_size as it is (no block_auto_adjust_ff_dim). GGUF: ffn_gate_inp, ffn_{gate,up,down}_exps,
+exp_probs_b.bias.
 """
 
 from __future__ import annotations
@@ -28,10 +36,11 @@ from torch import nn
 from tokenmill.attention.backend import AttentionContext
 from tokenmill.layers.gated_delta import RecurrentStep, causal_conv1d
 from tokenmill.layers.linear import Linear, LinearMethod
+from tokenmill.layers.moe import SparseMoE
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryTables
 from tokenmill.loader.model_config import ModelConfig
-from tokenmill.models.llama import LlamaAttention, LlamaForCausalLM
+from tokenmill.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from tokenmill.models.qwen3_5 import HybridDecoderLayer, OneWeight, load_conv_weight, scratch_states
 
 
@@ -94,3 +103,22 @@ class Lfm2ForCausalLM(LlamaForCausalLM):
             attn = AttentionContext(attn.backend, attn.metadata, attn.kv_caches,
                                     scratch_states(self.cfg, attn, self.lm_head.weight.device))
         return super().forward(input_ids, positions, attn, num_layers)
+
+
+class Lfm2MoeForCausalLM(Lfm2ForCausalLM):
+    """LFM2 with experts past the leading dense layers (the module docstring)."""
+
+    def make_mlp(self, cfg: ModelConfig, method: LinearMethod, layer_idx: int) -> nn.Module:
+        if layer_idx in cfg.dense_mlp_layers:
+            return LlamaMLP(cfg, method)
+        return SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                         cfg.moe_renormalize, method, selection_bias=cfg.moe_selection_bias,
+                         sigmoid=cfg.moe_sigmoid, routed_scaling=cfg.moe_routed_scaling)
+
+    @staticmethod
+    def checkpoint_stream(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        """Lfm2's renaming, and HF's `feed_forward.expert_bias` (E,) as our `moe_statics.bias`."""
+        for name, tensor in Lfm2ForCausalLM.checkpoint_stream(weights):
+            if name.endswith(".feed_forward.expert_bias"):
+                name = name.replace(".expert_bias", ".moe_statics.bias")
+            yield name, tensor

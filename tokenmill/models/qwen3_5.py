@@ -179,8 +179,9 @@ class GatedDeltaNet(nn.Module):
 
 
 class HybridDecoderLayer(LlamaDecoderLayer):
-    """llama's residual contract (LlamaDecoderLayer.forward) with the token mixer chosen by the layer's type: a
-    recurrent one, given the step's states, or attention (`mix`, each family's own)."""
+    """llama's residual contract (LlamaDecoderLayer.forward, Granite's residual_multiplier included) with the token
+    mixer chosen by the layer's type: a recurrent one, given the step's states, or attention (`mix`, each family's
+    own)."""
 
     def mix(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
         raise NotImplementedError
@@ -191,8 +192,11 @@ class HybridDecoderLayer(LlamaDecoderLayer):
             residual, h = x, self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm(x, residual)
-        h, residual = self.post_attention_layernorm(self.mix(h, rope, attn), residual)
-        return self.mlp(h), residual
+        m = self.residual_multiplier
+        a = self.mix(h, rope, attn)
+        h, residual = self.post_attention_layernorm(a if m == 1.0 else a.mul_(m), residual)
+        out = self.mlp(h)
+        return (out if m == 1.0 else out.mul_(m)), residual
 
 
 class Qwen3_5DecoderLayer(HybridDecoderLayer):
@@ -261,7 +265,8 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
 
 def scratch_states(cfg: ModelConfig, attn: AttentionContext, device: torch.device) -> RecurrentStep:
     """Zero states for a forward outside the runner (every sequence of the step starts at position 0), dropped
-    afterwards: Qwen3.5's, and LFM2's (models/lfm2.py; no delta-rule state, a zero-size ssm)."""
+    afterwards: Qwen3.5's, LFM2's (models/lfm2.py; no delta-rule state, a zero-size ssm) and Granite 4.0-H's Mamba2
+    ones (models/granite_hybrid.py)."""
     meta = attn.metadata
     if meta.num_decodes or any(p.start for p in meta.prefills):
         raise ValueError("a step that continues a sequence needs its recurrent state (AttentionContext.recurrent)")

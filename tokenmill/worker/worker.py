@@ -40,8 +40,11 @@ def keep_blocks(method: LinearMethod) -> KeepQuantized | None:
     warned: set[str] = set()
 
     def keep(name: str, info: TensorInfo) -> bool:
-        if len(info.shape) not in (2, 3) or name.endswith(".bias") or ".conv1d." in name:
-            # (a stack of experts' biases is 2-D; a causal conv's (channels, kernel) weight is no matmul's)
+        if (len(info.shape) not in (2, 3) or name.endswith(".bias") or ".conv1d." in name
+                or ".conv.conv." in name  # LFM2's short conv (C, K)
+                or not name.endswith(".weight") or name.endswith("norm.weight")):
+            # (a stack of experts' biases is 2-D; a causal conv's (channels, kernel) weight is no matmul's, nor
+            # Granite 4.0-H's ssm_a / ssm_d (H, 1) and ssm_norm (groups, d_inner / groups))
             return False
         stored = info.ggml_type.name.lower()
         held = held_type(stored, requant, info.shape[-1])
