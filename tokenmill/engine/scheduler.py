@@ -14,6 +14,11 @@ Per step, with `token_budget = max_num_batched_tokens`:
 Requests that could never fit (longer than max_model_len or than the whole cache) are refused before
 they get here, so waiting never turns into waiting forever.
 
+A model with recurrent layers (Qwen3.5, LFM2, Granite 4.0-H) also has a StateCache (engine/state_cache.py): an
+admitted request takes a private state slot and its prefix-cache hits only as far as a checkpoint of the state
+reaches; every scheduled request gets a StatePlan (which slot its state is read from, which slots it writes), and
+`update` registers the checkpoints a step wrote.
+
 With `sliding_window` W (a model whose every layer attends over the last W keys), `update` frees each
 request's blocks that left the window (BlockManager.free_outside_window), and an admitted request takes
 no prefix-cache hit the window no longer reaches: a sequence then holds at most ceil((W - 1) / bs) + 1
@@ -150,7 +155,7 @@ class Scheduler:
                 restore, diverged_at = -1, 0
                 if self.states is not None:
                     shared, restore, diverged_at = self._restorable_prefix(req)
-                    from_cache = bool(self.bm.enable_prefix_caching)
+                    from_cache = self.bm.enable_prefix_caching and req.sampling_params.prompt_logprobs is None
                 else:
                     shared, from_cache = self._shared_prefix(req)
                 req.num_computed_tokens = len(shared) * self.bm.block_size
