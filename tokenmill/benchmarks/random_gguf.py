@@ -8,11 +8,14 @@ size asked for), the weights are N(0, std) and quantized row by row as they are 
     python -m tokenmill.benchmarks.random_gguf out.gguf --preset qwen2.5-7b --mix q4_k_m
     python -m tokenmill.benchmarks.random_gguf moe.gguf --preset qwen3-30b-a3b-4l --mix q4_k_m
     python -m tokenmill.benchmarks.random_gguf oss.gguf --preset gpt-oss-20b --mix mxfp4_moe
+    python -m tokenmill.benchmarks.random_gguf g.gguf --preset granite-4.0-h-tiny --mix q4_k_m
+    python -m tokenmill.benchmarks.random_gguf l.gguf --preset lfm2-8b-a1b --mix q4_k_m
 
 Mixes follow llama.cpp's recipes in spirit: `q4_k_m` / `q5_k_m` keep attn_v and ffn_down of about half
 the layers (the first and last eighth, and every third in between) and the output layer in Q6_K; a plain
 type name ("q4_0", "q8_0", "q6_k", ...) uses that type for every matrix; `mxfp4_moe` (gpt-oss's own files)
-puts the experts in MXFP4 and every other matrix in Q8_0. Norms, biases and sinks are F32.
+puts the experts in MXFP4 and every other matrix in Q8_0. Norms, biases and sinks are F32, and so are the
+router, the recurrent layers' convolutions and Mamba2's A, D and norm (as llama-quantize leaves them).
 """
 
 from __future__ import annotations
@@ -52,6 +55,21 @@ class Shape:
     # `linear_dim`), gated attention with q / k norms and a quarter of each head rotated on the others
     linear_heads: tuple[int, int] = (0, 0)
     linear_dim: int = 0
+    # arch granitehybrid (Granite 4.0-H, as conversion/granite.py writes it) and lfm2moe (LFM2-MoE, conversion/
+    # lfm2.py): GQA attention at `attn_layers`, the others Mamba2 (granitehybrid: `ssm_heads` of `ssm_head_dim`,
+    # d_state `ssm_state`, `ssm_groups` groups of B / C, `conv_kernel` taps; NoPE) or LFM2's gated short conv
+    # (`conv_kernel`: L_cache); head_count_kv per layer, 0 on the recurrent ones. granitehybrid: a shared MLP of
+    # `shared_intermediate` beside the experts (`intermediate` is the experts' width there, as the converter
+    # writes feed_forward_length); lfm2moe: the first `dense_layers` layers a dense MLP of `intermediate`, then
+    # experts chosen by sigmoid scores plus a bias (exp_probs_b), q / k norms, the final norm as token_embd_norm.
+    attn_layers: tuple[int, ...] = ()
+    shared_intermediate: int = 0
+    ssm_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_state: int = 0
+    ssm_groups: int = 1
+    conv_kernel: int = 4
+    dense_layers: int = 0
 
 
 PRESETS = {
@@ -68,6 +86,17 @@ PRESETS = {
     # gpt-oss-20b's shapes (24 layers, 32 experts of 2880, 4 used, 64 heads of 64, 8 KV heads, window 128)
     "gpt-oss-20b": Shape("gpt-oss", 2880, 2880, 24, 64, 8, 201088, context=131072, attention_bias=True, head_dim=64,
                          experts=32, experts_used=4, expert_intermediate=2880, window=128),
+    # Granite 4.0-H-Tiny's shapes: 40 layers, attention (12 heads of 128, 4 KV heads, NoPE) at 5, 15, 25, 35 and
+    # Mamba2 elsewhere (48 heads of 64, d_state 128, 1 group), 62 experts of 512 (6 used) beside a shared MLP of 1024
+    "granite-4.0-h-tiny": Shape("granitehybrid", 1536, 512, 40, 12, 4, 100352, tied=True, context=2**20,
+                                head_dim=128, experts=62, experts_used=6, expert_intermediate=512,
+                                attn_layers=(5, 15, 25, 35), shared_intermediate=1024, ssm_heads=48,
+                                ssm_head_dim=64, ssm_state=128, ssm_groups=1, conv_kernel=4),
+    # LFM2-8B-A1B's shapes: 24 layers, attention (32 heads of 64, 8 KV heads) at 2, 6, 10, 14, 18, 21 and short
+    # convs (L_cache 3) elsewhere; 2 dense layers of 7168, then 32 experts of 1792 (4 used)
+    "lfm2-8b-a1b": Shape("lfm2moe", 2048, 7168, 24, 32, 8, 65536, tied=True, context=128000, head_dim=64,
+                         qk_norm=True, experts=32, experts_used=4, expert_intermediate=1792,
+                         attn_layers=(2, 6, 10, 14, 18, 21), conv_kernel=3, dense_layers=2),
 }
 
 
@@ -83,7 +112,8 @@ def tensor_type(name: str, layer: int, n_layers: int, mix: str) -> str:
         base = mix[:4]
         if name == "output.weight":
             return "q6_k"
-        if name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and _more_bits(layer, n_layers):
+        if name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")) \
+                and _more_bits(layer, n_layers):
             return "q6_k"
         return base
     return mix
@@ -123,6 +153,44 @@ def add_default_tokenizer(w: Any, vocab: int) -> None:
     w.add_chat_template(str(src["tokenizer.chat_template"]))
 
 
+def _hybrid_layer(s: Shape, i: int, hd: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """Layer i's tensors of a granitehybrid or lfm2moe Shape, llama.cpp's names and shapes (rows, k)."""
+    p = f"blk.{i}."
+    t: list[tuple[str, tuple[int, ...], str]] = [(p + "attn_norm.weight", (s.hidden,), "f32"),
+                                                  (p + "ffn_norm.weight", (s.hidden,), "f32")]
+    if i in s.attn_layers:
+        t += [(p + "attn_q.weight", (s.heads * hd, s.hidden), ""), (p + "attn_k.weight", (s.kv_heads * hd, s.hidden), ""),
+              (p + "attn_v.weight", (s.kv_heads * hd, s.hidden), ""),
+              (p + "attn_output.weight", (s.hidden, s.heads * hd), "")]
+        if s.qk_norm:
+            t += [(p + "attn_q_norm.weight", (hd,), "f32"), (p + "attn_k_norm.weight", (hd,), "f32")]
+    elif s.arch == "granitehybrid":  # Mamba2: in_proj -> z (I), x | B | C (the conv's channels), dt (H)
+        h, inner, g = s.ssm_heads, s.ssm_heads * s.ssm_head_dim, s.ssm_groups
+        conv = inner + 2 * g * s.ssm_state
+        t += [(p + "ssm_in.weight", (inner + conv + h, s.hidden), ""),
+              (p + "ssm_conv1d.weight", (conv, s.conv_kernel), "f32"), (p + "ssm_conv1d.bias", (conv,), "f32"),
+              (p + "ssm_dt.bias", (h,), "f32"), (p + "ssm_a", (h, 1), "f32"), (p + "ssm_d", (h, 1), "f32"),
+              (p + "ssm_norm.weight", (g, inner // g), "f32"), (p + "ssm_out.weight", (s.hidden, inner), "")]
+    else:  # LFM2's gated short conv: in_proj -> B | C | x, a depthwise conv of L_cache taps, out_proj
+        t += [(p + "shortconv.conv.weight", (s.hidden, s.conv_kernel), "f32"),
+              (p + "shortconv.in_proj.weight", (3 * s.hidden, s.hidden), ""),
+              (p + "shortconv.out_proj.weight", (s.hidden, s.hidden), "")]
+    if i < s.dense_layers or not s.experts:
+        f = s.intermediate if s.arch == "lfm2moe" or not s.shared_intermediate else s.shared_intermediate
+        return t + [(p + "ffn_gate.weight", (f, s.hidden), ""), (p + "ffn_up.weight", (f, s.hidden), ""),
+                    (p + "ffn_down.weight", (s.hidden, f), "")]
+    e, f = s.experts, s.expert_intermediate
+    t += [(p + "ffn_gate_inp.weight", (e, s.hidden), "f32"), (p + "ffn_gate_exps.weight", (e, f, s.hidden), ""),
+          (p + "ffn_up_exps.weight", (e, f, s.hidden), ""), (p + "ffn_down_exps.weight", (e, s.hidden, f), "")]
+    if s.arch == "lfm2moe":
+        t.append((p + "exp_probs_b.bias", (e,), "f32"))
+    if s.shared_intermediate:
+        si = s.shared_intermediate
+        t += [(p + "ffn_gate_shexp.weight", (si, s.hidden), ""), (p + "ffn_up_shexp.weight", (si, s.hidden), ""),
+              (p + "ffn_down_shexp.weight", (s.hidden, si), "")]
+    return t
+
+
 def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.05, seed: int = 0,
                       name: str = "random", extra_metadata: dict[str, float | int | str] | None = None) -> Path:
     """A random-weight GGUF of `shape` with the default model's tokenizer; `extra_metadata`: more keys
@@ -141,6 +209,9 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     conv_dim, value_dim = (2 * hk + hv) * s.linear_dim, hv * s.linear_dim
     for i in range(s.layers):
         p = f"blk.{i}."
+        if s.arch in ("granitehybrid", "lfm2moe"):
+            tensors += _hybrid_layer(s, i, hd)
+            continue
         if q35 and (i + 1) % 4:  # a Gated DeltaNet layer (llama.cpp's qwen35 tensors)
             tensors += [(p + "attn_norm.weight", (s.hidden,), "f32"),
                         (p + "attn_qkv.weight", (conv_dim, s.hidden), ""),
@@ -181,7 +252,7 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
             tensors += [(p + "ffn_gate.weight", (s.intermediate, s.hidden), ""),
                         (p + "ffn_up.weight", (s.intermediate, s.hidden), ""),
                         (p + "ffn_down.weight", (s.hidden, s.intermediate), "")]
-    tensors.append(("output_norm.weight", (s.hidden,), "f32"))
+    tensors.append(("token_embd_norm.weight" if s.arch == "lfm2moe" else "output_norm.weight", (s.hidden,), "f32"))
     if not s.tied:
         tensors.append(("output.weight", (s.vocab, s.hidden), ""))
 
@@ -197,7 +268,10 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     w.add_uint32(f"{a}.embedding_length", s.hidden)
     w.add_uint32(f"{a}.feed_forward_length", s.intermediate)
     w.add_uint32(f"{a}.attention.head_count", s.heads)
-    w.add_uint32(f"{a}.attention.head_count_kv", s.kv_heads)
+    if s.attn_layers:  # per layer, 0 on the recurrent ones (as llama.cpp's converter writes hybrids)
+        w.add_array(f"{a}.attention.head_count_kv", [s.kv_heads if i in s.attn_layers else 0 for i in range(s.layers)])
+    else:
+        w.add_uint32(f"{a}.attention.head_count_kv", s.kv_heads)
     w.add_float32(f"{a}.rope.freq_base", 150000.0 if a == "gpt-oss" else 10000.0)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32(f"{a}.vocab_size", s.vocab)
@@ -207,7 +281,8 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     if s.experts:
         w.add_uint32(f"{a}.expert_count", s.experts)
         w.add_uint32(f"{a}.expert_used_count", s.experts_used)
-        w.add_uint32(f"{a}.expert_feed_forward_length", s.expert_intermediate)
+        if a != "granitehybrid":  # there feed_forward_length is the experts' width
+            w.add_uint32(f"{a}.expert_feed_forward_length", s.expert_intermediate)
     if s.window:
         w.add_uint32(f"{a}.attention.sliding_window", s.window)
     if q35:
@@ -222,6 +297,20 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
         w.add_uint32(f"{a}.rope.scaling.original_context_length", 4096)
         w.add_float32(f"{a}.rope.scaling.yarn_beta_fast", 32.0)
         w.add_float32(f"{a}.rope.scaling.yarn_beta_slow", 1.0)
+    if a == "granitehybrid":  # Granite 4.0-H-Tiny's multipliers; Mamba2's shape; NoPE (rope.scaling.finetuned false)
+        w.add_float32(f"{a}.attention.scale", 0.0078125)
+        w.add_float32(f"{a}.embedding_scale", 12.0)
+        w.add_float32(f"{a}.residual_scale", 0.22)
+        w.add_float32(f"{a}.logit_scale", 6.0)
+        w.add_uint32(f"{a}.expert_shared_feed_forward_length", s.shared_intermediate)
+        for key, n in (("conv_kernel", s.conv_kernel), ("state_size", s.ssm_state), ("group_count", s.ssm_groups),
+                       ("inner_size", s.ssm_heads * s.ssm_head_dim), ("time_step_rank", s.ssm_heads)):
+            w.add_uint32(f"{a}.ssm.{key}", n)
+        w.add_bool(f"{a}.rope.scaling.finetuned", False)
+    if a == "lfm2moe":
+        w.add_uint32(f"{a}.leading_dense_block_count", s.dense_layers)
+        w.add_uint32(f"{a}.expert_gating_func", 2)  # sigmoid
+        w.add_uint32(f"{a}.shortconv.l_cache", s.conv_kernel)
     add_default_tokenizer(w, s.vocab)
     for key, value in (extra_metadata or {}).items():
         if isinstance(value, str):
@@ -244,13 +333,19 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    def small(tname: str, n: int) -> np.ndarray:  # a norm, bias or per-head value
+        arr = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32) if "norm" in tname else \
+            (0.1 * rng.standard_normal(n)).astype(np.float32)
+        if tname.endswith(".ssm_a"):  # -exp(A_log): a decay, negative
+            arr = -np.exp(arr)
+        return arr
+
     for tname, tshape, t in tensors:
         if len(tshape) == 1:
-            arr = (1.0 + 0.1 * rng.standard_normal(tshape[0])).astype(np.float32) if "norm" in tname else \
-                (0.1 * rng.standard_normal(tshape[0])).astype(np.float32)
-            if tname.endswith(".ssm_a"):  # -exp(A_log): a decay, negative
-                arr = -np.exp(arr)
-            w.write_tensor_data(arr)
+            w.write_tensor_data(small(tname, tshape[0]))
+            continue
+        if tname.endswith((".ssm_a", ".ssm_d", ".ssm_norm.weight")):  # Mamba2's (H, 1) and (groups, d_inner / groups)
+            w.write_tensor_data(small(tname, int(np.prod(tshape))).reshape(tshape))
             continue
         qtype = GGMLQuantizationType[type_of(tname, t).upper()]
         *lead, k = tshape
