@@ -113,7 +113,8 @@ class MemoryPlan:
             f"{format_size(self.kv_bytes_per_block)} per {self.block_size}-token block",
             f"KV cache: {format_size(self.num_blocks * self.kv_bytes_per_block)} -> {self.num_blocks} blocks = "
             f"{self.num_cache_tokens} tokens",
-            *([f"recurrent state (linear-attention layers): {format_size(self.state_bytes_per_seq)} per sequence x "
+            *([f"recurrent state (the recurrent layers' conv windows and states): "
+               f"{format_size(self.state_bytes_per_seq)} per sequence x "
                f"({self.num_state_slots} sequences at once + {self.num_state_checkpoints} prefix-cache checkpoints) = "
                f"{format_size(self.state_bytes)}, from the KV cache's budget"
                + ("" if self.num_state_checkpoints else "; no prefix caching (a state cannot be rebuilt from cached "
