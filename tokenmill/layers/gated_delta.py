@@ -79,6 +79,14 @@ def chained(seqs: list[StateSeq]) -> list[bool]:
     return out
 
 
+def leading_decodes(seqs: list[StateSeq]) -> list[StateSeq]:
+    """The seqs a native decode kernel takes: single-token ones not chained on an earlier seq, when they lead the
+    step at rows 0..n-1 (decodes come first in a step); [] otherwise. The rest may be chained on them, so the kernel
+    runs before the torch path takes the others."""
+    decodes = [s for s, c in zip(seqs, chained(seqs)) if s.q_len == 1 and not c]
+    return decodes if [s.q_start for s in decodes] == list(range(len(decodes))) else []
+
+
 def _split(seqs: list[StateSeq]) -> tuple[list[StateSeq], list[StateSeq]]:
     """(unchained single-token seqs: the batched path; the others, in list order: the per-sequence path). Empty
     seqs go to the second list, where one whose read slot is not its write slot copies its state over."""

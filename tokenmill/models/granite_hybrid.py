@@ -10,7 +10,8 @@ of attention, with Granite's four multipliers (ModelConfig: embeddings, attentio
   B, C (G, N each); y = scan(x, dt, B, C) with dt = softplus(dt + dt_bias), A = -exp(A_log) and the D skip;
   out_proj(w * rmsnorm(y * silu(z)) per group of I / G channels). Each sequence's conv window (C, K - 1) and state
   (H, P, N) live in a slot of the worker's RecurrentStatePool (conv[j], ssm[j] for the j-th layer of
-  cfg.linear_layers).
+  cfg.linear_layers). On CPU with the native kernels, a step's unchained single-token sequences (rows 0..n-1)
+  take tm_mamba2_decode (kernels.cpp: everything between in_proj and out_proj in one call), the rest the torch path.
 - The MLP: experts (softmax over the top-k logits) plus an ungated shared MLP (Tiny, Small: SparseMoE), or the
   shared MLP alone (Micro, num_local_experts 0: a dense SwiGLU MLP).
 
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 from tokenmill.attention.backend import AttentionContext
-from tokenmill.layers.gated_delta import RecurrentStep, causal_conv1d
+from tokenmill.layers.gated_delta import RecurrentStep, StateSeq, causal_conv1d, leading_decodes
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.mamba2 import gated_rms_norm, mamba2_scan
 from tokenmill.layers.moe import SparseMoE
@@ -42,6 +43,7 @@ from tokenmill.loader.model_config import ModelConfig
 from tokenmill.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from tokenmill.models.moe import MoEForCausalLM
 from tokenmill.models.qwen3_5 import HybridDecoderLayer, OneWeight, load_conv_weight, scratch_states
+from tokenmill.native import kernels
 
 
 def _load_flat(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
@@ -86,22 +88,67 @@ class Mamba2Mixer(nn.Module):
         self.state_index = cfg.linear_layers.index(layer_idx)  # its conv window and state in the pool
         # -exp(A_log), dt_bias and D in float32 from the checkpoint's values, before any cast (finish)
         self.scan_params: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # the native decode kernel's float32 copies of the conv's weight and bias and the gated norm's weight
+        # (finish_native; None: torch only)
+        self.native: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def finish(self) -> None:
         self.scan_params = (-self.A_log.detach().float().exp(), self.dt_bias.detach().float(),
                             self.D.detach().float())
+        self.finish_native()
+
+    def finish_native(self) -> None:
+        """On CPU with the native kernels, the conv's weight and bias and the gated norm's weight in float32 for
+        tm_mamba2_decode, from the values the torch path uses (finish_loading calls it again after the cast to the
+        compute dtype); otherwise none."""
+        self.native = None
+        if self.conv1d.weight.is_cpu and kernels.is_enabled():
+            self.native = (self.conv1d.weight.detach().float().contiguous(),
+                           self.conv1d.bias.detach().float().contiguous(),
+                           self.norm.weight.detach().float().contiguous())
 
     def forward(self, h: torch.Tensor, step: RecurrentStep) -> torch.Tensor:
+        """The decodes (one token each, not chained on an earlier seq, leading the step at rows 0..n-1) take the
+        native kernel where it is built, before the rest (which may be chained on them); the rest, torch (as
+        GatedDeltaNet.forward)."""
         assert self.scan_params is not None, "call finish_loading() first"
-        T, j = h.shape[0], self.state_index
-        gn = self.groups * self.d_state
         z, xbc, dt = self.in_proj(h).split([self.inner, self.conv_dim, self.heads], dim=-1)
-        xbc = causal_conv1d(xbc, self.conv1d.weight, step.conv[j], step.seqs, bias=self.conv1d.bias)  # SiLU'd
+        decodes = leading_decodes(step.seqs) if self.native is not None else []
+        n, j = len(decodes), self.state_index
+        if decodes:
+            assert self.native is not None
+            neg_a, dt_bias, skip = self.scan_params
+            normed = h.new_empty(h.shape[0], self.inner)
+            # (n,) int64: the read slot (-1: fresh, a zero state) and the write slot of each decode
+            src = torch.tensor([-1 if s.fresh else s.read_slot for s in decodes], dtype=torch.int64)
+            dst = torch.tensor([s.slot for s in decodes], dtype=torch.int64)
+            if not kernels.mamba2_decode(normed[:n], xbc[:n], z[:n], dt[:n], self.native[0], self.native[1],
+                                         step.conv[j], step.ssm[j], src, dst, neg_a, dt_bias, skip, self.native[2],
+                                         self.groups, self.eps):
+                decodes, n = [], 0  # shapes the kernel does not take (nothing written): all through torch
+        if n == 0:
+            return self.out_proj(self._mix(z, xbc, dt, step, step.seqs))
+        taken = {id(s) for s in decodes}
+        rest = [s for s in step.seqs if id(s) not in taken]  # rows n.. (rows 0..n-1 are the decodes')
+        if rest:
+            mixed = self._mix(z, xbc, dt, step, rest)
+            mixed[:n] = normed[:n]
+            normed = mixed
+        return self.out_proj(normed)
+
+    def _mix(self, z: torch.Tensor, xbc: torch.Tensor, dt: torch.Tensor, step: RecurrentStep,
+             seqs: list[StateSeq]) -> torch.Tensor:
+        """The torch path between the projections for `seqs` (other rows come back as zeros): z (T, I), xbc (T, C),
+        dt (T, H) -> the gated norm's output (T, I) in z's dtype."""
+        assert self.scan_params is not None
+        T, j = z.shape[0], self.state_index
+        gn = self.groups * self.d_state
+        xbc = causal_conv1d(xbc, self.conv1d.weight, step.conv[j], seqs, bias=self.conv1d.bias)  # SiLU'd
         x, B, C = xbc.split([self.inner, gn, gn], dim=-1)
         neg_a, dt_bias, skip = self.scan_params
         y = mamba2_scan(x.unflatten(1, (self.heads, self.head_dim)), dt, B.unflatten(1, (self.groups, self.d_state)),
-                        C.unflatten(1, (self.groups, self.d_state)), neg_a, skip, dt_bias, step.ssm[j], step.seqs)
-        return self.out_proj(gated_rms_norm(y.reshape(T, self.inner), z, self.norm.weight, self.groups, self.eps))
+                        C.unflatten(1, (self.groups, self.d_state)), neg_a, skip, dt_bias, step.ssm[j], seqs)
+        return gated_rms_norm(y.reshape(T, self.inner), z, self.norm.weight, self.groups, self.eps)
 
 
 class GraniteHybridDecoderLayer(HybridDecoderLayer):
@@ -144,6 +191,9 @@ class GraniteHybridForCausalLM(LlamaForCausalLM):
                 m.to(device)
                 m.finish()
         super().finish_loading(device, dtype)
+        for m in self.modules():  # after the cast: the kernel's float32 copies of what the torch path uses
+            if isinstance(m, Mamba2Mixer):
+                m.finish_native()
 
     @staticmethod
     def checkpoint_stream(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.attention.backend import AttentionContext
-from tokenmill.layers.gated_delta import RecurrentStep, StateSeq, causal_conv1d, chained, gated_delta_rule
+from tokenmill.layers.gated_delta import RecurrentStep, StateSeq, causal_conv1d, gated_delta_rule, leading_decodes
 from tokenmill.layers.head_norm import HeadRMSNorm
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.moe import SparseMoE
@@ -128,11 +128,7 @@ class GatedDeltaNet(nn.Module):
         T = h.shape[0]
         qkv, z = self.in_proj_qkvz(h).split([self.conv_dim, self.value_dim], dim=-1)
         ba = self.in_proj_ba(h)
-        decodes: list[StateSeq] = []
-        if self.native is not None:
-            decodes = [s for s, c in zip(step.seqs, chained(step.seqs)) if s.q_len == 1 and not c]
-            if [s.q_start for s in decodes] != list(range(len(decodes))):
-                decodes = []
+        decodes = leading_decodes(step.seqs) if self.native is not None else []
         n, j = len(decodes), self.state_index
         normed = h.new_empty(T, self.value_dim)
         if decodes:

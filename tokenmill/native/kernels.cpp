@@ -15,6 +15,8 @@
 //   tm_paged_attention_rows
 //                     the same, with the rows from one index on marked as a prompt's: at bf16 with
 //                     AVX512_BF16 those take lane-wise tiles (query heads in the lanes; attend_range_lanes)
+//   tm_mamba2_decode  a Mamba2 layer's decode step between in_proj and out_proj (conv, selective scan, gated
+//                     norm), over the recurrent state pools, src / dst slots as tm_gdn_decode's
 //
 // Element types: fp32 (`float`) and bf16 (`uint16_t`, converted to fp32 in registers; all arithmetic is
 // fp32, results rounded to nearest even once; but prompt rows' lane-wise tiles, AVX512_BF16's: q.k as bf16
@@ -1238,14 +1240,120 @@ void gdn_decode(T* out, int64_t out_stride, const T* qkv, int64_t qkv_stride, co
     }
 }
 
+
+// ---- Mamba2 decode (Granite 4.0-H's recurrent layers, one token per sequence) -------------------------------
+// Everything between a Mamba2 layer's in_proj and its out_proj, for N sequences each at its next token, over the
+// state pools (float32): conv_pool (S, C, K - 1) the causal conv's last inputs (C = H P + 2 G Ns: x | B | C),
+// ssm_pool (S, H, P, Ns) the scan's states; src / dst slots as gdn_decode's (-1: fresh, a zero state; in place
+// when equal, otherwise the src slot is left as it was). Per sequence: the conv window [state, xBC] ->
+// silu(w . window + bias), the state shifted; then per head h (group g = h / (H / G)):
+//     dt = softplus(dt_h + dt_bias_h) (x itself above 20, as torch's softplus), dA = exp(dt neg_a_h),
+//     S = dA S + (dt x_h) B_g^T,  y_h = S C_g + D_h x_h        (S (P, Ns), the updated one read for y)
+// then the gated norm per group of I / G channels (transformers' GraniteMoeHybridRMSNormGated, mamba2.py's
+// gated_rms_norm): u = y silu(z), out = norm_w * (u rsqrt(mean(u^2) + eps) rounded to T), rounded to T.
+// The conv's output and y stay float32 (the torch path rounds them to T at bf16). Each (sequence, head) is
+// computed on its own, its sums in a fixed order: the same bits alone or in any batch.
+template <typename T>
+void mamba2_decode(T* out, int64_t out_stride, const T* xbc, int64_t xbc_stride, const T* z, int64_t z_stride,
+                   const T* dt_in, int64_t dt_stride, const float* conv_w, const float* conv_b, float* conv_pool,
+                   float* ssm_pool, const int64_t* src_slots, const int64_t* dst_slots, const float* neg_a,
+                   const float* dt_bias, const float* Dskip, const float* norm_w, int64_t N, int64_t H, int64_t G,
+                   int64_t P, int64_t Ns, int64_t K, float eps, int nthreads) {
+    const int64_t I = H * P, C = I + 2 * G * Ns, R = H / G, K1 = K - 1, gw = I / G;
+    std::vector<float> mixed(static_cast<size_t>(N * C)), y(static_cast<size_t>(N * I));
+    // the conv: cheap (C * K a sequence), so one thread unless the batch is big
+#pragma omp parallel for num_threads(nthreads) if (N * C * K >= (int64_t(1) << 18)) schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        float* m = mixed.data() + n * C;
+        // the window (C, K1) read from src (nullptr: zeros) and written shifted to dst; in place, dst[j] = src[j + 1]
+        // in ascending j reads each column before it is overwritten
+        const float* src = src_slots[n] < 0 ? nullptr : conv_pool + src_slots[n] * C * K1;
+        float* dst = conv_pool + dst_slots[n] * C * K1;
+        const T* x = xbc + n * xbc_stride;
+        for (int64_t c = 0; c < C; ++c) {
+            const float* sc = src ? src + c * K1 : nullptr;
+            float* dc = dst + c * K1;
+            const float* w = conv_w + c * K;
+            const float xc = to_f32(x[c]);
+            float acc = 0.0f;
+            for (int64_t j = 0; j < K1; ++j) acc += w[j] * (sc ? sc[j] : 0.0f);
+            acc += w[K1] * xc;
+            if (conv_b) acc += conv_b[c];
+            for (int64_t j = 0; j + 1 < K1; ++j) dc[j] = sc ? sc[j + 1] : 0.0f;
+            if (K1 > 0) dc[K1 - 1] = xc;
+            m[c] = acc / (1.0f + std::exp(-acc));
+        }
+    }
+    // the scan, one task per (sequence, head): (P, Ns) state read and written once
+    const int64_t Nv = Ns - Ns % 8;
+#pragma omp parallel for num_threads(nthreads) if (N * H * P * Ns >= (int64_t(1) << 15)) schedule(static)
+    for (int64_t task = 0; task < N * H; ++task) {
+        const int64_t n = task / H, h = task % H, g = h / R;
+        const float* m = mixed.data() + n * C;
+        const float* x = m + h * P;
+        const float* Bg = m + I + g * Ns;
+        const float* Cg = m + I + G * Ns + g * Ns;
+        float* Sd = ssm_pool + (dst_slots[n] * H + h) * P * Ns;
+        const float* Sr = Sd;
+        if (src_slots[n] < 0)
+            std::fill(Sd, Sd + P * Ns, 0.0f);
+        else
+            Sr = ssm_pool + (src_slots[n] * H + h) * P * Ns;
+        const float a_in = to_f32(dt_in[n * dt_stride + h]) + dt_bias[h];
+        const float dt = a_in > 20.0f ? a_in : std::log1p(std::exp(a_in));
+        const float dA = std::exp(dt * neg_a[h]);
+        const V8 dAv = vset1(dA);
+        float* yh = y.data() + n * I + h * P;
+        for (int64_t p = 0; p < P; ++p) {
+            const float* row = Sr + p * Ns;
+            float* drow = Sd + p * Ns;  // row itself when in place: each element read, then written
+            const float dx = dt * x[p];
+            const V8 dxv = vset1(dx);
+            V8 acc = vzero();
+            for (int64_t i = 0; i < Nv; i += 8) {
+                const V8 s = dAv * vload(row + i) + dxv * vload(Bg + i);
+                vstore(drow + i, s);
+                acc = acc + s * vload(Cg + i);
+            }
+            float yp = hsum(acc);
+            for (int64_t i = Nv; i < Ns; ++i) {
+                const float s = dA * row[i] + dx * Bg[i];
+                drow[i] = s;
+                yp += s * Cg[i];
+            }
+            yh[p] = yp + Dskip[h] * x[p];
+        }
+    }
+    // the gated norm per (sequence, group): cheap (I a sequence)
+#pragma omp parallel for num_threads(nthreads) if (N * I >= (int64_t(1) << 18)) schedule(static)
+    for (int64_t task = 0; task < N * G; ++task) {
+        const int64_t n = task / G, g = task % G;
+        float* u = y.data() + n * I + g * gw;
+        const T* zg = z + n * z_stride + g * gw;
+        T* og = out + n * out_stride + g * gw;
+        float ss = 0.0f;
+        for (int64_t i = 0; i < gw; ++i) {
+            const float zi = to_f32(zg[i]);
+            u[i] *= zi / (1.0f + std::exp(-zi));
+            ss += u[i] * u[i];
+        }
+        const float inv = 1.0f / std::sqrt(ss / float(gw) + eps);
+        for (int64_t i = 0; i < gw; ++i) {
+            T r;
+            store1(&r, u[i] * inv);  // the normed value rounded to T before the weight, as the reference
+            store1(og + i, norm_w[g * gw + i] * to_f32(r));
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-// 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots + fresh); 7: tm_gdn_decode;
-// 6: tm_paged_attention_rows takes attention sinks
-int tm_abi_version() { return 8; }
+// 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots + fresh);
+// 7: tm_gdn_decode; 6: tm_paged_attention_rows takes attention sinks
+int tm_abi_version() { return 9; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -1352,6 +1460,30 @@ int tm_gdn_decode(int dtype, void* out, int64_t out_stride, const void* qkv, int
                    static_cast<const bf16*>(z), z_stride, static_cast<const bf16*>(ba), ba_stride, conv_w, conv_pool,
                    ssm_pool, src_slots, dst_slots, neg_a, dt_bias, norm_w, N, Hk, Hv, dk, dv, K, tiled != 0, eps,
                    nthreads);
+    else
+        return -1;
+    return 0;
+}
+
+// mamba2_decode above: out (N, I), xbc (N, C), z (N, I), dt (N, H), rows *_stride apart, of `dtype` (I = H P,
+// C = I + 2 G Ns); the weights and pools float32, contiguous (conv_b NULL: no bias); src_slots (-1: fresh, a zero
+// state), dst_slots (N,) int64. Returns 0; -1 unknown dtype; -2 shapes it does not handle.
+int tm_mamba2_decode(int dtype, void* out, int64_t out_stride, const void* xbc, int64_t xbc_stride, const void* z,
+                     int64_t z_stride, const void* dt, int64_t dt_stride, const float* conv_w, const float* conv_b,
+                     float* conv_pool, float* ssm_pool, const int64_t* src_slots, const int64_t* dst_slots,
+                     const float* neg_a, const float* dt_bias, const float* D, const float* norm_w, int64_t N,
+                     int64_t H, int64_t G, int64_t P, int64_t Ns, int64_t K, float eps, int nthreads) {
+    if (G <= 0 || H % G || P <= 0 || Ns <= 0 || K < 1) return -2;
+    if (dtype == 0)
+        mamba2_decode(static_cast<float*>(out), out_stride, static_cast<const float*>(xbc), xbc_stride,
+                      static_cast<const float*>(z), z_stride, static_cast<const float*>(dt), dt_stride, conv_w, conv_b,
+                      conv_pool, ssm_pool, src_slots, dst_slots, neg_a, dt_bias, D, norm_w, N, H, G, P, Ns, K, eps,
+                      nthreads);
+    else if (dtype == 1)
+        mamba2_decode(static_cast<bf16*>(out), out_stride, static_cast<const bf16*>(xbc), xbc_stride,
+                      static_cast<const bf16*>(z), z_stride, static_cast<const bf16*>(dt), dt_stride, conv_w, conv_b,
+                      conv_pool, ssm_pool, src_slots, dst_slots, neg_a, dt_bias, D, norm_w, N, H, G, P, Ns, K, eps,
+                      nthreads);
     else
         return -1;
     return 0;

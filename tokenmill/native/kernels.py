@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 8  # 8: tm_gdn_decode takes src_slots and dst_slots (was slots and fresh)
+ABI_VERSION = 9  # 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots (was slots and fresh)
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
 # merged (flash-decoding): a fixed size, so a sequence's result never depends on its batch or the threads
@@ -46,6 +46,9 @@ _SIGNATURES = {
     # ..., conv_w, conv_pool, ssm_pool, src_slots, dst_slots (int64 pointers), neg_a, dt_bias, norm_w, N, ...
     "tm_gdn_decode": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64,
                       _I64, _I64, _I64, _I32, _F32, _I32],
+    # ..., conv_w, conv_b, conv_pool, ssm_pool, src_slots, dst_slots, neg_a, dt_bias, D, norm_w, N, H, G, P, Ns, K, ...
+    "tm_mamba2_decode": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64,
+                         _I64, _I64, _I64, _I64, _I64, _F32, _I32],
     "tm_paged_attention_rows": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
                                 _F32, _F32, _I64, _I32, _I64, _P],
 }
@@ -233,4 +236,43 @@ def gdn_decode(out: torch.Tensor, qkv: torch.Tensor, z: torch.Tensor, ba: torch.
                            z.stride(0), ba.data_ptr(), ba.stride(0), conv_w.data_ptr(), conv_pool.data_ptr(),
                            ssm_pool.data_ptr(), src_slots.data_ptr(), dst_slots.data_ptr(), neg_a.data_ptr(),
                            dt_bias.data_ptr(), norm_w.data_ptr(), N, num_key_heads, Hv, dk, dv, K, int(tiled), eps, torch.get_num_threads())
+    return rc == 0
+
+
+def mamba2_decode(out: torch.Tensor, xbc: torch.Tensor, z: torch.Tensor, dt: torch.Tensor, conv_w: torch.Tensor,
+                  conv_b: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, src_slots: torch.Tensor,
+                  dst_slots: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor, skip: torch.Tensor,
+                  norm_w: torch.Tensor, groups: int, eps: float) -> bool:
+    """A Mamba2 layer's decode step between in_proj and out_proj (kernels.cpp, mamba2_decode), N sequences: out
+    (N, I) written (I = H P, the gated norm's output); xbc (N, C) (C = I + 2 G Ns: x | B | C before the conv), z
+    (N, I), dt (N, H) (before dt_bias) of out's dtype, unit stride in the last dim; conv_w (C, K), conv_b (C,),
+    neg_a (= -exp(A_log)), dt_bias, skip (D) (H,), norm_w (I,) float32; conv_pool (S, C, K - 1) and ssm_pool
+    (S, H, P, Ns) float32 contiguous; src_slots / dst_slots (N,) int64 contiguous as gdn_decode's (-1: fresh; in
+    place when equal, otherwise the src slot left unchanged; no two sequences write one slot, none reads a slot
+    another writes). False: not for the kernel (nothing written)."""
+    code = _DTYPE_CODE.get(out.dtype)
+    lib = library()
+    if code is None or lib is None or not out.is_cpu or out.dim() != 2 or ssm_pool.dim() != 4 or conv_w.dim() != 2:
+        return False
+    N = out.shape[0]
+    S, H, P, Ns = ssm_pool.shape
+    C, K = conv_w.shape
+    I = H * P
+    f32 = torch.float32
+    if (groups <= 0 or H % groups
+            or any(t.dtype != out.dtype or t.dim() != 2 or t.shape[0] != N or t.stride(1) != 1 for t in (xbc, z, dt))
+            or out.stride(1) != 1 or out.shape[1] != I or z.shape[1] != I or dt.shape[1] != H
+            or xbc.shape[1] != C or C != I + 2 * groups * Ns
+            or any(t.dtype != f32 or not t.is_contiguous() or not t.is_cpu
+                   for t in (conv_w, conv_b, conv_pool, ssm_pool, neg_a, dt_bias, skip, norm_w))
+            or conv_pool.shape != (S, C, K - 1) or conv_b.shape != (C,) or neg_a.shape != (H,)
+            or dt_bias.shape != (H,) or skip.shape != (H,) or norm_w.shape != (I,)
+            or any(t.dtype != torch.int64 or t.shape != (N,) or not t.is_contiguous() or not t.is_cpu
+                   for t in (src_slots, dst_slots))):
+        return False
+    rc = lib.tm_mamba2_decode(code, out.data_ptr(), out.stride(0), xbc.data_ptr(), xbc.stride(0), z.data_ptr(),
+                              z.stride(0), dt.data_ptr(), dt.stride(0), conv_w.data_ptr(), conv_b.data_ptr(),
+                              conv_pool.data_ptr(), ssm_pool.data_ptr(), src_slots.data_ptr(), dst_slots.data_ptr(),
+                              neg_a.data_ptr(), dt_bias.data_ptr(), skip.data_ptr(), norm_w.data_ptr(), N, H, groups,
+                              P, Ns, K, eps, torch.get_num_threads())
     return rc == 0
