@@ -194,6 +194,32 @@ def assert_state_across_steps(base: LLM, path: str, engine: dict[str, Any], ids:
     eng.state_cache.check()
 
 
+def assert_state_is_seen(llm: LLM, ids: list[list[int]]) -> Any:
+    """The control for a model with recurrent layers: every sequence reading a zero state at each step (its state not
+    carried) changes the greedy tokens, and they come back once that is undone, so comparisons of those tokens see
+    the state. Returns the runner's state pool, for the caller's checks of its shapes."""
+    from tokenmill import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in llm.generate(ids, params)]
+    pool = llm.engine.executor.worker.runner.states
+    step = pool.step
+
+    def forgetful(seqs: Any) -> Any:
+        out = step(seqs)
+        for s in out.seqs:
+            s.fresh = True
+        return out
+
+    pool.step = forgetful
+    try:
+        assert [o.outputs[0].token_ids for o in llm.generate(ids, params)] != want
+    finally:
+        del pool.step
+    assert [o.outputs[0].token_ids for o in llm.generate(ids, params)] == want
+    return pool
+
+
 def assert_prefix_cache_exact(path: str, engine: dict[str, Any], ids: list[list[int]]) -> None:
     """A model with recurrent layers at fp32: prompts that restart from a checkpoint of the state (a repeated prompt,
     prompts sharing a first part, the next turn of a chat built on the first's answer, batched or one by one) give

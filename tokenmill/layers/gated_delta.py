@@ -126,6 +126,13 @@ class _Singles:
             return _take(pool, self.src)
         return pool[self.src].clone() if isinstance(self.src, slice) else pool.index_select(0, self.src)
 
+    def initial(self, pool: Tensor) -> Tensor:
+        """`read`, with the fresh seqs' states zeroed (in the pool too when it is a view: they start there)."""
+        s = self.read(pool)
+        if self.fresh is not None:
+            s.masked_fill_(self.fresh.view(-1, *[1] * (s.dim() - 1)), 0.0)
+        return s
+
 
 def _consecutive(idx: list[int], device: torch.device) -> Index:
     if idx == list(range(idx[0], idx[0] + len(idx))):
@@ -185,9 +192,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, state: Tensor, seqs: list[StateSeq]
     if singles:  # one window per seq: (N, C, K) = [its K-1 saved inputs, the new one]
         ix = _Singles(singles, x.device)
         # (N, C, K-1): a copy, or (in place) a view into the pool, whose fresh slots are then rightly zeroed
-        prev = ix.read(state).float()
-        if ix.fresh is not None:
-            prev.masked_fill_(ix.fresh[:, None, None], 0.0)
+        prev = ix.initial(state).float()  # (N, C, K-1): a copy, or (in place) a view into the pool
         window = torch.cat([prev, _take(x, ix.rows).float().unsqueeze(-1)], dim=-1)
         y1 = (window * w).sum(-1)
         if b is not None:
@@ -266,9 +271,7 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s
     if singles:
         ix = _Singles(singles, v.device)
         rows = ix.rows
-        s = ix.read(state)  # (N, Hv, dk, dv): a copy, or (in place) a view updated there
-        if ix.fresh is not None:
-            s.masked_fill_(ix.fresh[:, None, None, None], 0.0)
+        s = ix.initial(state)  # (N, Hv, dk, dv): a copy, or (in place) a view updated there
         o = _recurrent_step(_take(qn, rows), _take(kn, rows), _take(vf, rows), _take(gf, rows), _take(bf, rows), s,
                             heads)
         _put(out, rows, o.to(out.dtype))

@@ -59,9 +59,7 @@ def mamba2_scan(x: Tensor, dt: Tensor, B: Tensor, C: Tensor, A: Tensor, D: Tenso
     if singles:
         ix = _Singles(singles, x.device)
         rows = ix.rows
-        s = ix.read(state)  # (n, H, P, N): a copy, or (in place) a view updated there
-        if ix.fresh is not None:
-            s.masked_fill_(ix.fresh[:, None, None, None], 0.0)
+        s = ix.initial(state)  # (n, H, P, N): a copy, or (in place) a view updated there
         xs, dts = _take(xf, rows), _take(dtf, rows)  # (n, G, r, P), (n, G, r)
         s5 = s.unflatten(1, (G, r))  # (n, G, r, P, N)
         decay = (dts * Af).exp()[..., None, None]  # (n, G, r, 1, 1)
