@@ -151,6 +151,50 @@ def test_only_the_latest_decode_checkpoint_of_a_sequence_is_kept() -> None:
     assert lengths == [32]  # the prompt (3 tokens) has no boundary; decodes crossed 4 .. 32, kept the last
 
 
+def test_a_sequence_drops_only_its_own_previous_decode_checkpoint() -> None:
+    """A decode checkpoint evicted while its sequence runs on leaves its slot to another's checkpoint; when the
+    sequence takes its next one it drops its previous one, which must not be what that slot holds now."""
+    sc = StateCache(4, 3, BS)
+
+    def step(req: Request, n: int, hashes: list[int]) -> list[int]:  # one step of n tokens; -> the slots it wrote
+        req.token_ids.extend([9] * max(0, req.num_computed_tokens + n + 1 - req.num_tokens))
+        plan = sc.plan(req, n)
+        req.num_computed_tokens += n
+        req.block_hashes = hashes
+        sc.update(req)
+        sc.check()
+        return [k for k in plan.dsts if k >= sc.num_seqs]  # checkpoint slots (private ones are below num_seqs)
+
+    def request(rid: str, prompt: list[int]) -> Request:
+        r = Request(rid, prompt, SamplingParams(max_tokens=20), 20)
+        sc.admit(r)
+        return r
+
+    a = request("a", [1, 2, 3])
+    step(a, 3, [])
+    [k1] = step(a, 1, [11])  # a's decode checkpoint at 4
+    step(a, 1, [11])  # a moves on: k1 unreferenced
+    b = request("b", [5] * 6)
+    [k2] = step(b, 6, [21])  # b's prompt checkpoint at 4
+    d = request("d", [7, 7, 7])
+    step(d, 3, [])
+    [k3] = step(d, 1, [41])  # d's decode checkpoint at 4
+    step(d, 1, [41])
+    for r in (b, d):
+        sc.release(r)
+    c = request("c", [6] * 6)
+    [kc] = step(c, 6, [31])  # c's prompt checkpoint: no slot free, the oldest decode-time one (a's) evicted
+    assert kc == k1 and (31, 4) in sc._by_key
+    sc.release(c)
+    step(a, 1, [11])
+    step(a, 1, [11])
+    [ka] = step(a, 1, [11, 12])  # a's next decode checkpoint, at 8: d's slot
+    assert ka == k3
+    assert (31, 4) in sc._by_key and (21, 4) in sc._by_key  # c's and b's prompt checkpoints kept
+    sc.release(a)
+    sc.check()
+
+
 def test_decoding_sequences_do_not_evict_a_prompt_checkpoint() -> None:
     """Many sequences decoding past block boundaries with few checkpoint slots: their decode-time checkpoints
     churn among themselves; the shared first part's checkpoint stays, and the next request restarts from it."""

@@ -53,7 +53,9 @@ class _Checkpoint:
 class _SeqState:
     private: int  # its working slot, for as long as it runs
     current: int = -1  # the checkpoint slot its state lives in now (referenced), -1: its private slot (or zeros)
-    decode_checkpoint: int = -1  # its latest decode-time checkpoint (dropped when it takes the next one)
+    # its latest decode-time checkpoint, (slot, key) (dropped when it takes the next one, if the slot still holds it:
+    # evicted meanwhile, the slot may hold another's)
+    decode_checkpoint: tuple[int, tuple[int, int] | None] = (-1, None)
     diverged_at: int = 0  # where its prompt left the cached KV blocks at admission (0: it did not), a checkpoint place
     pending: list[tuple[int, int]] = field(default_factory=list)  # this step's writes: (L, checkpoint slot)
 
@@ -180,9 +182,9 @@ class StateCache:
             self._unref(k)
         decode = len(st.pending) == 1 and ends_at_checkpoint and last_L > req.num_prompt_tokens
         if decode:
-            prev, st.decode_checkpoint = st.decode_checkpoint, last_k
+            (prev, prev_key), st.decode_checkpoint = st.decode_checkpoint, (last_k, self._ckpt[last_k].key)
             if prev >= 0 and prev != last_k:
-                self._drop_if_unused(prev)
+                self._drop_if_unused(prev, prev_key)
         st.pending = []
 
     # -- checkpoint slots ------------------------------------------------------------------------------
@@ -225,9 +227,10 @@ class StateCache:
             else:
                 self._lru[not ck.decode][k] = None  # the most recently used end
 
-    def _drop_if_unused(self, k: int) -> None:
+    def _drop_if_unused(self, k: int, key: tuple[int, int] | None) -> None:
+        """Free checkpoint slot k if it still holds `key` and nothing references it."""
         ck = self._ckpt.get(k)
-        if ck is not None and ck.refs == 0:
+        if ck is not None and ck.refs == 0 and ck.key == key:
             self._lru[not ck.decode].pop(k, None)
             self._forget(k)
             self._free(k)
