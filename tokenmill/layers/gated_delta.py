@@ -34,6 +34,7 @@ the same code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +86,30 @@ def leading_decodes(seqs: list[StateSeq]) -> list[StateSeq]:
     runs before the torch path takes the others."""
     decodes = [s for s, c in zip(seqs, chained(seqs)) if s.q_len == 1 and not c]
     return decodes if [s.q_start for s in decodes] == list(range(len(decodes))) else []
+
+
+def slot_tensors(decodes: list[StateSeq]) -> tuple[Tensor, Tensor]:
+    """A native decode kernel's slots, (n,) int64 CPU tensors each: the read slot (-1: fresh, a zero state) and the
+    write slot of each decode."""
+    return (torch.tensor([-1 if s.fresh else s.read_slot for s in decodes], dtype=torch.int64),
+            torch.tensor([s.slot for s in decodes], dtype=torch.int64))
+
+
+def kernel_then_torch(seqs: list[StateSeq], decodes: list[StateSeq], out: Tensor,
+                      torch_path: Callable[[list[StateSeq]], Tensor]) -> Tensor:
+    """A recurrent layer's mixed output (T, W) when a native kernel wrote `out[:n]` for the n `decodes` (rows
+    0..n-1, leading_decodes'; none: it took nothing): torch_path(seqs) (T, W) computes the others (rows past them,
+    other rows zeros), and the kernel's rows go in."""
+    n = len(decodes)
+    if n == 0:
+        return torch_path(seqs) if seqs else out
+    taken = {id(s) for s in decodes}
+    rest = [s for s in seqs if id(s) not in taken]
+    if not rest:
+        return out
+    mixed = torch_path(rest)
+    mixed[:n] = out[:n]
+    return mixed
 
 
 def _split(seqs: list[StateSeq]) -> tuple[list[StateSeq], list[StateSeq]]:

@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from tokenmill.attention.backend import AttentionContext
-from tokenmill.layers.gated_delta import RecurrentStep, StateSeq, causal_conv1d, leading_decodes
+from tokenmill.layers.gated_delta import (RecurrentStep, StateSeq, causal_conv1d, kernel_then_torch, leading_decodes,
+                                         slot_tensors)
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.mamba2 import gated_rms_norm, mamba2_scan
 from tokenmill.layers.moe import SparseMoE
@@ -115,26 +116,17 @@ class Mamba2Mixer(nn.Module):
         z, xbc, dt = self.in_proj(h).split([self.inner, self.conv_dim, self.heads], dim=-1)
         decodes = leading_decodes(step.seqs) if self.native is not None else []
         n, j = len(decodes), self.state_index
+        normed = h.new_empty(h.shape[0], self.inner)
         if decodes:
             assert self.native is not None
             neg_a, dt_bias, skip = self.scan_params
-            normed = h.new_empty(h.shape[0], self.inner)
-            # (n,) int64: the read slot (-1: fresh, a zero state) and the write slot of each decode
-            src = torch.tensor([-1 if s.fresh else s.read_slot for s in decodes], dtype=torch.int64)
-            dst = torch.tensor([s.slot for s in decodes], dtype=torch.int64)
+            src, dst = slot_tensors(decodes)
             if not kernels.mamba2_decode(normed[:n], xbc[:n], z[:n], dt[:n], self.native[0], self.native[1],
                                          step.conv[j], step.ssm[j], src, dst, neg_a, dt_bias, skip, self.native[2],
                                          self.groups, self.eps):
-                decodes, n = [], 0  # shapes the kernel does not take (nothing written): all through torch
-        if n == 0:
-            return self.out_proj(self._mix(z, xbc, dt, step, step.seqs))
-        taken = {id(s) for s in decodes}
-        rest = [s for s in step.seqs if id(s) not in taken]  # rows n.. (rows 0..n-1 are the decodes')
-        if rest:
-            mixed = self._mix(z, xbc, dt, step, rest)
-            mixed[:n] = normed[:n]
-            normed = mixed
-        return self.out_proj(normed)
+                decodes = []  # shapes the kernel does not take (nothing written): all through torch
+        return self.out_proj(kernel_then_torch(step.seqs, decodes, normed,
+                                               lambda seqs: self._mix(z, xbc, dt, step, seqs)))
 
     def _mix(self, z: torch.Tensor, xbc: torch.Tensor, dt: torch.Tensor, step: RecurrentStep,
              seqs: list[StateSeq]) -> torch.Tensor:

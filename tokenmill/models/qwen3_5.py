@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.attention.backend import AttentionContext
-from tokenmill.layers.gated_delta import RecurrentStep, StateSeq, causal_conv1d, gated_delta_rule, leading_decodes
+from tokenmill.layers.gated_delta import (RecurrentStep, StateSeq, causal_conv1d, gated_delta_rule, kernel_then_torch,
+                                         leading_decodes, slot_tensors)
 from tokenmill.layers.head_norm import HeadRMSNorm
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.moe import SparseMoE
@@ -133,22 +134,13 @@ class GatedDeltaNet(nn.Module):
         normed = h.new_empty(T, self.value_dim)
         if decodes:
             assert self.native is not None
-            # (n,) int64: the read slot (-1: fresh, a zero state) and the write slot of each decode
-            src = torch.tensor([-1 if s.fresh else s.read_slot for s in decodes], dtype=torch.int64)
-            dst = torch.tensor([s.slot for s in decodes], dtype=torch.int64)
+            src, dst = slot_tensors(decodes)
             if not kernels.gdn_decode(normed[:n], qkv[:n], z[:n], ba[:n], self.native[0], step.conv[j], step.ssm[j],
                                       src, dst, self.neg_a, self.dt_f32, self.native[1], self.hk,
                                       self.v_heads_tiled, self.eps):
-                decodes, n = [], 0  # shapes the kernel does not take (nothing written): all through torch
-        if n == 0:
-            return self.out_proj(self._mix(qkv, z, ba, step, step.seqs) if step.seqs else normed)
-        taken = {id(s) for s in decodes}
-        rest = [s for s in step.seqs if id(s) not in taken]  # rows n.. (rows 0..n-1 are the decodes')
-        if rest:
-            mixed = self._mix(qkv, z, ba, step, rest)
-            mixed[:n] = normed[:n]
-            normed = mixed
-        return self.out_proj(normed)
+                decodes = []  # shapes the kernel does not take (nothing written): all through torch
+        return self.out_proj(kernel_then_torch(step.seqs, decodes, normed,
+                                               lambda seqs: self._mix(qkv, z, ba, step, seqs)))
 
     def _mix(self, qkv: torch.Tensor, z: torch.Tensor, ba: torch.Tensor, step: RecurrentStep,
              seqs: list[StateSeq]) -> torch.Tensor:

@@ -1135,6 +1135,29 @@ int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t 
     return 0;
 }
 
+// One sequence's step of a depthwise causal conv of K taps over C channels, then SiLU: the window (C, K - 1) read
+// from `src` (nullptr: zeros, the sequence starts here) and written shifted to `dst` (when they are one slot,
+// dst[j] = src[j + 1] in ascending j reads each column before it is overwritten); m (C,) = silu(w . [window, x] + b)
+// (bias b may be nullptr). Shared by the Gated DeltaNet and Mamba2 decode kernels.
+template <typename T>
+inline void conv_silu_step(float* m, const T* x, const float* src, float* dst, const float* conv_w,
+                           const float* conv_b, int64_t C, int64_t K) {
+    const int64_t K1 = K - 1;
+    for (int64_t c = 0; c < C; ++c) {
+        const float* sc = src ? src + c * K1 : nullptr;
+        float* dc = dst + c * K1;
+        const float* w = conv_w + c * K;
+        const float xc = to_f32(x[c]);
+        float acc = 0.0f;
+        for (int64_t j = 0; j < K1; ++j) acc += w[j] * (sc ? sc[j] : 0.0f);
+        acc += w[K1] * xc;
+        if (conv_b) acc += conv_b[c];
+        for (int64_t j = 0; j + 1 < K1; ++j) dc[j] = sc ? sc[j + 1] : 0.0f;
+        if (K1 > 0) dc[K1 - 1] = xc;
+        m[c] = acc / (1.0f + std::exp(-acc));
+    }
+}
+
 // ---- Gated DeltaNet decode (Qwen3.5's linear attention, one token per sequence) ------------------------
 // Everything between a layer's input projections and its output projection, for N sequences each at its
 // next token, over the state pools (float32): conv_pool (S, C, K - 1) the causal conv's last inputs, ssm_pool
@@ -1160,23 +1183,8 @@ void gdn_decode(T* out, int64_t out_stride, const T* qkv, int64_t qkv_stride, co
 #pragma omp parallel for num_threads(nthreads) if (N * C * K >= (int64_t(1) << 18)) schedule(static)
     for (int64_t n = 0; n < N; ++n) {
         float* m = mixed.data() + n * C;
-        // the window (C, K1) read from src (nullptr: zeros) and written shifted to dst; when they are one slot,
-        // dst[j] = src[j + 1] in ascending j reads each column before it is overwritten
-        const float* src = src_slots[n] < 0 ? nullptr : conv_pool + src_slots[n] * C * K1;
-        float* dst = conv_pool + dst_slots[n] * C * K1;
-        const T* x = qkv + n * qkv_stride;
-        for (int64_t c = 0; c < C; ++c) {
-            const float* sc = src ? src + c * K1 : nullptr;
-            float* dc = dst + c * K1;
-            const float* w = conv_w + c * K;
-            const float xc = to_f32(x[c]);
-            float acc = 0.0f;
-            for (int64_t j = 0; j < K1; ++j) acc += w[j] * (sc ? sc[j] : 0.0f);
-            acc += w[K1] * xc;
-            for (int64_t j = 0; j + 1 < K1; ++j) dc[j] = sc ? sc[j + 1] : 0.0f;
-            if (K1 > 0) dc[K1 - 1] = xc;
-            m[c] = acc / (1.0f + std::exp(-acc));
-        }
+        conv_silu_step(m, qkv + n * qkv_stride, src_slots[n] < 0 ? nullptr : conv_pool + src_slots[n] * C * K1,
+                       conv_pool + dst_slots[n] * C * K1, conv_w, static_cast<const float*>(nullptr), C, K);
         for (int64_t h = 0; h < 2 * Hk; ++h) {  // q heads, then k heads
             float* v = m + h * dk;
             float ss = 0.0f;
@@ -1265,24 +1273,8 @@ void mamba2_decode(T* out, int64_t out_stride, const T* xbc, int64_t xbc_stride,
 #pragma omp parallel for num_threads(nthreads) if (N * C * K >= (int64_t(1) << 18)) schedule(static)
     for (int64_t n = 0; n < N; ++n) {
         float* m = mixed.data() + n * C;
-        // the window (C, K1) read from src (nullptr: zeros) and written shifted to dst; in place, dst[j] = src[j + 1]
-        // in ascending j reads each column before it is overwritten
-        const float* src = src_slots[n] < 0 ? nullptr : conv_pool + src_slots[n] * C * K1;
-        float* dst = conv_pool + dst_slots[n] * C * K1;
-        const T* x = xbc + n * xbc_stride;
-        for (int64_t c = 0; c < C; ++c) {
-            const float* sc = src ? src + c * K1 : nullptr;
-            float* dc = dst + c * K1;
-            const float* w = conv_w + c * K;
-            const float xc = to_f32(x[c]);
-            float acc = 0.0f;
-            for (int64_t j = 0; j < K1; ++j) acc += w[j] * (sc ? sc[j] : 0.0f);
-            acc += w[K1] * xc;
-            if (conv_b) acc += conv_b[c];
-            for (int64_t j = 0; j + 1 < K1; ++j) dc[j] = sc ? sc[j + 1] : 0.0f;
-            if (K1 > 0) dc[K1 - 1] = xc;
-            m[c] = acc / (1.0f + std::exp(-acc));
-        }
+        conv_silu_step(m, xbc + n * xbc_stride, src_slots[n] < 0 ? nullptr : conv_pool + src_slots[n] * C * K1,
+                       conv_pool + dst_slots[n] * C * K1, conv_w, conv_b, C, K);
     }
     // the scan, one task per (sequence, head): (P, Ns) state read and written once
     const int64_t Nv = Ns - Ns % 8;
