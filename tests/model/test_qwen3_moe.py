@@ -405,6 +405,40 @@ def test_grouped_experts_equal_one_call_per_expert(family: dict[str, Any], monke
     assert any(calls), "the grouped path ran (not where an expert has more rows than the crossover)"
 
 
+def test_experts_in_one_native_call_match_the_grouped_matmuls(family: dict[str, Any], monkeypatch) -> None:
+    """Under the gguf method on a type only ggml multiplies (Q5_0), a layer's experts run as one ggml call
+    (GGUFLinearMethod.apply_moe: gate|up, SwiGLU, down in one graph, the weighted sum); its prompt logits match
+    the grouped matmuls with torch's activation and sum (fp32), and the greedy choice is the same at every
+    position."""
+    import tokenmill.layers.moe as moe
+    from tokenmill.layers.ggml_linear import GGUFLinearMethod
+    from tokenmill.native import ggml
+
+    if not ggml.available():
+        pytest.skip(f"ggml not built here: {ggml.unavailable_reason()}")
+    path = write_gguf(family["tmp"] / "q5_0-experts.gguf", family["model"], family["name"], "Q5_0")
+    monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", "64")  # the crossover fixed (a measured one varies)
+    llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32")
+    if not any(isinstance(layer.mlp, moe.SparseMoE) for layer in llm.engine.executor.worker.model.model.layers):
+        pytest.skip("a dense family")
+    taken: list[bool] = []
+    real = GGUFLinearMethod.apply_moe
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor | None:
+        out = real(self, *args, **kwargs)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(GGUFLinearMethod, "apply_moe", spy)
+    native = [prompt_logits(llm, ids) for ids in family["ids"]]
+    assert taken and all(taken), "every layer's experts ran in one call"
+    monkeypatch.setattr(moe, "_NATIVE_ACTS", {})
+    for ids, got in zip(family["ids"], native):
+        want = prompt_logits(llm, ids)
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-4
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
 def test_convert_writes_an_hf_copy_transformers_loads(family: dict[str, Any]) -> None:
     """`tokenmill convert` of the GGUF: transformers loads the directory as the family's class, and its
     logits are the original model's."""

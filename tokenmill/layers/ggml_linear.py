@@ -589,6 +589,67 @@ class GGUFLinearMethod(LinearMethod):
                 start += n
         return out
 
+    def moe_parts(self, gate_up: list[Linear], down: list[Linear]) -> tuple[tuple[int, int], ...] | None:
+        """Whether a mixture of experts (every expert's gate_up and down layer) can run as one ggml call
+        (apply_moe): every matrix on ggml's kernels (not our block kernels), gate|up one weight or two halves
+        alike in every expert, the down one weight, biases on all or none -> gate_up's (rows, first output
+        column) of each part, or None.
+
+        Where this CPU gives Q4_K to ggml's repacked kernel (q4k_plain_here: AVX-512 without AMX), K-quant
+        experts our block kernel would take (Q6_K downs beside Q4_K gates in a Q4_K_M file) go to ggml's plain
+        kernel instead, so that the whole layer is one call: on a 2-core Zen 4, the LFM2-8B-A1B-shaped Q4_K_M
+        file's decode step took 39.9 ms so against 44.0 grouped (benchmarks/README.md), where with those downs on
+        the block kernel only the other 12 of 22 layers were one call (42.4 ms)."""
+        if not self._q4k_plain:
+            for lyr in gate_up + down:
+                if lyr.matmul is not None and lyr.block_mm is not None and not lyr.block_amx and all(
+                        q in block_matmul.AMX_K_TYPES for q, *_ in lyr.block_mm):
+                    lyr.block_mm = None
+        has_bias = gate_up[0].bias is not None
+        inter = down[0].in_features
+        parts: tuple[tuple[int, int], ...] = ()
+        for g, dn in zip(gate_up, down):
+            for lyr in (g, dn):
+                if lyr.matmul is None or lyr.block_mm is not None or (lyr.bias is not None) != has_bias:
+                    return None
+            mine = tuple((w.n, off) for w, off in zip(g.matmul.weights, g.matmul.offsets))
+            if mine not in (((2 * inter, 0),), ((inter, 0), (inter, inter))) or (parts and mine != parts):
+                return None
+            if len(dn.matmul.weights) != 1:
+                return None
+            parts = mine
+        return parts or None
+
+    def apply_moe(self, gate_up: list[Linear], down: list[Linear], parts: tuple[tuple[int, int], ...],
+                  routing: ggml.MoeRouting, h: torch.Tensor, weights: torch.Tensor, act: int, alpha: float = 0.0,
+                  limit: float = 0.0) -> torch.Tensor | None:
+        """A mixture-of-experts layer's experts after routing, in one ggml call (ggml.moe: the rows gathered,
+        each expert's gate|up, activation and down in one graph and thread team, the weighted sum; the
+        intermediate rows in fp32): gate_up[i], down[i] are expert routing.experts[i]'s (`parts`: their
+        moe_parts), h (T, in) the tokens, weights (T, top_k) their choices' weights -> (T, out) at h's dtype.
+        None where some expert's rows would take the dense path (past the crossover): the caller then runs the
+        grouped matmuls."""
+        for g, dn, n in zip(gate_up, down, routing.counts):
+            if n > self.max_ggml_rows and any(lyr.dense_ok or lyr.packed is not None for lyr in (g, dn)):
+                return None
+        k, d = gate_up[0].in_features, down[0].out_features
+        T = h.shape[0]
+        x32 = h.to(torch.float32).contiguous()
+        w32 = weights.to(torch.float32).contiguous()
+        y = torch.empty(T, d, dtype=torch.float32)
+        gub: list[list[int]] | None = None
+        dnb: list[int] | None = None
+        if gate_up[0].bias is not None:
+            gub = [[b.data_ptr() + 4 * off for _, off in parts] for b in (_bias32(g) for g in gate_up)]
+            dnb = [_bias32(dn).data_ptr() for dn in down]
+        gu_w = [g.matmul.weights for g in gate_up]
+        dn_w = [dn.matmul.weights[0] for dn in down]
+        if T:
+            xp, wp, yp = x32.data_ptr(), w32.data_ptr(), y.data_ptr()
+            self.threads.run(T * routing.top_k * k * 3 * down[0].in_features, lambda t: ggml.moe(
+                gu_w, dn_w, routing, xp, k, wp, yp, d, t, act, alpha, limit, gub, dnb))
+        return y if h.dtype == torch.float32 else y.to(h.dtype)
+
     # -- the crossover -----------------------------------------------------------------------------------
     def calibrate(self, layers: list[Linear], dtype: torch.dtype) -> None:
         """Measure, on the layer shape with the most bytes in all, from how many rows the dense path (the copy,
@@ -722,6 +783,16 @@ class GGUFLinearMethod(LinearMethod):
             if panel_last:  # the panel beat the dense path at the most rows timed: it keeps every size above
                 best = _UNBOUNDED_ROWS
         return Crossover(max(best, 1), panel_min_rows, big_plain, figures)
+
+
+def _bias32(layer: Linear) -> torch.Tensor:
+    """The layer's bias in fp32, contiguous (made once: the native calls read it by pointer)."""
+    b = getattr(layer, "bias32", None)
+    if b is None:
+        assert layer.bias is not None
+        b = layer.bias.detach().to(torch.float32).contiguous()
+        setattr(layer, "bias32", b)
+    return b
 
 
 class _AllThreads(ThreadChooser):

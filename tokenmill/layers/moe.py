@@ -20,8 +20,12 @@ slot order and summed over the k choices:
     ids (T, k) -> flat (T k,) -> order = argsort(flat)         slots grouped: [e0 e0 e0 | e1 | e3 e3 ...]
     x[order // k] -> expert e on its contiguous run of rows -> y[order] = out -> (T, k, D) -> weighted sum
 
-Under the gguf method all experts' gate|up matmuls run as one ggml call, and all their downs as another
-(GGUFLinearMethod.apply_grouped), where each expert would take ggml's path alone anyway.
+Under the gguf method, with every expert on ggml's kernels, a step's experts run in one native call
+(`_one_call`, GGUFLinearMethod.apply_moe, ggml_shim.cpp tm_moe): the routing is grouped in Python
+(ggml.MoeRouting: the same stable order by expert), then one ggml graph gathers the rows, runs every expert's
+gate|up, activation (SwiGLU, gpt-oss's clamped one) and down with the intermediate rows in fp32, and sums each
+token's choices in their order. Otherwise all experts' gate|up matmuls run as one call and all their downs as
+another (GGUFLinearMethod.apply_grouped), the activation and the sum in torch, or expert by expert.
 
 A token's result depends only on its own row (its routing and its experts' rows), not on which other
 tokens share the step. Each expert is a GatedMLP of Linear layers, so its weights stay in whatever form
@@ -33,9 +37,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tokenmill.layers.activation import SiluAndMul, SwigluOAI
 from tokenmill.layers.ggml_linear import GGUFLinearMethod
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.mlp import GatedMLP
+from tokenmill.native import ggml
+
+# the experts' activations the one-call path (GGUFLinearMethod.apply_moe) computes itself
+_NATIVE_ACTS: dict[type, int] = {SiluAndMul: ggml.ACT_SILU, SwigluOAI: ggml.ACT_SWIGLU_OAI}
+# the most (token, choice) slots a step routes in Python for the one-call path: decode batches (64 sequences of
+# 8 experts); prompts' big batches take the grouped matmuls (which go dense past the crossover anyway)
+_ONE_CALL_SLOTS = 512
 
 
 class SelectionBias(nn.Module):
@@ -63,6 +75,8 @@ class SparseMoE(nn.Module):
             self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, method)
             self.shared_expert_gate = Linear(hidden_size, 1, method) if shared_gated else None
         self.moe_statics: SelectionBias | None = SelectionBias(num_experts) if selection_bias else None
+        self._parts: tuple[tuple[int, int], ...] | None = None  # the one-call path's (decided at the first call)
+        self._parts_known = False
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h (T, D) -> the chosen experts' weights (T, k) float32 and ids (T, k) int64."""
@@ -96,10 +110,47 @@ class SparseMoE(nn.Module):
             down = torch.cat([m.down_proj(a) for m, a in zip(experts, act.split(rows))])
         return down
 
+    def _one_call(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
+        """The experts' weighted sum (T, D) from one native call (GGUFLinearMethod.apply_moe) where it applies:
+        the gguf method with every expert on ggml's kernels, an activation it computes, at most _ONE_CALL_SLOTS
+        (token, choice) slots; else None."""
+        if not self._parts_known:
+            self._parts, self._parts_known = self._one_call_parts(), True
+        method, act_mod = self.gate.method, self.experts[0].act  # type: ignore[union-attr]
+        act = _NATIVE_ACTS.get(type(act_mod))
+        if self._parts is None or act is None or ids.numel() > _ONE_CALL_SLOTS:
+            return None
+        assert isinstance(method, GGUFLinearMethod)
+        routing = ggml.MoeRouting(ids.tolist())
+        experts: list[GatedMLP] = [self.experts[e] for e in routing.experts]  # type: ignore[misc]
+        alpha, limit = (act_mod.alpha, act_mod.limit) if isinstance(act_mod, SwigluOAI) else (0.0, 0.0)
+        return method.apply_moe([m.gate_up_proj for m in experts], [m.down_proj for m in experts], self._parts,
+                                routing, h, weights, act, alpha, limit)
+
+    def _one_call_parts(self) -> tuple[tuple[int, int], ...] | None:
+        """GGUFLinearMethod.moe_parts of all the experts, or None where the one-call path never applies."""
+        method = self.gate.method
+        experts: list[GatedMLP] = list(self.experts)  # type: ignore[arg-type]
+        if not isinstance(method, GGUFLinearMethod) or type(experts[0].act) not in _NATIVE_ACTS:
+            return None
+        return method.moe_parts([m.gate_up_proj for m in experts], [m.down_proj for m in experts])
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h (T, D) -> (T, D)."""
         T, D = h.shape
         weights, ids = self.route(h)
+        mixed = self._one_call(h, weights, ids)
+        if mixed is None:
+            mixed = self._grouped(h, weights, ids)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(h)
+            gate = self.shared_expert_gate
+            mixed = mixed + (shared if gate is None else torch.sigmoid(gate(h)) * shared)
+        return mixed
+
+    def _grouped(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The experts' weighted sum (T, D), expert by expert over its rows (grouped matmuls where they apply)."""
+        T, D = h.shape
         flat = ids.flatten()  # (T k,): slot s is token s // k, choice s % k
         order = torch.argsort(flat, stable=True)  # slots grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
@@ -114,9 +165,4 @@ class SparseMoE(nn.Module):
                     start += n
         y = torch.empty_like(out)
         y[order] = out  # back to slot order
-        mixed = (y.view(T, self.top_k, D) * weights.unsqueeze(-1).to(y.dtype)).sum(dim=1)
-        if self.shared_expert is not None:
-            shared = self.shared_expert(h)
-            gate = self.shared_expert_gate
-            mixed = mixed + (shared if gate is None else torch.sigmoid(gate(h)) * shared)
-        return mixed
+        return (y.view(T, self.top_k, D) * weights.unsqueeze(-1).to(y.dtype)).sum(dim=1)

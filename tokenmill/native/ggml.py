@@ -41,6 +41,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_weight_matmul_plain": (i32, [vp, vp, i64, vp, i64, i64, vp, sz, i32]),
         "tm_matmul": (i32, [ctypes.POINTER(vp), _c_i64p, i32, vp, i64, i64, vp, i64, i32]),
         "tm_matmul_grouped": (i32, [ctypes.POINTER(vp), i32, _c_i64p, _c_i64p, vp, i64, vp, i64, i32]),
+        "tm_moe": (i32, [ctypes.POINTER(vp), i32, ctypes.POINTER(vp), i32, _c_i64p, vp, i64, i64, vp, vp, vp, i32, vp,
+                         i64, i32, ctypes.c_float, ctypes.c_float, ctypes.POINTER(vp), ctypes.POINTER(vp), i32]),
         "tm_get_rows": (None, [i32, vp, i64, vp, i64, vp]),
         "tm_dequantize": (None, [i32, vp, i64, i64, vp, i32]),
         "tm_quantize": (sz, [i32, vp, vp, i64, i64]),
@@ -226,3 +228,51 @@ def matmul_grouped(weights: list[GgmlWeight], counts: list[int], x_ptr: int, k: 
                                   k, y_ptr, n, n_threads)
     if rc:
         raise RuntimeError(f"ggml grouped matmul failed (status {rc})")
+
+
+ACT_SILU, ACT_SWIGLU_OAI = 0, 1  # tm_moe's activations: silu(gate) * up; gpt-oss's clamped SwiGLU
+
+
+class MoeRouting:
+    """A step's routing in the grouped layout tm_moe takes: rows grouped by expert (ascending id, token order
+    within one), from ids (T, top_k) as a list of rows. `experts`: the experts with rows, `counts` theirs;
+    row_token[r]: the token of grouped row r; slot_row[t * top_k + j]: the grouped row of token t's choice j."""
+
+    def __init__(self, ids: list[list[int]]) -> None:
+        self.n_tokens, self.top_k = len(ids), len(ids[0]) if ids else 0
+        flat = [e for row in ids for e in row]
+        order = sorted(range(len(flat)), key=flat.__getitem__)  # stable: token order within an expert
+        self.experts: list[int] = []
+        self.counts: list[int] = []
+        slot_row = [0] * len(flat)
+        for r, s in enumerate(order):
+            e = flat[s]
+            if not self.experts or self.experts[-1] != e:
+                self.experts.append(e)
+                self.counts.append(0)
+            self.counts[-1] += 1
+            slot_row[s] = r
+        k = max(self.top_k, 1)
+        n = len(flat)
+        self.row_token = (ctypes.c_int64 * n)(*(s // k for s in order))
+        self.slot_row = (ctypes.c_int64 * n)(*slot_row)
+
+
+def moe(gate_up: list[list[GgmlWeight]], down: list[GgmlWeight], routing: MoeRouting, x_ptr: int, k: int,
+        weight_ptr: int, out_ptr: int, d: int, n_threads: int, act: int = ACT_SILU, alpha: float = 0.0,
+        limit: float = 0.0, gate_up_bias: list[list[int]] | None = None, down_bias: list[int] | None = None) -> None:
+    """A mixture-of-experts layer's experts after routing, in one call: x (T, k) fp32, the routing's experts'
+    weights (gate_up / down as in experts()), weight_ptr the (T, top_k) fp32 routing weights -> out (T, d) fp32,
+    each token's sum over its choices, in their order, of weight * expert(x)."""
+    g = len(down)
+    n_gu = len(gate_up[0])
+    vp = ctypes.c_void_p
+    gu = (vp * (g * n_gu))(*(w.handle for ws in gate_up for w in ws))
+    dn = (vp * g)(*(w.handle for w in down))
+    gub = None if gate_up_bias is None else (vp * (g * n_gu))(*(p for ps in gate_up_bias for p in ps))
+    dnb = None if down_bias is None else (vp * g)(*down_bias)
+    rc = _lib().tm_moe(gu, n_gu, dn, g, (ctypes.c_int64 * g)(*routing.counts), x_ptr, routing.n_tokens, k,
+                       routing.row_token, routing.slot_row, weight_ptr, routing.top_k, out_ptr, d, act, alpha, limit,
+                       gub, dnb, n_threads)
+    if rc:
+        raise RuntimeError(f"ggml mixture-of-experts call failed (status {rc})")

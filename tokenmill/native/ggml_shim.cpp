@@ -313,6 +313,136 @@ int tm_matmul_grouped(void** weights, int n_groups, const int64_t* starts, const
     return status;
 }
 
+// tm_moe's middle, a mixture of experts' MLPs on grouped rows in one graph: group g's rows [starts[g],
+// starts[g] + counts[g]) of x (k wide) through its gate and up weights, the gated activation, and its down
+// weight (d x I), into the same rows of y (d wide). n_gu = 1: gate_up[g] is one (2I x k) weight, gate rows then up rows;
+// n_gu = 2: gate_up[2g], gate_up[2g + 1] are gate and up, (I x k) each. act 0: silu(gate) * up; act 1:
+// gpt-oss's (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit). Biases (fp32, or
+// null): gu_bias[g * n_gu + j] the gate_up weight's (its rows), down_bias[g]. One foreign call and one thread
+// team for a layer's experts, the intermediate rows never leaving fp32. Each group's rows are the same
+// mul_mat ggml runs for them alone, each row independent of the others. 0 on success, 1 on a bad shape.
+static int run_experts(void** gate_up, int n_gu, void** down, int n_groups, const int64_t* starts,
+                       const int64_t* counts, const float* x, int64_t k, float* y, int64_t d, int act, float alpha,
+                       float limit, const float* const* gu_bias, const float* const* down_bias, int n_threads) {
+    init_once();
+    thread_local std::vector<uint8_t> meta, work;
+    thread_local std::vector<float> scratch;
+    const size_t per_group = 16;  // tensors a group makes at most
+    size_t meta_size = (per_group * (size_t)n_groups + 4) * ggml_tensor_overhead() +
+                       ggml_graph_overhead_custom(per_group * n_groups + 4, false) + 1024;
+    if (meta.size() < meta_size) meta.resize(meta_size);
+    // the intermediate rows: gate and up (2I) and with their biases (2I), the activation (I), the down
+    // before its bias (d), per row; each tensor 64-byte aligned
+    size_t need = 0;
+    for (int g = 0; g < n_groups; ++g) {
+        const int64_t inter = ((Weight*)down[g])->t->ne[0];
+        need += (size_t)(5 * inter + d) * counts[g] + 16 * 6;
+    }
+    if (scratch.size() < need) scratch.resize(need);
+    float* next = scratch.data();
+    auto place = [&next](ggml_tensor* t) {  // t's data in the scratch, its start 64-byte aligned
+        t->data = next;
+        next += (ggml_nelements(t) + 15) / 16 * 16;
+    };
+    auto bias_add = [](ggml_context* ctx, ggml_tensor* t, const float* b) {
+        if (!b) return t;
+        ggml_tensor* bt = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, t->ne[0]);
+        bt->data = const_cast<float*>(b);
+        return ggml_add(ctx, t, bt);
+    };
+    ggml_context* ctx = small_ctx(0, meta.data(), meta.size());
+    ggml_cgraph* gf = ggml_new_graph_custom(ctx, per_group * n_groups + 4, false);
+    int n_nodes = 0;
+    for (int g = 0; g < n_groups; ++g) {
+        const int64_t n = counts[g];
+        if (n == 0) continue;
+        ggml_tensor* dw = ((Weight*)down[g])->t;
+        const int64_t inter = dw->ne[0];
+        ggml_tensor* gu[2] = {((Weight*)gate_up[g * n_gu])->t, n_gu == 2 ? ((Weight*)gate_up[g * n_gu + 1])->t : nullptr};
+        bool bad = dw->ne[1] != d || gu[0]->ne[0] != k || gu[0]->ne[1] != (n_gu == 2 ? inter : 2 * inter) ||
+                   (n_gu == 2 && (gu[1]->ne[0] != k || gu[1]->ne[1] != inter));
+        if (bad) {
+            ggml_free(ctx);
+            return 1;
+        }
+        ggml_tensor* xg = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n);
+        xg->data = const_cast<float*>(x + starts[g] * k);
+        ggml_tensor* h[2] = {nullptr, nullptr};
+        for (int j = 0; j < n_gu; ++j) {
+            ggml_tensor* r = ggml_mul_mat(ctx, gu[j], xg);  // ne = {rows of the weight, n}
+            place(r);
+            h[j] = bias_add(ctx, r, gu_bias ? gu_bias[g * n_gu + j] : nullptr);
+            if (h[j] != r) place(h[j]);
+        }
+        if (n_gu == 1) {  // gate and up: the halves of each row
+            ggml_tensor* both = h[0];
+            h[0] = ggml_view_2d(ctx, both, inter, n, both->nb[1], 0);
+            h[1] = ggml_view_2d(ctx, both, inter, n, both->nb[1], inter * sizeof(float));
+        }
+        ggml_tensor* a = act == 1 ? ggml_swiglu_oai(ctx, h[0], h[1], alpha, limit) : ggml_swiglu_split(ctx, h[0], h[1]);
+        place(a);
+        ggml_tensor* r = ggml_mul_mat(ctx, dw, a);  // ne = {d, n}: y's rows, contiguous
+        ggml_tensor* out = bias_add(ctx, r, down_bias ? down_bias[g] : nullptr);
+        if (out != r) place(r);
+        out->data = y + starts[g] * d;
+        ggml_build_forward_expand(gf, out);
+        ++n_nodes;
+    }
+    int status = 0;
+    if (n_nodes) {
+        ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
+        if (plan.work_size > work.size()) work.resize(plan.work_size);
+        plan.work_data = work.data();
+        status = ggml_graph_compute(gf, &plan) == GGML_STATUS_SUCCESS ? 0 : 2;
+    }
+    ggml_free(ctx);
+    return status;
+}
+
+// A whole mixture-of-experts layer's experts after routing, in one call: grouped row r (group by group, counts[g]
+// rows each) is token row_token[r] of x (n_tokens, k); the experts run as run_experts runs them; then out[t] = sum over j < top_k, in j's order, of slot_weight[t * top_k + j] * (the result of grouped row
+// slot_row[t * top_k + j]), accumulated in fp32. A token's result depends only on its own row, its experts and
+// its weights, not on the other tokens of the call. out: (n_tokens, d) fp32.
+int tm_moe(void** gate_up, int n_gu, void** down, int n_groups, const int64_t* counts, const float* x,
+           int64_t n_tokens, int64_t k, const int64_t* row_token, const int64_t* slot_row, const float* slot_weight,
+           int top_k, float* out, int64_t d, int act, float alpha, float limit, const float* const* gu_bias,
+           const float* const* down_bias, int n_threads) {
+    init_once();
+    thread_local std::vector<float> xg, yg;
+    thread_local std::vector<int64_t> starts;
+    int64_t rows = 0;
+    starts.resize(n_groups);
+    for (int g = 0; g < n_groups; ++g) {
+        starts[g] = rows;
+        rows += counts[g];
+    }
+    if (rows != n_tokens * top_k) return 1;
+    xg.resize((size_t)rows * k);
+    yg.resize((size_t)rows * d);
+    for (int64_t r = 0; r < rows; ++r) {
+        if (row_token[r] < 0 || row_token[r] >= n_tokens) return 1;
+        std::memcpy(xg.data() + r * k, x + row_token[r] * k, k * sizeof(float));
+    }
+    int status = run_experts(gate_up, n_gu, down, n_groups, starts.data(), counts, xg.data(), k, yg.data(), d, act,
+                            alpha, limit, gu_bias, down_bias, n_threads);
+    if (status) return status;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        float* o = out + t * d;
+        for (int j = 0; j < top_k; ++j) {
+            const int64_t r = slot_row[t * top_k + j];
+            if (r < 0 || r >= rows) return 1;
+            const float w = slot_weight[t * top_k + j];
+            const float* yr = yg.data() + r * d;
+            if (j == 0) {
+                for (int64_t c = 0; c < d; ++c) o[c] = w * yr[c];
+            } else {
+                for (int64_t c = 0; c < d; ++c) o[c] += w * yr[c];
+            }
+        }
+    }
+    return 0;
+}
+
 // Dequantize rows ids[0..n) of an (rows x k) matrix of `type` at `data` into out (n, k) fp32.
 void tm_get_rows(int type, const void* data, int64_t k, const int64_t* ids, int64_t n, float* out) {
     const ggml_type_traits* tr = ggml_get_type_traits((ggml_type)type);
