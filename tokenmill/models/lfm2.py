@@ -7,7 +7,8 @@ attention or by a short gated convolution, which keeps a small recurrent state p
   causal conv of conv_L_cache taps (no bias, no activation), then y = C * conv; out_proj. Each sequence's last
   K - 1 values of B * x live in a slot of the worker's RecurrentStatePool between steps (its conv tensor; no
   delta-rule state: the ssm tensor is empty); layer j of cfg.linear_layers uses conv[j], and attention layer i
-  uses the KV cache's layer cfg.kv_layers.index(i).
+  uses the KV cache's layer cfg.kv_layers.index(i). On CPU with the native kernels, a step's leading decodes take
+  tm_shortconv_decode (kernels.cpp: everything between in_proj and out_proj in one call), the rest the torch path.
 - Every layer: operator_norm before the mixer, ffn_norm before a SwiGLU MLP (feed_forward: w1 gate, w3 up, w2
   down; its width from block_auto_adjust_ff_dim, loader/model_config.py); the final norm is named
   embedding_norm (it is applied after the last layer, not to the embeddings).
@@ -34,7 +35,8 @@ import torch
 from torch import nn
 
 from tokenmill.attention.backend import AttentionContext
-from tokenmill.layers.gated_delta import RecurrentStep, causal_conv1d
+from tokenmill.layers.gated_delta import (RecurrentStep, StateSeq, causal_conv1d, kernel_then_torch, leading_decodes,
+                                         slot_tensors)
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.moe import SparseMoE
 from tokenmill.layers.norm import RMSNorm
@@ -42,6 +44,7 @@ from tokenmill.layers.rotary import RotaryTables
 from tokenmill.loader.model_config import ModelConfig
 from tokenmill.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from tokenmill.models.qwen3_5 import HybridDecoderLayer, OneWeight, load_conv_weight, scratch_states
+from tokenmill.native import kernels
 
 
 class ShortConv(nn.Module):
@@ -50,16 +53,41 @@ class ShortConv(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
         super().__init__()
         d = cfg.hidden_size
+        self.hidden = d
         self.in_proj = Linear(d, 3 * d, method)
         self.conv = OneWeight(d, cfg.linear_conv_kernel)
         self.conv.weight.weight_loader = load_conv_weight  # type: ignore[attr-defined]
         self.out_proj = Linear(d, d, method)
         self.state_index = cfg.linear_layers.index(layer_idx)  # its conv window in the pool
+        # the native decode kernel's float32 copy of the conv's weight (D, K) (finish_native; None: torch only)
+        self.native: torch.Tensor | None = None
+
+    def finish_native(self) -> None:
+        """On CPU with the native kernels, the conv's weight in float32 for tm_shortconv_decode, from the values the
+        torch path uses (after the cast to the compute dtype); otherwise none."""
+        w = self.conv.weight
+        self.native = w.detach().float().contiguous() if w.is_cpu and kernels.is_enabled() else None
 
     def forward(self, h: torch.Tensor, step: RecurrentStep) -> torch.Tensor:
-        b, c, x = self.in_proj(h).chunk(3, dim=-1)
-        y = causal_conv1d(b * x, self.conv.weight, step.conv[self.state_index], step.seqs, activation=False)
-        return self.out_proj(c * y)
+        """The decodes (one token each, not chained on an earlier seq, leading the step at rows 0..n-1) take the
+        native kernel where it is built, before the rest (which may be chained on them); the rest, torch."""
+        bcx = self.in_proj(h)  # (T, 3D): B | C | x
+        decodes = leading_decodes(step.seqs) if self.native is not None else []
+        n = len(decodes)
+        mixed = bcx.new_empty(h.shape[0], self.hidden)  # (T, D): C * conv(B * x)
+        if decodes:
+            assert self.native is not None
+            src, dst = slot_tensors(decodes)
+            if not kernels.shortconv_decode(mixed[:n], bcx[:n], self.native, step.conv[self.state_index], src, dst):
+                decodes = []  # shapes the kernel does not take (nothing written): all through torch
+        return self.out_proj(kernel_then_torch(step.seqs, decodes, mixed, lambda seqs: self._mix(bcx, step, seqs)))
+
+    def _mix(self, bcx: torch.Tensor, step: RecurrentStep, seqs: list[StateSeq]) -> torch.Tensor:
+        """The torch path between the projections for `seqs` (other rows come back as zeros): bcx (T, 3D) -> C *
+        conv(B * x) (T, D) in bcx's dtype."""
+        b, c, x = bcx.chunk(3, dim=-1)
+        y = causal_conv1d(b * x, self.conv.weight, step.conv[self.state_index], seqs, activation=False)
+        return c * y
 
 
 class Lfm2DecoderLayer(HybridDecoderLayer):
@@ -103,6 +131,12 @@ class Lfm2ForCausalLM(LlamaForCausalLM):
             attn = AttentionContext(attn.backend, attn.metadata, attn.kv_caches,
                                     scratch_states(self.cfg, attn, self.lm_head.weight.device))
         return super().forward(input_ids, positions, attn, num_layers)
+
+    def finish_loading(self, device: torch.device, dtype: torch.dtype) -> None:
+        super().finish_loading(device, dtype)
+        for m in self.modules():  # after the cast: the kernel's float32 copies of what the torch path uses
+            if isinstance(m, ShortConv):
+                m.finish_native()
 
 
 class Lfm2MoeForCausalLM(Lfm2ForCausalLM):

@@ -17,6 +17,9 @@
 //                     AVX512_BF16 those take lane-wise tiles (query heads in the lanes; attend_range_lanes)
 //   tm_mamba2_decode  a Mamba2 layer's decode step between in_proj and out_proj (conv, selective scan, gated
 //                     norm), over the recurrent state pools, src / dst slots as tm_gdn_decode's
+//   tm_shortconv_decode
+//                     an LFM2 short conv layer's decode step between in_proj and out_proj (C * conv(B * x)), over
+//                     the conv state pool, src / dst slots as tm_gdn_decode's
 //
 // Element types: fp32 (`float`) and bf16 (`uint16_t`, converted to fp32 in registers; all arithmetic is
 // fp32, results rounded to nearest even once; but prompt rows' lane-wise tiles, AVX512_BF16's: q.k as bf16
@@ -1135,25 +1138,30 @@ int paged_decode_dispatch(void* out, int64_t out_stride, const void* q, int64_t 
     return 0;
 }
 
+// One channel's step of a depthwise causal conv of K taps: returns w . [window, x] (w (K,), the taps in order, the
+// sum from the oldest input up); the window (K - 1,) read from `src` (nullptr: zeros, the sequence starts here) and
+// written shifted to `dst` (when they are one slot, dst[j] = src[j + 1] in ascending j reads each element before it
+// is overwritten).
+inline float conv_window_step(const float* src, float* dst, const float* w, float x, int64_t K) {
+    const int64_t K1 = K - 1;
+    float acc = 0.0f;
+    for (int64_t j = 0; j < K1; ++j) acc += w[j] * (src ? src[j] : 0.0f);
+    acc += w[K1] * x;
+    for (int64_t j = 0; j + 1 < K1; ++j) dst[j] = src ? src[j + 1] : 0.0f;
+    if (K1 > 0) dst[K1 - 1] = x;
+    return acc;
+}
+
 // One sequence's step of a depthwise causal conv of K taps over C channels, then SiLU: the window (C, K - 1) read
-// from `src` (nullptr: zeros, the sequence starts here) and written shifted to `dst` (when they are one slot,
-// dst[j] = src[j + 1] in ascending j reads each column before it is overwritten); m (C,) = silu(w . [window, x] + b)
+// from `src` and written shifted to `dst` (conv_window_step's, per channel); m (C,) = silu(w . [window, x] + b)
 // (bias b may be nullptr). Shared by the Gated DeltaNet and Mamba2 decode kernels.
 template <typename T>
 inline void conv_silu_step(float* m, const T* x, const float* src, float* dst, const float* conv_w,
                            const float* conv_b, int64_t C, int64_t K) {
     const int64_t K1 = K - 1;
     for (int64_t c = 0; c < C; ++c) {
-        const float* sc = src ? src + c * K1 : nullptr;
-        float* dc = dst + c * K1;
-        const float* w = conv_w + c * K;
-        const float xc = to_f32(x[c]);
-        float acc = 0.0f;
-        for (int64_t j = 0; j < K1; ++j) acc += w[j] * (sc ? sc[j] : 0.0f);
-        acc += w[K1] * xc;
+        float acc = conv_window_step(src ? src + c * K1 : nullptr, dst + c * K1, conv_w + c * K, to_f32(x[c]), K);
         if (conv_b) acc += conv_b[c];
-        for (int64_t j = 0; j + 1 < K1; ++j) dc[j] = sc ? sc[j + 1] : 0.0f;
-        if (K1 > 0) dc[K1 - 1] = xc;
         m[c] = acc / (1.0f + std::exp(-acc));
     }
 }
@@ -1338,14 +1346,53 @@ void mamba2_decode(T* out, int64_t out_stride, const T* xbc, int64_t xbc_stride,
     }
 }
 
+// ---- LFM2 short conv decode (one token per sequence) --------------------------------------------------------------
+// Everything between a ShortConv layer's in_proj and its out_proj, for N sequences each at its next token: bcx rows
+// (3C: B | C | x, in_proj's chunk order) -> out (C) = C * conv(B * x), over the conv pool (S, C, K - 1) float32 (each
+// slot the sequence's last K - 1 values of B * x, older first); src / dst slots as gdn_decode's (-1: fresh, a zero
+// window; in place when equal, otherwise the src slot is left as it was). u = B x (the window's new value) and the
+// conv (taps conv_w (C, K), no bias, no activation) stay float32 (the torch path rounds both to T at bf16); out
+// rounded to T once.
+// Each sequence is computed on its own: the same bits alone or in any batch.
+template <typename T>
+void shortconv_decode(T* out, int64_t out_stride, const T* bcx, int64_t bcx_stride, const float* conv_w,
+                      float* conv_pool, const int64_t* src_slots, const int64_t* dst_slots, int64_t N, int64_t C,
+                      int64_t K, int nthreads) {
+    // the taps as a constant where LFM2 has them (3) or others might (4), so the compiler unrolls the window; KC 0:
+    // any K. The same operations in the same order either way.
+    auto run = [&](auto kc) {
+        constexpr int64_t KC = decltype(kc)::value;
+        const int64_t Kn = KC > 0 ? KC : K, K1 = Kn - 1;
+        // C * K multiply-adds a sequence: one thread unless the batch is big
+        for_rows(N, threads_for(N * C * Kn, nthreads), [&](int64_t n) {
+            const T* b = bcx + n * bcx_stride;
+            const T* cg = b + C;
+            const T* x = b + 2 * C;
+            const float* src = src_slots[n] < 0 ? nullptr : conv_pool + src_slots[n] * C * K1;
+            float* dst = conv_pool + dst_slots[n] * C * K1;
+            T* o = out + n * out_stride;
+            for (int64_t c = 0; c < C; ++c) {
+                const float y = conv_window_step(src ? src + c * K1 : nullptr, dst + c * K1, conv_w + c * Kn,
+                                                 to_f32(b[c]) * to_f32(x[c]), Kn);
+                store1(o + c, to_f32(cg[c]) * y);
+            }
+        });
+    };
+    switch (K) {
+        case 3: run(std::integral_constant<int64_t, 3>{}); break;
+        case 4: run(std::integral_constant<int64_t, 4>{}); break;
+        default: run(std::integral_constant<int64_t, 0>{}); break;
+    }
+}
+
 }  // namespace
 
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-// 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots + fresh);
-// 7: tm_gdn_decode; 6: tm_paged_attention_rows takes attention sinks
-int tm_abi_version() { return 9; }
+// 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
+// fresh); 7: tm_gdn_decode; 6: tm_paged_attention_rows takes attention sinks
+int tm_abi_version() { return 10; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -1476,6 +1523,24 @@ int tm_mamba2_decode(int dtype, void* out, int64_t out_stride, const void* xbc, 
                       static_cast<const bf16*>(z), z_stride, static_cast<const bf16*>(dt), dt_stride, conv_w, conv_b,
                       conv_pool, ssm_pool, src_slots, dst_slots, neg_a, dt_bias, D, norm_w, N, H, G, P, Ns, K, eps,
                       nthreads);
+    else
+        return -1;
+    return 0;
+}
+
+// shortconv_decode above: out (N, C), bcx (N, 3C: B | C | x), rows *_stride apart, of `dtype`; conv_w (C, K) and
+// conv_pool (S, C, K - 1) float32, contiguous; src_slots (-1: fresh, a zero window), dst_slots (N,) int64.
+// Returns 0; -1 unknown dtype; -2 shapes it does not handle.
+int tm_shortconv_decode(int dtype, void* out, int64_t out_stride, const void* bcx, int64_t bcx_stride,
+                        const float* conv_w, float* conv_pool, const int64_t* src_slots, const int64_t* dst_slots,
+                        int64_t N, int64_t C, int64_t K, int nthreads) {
+    if (C <= 0 || K < 1) return -2;
+    if (dtype == 0)
+        shortconv_decode(static_cast<float*>(out), out_stride, static_cast<const float*>(bcx), bcx_stride, conv_w,
+                         conv_pool, src_slots, dst_slots, N, C, K, nthreads);
+    else if (dtype == 1)
+        shortconv_decode(static_cast<bf16*>(out), out_stride, static_cast<const bf16*>(bcx), bcx_stride, conv_w,
+                         conv_pool, src_slots, dst_slots, N, C, K, nthreads);
     else
         return -1;
     return 0;

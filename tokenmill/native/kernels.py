@@ -28,7 +28,8 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 9  # 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots (was slots and fresh)
+ABI_VERSION = 10  # 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
+# (was slots and fresh)
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
 # merged (flash-decoding): a fixed size, so a sequence's result never depends on its batch or the threads
@@ -49,6 +50,8 @@ _SIGNATURES = {
     # ..., conv_w, conv_b, conv_pool, ssm_pool, src_slots, dst_slots, neg_a, dt_bias, D, norm_w, N, H, G, P, Ns, K, ...
     "tm_mamba2_decode": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64,
                          _I64, _I64, _I64, _I64, _I64, _F32, _I32],
+    # dtype, out, out_stride, bcx, bcx_stride, conv_w, conv_pool, src_slots, dst_slots, N, C, K, nthreads
+    "tm_shortconv_decode": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I32],
     "tm_paged_attention_rows": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
                                 _F32, _F32, _I64, _I32, _I64, _P],
 }
@@ -275,4 +278,32 @@ def mamba2_decode(out: torch.Tensor, xbc: torch.Tensor, z: torch.Tensor, dt: tor
                               conv_pool.data_ptr(), ssm_pool.data_ptr(), src_slots.data_ptr(), dst_slots.data_ptr(),
                               neg_a.data_ptr(), dt_bias.data_ptr(), skip.data_ptr(), norm_w.data_ptr(), N, H, groups,
                               P, Ns, K, eps, torch.get_num_threads())
+    return rc == 0
+
+
+def shortconv_decode(out: torch.Tensor, bcx: torch.Tensor, conv_w: torch.Tensor, conv_pool: torch.Tensor,
+                     src_slots: torch.Tensor, dst_slots: torch.Tensor) -> bool:
+    """An LFM2 short conv layer's decode step between in_proj and out_proj (kernels.cpp, shortconv_decode), N
+    sequences: out (N, C) = C * conv(B * x) written; bcx (N, 3C: B | C | x, in_proj's output) of out's dtype, unit
+    stride in the last dim; conv_w (C, K) float32 contiguous; conv_pool (S, C, K - 1) float32 contiguous, each slot a
+    sequence's last K - 1 values of B * x; src_slots / dst_slots (N,) int64 contiguous as gdn_decode's (-1: fresh; in
+    place when equal, otherwise the src slot left unchanged; no two sequences write one slot, none reads a slot
+    another writes). False: not for the kernel (nothing written)."""
+    code = _DTYPE_CODE.get(out.dtype)
+    lib = library()
+    if code is None or lib is None or not out.is_cpu or out.dim() != 2 or conv_w.dim() != 2 or conv_pool.dim() != 3:
+        return False
+    N, C = out.shape
+    K = conv_w.shape[1]
+    f32 = torch.float32
+    if (out.stride(1) != 1 or bcx.dtype != out.dtype or bcx.dim() != 2 or bcx.shape != (N, 3 * C)
+            or bcx.stride(1) != 1 or not bcx.is_cpu or C == 0 or K < 1
+            or any(t.dtype != f32 or not t.is_contiguous() or not t.is_cpu for t in (conv_w, conv_pool))
+            or conv_w.shape != (C, K) or conv_pool.shape[1:] != (C, K - 1)
+            or any(t.dtype != torch.int64 or t.shape != (N,) or not t.is_contiguous() or not t.is_cpu
+                   for t in (src_slots, dst_slots))):
+        return False
+    rc = lib.tm_shortconv_decode(code, out.data_ptr(), out.stride(0), bcx.data_ptr(), bcx.stride(0),
+                                 conv_w.data_ptr(), conv_pool.data_ptr(), src_slots.data_ptr(), dst_slots.data_ptr(),
+                                 N, C, K, torch.get_num_threads())
     return rc == 0
