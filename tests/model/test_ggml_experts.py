@@ -1,18 +1,23 @@
-"""ggml_shim.cpp's tm_moe (native/ggml.py moe): a mixture-of-experts layer's experts after routing in one call
-(rows gathered by expert, each expert's MLP in one ggml graph, the weighted sum per token), against the same ggml
-matmuls called one by one with torch's activation and sum between them (fp32), for SwiGLU with gate|up as one
-weight and as two, gpt-oss's clamped SwiGLU with biases, an expert without rows, and one or two threads; a
-control with gate and up swapped in the reference shows the comparison can fail."""
+"""ggml_shim.cpp's tm_moe (native/ggml.py MoeLayer): a mixture-of-experts layer in one call (the router, the
+routing, each chosen expert's gate|up, activation and down in one ggml graph, each token's weighted sum), against
+SparseMoE.route (torch's routing, the production one) and the same ggml matmuls called one by one with torch's
+activation and sum between them (fp32): every routing rule the families use (softmax with and without
+renormalizing, sigmoid with a selection bias and a scale, a softmax with a selection bias), SwiGLU with gate|up
+as one weight and as two, gpt-oss's clamped SwiGLU with biases and a biased router, one and two threads; a token
+alone equals it among others; the crossover refusal; a control with gate and up swapped in the reference shows
+the comparison can fail."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from tokenmill.native import ggml
 
@@ -21,12 +26,15 @@ from gguf_blocks import quantized  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not ggml.available(), reason="needs ggml")
 
-K, INTER, D = 256, 96, 128
+K, INTER, D, E, TOP = 256, 96, 128, 6, 2
 ALPHA, LIMIT = 1.702, 7.0
+# name -> (sigmoid, selection bias, renormalize, scaling): Qwen3-MoE, Qwen2-MoE, LFM2-MoE, ERNIE 4.5 MoE
+RULES = {"softmax-renorm": (False, False, True, 1.0), "softmax": (False, False, False, 1.0),
+         "sigmoid-bias-scaled": (True, True, True, 2.5), "softmax-bias": (False, True, True, 1.0)}
 
 
-def _weight(n: int, k: int, seed: int, keep: list[np.ndarray]) -> ggml.GgmlWeight:
-    qtype, blocks, _ = quantized("Q5_0", n, k, seed)  # a type only ggml multiplies (never our block kernels)
+def _weight(n: int, k: int, seed: int, keep: list[Any], type_name: str = "Q5_0") -> ggml.GgmlWeight:
+    qtype, blocks, _ = quantized(type_name, n, k, seed)  # Q5_0: a type only ggml multiplies (never our kernels)
     keep.append(blocks)
     return ggml.GgmlWeight(qtype, k, n, blocks.ctypes.data, False, blocks)
 
@@ -38,103 +46,145 @@ def _mm(w: ggml.GgmlWeight, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def _reference(gate_up: list[list[ggml.GgmlWeight]], down: list[ggml.GgmlWeight], counts: list[int], x: torch.Tensor,
-               oai: bool, gu_bias: list[list[torch.Tensor]] | None, dn_bias: list[torch.Tensor] | None,
-               swap: bool = False) -> torch.Tensor:
-    out, r0 = [], 0
-    for g, n in enumerate(counts):
-        xs = x[r0 : r0 + n]
-        r0 += n
-        parts = [_mm(w, xs) for w in gate_up[g]]
-        if gu_bias is not None:
-            parts = [p + b for p, b in zip(parts, gu_bias[g])]
+class _Logits(nn.Module):
+    """A router that answers fixed logits (the rows asked for)."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.logits[: h.shape[0]]
+
+
+def _torch_route(logits: torch.Tensor, rule: str, sel: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SparseMoE.route on these logits (the module's own code, its router answering them)."""
+    from tokenmill.layers.moe import SparseMoE
+
+    sigmoid, _, renorm, scaling = RULES[rule]
+    moe = SparseMoE.__new__(SparseMoE)
+    nn.Module.__init__(moe)
+    moe.num_experts, moe.top_k, moe.renormalize, moe.sigmoid, moe.routed_scaling = E, TOP, renorm, sigmoid, scaling
+    moe.gate = _Logits(logits)  # type: ignore[assignment]
+    moe.moe_statics = None
+    if sel is not None:
+        from tokenmill.layers.moe import SelectionBias
+
+        moe.moe_statics = SelectionBias(E)
+        moe.moe_statics.bias.data.copy_(sel)
+    return moe.route(torch.zeros(logits.shape[0], K))
+
+
+class _Case:
+    def __init__(self, rule: str, apart: bool, oai: bool, biased: bool, seed: int = 7) -> None:
+        keep: list[Any] = []
+        self.keep = keep
+        self.rule, self.oai = rule, oai
+        gen = torch.Generator().manual_seed(seed)
+        self.gate_up = [[_weight(INTER, K, 10 * e + j, keep) for j in range(2)] if apart
+                        else [_weight(2 * INTER, K, 10 * e, keep)] for e in range(E)]
+        self.down = [_weight(D, INTER, 100 + e, keep) for e in range(E)]
+        self.gu_bias = self.dn_bias = None
+        if biased:
+            self.gu_bias = [[torch.randn(w.n, generator=gen) for w in ws] for ws in self.gate_up]
+            self.dn_bias = [torch.randn(D, generator=gen) for _ in self.down]
+        self.sel = torch.randn(E, generator=gen) * 0.2 if RULES[rule][1] else None
+
+    def layer(self, router: ggml.GgmlWeight | None = None, router_bias: torch.Tensor | None = None) -> ggml.MoeLayer:
+        sigmoid, _, renorm, scaling = RULES[self.rule]
+        return ggml.MoeLayer(router, 0 if router_bias is None else router_bias.data_ptr(), sigmoid,
+                             0 if self.sel is None else self.sel.data_ptr(), renorm, scaling, TOP, self.gate_up,
+                             self.down, ggml.ACT_SWIGLU_OAI if self.oai else ggml.ACT_SILU, ALPHA, LIMIT,
+                             None if self.gu_bias is None else [[b.data_ptr() for b in bs] for bs in self.gu_bias],
+                             None if self.dn_bias is None else [b.data_ptr() for b in self.dn_bias])
+
+    def expert(self, e: int, x: torch.Tensor, swap: bool = False) -> torch.Tensor:
+        """Expert e on rows x: the ggml matmuls, torch's activation between them."""
+        parts = [_mm(w, x) for w in self.gate_up[e]]
+        if self.gu_bias is not None:
+            parts = [p + b for p, b in zip(parts, self.gu_bias[e])]
         h = torch.cat(parts, dim=1)
-        gate, up = h[:, :INTER], h[:, INTER:]
-        if swap:
-            gate, up = up, gate
-        if oai:
-            gc = gate.clamp(max=LIMIT)
-            a = (up.clamp(-LIMIT, LIMIT) + 1) * (gc * torch.sigmoid(gc * ALPHA))
+        gate, up = (h[:, INTER:], h[:, :INTER]) if swap else (h[:, :INTER], h[:, INTER:])
+        if self.oai:
+            g = gate.clamp(max=LIMIT)
+            a = (up.clamp(-LIMIT, LIMIT) + 1) * (g * torch.sigmoid(g * ALPHA))
         else:
             a = F.silu(gate) * up
-        y = _mm(down[g], a)
-        out.append(y if dn_bias is None else y + dn_bias[g])
-    return torch.cat(out)
+        y = _mm(self.down[e], a)
+        return y if self.dn_bias is None else y + self.dn_bias[e]
+
+    def reference(self, x: torch.Tensor, logits: torch.Tensor, swap: bool = False) -> torch.Tensor:
+        weights, ids = _torch_route(logits, self.rule, self.sel)
+        out = torch.zeros(x.shape[0], D)
+        for t in range(x.shape[0]):
+            for j in range(TOP):
+                out[t] += weights[t, j] * self.expert(int(ids[t, j]), x[t : t + 1], swap)[0]
+        return out
 
 
-def test_routing_groups_the_slots_by_expert() -> None:
-    r = ggml.MoeRouting([[3, 1], [1, 0], [3, 2]])
-    assert (r.experts, r.counts) == ([0, 1, 2, 3], [1, 2, 1, 2])
-    # grouped rows: e0 (t1), e1 (t0, t1), e2 (t2), e3 (t0, t2)
-    assert list(r.row_token) == [1, 0, 1, 2, 0, 2]
-    assert list(r.slot_row) == [4, 1, 2, 0, 5, 3]  # slot t * 2 + j -> its grouped row
-
-
-def _run(gate_up, down, ids: list[list[int]], x: torch.Tensor, w: torch.Tensor, threads: int, oai: bool,
-         gu_bias, dn_bias) -> torch.Tensor:
-    r = ggml.MoeRouting(ids)
-    pick = r.experts
+def _call(layer: ggml.MoeLayer, x: torch.Tensor, logits: torch.Tensor | None, threads: int = 1,
+          max_rows: int = 1 << 40) -> tuple[bool, torch.Tensor]:
+    x = x.contiguous()
+    lg = None if logits is None else logits.contiguous()
     out = torch.full((x.shape[0], D), float("nan"))
-    ggml.moe([gate_up[e] for e in pick], [down[e] for e in pick], r, x.data_ptr(), K, w.data_ptr(), out.data_ptr(),
-             D, threads, ggml.ACT_SWIGLU_OAI if oai else ggml.ACT_SILU, ALPHA, LIMIT,
-             None if gu_bias is None else [[b.data_ptr() for b in gu_bias[e]] for e in pick],
-             None if dn_bias is None else [dn_bias[e].data_ptr() for e in pick])
-    return out
+    ok = layer.call(x.data_ptr(), x.shape[0], out.data_ptr(), 0 if lg is None else lg.data_ptr(), max_rows, threads)
+    return ok, out
+
+
+def _inputs(n: int, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, K, generator=gen), torch.randn(n, E, generator=gen) * 2
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("case", ["silu-fused", "silu-apart", "oai-biases", "oai-fused-biases"])
-def test_one_call_equals_the_matmuls_with_torch_activation(case: str, threads: int) -> None:
-    """Four tokens, two choices each over four experts (one left without rows): each token's weighted sum of
-    its experts against the same ggml matmuls called one by one with torch's activation and sum."""
-    keep: list[np.ndarray] = []
-    oai, apart, biased = case.startswith("oai"), case in ("silu-apart", "oai-biases"), "biases" in case
-    E = 4
-    gate_up = [[_weight(INTER, K, 10 * g + j, keep) for j in range(2)] if apart else [_weight(2 * INTER, K, 10 * g, keep)]
-               for g in range(E)]
-    down = [_weight(D, INTER, 100 + g, keep) for g in range(E)]
-    gen = torch.Generator().manual_seed(7)
-    ids = [[3, 0], [0, 3], [2, 0], [0, 2]]  # expert 1 unused
-    x = torch.randn(len(ids), K, generator=gen)
-    w = torch.rand(len(ids), 2, generator=gen)
-    gu_bias = dn_bias = None
-    if biased:
-        gu_bias = [[torch.randn(wt.n, generator=gen) for wt in ws] for ws in gate_up]
-        dn_bias = [torch.randn(D, generator=gen) for _ in down]
-    got = _run(gate_up, down, ids, x, w, threads, oai, gu_bias, dn_bias)
-
-    def reference(swap: bool = False) -> torch.Tensor:
-        rows = []
-        for t, choice in enumerate(ids):
-            acc = torch.zeros(D)
-            for j, e in enumerate(choice):
-                y = _reference([gate_up[e]], [down[e]], [1], x[t : t + 1], oai,
-                               None if gu_bias is None else [gu_bias[e]], None if dn_bias is None else [dn_bias[e]],
-                               swap)
-                acc += w[t, j] * y[0]
-            rows.append(acc)
-        return torch.stack(rows)
-
-    want = reference()
+@pytest.mark.parametrize("rule", list(RULES))
+@pytest.mark.parametrize("experts", ["silu-fused", "silu-apart", "oai-biases"])
+def test_one_call_equals_torch_routing_and_the_matmuls(rule: str, experts: str, threads: int) -> None:
+    case = _Case(rule, apart=experts != "silu-fused", oai=experts.startswith("oai"), biased="biases" in experts)
+    x, logits = _inputs(7)
+    ok, got = _call(case.layer(), x, logits, threads)
+    assert ok
+    want = case.reference(x, logits)
     # the down matmul rounds its input to 8 bits per block, so an activation that differs in its last bit
     # may round the other way: bounded well below what any real difference moves (the control below)
     err = float((got - want).abs().max() / want.abs().max())
     assert err < 1e-4, err
-    wrong = reference(swap=True)
+    wrong = case.reference(x, logits, swap=True)
     assert float((got - wrong).abs().max() / wrong.abs().max()) > 1e-2, "gate and up swapped must differ"
 
 
+def test_the_router_inside_equals_logits_given() -> None:
+    """gpt-oss's shape of layer: a biased router (an F32 ggml weight) inside the call gives what its logits,
+    computed outside by the same ggml matmul plus the bias, give."""
+    case = _Case("softmax-renorm", apart=True, oai=True, biased=True)
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(E, K, generator=gen) * 0.1
+    router = ggml.GgmlWeight(0, K, E, w.data_ptr(), False, w)  # F32
+    bias = torch.randn(E, generator=gen)
+    x, _ = _inputs(5)
+    logits = _mm(router, x) + bias
+    ok_in, inside = _call(case.layer(router, bias), x, None)
+    ok_out, outside = _call(case.layer(), x, logits)
+    assert ok_in and ok_out and torch.equal(inside, outside)
+    assert float((inside - case.reference(x, logits)).abs().max() / inside.abs().max()) < 1e-4
+
+
 def test_a_token_does_not_depend_on_the_others() -> None:
-    """A token's result is the same bits alone as among other tokens sharing its experts (mul_mat is per row,
-    the sum per token in its choices' order)."""
-    keep: list[np.ndarray] = []
-    gate_up = [[_weight(2 * INTER, K, e, keep)] for e in range(3)]
-    down = [_weight(D, INTER, 50 + e, keep) for e in range(3)]
-    ids = [[0, 2], [2, 1], [1, 0], [0, 1], [2, 0]]
-    gen = torch.Generator().manual_seed(3)
-    x, w = torch.randn(5, K, generator=gen), torch.rand(5, 2, generator=gen)
-    together = _run(gate_up, down, ids, x, w, 2, False, None, None)
-    for t in range(5):
-        alone = _run(gate_up, down, [ids[t]], x[t : t + 1].contiguous(), w[t : t + 1].contiguous(), 1, False, None,
-                     None)
+    case = _Case("sigmoid-bias-scaled", apart=False, oai=False, biased=False)
+    x, logits = _inputs(6)
+    _, together = _call(case.layer(), x, logits, threads=2)
+    for t in range(6):
+        _, alone = _call(case.layer(), x[t : t + 1], logits[t : t + 1])
         assert torch.equal(alone[0], together[t])
+
+
+def test_more_rows_than_the_crossover_are_refused_untouched() -> None:
+    """An expert with more rows than max_rows: nothing computed, nothing written (the caller goes dense)."""
+    case = _Case("softmax-renorm", apart=False, oai=False, biased=False)
+    x = torch.randn(4, K)
+    logits = torch.zeros(4, E)
+    logits[:, 0] = 5.0  # every token picks expert 0: 4 rows
+    ok, out = _call(case.layer(), x, logits, max_rows=3)
+    assert not ok and torch.isnan(out).all()
+    ok, out = _call(case.layer(), x, logits, max_rows=4)
+    assert ok and not torch.isnan(out).any()

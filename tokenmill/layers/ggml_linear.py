@@ -620,34 +620,43 @@ class GGUFLinearMethod(LinearMethod):
             parts = mine
         return parts or None
 
-    def apply_moe(self, gate_up: list[Linear], down: list[Linear], parts: tuple[tuple[int, int], ...],
-                  routing: ggml.MoeRouting, h: torch.Tensor, weights: torch.Tensor, act: int, alpha: float = 0.0,
-                  limit: float = 0.0) -> torch.Tensor | None:
-        """A mixture-of-experts layer's experts after routing, in one ggml call (ggml.moe: the rows gathered,
-        each expert's gate|up, activation and down in one graph and thread team, the weighted sum; the
-        intermediate rows in fp32): gate_up[i], down[i] are expert routing.experts[i]'s (`parts`: their
-        moe_parts), h (T, in) the tokens, weights (T, top_k) their choices' weights -> (T, out) at h's dtype.
-        None where some expert's rows would take the dense path (past the crossover): the caller then runs the
-        grouped matmuls."""
-        for g, dn, n in zip(gate_up, down, routing.counts):
-            if n > self.max_ggml_rows and any(lyr.dense_ok or lyr.packed is not None for lyr in (g, dn)):
-                return None
-        k, d = gate_up[0].in_features, down[0].out_features
-        T = h.shape[0]
-        x32 = h.to(torch.float32).contiguous()
-        w32 = weights.to(torch.float32).contiguous()
-        y = torch.empty(T, d, dtype=torch.float32)
-        gub: list[list[int]] | None = None
-        dnb: list[int] | None = None
+    def moe_layer(self, router: Linear, gate_up: list[Linear], down: list[Linear], parts: tuple[tuple[int, int], ...],
+                  sigmoid: bool, sel_bias: torch.Tensor | None, renorm: bool, scaling: float, top_k: int, act: int,
+                  alpha: float = 0.0, limit: float = 0.0) -> ggml.MoeLayer:
+        """The native layer apply_moe runs (experts as moe_parts accepted them, `parts` its answer): the router
+        inside it where it is one ggml weight, else the caller's logits; sel_bias (E,) fp32 contiguous, kept alive
+        by the caller."""
+        rm = router.matmul
+        on_ggml = rm is not None and router.block_mm is None and len(rm.weights) == 1
+        gub = dnb = None
         if gate_up[0].bias is not None:
             gub = [[b.data_ptr() + 4 * off for _, off in parts] for b in (_bias32(g) for g in gate_up)]
             dnb = [_bias32(dn).data_ptr() for dn in down]
-        gu_w = [g.matmul.weights for g in gate_up]
-        dn_w = [dn.matmul.weights[0] for dn in down]
+        return ggml.MoeLayer(rm.weights[0] if on_ggml else None,
+                             _bias32(router).data_ptr() if on_ggml and router.bias is not None else 0, sigmoid,
+                             0 if sel_bias is None else sel_bias.data_ptr(), renorm, scaling, top_k,
+                             [g.matmul.weights for g in gate_up], [dn.matmul.weights[0] for dn in down], act, alpha,
+                             limit, gub, dnb)
+
+    def apply_moe(self, layer: ggml.MoeLayer, h: torch.Tensor, logits: torch.Tensor | None,
+                  dense_ok: bool) -> torch.Tensor | None:
+        """A mixture-of-experts layer in one ggml call (ggml_shim.cpp tm_moe: the router, the routing, the rows
+        gathered, each chosen expert's gate|up, activation and down in one graph and thread team, each token's
+        weighted sum; all in fp32): h (T, in) -> (T, out) at h's dtype; logits (T, E) where the layer has no
+        router of its own. None (nothing computed) where an expert would get more rows than the crossover and its
+        matrices can go dense (dense_ok): the caller then runs the grouped matmuls."""
+        T = h.shape[0]
+        x32 = h.to(torch.float32).contiguous()
+        lg = None if logits is None else logits.to(torch.float32).contiguous()
+        y = torch.empty(T, layer.d, dtype=torch.float32)
         if T:
-            xp, wp, yp = x32.data_ptr(), w32.data_ptr(), y.data_ptr()
-            self.threads.run(T * routing.top_k * k * 3 * down[0].in_features, lambda t: ggml.moe(
-                gu_w, dn_w, routing, xp, k, wp, yp, d, t, act, alpha, limit, gub, dnb))
+            max_rows = self.max_ggml_rows if dense_ok else _UNBOUNDED_ROWS
+            xp, yp, lp = x32.data_ptr(), y.data_ptr(), 0 if lg is None else lg.data_ptr()
+            done: list[bool] = []
+            self.threads.run(T * layer.macs_per_token,
+                             lambda t: done.append(layer.call(xp, T, yp, lp, max_rows, t)))
+            if not done[0]:
+                return None
         return y if h.dtype == torch.float32 else y.to(h.dtype)
 
     # -- the crossover -----------------------------------------------------------------------------------

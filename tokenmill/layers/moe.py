@@ -20,12 +20,13 @@ slot order and summed over the k choices:
     ids (T, k) -> flat (T k,) -> order = argsort(flat)         slots grouped: [e0 e0 e0 | e1 | e3 e3 ...]
     x[order // k] -> expert e on its contiguous run of rows -> y[order] = out -> (T, k, D) -> weighted sum
 
-Under the gguf method, with every expert on ggml's kernels, a step's experts run in one native call
-(`_one_call`, GGUFLinearMethod.apply_moe, ggml_shim.cpp tm_moe): the routing is grouped in Python
-(ggml.MoeRouting: the same stable order by expert), then one ggml graph gathers the rows, runs every expert's
-gate|up, activation (SwiGLU, gpt-oss's clamped one) and down with the intermediate rows in fp32, and sums each
-token's choices in their order. Otherwise all experts' gate|up matmuls run as one call and all their downs as
-another (GGUFLinearMethod.apply_grouped), the activation and the sum in torch, or expert by expert.
+Under the gguf method, with every expert on ggml's kernels, the whole layer runs in one native call
+(`_one_call`, GGUFLinearMethod.apply_moe, ggml_shim.cpp tm_moe): the router (inside where it is one ggml weight),
+the same routing rules, the rows grouped by expert, every chosen expert's gate|up, activation (SwiGLU, gpt-oss's
+clamped one) and down in one ggml graph and thread team with the intermediate rows in fp32, and each token's
+choices summed in their order. Otherwise the routing is torch's (`route`), all experts' gate|up matmuls run as
+one call and all their downs as another (GGUFLinearMethod.apply_grouped), the activation and the sum in torch,
+or expert by expert.
 
 A token's result depends only on its own row (its routing and its experts' rows), not on which other
 tokens share the step. Each expert is a GatedMLP of Linear layers, so its weights stay in whatever form
@@ -75,8 +76,9 @@ class SparseMoE(nn.Module):
             self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, method)
             self.shared_expert_gate = Linear(hidden_size, 1, method) if shared_gated else None
         self.moe_statics: SelectionBias | None = SelectionBias(num_experts) if selection_bias else None
-        self._parts: tuple[tuple[int, int], ...] | None = None  # the one-call path's (decided at the first call)
-        self._parts_known = False
+        self._native: tuple[ggml.MoeLayer, bool] | None = None  # the one-call path's (decided at the first call)
+        self._native_known = False
+        self._sel32: torch.Tensor | None = None  # moe_statics' bias in fp32, read by the native layer
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """h (T, D) -> the chosen experts' weights (T, k) float32 and ids (T, k) int64."""
@@ -110,47 +112,57 @@ class SparseMoE(nn.Module):
             down = torch.cat([m.down_proj(a) for m, a in zip(experts, act.split(rows))])
         return down
 
-    def _one_call(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
-        """The experts' weighted sum (T, D) from one native call (GGUFLinearMethod.apply_moe) where it applies:
-        the gguf method with every expert on ggml's kernels, an activation it computes, at most _ONE_CALL_SLOTS
-        (token, choice) slots; else None."""
-        if not self._parts_known:
-            self._parts, self._parts_known = self._one_call_parts(), True
-        method, act_mod = self.gate.method, self.experts[0].act  # type: ignore[union-attr]
-        act = _NATIVE_ACTS.get(type(act_mod))
-        if self._parts is None or act is None or ids.numel() > _ONE_CALL_SLOTS:
+    def _one_call(self, h: torch.Tensor) -> torch.Tensor | None:
+        """The experts' weighted sum (T, D) from one native call, router and routing included
+        (GGUFLinearMethod.apply_moe) where it applies: the gguf method with every expert on ggml's kernels, an
+        activation it computes, at most _ONE_CALL_SLOTS (token, choice) slots, no expert past the crossover;
+        else None."""
+        if not self._native_known:
+            self._native, self._native_known = self._native_layer(), True
+        if self._native is None or type(self.experts[0].act) not in _NATIVE_ACTS \
+                or h.shape[0] * self.top_k > _ONE_CALL_SLOTS:
             return None
+        method = self.gate.method
         assert isinstance(method, GGUFLinearMethod)
-        routing = ggml.MoeRouting(ids.tolist())
-        experts: list[GatedMLP] = [self.experts[e] for e in routing.experts]  # type: ignore[misc]
-        alpha, limit = (act_mod.alpha, act_mod.limit) if isinstance(act_mod, SwigluOAI) else (0.0, 0.0)
-        return method.apply_moe([m.gate_up_proj for m in experts], [m.down_proj for m in experts], self._parts,
-                                routing, h, weights, act, alpha, limit)
+        layer, dense_ok = self._native
+        logits = None if layer.has_router else self.gate(h)
+        return method.apply_moe(layer, h, logits, dense_ok)
 
-    def _one_call_parts(self) -> tuple[tuple[int, int], ...] | None:
-        """GGUFLinearMethod.moe_parts of all the experts, or None where the one-call path never applies."""
+    def _native_layer(self) -> tuple[ggml.MoeLayer, bool] | None:
+        """The one-call path's native layer and whether its experts can go dense (decided once, after loading), or
+        None where it never applies."""
         method = self.gate.method
         experts: list[GatedMLP] = list(self.experts)  # type: ignore[arg-type]
-        if not isinstance(method, GGUFLinearMethod) or type(experts[0].act) not in _NATIVE_ACTS:
+        act = _NATIVE_ACTS.get(type(experts[0].act))
+        if not isinstance(method, GGUFLinearMethod) or act is None:
             return None
-        return method.moe_parts([m.gate_up_proj for m in experts], [m.down_proj for m in experts])
+        gate_up, down = [m.gate_up_proj for m in experts], [m.down_proj for m in experts]
+        parts = method.moe_parts(gate_up, down)
+        if parts is None:
+            return None
+        oai = experts[0].act
+        alpha, limit = (oai.alpha, oai.limit) if isinstance(oai, SwigluOAI) else (0.0, 0.0)
+        self._sel32 = None if self.moe_statics is None else self.moe_statics.bias.detach().float().contiguous()
+        layer = method.moe_layer(self.gate, gate_up, down, parts, self.sigmoid, self._sel32, self.renormalize,
+                                 self.routed_scaling, self.top_k, act, alpha, limit)
+        return layer, any(lyr.dense_ok or lyr.packed is not None for lyr in gate_up + down)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h (T, D) -> (T, D)."""
-        T, D = h.shape
-        weights, ids = self.route(h)
-        mixed = self._one_call(h, weights, ids)
+        mixed = self._one_call(h)
         if mixed is None:
-            mixed = self._grouped(h, weights, ids)
+            mixed = self._grouped(h)
         if self.shared_expert is not None:
             shared = self.shared_expert(h)
             gate = self.shared_expert_gate
             mixed = mixed + (shared if gate is None else torch.sigmoid(gate(h)) * shared)
         return mixed
 
-    def _grouped(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The experts' weighted sum (T, D), expert by expert over its rows (grouped matmuls where they apply)."""
+    def _grouped(self, h: torch.Tensor) -> torch.Tensor:
+        """The experts' weighted sum (T, D), routed in torch, expert by expert over its rows (grouped matmuls
+        where they apply)."""
         T, D = h.shape
+        weights, ids = self.route(h)
         flat = ids.flatten()  # (T k,): slot s is token s // k, choice s % k
         order = torch.argsort(flat, stable=True)  # slots grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()

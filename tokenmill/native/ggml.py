@@ -41,8 +41,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_weight_matmul_plain": (i32, [vp, vp, i64, vp, i64, i64, vp, sz, i32]),
         "tm_matmul": (i32, [ctypes.POINTER(vp), _c_i64p, i32, vp, i64, i64, vp, i64, i32]),
         "tm_matmul_grouped": (i32, [ctypes.POINTER(vp), i32, _c_i64p, _c_i64p, vp, i64, vp, i64, i32]),
-        "tm_moe": (i32, [ctypes.POINTER(vp), i32, ctypes.POINTER(vp), i32, _c_i64p, vp, i64, i64, vp, vp, vp, i32, vp,
-                         i64, i32, ctypes.c_float, ctypes.c_float, ctypes.POINTER(vp), ctypes.POINTER(vp), i32]),
+        "tm_moe": (i32, [vp, vp, vp, i32, vp, i32, ctypes.c_float, i32, i32, ctypes.POINTER(vp), i32,
+                         ctypes.POINTER(vp), ctypes.POINTER(vp), ctypes.POINTER(vp), vp, i64, i64, vp, i64, i32,
+                         ctypes.c_float, ctypes.c_float, i64, i32]),
         "tm_get_rows": (None, [i32, vp, i64, vp, i64, vp]),
         "tm_dequantize": (None, [i32, vp, i64, i64, vp, i32]),
         "tm_quantize": (sz, [i32, vp, vp, i64, i64]),
@@ -233,46 +234,37 @@ def matmul_grouped(weights: list[GgmlWeight], counts: list[int], x_ptr: int, k: 
 ACT_SILU, ACT_SWIGLU_OAI = 0, 1  # tm_moe's activations: silu(gate) * up; gpt-oss's clamped SwiGLU
 
 
-class MoeRouting:
-    """A step's routing in the grouped layout tm_moe takes: rows grouped by expert (ascending id, token order
-    within one), from ids (T, top_k) as a list of rows. `experts`: the experts with rows, `counts` theirs;
-    row_token[r]: the token of grouped row r; slot_row[t * top_k + j]: the grouped row of token t's choice j."""
+class MoeLayer:
+    """A mixture-of-experts layer for tm_moe (ggml_shim.cpp): the router (a weight, with its fp32 bias; or None:
+    the caller passes the logits), the routing rule, and every expert's weights (gate_up[e]: one (2I, k) weight,
+    gate rows then up rows, or [gate, up]; down[e] (d, I); biases as fp32 pointers, a list per expert, or None),
+    the foreign arrays built once. call() runs a step's tokens through the whole layer in one foreign call."""
 
-    def __init__(self, ids: list[list[int]]) -> None:
-        self.n_tokens, self.top_k = len(ids), len(ids[0]) if ids else 0
-        flat = [e for row in ids for e in row]
-        order = sorted(range(len(flat)), key=flat.__getitem__)  # stable: token order within an expert
-        self.experts: list[int] = []
-        self.counts: list[int] = []
-        slot_row = [0] * len(flat)
-        for r, s in enumerate(order):
-            e = flat[s]
-            if not self.experts or self.experts[-1] != e:
-                self.experts.append(e)
-                self.counts.append(0)
-            self.counts[-1] += 1
-            slot_row[s] = r
-        k = max(self.top_k, 1)
-        n = len(flat)
-        self.row_token = (ctypes.c_int64 * n)(*(s // k for s in order))
-        self.slot_row = (ctypes.c_int64 * n)(*slot_row)
+    def __init__(self, router: GgmlWeight | None, router_bias: int, sigmoid: bool, sel_bias: int, renorm: bool,
+                 scaling: float, top_k: int, gate_up: list[list[GgmlWeight]], down: list[GgmlWeight], act: int,
+                 alpha: float = 0.0, limit: float = 0.0, gate_up_bias: list[list[int]] | None = None,
+                 down_bias: list[int] | None = None) -> None:
+        vp = ctypes.c_void_p
+        e, n_gu = len(down), len(gate_up[0])
+        self._keep = (router, gate_up, down)  # the weights outlive the arrays of their handles
+        self._args = (None if router is None else router.handle, router_bias or None)
+        self._rule = (1 if sigmoid else 0, sel_bias or None, int(renorm), scaling, top_k, e)
+        self._experts = ((vp * (e * n_gu))(*(w.handle for ws in gate_up for w in ws)), n_gu,
+                         (vp * e)(*(w.handle for w in down)),
+                         None if gate_up_bias is None else (vp * (e * n_gu))(*(p for ps in gate_up_bias for p in ps)),
+                         None if down_bias is None else (vp * e)(*down_bias))
+        self.k, self.d = gate_up[0][0].k, down[0].n
+        self._act = (act, alpha, limit)
+        self.has_router = router is not None
+        self.macs_per_token = top_k * self.k * (sum(w.n for w in gate_up[0]) + down[0].k)
 
-
-def moe(gate_up: list[list[GgmlWeight]], down: list[GgmlWeight], routing: MoeRouting, x_ptr: int, k: int,
-        weight_ptr: int, out_ptr: int, d: int, n_threads: int, act: int = ACT_SILU, alpha: float = 0.0,
-        limit: float = 0.0, gate_up_bias: list[list[int]] | None = None, down_bias: list[int] | None = None) -> None:
-    """A mixture-of-experts layer's experts after routing, in one call: x (T, k) fp32, the routing's experts'
-    weights (gate_up / down as in experts()), weight_ptr the (T, top_k) fp32 routing weights -> out (T, d) fp32,
-    each token's sum over its choices, in their order, of weight * expert(x)."""
-    g = len(down)
-    n_gu = len(gate_up[0])
-    vp = ctypes.c_void_p
-    gu = (vp * (g * n_gu))(*(w.handle for ws in gate_up for w in ws))
-    dn = (vp * g)(*(w.handle for w in down))
-    gub = None if gate_up_bias is None else (vp * (g * n_gu))(*(p for ps in gate_up_bias for p in ps))
-    dnb = None if down_bias is None else (vp * g)(*down_bias)
-    rc = _lib().tm_moe(gu, n_gu, dn, g, (ctypes.c_int64 * g)(*routing.counts), x_ptr, routing.n_tokens, k,
-                       routing.row_token, routing.slot_row, weight_ptr, routing.top_k, out_ptr, d, act, alpha, limit,
-                       gub, dnb, n_threads)
-    if rc:
-        raise RuntimeError(f"ggml mixture-of-experts call failed (status {rc})")
+    def call(self, x_ptr: int, n_tokens: int, out_ptr: int, logits_ptr: int, max_rows: int, n_threads: int) -> bool:
+        """x (n_tokens, k) fp32 -> out (n_tokens, d) fp32 (logits_ptr: (n_tokens, experts) fp32, read where the
+        layer has no router weight). False: an expert got more than max_rows rows (nothing written)."""
+        rc = _lib().tm_moe(*self._args, logits_ptr or None, *self._rule, *self._experts, x_ptr, n_tokens, self.k,
+                           out_ptr, self.d, *self._act, max_rows, n_threads)
+        if rc == 3:
+            return False
+        if rc:
+            raise RuntimeError(f"ggml mixture-of-experts call failed (status {rc})")
+        return True

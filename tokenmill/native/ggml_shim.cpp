@@ -11,6 +11,7 @@
 // (q|k|v, gate|up), all in one ggml graph. x: (M, K) fp32 row-major; y: (M, ldy) fp32 row-major.
 // Like llama.cpp, ggml quantizes x per row to 8 bits (Q8_0 / Q8_K) before the integer dot products.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -399,40 +400,119 @@ static int run_experts(void** gate_up, int n_gu, void** down, int n_groups, cons
     return status;
 }
 
-// A whole mixture-of-experts layer's experts after routing, in one call: grouped row r (group by group, counts[g]
-// rows each) is token row_token[r] of x (n_tokens, k); the experts run as run_experts runs them; then out[t] = sum over j < top_k, in j's order, of slot_weight[t * top_k + j] * (the result of grouped row
-// slot_row[t * top_k + j]), accumulated in fp32. A token's result depends only on its own row, its experts and
-// its weights, not on the other tokens of the call. out: (n_tokens, d) fp32.
-int tm_moe(void** gate_up, int n_gu, void** down, int n_groups, const int64_t* counts, const float* x,
-           int64_t n_tokens, int64_t k, const int64_t* row_token, const int64_t* slot_row, const float* slot_weight,
-           int top_k, float* out, int64_t d, int act, float alpha, float limit, const float* const* gu_bias,
-           const float* const* down_bias, int n_threads) {
+// A whole mixture-of-experts layer in one call, from its input rows x (n_tokens, k) fp32 to out (n_tokens, d)
+// fp32, over all n_experts experts (gate_up: n_experts * n_gu weights, down: n_experts, biases likewise or null):
+// 1. the router's logits (n_tokens, n_experts): router (n_experts x k) times x, plus router_bias (null: none);
+//    or, with router null, read from `logits` (the caller computed them);
+// 2. per token, scores = softmax(logits) (scoring 0) or sigmoid(logits) (1); the top_k experts by scores +
+//    sel_bias (null: none; it only chooses), in descending order, ties to the lower id; their weights the chosen
+//    scores, divided by their sum (at least 1e-12) if renorm, times scaling;
+// 3. the (token, choice) slots grouped by expert (ascending id, token order within one), the experts run as
+//    run_experts runs them; out[t] = sum over j < top_k, in j's order, of weight_j * (its expert's result).
+// A token's result depends only on its own row, not on the other tokens of the call. Returns 0; 3 (nothing
+// written) where an expert gets more than max_rows rows (the caller's dense path is the faster there); 1 on a
+// bad shape; 2 if ggml fails.
+int tm_moe(void* router, const float* router_bias, const float* logits, int scoring, const float* sel_bias,
+           int renorm, float scaling, int top_k, int n_experts, void** gate_up, int n_gu, void** down,
+           const float* const* gu_bias, const float* const* down_bias, const float* x, int64_t n_tokens, int64_t k,
+           float* out, int64_t d, int act, float alpha, float limit, int64_t max_rows, int n_threads) {
     init_once();
-    thread_local std::vector<float> xg, yg;
-    thread_local std::vector<int64_t> starts;
+    thread_local std::vector<float> lg, xg, yg, score, weight;
+    thread_local std::vector<int64_t> counts, starts, slot_expert, row_token, slot_row, order;
+    thread_local std::vector<void*> gu_sel, dn_sel;
+    thread_local std::vector<const float*> gub_sel, dnb_sel;
+    const int64_t E = n_experts, K = top_k, S = n_tokens * K;
+    if (K < 1 || K > E) return 1;
+    if (router) {
+        lg.resize((size_t)n_tokens * E);
+        const int64_t zero = 0;
+        int status = tm_matmul(&router, &zero, 1, x, n_tokens, k, lg.data(), E, n_threads);
+        if (status) return status;
+        if (router_bias)
+            for (int64_t t = 0; t < n_tokens; ++t)
+                for (int64_t e = 0; e < E; ++e) lg[t * E + e] += router_bias[e];
+        logits = lg.data();
+    }
+    // 2. routing
+    score.resize(E);
+    weight.resize(S);
+    slot_expert.resize(S);
+    order.resize(E);
+    counts.assign(E, 0);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const float* l = logits + t * E;
+        if (scoring == 0) {
+            float mx = l[0];
+            for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+            float sum = 0.0f;
+            for (int64_t e = 0; e < E; ++e) sum += (score[e] = std::exp(l[e] - mx));
+            for (int64_t e = 0; e < E; ++e) score[e] /= sum;
+        } else {
+            for (int64_t e = 0; e < E; ++e) score[e] = 1.0f / (1.0f + std::exp(-l[e]));
+        }
+        for (int64_t e = 0; e < E; ++e) order[e] = e;
+        auto key = [&](int64_t e) { return sel_bias ? score[e] + sel_bias[e] : score[e]; };
+        std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t b) {
+            const float ka = key(a), kb = key(b);
+            return ka > kb || (ka == kb && a < b);
+        });
+        float sum = 0.0f;
+        for (int64_t j = 0; j < K; ++j) sum += score[order[j]];
+        const float div = renorm ? std::max(sum, 1e-12f) : 1.0f;
+        for (int64_t j = 0; j < K; ++j) {
+            const int64_t e = order[j];
+            slot_expert[t * K + j] = e;
+            weight[t * K + j] = (renorm ? score[e] / div : score[e]) * scaling;
+            ++counts[e];
+        }
+    }
+    // 3. grouped rows: expert by expert, slots in order within one
+    starts.resize(E);
     int64_t rows = 0;
-    starts.resize(n_groups);
-    for (int g = 0; g < n_groups; ++g) {
-        starts[g] = rows;
-        rows += counts[g];
+    for (int64_t e = 0; e < E; ++e) {
+        if (counts[e] > max_rows) return 3;
+        starts[e] = rows;
+        rows += counts[e];
     }
-    if (rows != n_tokens * top_k) return 1;
-    xg.resize((size_t)rows * k);
-    yg.resize((size_t)rows * d);
-    for (int64_t r = 0; r < rows; ++r) {
-        if (row_token[r] < 0 || row_token[r] >= n_tokens) return 1;
-        std::memcpy(xg.data() + r * k, x + row_token[r] * k, k * sizeof(float));
+    row_token.resize(S);
+    slot_row.resize(S);
+    {
+        std::vector<int64_t>& fill = order;  // (reused) the next free row of each expert
+        fill.assign(starts.begin(), starts.end());
+        for (int64_t s = 0; s < S; ++s) {
+            const int64_t r = fill[slot_expert[s]]++;
+            row_token[r] = s / K;
+            slot_row[s] = r;
+        }
     }
-    int status = run_experts(gate_up, n_gu, down, n_groups, starts.data(), counts, xg.data(), k, yg.data(), d, act,
-                            alpha, limit, gu_bias, down_bias, n_threads);
+    xg.resize((size_t)S * k);
+    yg.resize((size_t)S * d);
+    for (int64_t r = 0; r < S; ++r) std::memcpy(xg.data() + r * k, x + row_token[r] * k, k * sizeof(float));
+    gu_sel.clear();
+    dn_sel.clear();
+    gub_sel.clear();
+    dnb_sel.clear();
+    std::vector<int64_t> g_starts, g_counts;
+    for (int64_t e = 0; e < E; ++e) {
+        if (!counts[e]) continue;
+        for (int j = 0; j < n_gu; ++j) {
+            gu_sel.push_back(gate_up[e * n_gu + j]);
+            if (gu_bias) gub_sel.push_back(gu_bias[e * n_gu + j]);
+        }
+        dn_sel.push_back(down[e]);
+        if (down_bias) dnb_sel.push_back(down_bias[e]);
+        g_starts.push_back(starts[e]);
+        g_counts.push_back(counts[e]);
+    }
+    int status = run_experts(gu_sel.data(), n_gu, dn_sel.data(), (int)dn_sel.size(), g_starts.data(), g_counts.data(),
+                             xg.data(), k, yg.data(), d, act, alpha, limit, gu_bias ? gub_sel.data() : nullptr,
+                             down_bias ? dnb_sel.data() : nullptr, n_threads);
     if (status) return status;
     for (int64_t t = 0; t < n_tokens; ++t) {
         float* o = out + t * d;
-        for (int j = 0; j < top_k; ++j) {
-            const int64_t r = slot_row[t * top_k + j];
-            if (r < 0 || r >= rows) return 1;
-            const float w = slot_weight[t * top_k + j];
-            const float* yr = yg.data() + r * d;
+        for (int64_t j = 0; j < K; ++j) {
+            const float w = weight[t * K + j];
+            const float* yr = yg.data() + slot_row[t * K + j] * d;
             if (j == 0) {
                 for (int64_t c = 0; c < d; ++c) o[c] = w * yr[c];
             } else {
