@@ -3,9 +3,9 @@ routing, each chosen expert's gate|up, activation and down in one ggml graph, ea
 SparseMoE.route (torch's routing, the production one) and the same ggml matmuls called one by one with torch's
 activation and sum between them (fp32): every routing rule the families use (softmax with and without
 renormalizing, sigmoid with a selection bias and a scale, a softmax with a selection bias), SwiGLU with gate|up
-as one weight and as two, gpt-oss's clamped SwiGLU with biases and a biased router, one and two threads; a token
-alone equals it among others; the crossover refusal; a control with gate and up swapped in the reference shows
-the comparison can fail."""
+as one weight and as two, gpt-oss's clamped SwiGLU with biases and a biased router, a shared expert ungated
+(Granite) and gated per token (Qwen2-MoE), one and two threads; a token alone equals it among others; the
+crossover refusal; a control with gate and up swapped in the reference shows the comparison can fail."""
 
 from __future__ import annotations
 
@@ -89,6 +89,14 @@ class _Case:
             self.gu_bias = [[torch.randn(w.n, generator=gen) for w in ws] for ws in self.gate_up]
             self.dn_bias = [torch.randn(D, generator=gen) for _ in self.down]
         self.sel = torch.randn(E, generator=gen) * 0.2 if RULES[rule][1] else None
+        self.shared: tuple[list[ggml.GgmlWeight], ggml.GgmlWeight] | None = None
+
+    def with_shared(self) -> "_Case":
+        """A shared expert of twice the experts' width (gate|up as the experts have it), no biases."""
+        apart = len(self.gate_up[0]) == 2
+        self.shared = ([_weight(2 * INTER, K, 500 + j, self.keep) for j in range(2)] if apart
+                       else [_weight(4 * INTER, K, 500, self.keep)], _weight(D, 2 * INTER, 600, self.keep))
+        return self
 
     def layer(self, router: ggml.GgmlWeight | None = None, router_bias: torch.Tensor | None = None) -> ggml.MoeLayer:
         sigmoid, _, renorm, scaling = RULES[self.rule]
@@ -96,38 +104,46 @@ class _Case:
                              0 if self.sel is None else self.sel.data_ptr(), renorm, scaling, TOP, self.gate_up,
                              self.down, ggml.ACT_SWIGLU_OAI if self.oai else ggml.ACT_SILU, ALPHA, LIMIT,
                              None if self.gu_bias is None else [[b.data_ptr() for b in bs] for bs in self.gu_bias],
-                             None if self.dn_bias is None else [b.data_ptr() for b in self.dn_bias])
+                             None if self.dn_bias is None else [b.data_ptr() for b in self.dn_bias], self.shared)
 
     def expert(self, e: int, x: torch.Tensor, swap: bool = False) -> torch.Tensor:
-        """Expert e on rows x: the ggml matmuls, torch's activation between them."""
-        parts = [_mm(w, x) for w in self.gate_up[e]]
-        if self.gu_bias is not None:
+        """Expert e (-1: the shared one) on rows x: the ggml matmuls, torch's activation between them."""
+        assert e >= 0 or self.shared is not None
+        gate_up, down = (self.gate_up[e], self.down[e]) if e >= 0 else self.shared  # type: ignore[misc]
+        parts = [_mm(w, x) for w in gate_up]
+        if self.gu_bias is not None and e >= 0:
             parts = [p + b for p, b in zip(parts, self.gu_bias[e])]
         h = torch.cat(parts, dim=1)
-        gate, up = (h[:, INTER:], h[:, :INTER]) if swap else (h[:, :INTER], h[:, INTER:])
+        inter = h.shape[1] // 2
+        gate, up = (h[:, inter:], h[:, :inter]) if swap else (h[:, :inter], h[:, inter:])
         if self.oai:
             g = gate.clamp(max=LIMIT)
             a = (up.clamp(-LIMIT, LIMIT) + 1) * (g * torch.sigmoid(g * ALPHA))
         else:
             a = F.silu(gate) * up
-        y = _mm(self.down[e], a)
-        return y if self.dn_bias is None else y + self.dn_bias[e]
+        y = _mm(down, a)
+        return y if self.dn_bias is None or e < 0 else y + self.dn_bias[e]
 
-    def reference(self, x: torch.Tensor, logits: torch.Tensor, swap: bool = False) -> torch.Tensor:
+    def reference(self, x: torch.Tensor, logits: torch.Tensor, swap: bool = False,
+                  shared_weight: torch.Tensor | None = None) -> torch.Tensor:
         weights, ids = _torch_route(logits, self.rule, self.sel)
         out = torch.zeros(x.shape[0], D)
         for t in range(x.shape[0]):
             for j in range(TOP):
                 out[t] += weights[t, j] * self.expert(int(ids[t, j]), x[t : t + 1], swap)[0]
+            if self.shared is not None:
+                w = 1.0 if shared_weight is None else shared_weight[t]
+                out[t] += w * self.expert(-1, x[t : t + 1], swap)[0]
         return out
 
 
 def _call(layer: ggml.MoeLayer, x: torch.Tensor, logits: torch.Tensor | None, threads: int = 1,
-          max_rows: int = 1 << 40) -> tuple[bool, torch.Tensor]:
+          max_rows: int = 1 << 40, shared_weight: torch.Tensor | None = None) -> tuple[bool, torch.Tensor]:
     x = x.contiguous()
     lg = None if logits is None else logits.contiguous()
     out = torch.full((x.shape[0], D), float("nan"))
-    ok = layer.call(x.data_ptr(), x.shape[0], out.data_ptr(), 0 if lg is None else lg.data_ptr(), max_rows, threads)
+    ok = layer.call(x.data_ptr(), x.shape[0], out.data_ptr(), 0 if lg is None else lg.data_ptr(), max_rows, threads,
+                    layer.has_shared, 0 if shared_weight is None else shared_weight.data_ptr())
     return ok, out
 
 
@@ -151,6 +167,22 @@ def test_one_call_equals_torch_routing_and_the_matmuls(rule: str, experts: str, 
     assert err < 1e-4, err
     wrong = case.reference(x, logits, swap=True)
     assert float((got - wrong).abs().max() / wrong.abs().max()) > 1e-2, "gate and up swapped must differ"
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
+@pytest.mark.parametrize("apart", [False, True], ids=["fused", "apart"])
+def test_a_shared_expert_inside_the_call(apart: bool, gated: bool) -> None:
+    """Granite's ungated shared MLP, Qwen2-MoE's gated one: every token through it once more, added (times its
+    weight) after the routed choices."""
+    case = _Case("softmax-renorm", apart=apart, oai=False, biased=False).with_shared()
+    x, logits = _inputs(5)
+    sw = torch.rand(5, generator=torch.Generator().manual_seed(5)) if gated else None
+    ok, got = _call(case.layer(), x, logits, threads=2, shared_weight=sw)
+    assert ok
+    want = case.reference(x, logits, shared_weight=sw)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-4
+    routed_only = _Case("softmax-renorm", apart=apart, oai=False, biased=False).reference(x, logits)
+    assert float((got - routed_only).abs().max() / want.abs().max()) > 1e-2, "the shared expert must count"
 
 
 def test_the_router_inside_equals_logits_given() -> None:

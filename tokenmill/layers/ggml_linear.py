@@ -622,39 +622,49 @@ class GGUFLinearMethod(LinearMethod):
 
     def moe_layer(self, router: Linear, gate_up: list[Linear], down: list[Linear], parts: tuple[tuple[int, int], ...],
                   sigmoid: bool, sel_bias: torch.Tensor | None, renorm: bool, scaling: float, top_k: int, act: int,
-                  alpha: float = 0.0, limit: float = 0.0) -> ggml.MoeLayer:
+                  alpha: float = 0.0, limit: float = 0.0,
+                  shared: tuple[Linear, Linear] | None = None) -> ggml.MoeLayer:
         """The native layer apply_moe runs (experts as moe_parts accepted them, `parts` its answer): the router
         inside it where it is one ggml weight, else the caller's logits; sel_bias (E,) fp32 contiguous, kept alive
-        by the caller."""
+        by the caller; a shared expert's (gate_up, down) inside it where moe_parts accepts it with as many gate|up
+        parts as the experts have, else none (the caller adds it)."""
         rm = router.matmul
         on_ggml = rm is not None and router.block_mm is None and len(rm.weights) == 1
         gub = dnb = None
         if gate_up[0].bias is not None:
             gub = [[b.data_ptr() + 4 * off for _, off in parts] for b in (_bias32(g) for g in gate_up)]
             dnb = [_bias32(dn).data_ptr() for dn in down]
+        sh = None
+        if shared is not None:
+            sp = self.moe_parts([shared[0]], [shared[1]])
+            if sp is not None and len(sp) == len(parts) and shared[0].bias is None:
+                sh = (shared[0].matmul.weights, shared[1].matmul.weights[0])
         return ggml.MoeLayer(rm.weights[0] if on_ggml else None,
                              _bias32(router).data_ptr() if on_ggml and router.bias is not None else 0, sigmoid,
                              0 if sel_bias is None else sel_bias.data_ptr(), renorm, scaling, top_k,
                              [g.matmul.weights for g in gate_up], [dn.matmul.weights[0] for dn in down], act, alpha,
-                             limit, gub, dnb)
+                             limit, gub, dnb, sh)
 
-    def apply_moe(self, layer: ggml.MoeLayer, h: torch.Tensor, logits: torch.Tensor | None,
-                  dense_ok: bool) -> torch.Tensor | None:
+    def apply_moe(self, layer: ggml.MoeLayer, h: torch.Tensor, logits: torch.Tensor | None, dense_ok: bool,
+                  shared: bool = False, shared_weight: torch.Tensor | None = None) -> torch.Tensor | None:
         """A mixture-of-experts layer in one ggml call (ggml_shim.cpp tm_moe: the router, the routing, the rows
         gathered, each chosen expert's gate|up, activation and down in one graph and thread team, each token's
-        weighted sum; all in fp32): h (T, in) -> (T, out) at h's dtype; logits (T, E) where the layer has no
-        router of its own. None (nothing computed) where an expert would get more rows than the crossover and its
-        matrices can go dense (dense_ok): the caller then runs the grouped matmuls."""
+        weighted sum, with `shared` the shared expert's result added (times shared_weight (T,), or 1); all in
+        fp32): h (T, in) -> (T, out) at h's dtype; logits (T, E) where the layer has no router of its own. None
+        (nothing computed) where an expert would get more rows than the crossover and its matrices can go dense
+        (dense_ok): the caller then runs the grouped matmuls."""
         T = h.shape[0]
         x32 = h.to(torch.float32).contiguous()
         lg = None if logits is None else logits.to(torch.float32).contiguous()
+        sw = None if shared_weight is None else shared_weight.to(torch.float32).contiguous()
         y = torch.empty(T, layer.d, dtype=torch.float32)
         if T:
             max_rows = self.max_ggml_rows if dense_ok else _UNBOUNDED_ROWS
-            xp, yp, lp = x32.data_ptr(), y.data_ptr(), 0 if lg is None else lg.data_ptr()
+            xp, yp = x32.data_ptr(), y.data_ptr()
+            lp, sp = 0 if lg is None else lg.data_ptr(), 0 if sw is None else sw.data_ptr()
             done: list[bool] = []
             self.threads.run(T * layer.macs_per_token,
-                             lambda t: done.append(layer.call(xp, T, yp, lp, max_rows, t)))
+                             lambda t: done.append(layer.call(xp, T, yp, lp, max_rows, t, shared, sp)))
             if not done[0]:
                 return None
         return y if h.dtype == torch.float32 else y.to(h.dtype)

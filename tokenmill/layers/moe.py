@@ -76,7 +76,7 @@ class SparseMoE(nn.Module):
             self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size, method)
             self.shared_expert_gate = Linear(hidden_size, 1, method) if shared_gated else None
         self.moe_statics: SelectionBias | None = SelectionBias(num_experts) if selection_bias else None
-        self._native: tuple[ggml.MoeLayer, bool] | None = None  # the one-call path's (decided at the first call)
+        self._native: tuple[ggml.MoeLayer, bool, bool] | None = None  # the one-call path's (decided at the first call)
         self._native_known = False
         self._sel32: torch.Tensor | None = None  # moe_statics' bias in fp32, read by the native layer
 
@@ -113,10 +113,10 @@ class SparseMoE(nn.Module):
         return down
 
     def _one_call(self, h: torch.Tensor) -> torch.Tensor | None:
-        """The experts' weighted sum (T, D) from one native call, router and routing included
+        """The layer's output (T, D) from one native call, router, routing and the shared expert included
         (GGUFLinearMethod.apply_moe) where it applies: the gguf method with every expert on ggml's kernels, an
         activation it computes, at most _ONE_CALL_SLOTS (token, choice) slots, no expert past the crossover;
-        else None."""
+        else None. A shared expert the call does not take (its rows past the crossover) is added here."""
         if not self._native_known:
             self._native, self._native_known = self._native_layer(), True
         if self._native is None or type(self.experts[0].act) not in _NATIVE_ACTS \
@@ -124,13 +124,19 @@ class SparseMoE(nn.Module):
             return None
         method = self.gate.method
         assert isinstance(method, GGUFLinearMethod)
-        layer, dense_ok = self._native
+        layer, dense_ok, shared_dense = self._native
         logits = None if layer.has_router else self.gate(h)
-        return method.apply_moe(layer, h, logits, dense_ok)
+        inside = layer.has_shared and (h.shape[0] <= method.max_ggml_rows or not shared_dense)
+        gate = self.shared_expert_gate
+        sw = torch.sigmoid(gate(h).float()).flatten() if inside and gate is not None else None
+        out = method.apply_moe(layer, h, logits, dense_ok, inside, sw)
+        if out is None or inside:
+            return out
+        return self._add_shared(h, out)
 
-    def _native_layer(self) -> tuple[ggml.MoeLayer, bool] | None:
-        """The one-call path's native layer and whether its experts can go dense (decided once, after loading), or
-        None where it never applies."""
+    def _native_layer(self) -> tuple[ggml.MoeLayer, bool, bool] | None:
+        """The one-call path's native layer, whether its experts' and whether its shared expert's matrices can go
+        dense (decided once, after loading), or None where it never applies."""
         method = self.gate.method
         experts: list[GatedMLP] = list(self.experts)  # type: ignore[arg-type]
         act = _NATIVE_ACTS.get(type(experts[0].act))
@@ -143,20 +149,27 @@ class SparseMoE(nn.Module):
         oai = experts[0].act
         alpha, limit = (oai.alpha, oai.limit) if isinstance(oai, SwigluOAI) else (0.0, 0.0)
         self._sel32 = None if self.moe_statics is None else self.moe_statics.bias.detach().float().contiguous()
+        se = self.shared_expert
+        shared = None if se is None or type(se.act) is not type(experts[0].act) else (se.gate_up_proj, se.down_proj)
         layer = method.moe_layer(self.gate, gate_up, down, parts, self.sigmoid, self._sel32, self.renormalize,
-                                 self.routed_scaling, self.top_k, act, alpha, limit)
-        return layer, any(lyr.dense_ok or lyr.packed is not None for lyr in gate_up + down)
+                                 self.routed_scaling, self.top_k, act, alpha, limit, shared)
+        dense = any(lyr.dense_ok or lyr.packed is not None for lyr in gate_up + down)
+        shared_dense = se is not None and any(lyr.dense_ok or lyr.packed is not None
+                                              for lyr in (se.gate_up_proj, se.down_proj))
+        return layer, dense, shared_dense
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h (T, D) -> (T, D)."""
-        mixed = self._one_call(h)
-        if mixed is None:
-            mixed = self._grouped(h)
-        if self.shared_expert is not None:
-            shared = self.shared_expert(h)
-            gate = self.shared_expert_gate
-            mixed = mixed + (shared if gate is None else torch.sigmoid(gate(h)) * shared)
-        return mixed
+        out = self._one_call(h)
+        return out if out is not None else self._add_shared(h, self._grouped(h))
+
+    def _add_shared(self, h: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """The routed experts' sum (T, D) plus the shared expert's result (gated where the family gates it)."""
+        if self.shared_expert is None:
+            return mixed
+        shared = self.shared_expert(h)
+        gate = self.shared_expert_gate
+        return mixed + (shared if gate is None else torch.sigmoid(gate(h)) * shared)
 
     def _grouped(self, h: torch.Tensor) -> torch.Tensor:
         """The experts' weighted sum (T, D), routed in torch, expert by expert over its rows (grouped matmuls

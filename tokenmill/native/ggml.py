@@ -42,8 +42,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_matmul": (i32, [ctypes.POINTER(vp), _c_i64p, i32, vp, i64, i64, vp, i64, i32]),
         "tm_matmul_grouped": (i32, [ctypes.POINTER(vp), i32, _c_i64p, _c_i64p, vp, i64, vp, i64, i32]),
         "tm_moe": (i32, [vp, vp, vp, i32, vp, i32, ctypes.c_float, i32, i32, ctypes.POINTER(vp), i32,
-                         ctypes.POINTER(vp), ctypes.POINTER(vp), ctypes.POINTER(vp), vp, i64, i64, vp, i64, i32,
-                         ctypes.c_float, ctypes.c_float, i64, i32]),
+                         ctypes.POINTER(vp), ctypes.POINTER(vp), ctypes.POINTER(vp), ctypes.POINTER(vp), vp, vp, vp,
+                         i64, i64, vp, i64, i32, ctypes.c_float, ctypes.c_float, i64, i32]),
         "tm_get_rows": (None, [i32, vp, i64, vp, i64, vp]),
         "tm_dequantize": (None, [i32, vp, i64, i64, vp, i32]),
         "tm_quantize": (sz, [i32, vp, vp, i64, i64]),
@@ -238,15 +238,22 @@ class MoeLayer:
     """A mixture-of-experts layer for tm_moe (ggml_shim.cpp): the router (a weight, with its fp32 bias; or None:
     the caller passes the logits), the routing rule, and every expert's weights (gate_up[e]: one (2I, k) weight,
     gate rows then up rows, or [gate, up]; down[e] (d, I); biases as fp32 pointers, a list per expert, or None),
-    the foreign arrays built once. call() runs a step's tokens through the whole layer in one foreign call."""
+    and a shared expert's (shared: (gate_up parts as the experts', down), no biases; or None), the foreign arrays
+    built once. call() runs a step's tokens through the whole layer in one foreign call."""
 
     def __init__(self, router: GgmlWeight | None, router_bias: int, sigmoid: bool, sel_bias: int, renorm: bool,
                  scaling: float, top_k: int, gate_up: list[list[GgmlWeight]], down: list[GgmlWeight], act: int,
                  alpha: float = 0.0, limit: float = 0.0, gate_up_bias: list[list[int]] | None = None,
-                 down_bias: list[int] | None = None) -> None:
+                 down_bias: list[int] | None = None,
+                 shared: tuple[list[GgmlWeight], GgmlWeight] | None = None) -> None:
         vp = ctypes.c_void_p
         e, n_gu = len(down), len(gate_up[0])
-        self._keep = (router, gate_up, down)  # the weights outlive the arrays of their handles
+        if shared is not None and len(shared[0]) != n_gu:
+            raise ValueError("the shared expert's gate|up must come in the experts' parts")
+        self._keep = (router, gate_up, down, shared)  # the weights outlive the arrays of their handles
+        self._shared = (None, None) if shared is None else ((vp * n_gu)(*(w.handle for w in shared[0])),
+                                                            shared[1].handle)
+        self.has_shared = shared is not None
         self._args = (None if router is None else router.handle, router_bias or None)
         self._rule = (1 if sigmoid else 0, sel_bias or None, int(renorm), scaling, top_k, e)
         self._experts = ((vp * (e * n_gu))(*(w.handle for ws in gate_up for w in ws)), n_gu,
@@ -257,12 +264,17 @@ class MoeLayer:
         self._act = (act, alpha, limit)
         self.has_router = router is not None
         self.macs_per_token = top_k * self.k * (sum(w.n for w in gate_up[0]) + down[0].k)
+        if shared is not None:
+            self.macs_per_token += self.k * (sum(w.n for w in shared[0]) + shared[1].k)
 
-    def call(self, x_ptr: int, n_tokens: int, out_ptr: int, logits_ptr: int, max_rows: int, n_threads: int) -> bool:
+    def call(self, x_ptr: int, n_tokens: int, out_ptr: int, logits_ptr: int, max_rows: int, n_threads: int,
+             shared: bool = False, shared_weight_ptr: int = 0) -> bool:
         """x (n_tokens, k) fp32 -> out (n_tokens, d) fp32 (logits_ptr: (n_tokens, experts) fp32, read where the
-        layer has no router weight). False: an expert got more than max_rows rows (nothing written)."""
-        rc = _lib().tm_moe(*self._args, logits_ptr or None, *self._rule, *self._experts, x_ptr, n_tokens, self.k,
-                           out_ptr, self.d, *self._act, max_rows, n_threads)
+        layer has no router weight); with `shared`, the shared expert's result added, times shared_weight_ptr's
+        (n_tokens,) fp32 (0: times 1). False: an expert got more than max_rows rows (nothing written)."""
+        sh = self._shared if shared else (None, None)
+        rc = _lib().tm_moe(*self._args, logits_ptr or None, *self._rule, *self._experts, *sh, shared_weight_ptr or None,
+                           x_ptr, n_tokens, self.k, out_ptr, self.d, *self._act, max_rows, n_threads)
         if rc == 3:
             return False
         if rc:

@@ -407,15 +407,18 @@ static int run_experts(void** gate_up, int n_gu, void** down, int n_groups, cons
 // 2. per token, scores = softmax(logits) (scoring 0) or sigmoid(logits) (1); the top_k experts by scores +
 //    sel_bias (null: none; it only chooses), in descending order, ties to the lower id; their weights the chosen
 //    scores, divided by their sum (at least 1e-12) if renorm, times scaling;
-// 3. the (token, choice) slots grouped by expert (ascending id, token order within one), the experts run as
-//    run_experts runs them; out[t] = sum over j < top_k, in j's order, of weight_j * (its expert's result).
+// 3. the (token, choice) slots grouped by expert (ascending id, token order within one), then, with a shared
+//    expert (shared_gu: n_gu weights, shared_down; null: none; no biases), every token once more for it; the
+//    experts run as run_experts runs them; out[t] = sum over j < top_k, in j's order, of weight_j * (its
+//    expert's result), plus shared_weight[t] (null: 1) * (the shared expert's result).
 // A token's result depends only on its own row, not on the other tokens of the call. Returns 0; 3 (nothing
 // written) where an expert gets more than max_rows rows (the caller's dense path is the faster there); 1 on a
 // bad shape; 2 if ggml fails.
 int tm_moe(void* router, const float* router_bias, const float* logits, int scoring, const float* sel_bias,
            int renorm, float scaling, int top_k, int n_experts, void** gate_up, int n_gu, void** down,
-           const float* const* gu_bias, const float* const* down_bias, const float* x, int64_t n_tokens, int64_t k,
-           float* out, int64_t d, int act, float alpha, float limit, int64_t max_rows, int n_threads) {
+           const float* const* gu_bias, const float* const* down_bias, void** shared_gu, void* shared_down,
+           const float* shared_weight, const float* x, int64_t n_tokens, int64_t k, float* out, int64_t d, int act,
+           float alpha, float limit, int64_t max_rows, int n_threads) {
     init_once();
     thread_local std::vector<float> lg, xg, yg, score, weight;
     thread_local std::vector<int64_t> counts, starts, slot_expert, row_token, slot_row, order;
@@ -485,9 +488,12 @@ int tm_moe(void* router, const float* router_bias, const float* logits, int scor
             slot_row[s] = r;
         }
     }
-    xg.resize((size_t)S * k);
-    yg.resize((size_t)S * d);
+    const int64_t R = shared_gu ? S + n_tokens : S;  // the shared expert's rows after the routed ones
+    if (shared_gu && n_tokens > max_rows) return 3;
+    xg.resize((size_t)R * k);
+    yg.resize((size_t)R * d);
     for (int64_t r = 0; r < S; ++r) std::memcpy(xg.data() + r * k, x + row_token[r] * k, k * sizeof(float));
+    if (shared_gu) std::memcpy(xg.data() + S * k, x, (size_t)n_tokens * k * sizeof(float));
     gu_sel.clear();
     dn_sel.clear();
     gub_sel.clear();
@@ -504,6 +510,16 @@ int tm_moe(void* router, const float* router_bias, const float* logits, int scor
         g_starts.push_back(starts[e]);
         g_counts.push_back(counts[e]);
     }
+    if (shared_gu) {
+        for (int j = 0; j < n_gu; ++j) {
+            gu_sel.push_back(shared_gu[j]);
+            if (gu_bias) gub_sel.push_back(nullptr);
+        }
+        dn_sel.push_back(shared_down);
+        if (down_bias) dnb_sel.push_back(nullptr);
+        g_starts.push_back(S);
+        g_counts.push_back(n_tokens);
+    }
     int status = run_experts(gu_sel.data(), n_gu, dn_sel.data(), (int)dn_sel.size(), g_starts.data(), g_counts.data(),
                              xg.data(), k, yg.data(), d, act, alpha, limit, gu_bias ? gub_sel.data() : nullptr,
                              down_bias ? dnb_sel.data() : nullptr, n_threads);
@@ -518,6 +534,11 @@ int tm_moe(void* router, const float* router_bias, const float* logits, int scor
             } else {
                 for (int64_t c = 0; c < d; ++c) o[c] += w * yr[c];
             }
+        }
+        if (shared_gu) {
+            const float w = shared_weight ? shared_weight[t] : 1.0f;
+            const float* ys = yg.data() + (S + t) * d;
+            for (int64_t c = 0; c < d; ++c) o[c] += w * ys[c];
         }
     }
     return 0;
