@@ -53,6 +53,14 @@ ggml_context* small_ctx(size_t n_tensors, void* mem, size_t mem_size) {
     return ggml_init(p);
 }
 
+// gf run on n_threads, `work` its scratch (grown as the plan asks): 0, or 2 if ggml fails.
+int compute(ggml_cgraph* gf, int n_threads, std::vector<uint8_t>& work) {
+    ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
+    if (plan.work_size > work.size()) work.resize(plan.work_size);
+    plan.work_data = work.data();
+    return ggml_graph_compute(gf, &plan) == GGML_STATUS_SUCCESS ? 0 : 2;
+}
+
 // The first extra CPU buffer type (repack, AMX, ...) that supports mul_mat with this weight, or nullptr.
 // AMX only with allow_amx: llama.cpp's AMX path for Q4_1 was seen to segfault at the first decode on a
 // Sapphire Rapids Xeon (benchmarks/compare.sh runs llama-server with --no-repack for that reason).
@@ -260,10 +268,7 @@ int tm_matmul(void** weights, const int64_t* offsets, int n_weights, const float
         outs[i] = r;
         ggml_build_forward_expand(gf, r);
     }
-    ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
-    if (plan.work_size > work.size()) work.resize(plan.work_size);
-    plan.work_data = work.data();
-    int status = ggml_graph_compute(gf, &plan) == GGML_STATUS_SUCCESS ? 0 : 2;
+    int status = compute(gf, n_threads, work);
     if (!direct && status == 0) {
         for (int i = 0; i < n_weights; ++i) {
             int64_t ni = outs[i]->ne[0];
@@ -303,13 +308,7 @@ int tm_matmul_grouped(void** weights, int n_groups, const int64_t* starts, const
         ggml_build_forward_expand(gf, r);
         ++n_nodes;
     }
-    int status = 0;
-    if (n_nodes) {
-        ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
-        if (plan.work_size > work.size()) work.resize(plan.work_size);
-        plan.work_data = work.data();
-        status = ggml_graph_compute(gf, &plan) == GGML_STATUS_SUCCESS ? 0 : 2;
-    }
+    int status = n_nodes ? compute(gf, n_threads, work) : 0;
     ggml_free(ctx);
     return status;
 }
@@ -389,13 +388,7 @@ static int run_experts(void** gate_up, int n_gu, void** down, int n_groups, cons
         ggml_build_forward_expand(gf, out);
         ++n_nodes;
     }
-    int status = 0;
-    if (n_nodes) {
-        ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
-        if (plan.work_size > work.size()) work.resize(plan.work_size);
-        plan.work_data = work.data();
-        status = ggml_graph_compute(gf, &plan) == GGML_STATUS_SUCCESS ? 0 : 2;
-    }
+    int status = n_nodes ? compute(gf, n_threads, work) : 0;
     ggml_free(ctx);
     return status;
 }

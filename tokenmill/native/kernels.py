@@ -225,15 +225,13 @@ def gdn_decode(out: torch.Tensor, qkv: torch.Tensor, z: torch.Tensor, ba: torch.
     N = out.shape[0]
     S, Hv, dk, dv = ssm_pool.shape
     C, K = conv_w.shape
-    f32 = torch.float32
     if (any(t.dtype != out.dtype or t.dim() != 2 or t.shape[0] != N or t.stride(1) != 1 for t in (qkv, z, ba))
             or out.stride(1) != 1 or out.shape[1] != Hv * dv or z.shape[1] != Hv * dv or ba.shape[1] != 2 * Hv
             or qkv.shape[1] != C or C != 2 * num_key_heads * dk + Hv * dv
-            or any(t.dtype != f32 or not t.is_contiguous() for t in (conv_w, conv_pool, ssm_pool, neg_a, dt_bias, norm_w))
+            or not _f32_ok(conv_w, conv_pool, ssm_pool, neg_a, dt_bias, norm_w)
             or conv_pool.shape != (S, C, K - 1) or neg_a.shape != (Hv,) or dt_bias.shape != (Hv,)
             or norm_w.shape != (dv,)
-            or any(t.dtype != torch.int64 or t.shape != (N,) or not t.is_contiguous() or not t.is_cpu
-                   for t in (src_slots, dst_slots))):
+            or not _slots_ok(N, src_slots, dst_slots)):
         return False
     rc = lib.tm_gdn_decode(code, out.data_ptr(), out.stride(0), qkv.data_ptr(), qkv.stride(0), z.data_ptr(),
                            z.stride(0), ba.data_ptr(), ba.stride(0), conv_w.data_ptr(), conv_pool.data_ptr(),
@@ -261,17 +259,14 @@ def mamba2_decode(out: torch.Tensor, xbc: torch.Tensor, z: torch.Tensor, dt: tor
     S, H, P, Ns = ssm_pool.shape
     C, K = conv_w.shape
     I = H * P
-    f32 = torch.float32
     if (groups <= 0 or H % groups
             or any(t.dtype != out.dtype or t.dim() != 2 or t.shape[0] != N or t.stride(1) != 1 for t in (xbc, z, dt))
             or out.stride(1) != 1 or out.shape[1] != I or z.shape[1] != I or dt.shape[1] != H
             or xbc.shape[1] != C or C != I + 2 * groups * Ns
-            or any(t.dtype != f32 or not t.is_contiguous() or not t.is_cpu
-                   for t in (conv_w, conv_b, conv_pool, ssm_pool, neg_a, dt_bias, skip, norm_w))
+            or not _f32_ok(conv_w, conv_b, conv_pool, ssm_pool, neg_a, dt_bias, skip, norm_w)
             or conv_pool.shape != (S, C, K - 1) or conv_b.shape != (C,) or neg_a.shape != (H,)
             or dt_bias.shape != (H,) or skip.shape != (H,) or norm_w.shape != (I,)
-            or any(t.dtype != torch.int64 or t.shape != (N,) or not t.is_contiguous() or not t.is_cpu
-                   for t in (src_slots, dst_slots))):
+            or not _slots_ok(N, src_slots, dst_slots)):
         return False
     rc = lib.tm_mamba2_decode(code, out.data_ptr(), out.stride(0), xbc.data_ptr(), xbc.stride(0), z.data_ptr(),
                               z.stride(0), dt.data_ptr(), dt.stride(0), conv_w.data_ptr(), conv_b.data_ptr(),
@@ -279,6 +274,16 @@ def mamba2_decode(out: torch.Tensor, xbc: torch.Tensor, z: torch.Tensor, dt: tor
                               neg_a.data_ptr(), dt_bias.data_ptr(), skip.data_ptr(), norm_w.data_ptr(), N, H, groups,
                               P, Ns, K, eps, torch.get_num_threads())
     return rc == 0
+
+
+def _f32_ok(*ts: torch.Tensor) -> bool:
+    """Every tensor float32, contiguous, on the CPU (the recurrent kernels' weights and state pools)."""
+    return all(t.dtype == torch.float32 and t.is_contiguous() and t.is_cpu for t in ts)
+
+
+def _slots_ok(n: int, *ts: torch.Tensor) -> bool:
+    """Every tensor an (n,) int64 contiguous CPU tensor (the recurrent kernels' src / dst slots)."""
+    return all(t.dtype == torch.int64 and t.shape == (n,) and t.is_contiguous() and t.is_cpu for t in ts)
 
 
 def shortconv_decode(out: torch.Tensor, bcx: torch.Tensor, conv_w: torch.Tensor, conv_pool: torch.Tensor,
@@ -295,13 +300,11 @@ def shortconv_decode(out: torch.Tensor, bcx: torch.Tensor, conv_w: torch.Tensor,
         return False
     N, C = out.shape
     K = conv_w.shape[1]
-    f32 = torch.float32
     if (out.stride(1) != 1 or bcx.dtype != out.dtype or bcx.dim() != 2 or bcx.shape != (N, 3 * C)
             or bcx.stride(1) != 1 or not bcx.is_cpu or C == 0 or K < 1
-            or any(t.dtype != f32 or not t.is_contiguous() or not t.is_cpu for t in (conv_w, conv_pool))
+            or not _f32_ok(conv_w, conv_pool)
             or conv_w.shape != (C, K) or conv_pool.shape[1:] != (C, K - 1)
-            or any(t.dtype != torch.int64 or t.shape != (N,) or not t.is_contiguous() or not t.is_cpu
-                   for t in (src_slots, dst_slots))):
+            or not _slots_ok(N, src_slots, dst_slots)):
         return False
     rc = lib.tm_shortconv_decode(code, out.data_ptr(), out.stride(0), bcx.data_ptr(), bcx.stride(0),
                                  conv_w.data_ptr(), conv_pool.data_ptr(), src_slots.data_ptr(), dst_slots.data_ptr(),
