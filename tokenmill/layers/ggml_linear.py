@@ -589,36 +589,42 @@ class GGUFLinearMethod(LinearMethod):
                 start += n
         return out
 
-    def moe_parts(self, gate_up: list[Linear], down: list[Linear]) -> tuple[tuple[int, int], ...] | None:
+    def moe_parts(self, gate_up: list[Linear], down: list[Linear],
+                  n_parts: int | None = None) -> tuple[tuple[int, int], ...] | None:
         """Whether a mixture of experts (every expert's gate_up and down layer) can run as one ggml call
         (apply_moe): every matrix on ggml's kernels (not our block kernels), gate|up one weight or two halves
-        alike in every expert, the down one weight, biases on all or none -> gate_up's (rows, first output
-        column) of each part, or None.
+        alike in every expert (n_parts of them, if given), the down one weight, biases on all or none -> gate_up's
+        (rows, first output column) of each part, or None (and the layers left as they were).
 
         Where this CPU gives Q4_K to ggml's repacked kernel (q4k_plain_here: AVX-512 without AMX), K-quant
-        experts our block kernel would take (Q6_K downs beside Q4_K gates in a Q4_K_M file) go to ggml's plain
-        kernel instead, so that the whole layer is one call: on a 2-core Zen 4, the LFM2-8B-A1B-shaped Q4_K_M
-        file's decode step took 39.9 ms so against 44.0 grouped (benchmarks/README.md), where with those downs on
-        the block kernel only the other 12 of 22 layers were one call (42.4 ms)."""
-        if not self._q4k_plain:
-            for lyr in gate_up + down:
-                if lyr.matmul is not None and lyr.block_mm is not None and not lyr.block_amx and all(
-                        q in block_matmul.AMX_K_TYPES for q, *_ in lyr.block_mm):
-                    lyr.block_mm = None
+        matrices our block kernel would take (Q6_K downs beside Q4_K gates in a Q4_K_M file) go to ggml's plain
+        kernel instead when the call takes the layer, so that the whole layer is one call: on a 2-core Zen 4 the
+        LFM2-8B-A1B-shaped Q4_K_M file's one-stream step took 39.9 ms against 44.0 grouped, where with those
+        downs left on the block kernel (12 of 22 layers one call) 42.4 against 43.6 (one process, alternating,
+        before the routing moved into the call)."""
+        def on_ggml(lyr: Linear) -> bool:
+            if lyr.matmul is None:
+                return False
+            return lyr.block_mm is None or (not self._q4k_plain and not lyr.block_amx and all(
+                q in block_matmul.AMX_K_TYPES for q, *_ in lyr.block_mm))
+
         has_bias = gate_up[0].bias is not None
         inter = down[0].in_features
         parts: tuple[tuple[int, int], ...] = ()
         for g, dn in zip(gate_up, down):
-            for lyr in (g, dn):
-                if lyr.matmul is None or lyr.block_mm is not None or (lyr.bias is not None) != has_bias:
-                    return None
+            if not (on_ggml(g) and on_ggml(dn)) or (g.bias is None) == has_bias or (dn.bias is None) == has_bias:
+                return None
             mine = tuple((w.n, off) for w, off in zip(g.matmul.weights, g.matmul.offsets))
             if mine not in (((2 * inter, 0),), ((inter, 0), (inter, inter))) or (parts and mine != parts):
                 return None
             if len(dn.matmul.weights) != 1:
                 return None
             parts = mine
-        return parts or None
+        if not parts or (n_parts is not None and len(parts) != n_parts):
+            return None
+        for lyr in gate_up + down:
+            lyr.block_mm = None
+        return parts
 
     def moe_layer(self, router: Linear, gate_up: list[Linear], down: list[Linear], parts: tuple[tuple[int, int], ...],
                   sigmoid: bool, sel_bias: torch.Tensor | None, renorm: bool, scaling: float, top_k: int, act: int,
@@ -635,10 +641,8 @@ class GGUFLinearMethod(LinearMethod):
             gub = [[b.data_ptr() + 4 * off for _, off in parts] for b in (_bias32(g) for g in gate_up)]
             dnb = [_bias32(dn).data_ptr() for dn in down]
         sh = None
-        if shared is not None:
-            sp = self.moe_parts([shared[0]], [shared[1]])
-            if sp is not None and len(sp) == len(parts) and shared[0].bias is None:
-                sh = (shared[0].matmul.weights, shared[1].matmul.weights[0])
+        if shared is not None and shared[0].bias is None and self.moe_parts([shared[0]], [shared[1]], len(parts)):
+            sh = (shared[0].matmul.weights, shared[1].matmul.weights[0])
         return ggml.MoeLayer(rm.weights[0] if on_ggml else None,
                              _bias32(router).data_ptr() if on_ggml and router.bias is not None else 0, sigmoid,
                              0 if sel_bias is None else sel_bias.data_ptr(), renorm, scaling, top_k,

@@ -136,11 +136,12 @@ class SparseMoE(nn.Module):
 
     def _native_layer(self) -> tuple[ggml.MoeLayer, bool, bool] | None:
         """The one-call path's native layer, whether its experts' and whether its shared expert's matrices can go
-        dense (decided once, after loading), or None where it never applies."""
+        dense (decided once, after loading), or None where it never applies (a subclass with its own `route`
+        keeps torch's routing)."""
         method = self.gate.method
         experts: list[GatedMLP] = list(self.experts)  # type: ignore[arg-type]
         act = _NATIVE_ACTS.get(type(experts[0].act))
-        if not isinstance(method, GGUFLinearMethod) or act is None:
+        if not isinstance(method, GGUFLinearMethod) or act is None or type(self).route is not SparseMoE.route:
             return None
         gate_up, down = [m.gate_up_proj for m in experts], [m.down_proj for m in experts]
         parts = method.moe_parts(gate_up, down)
