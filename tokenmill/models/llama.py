@@ -79,6 +79,10 @@ class LlamaAttention(nn.Module):
         """(T, nh + nkv, hd) -> each q and k head RMS-normalized by its norm (as it is without them)."""
         if self.q_norm is None or self.k_norm is None:
             return qk
+        if self.q_norm.normalize_(qk[:, : self.nh]):  # in place, on the native kernel
+            if self.k_norm.normalize_(qk[:, self.nh :]):
+                return qk
+            return torch.cat([qk[:, : self.nh], self.k_norm(qk[:, self.nh :])], dim=1)
         return torch.cat([self.q_norm(qk[:, : self.nh]), self.k_norm(qk[:, self.nh :])], dim=1)
 
 

@@ -2,6 +2,7 @@
 // tokenmill/native/kernels.py, which checks shapes, dtypes and strides before calling.
 //
 //   tm_add_rms_norm   residual += x (optional); out = rmsnorm(residual) * w      rows of D
+//   tm_head_rms_norm  each head of each row normalized in place, one weight for all heads (Qwen3's q / k norms)
 //   tm_silu_and_mul   out = silu(gate) * up, from the fused (T, 2I) gate|up rows
 //   tm_rotary         q and k heads rotated in place (HF rotate-half) by per-token cos / signed-sin rows
 //   tm_argmax_rows    greedy picks: the index of each row's first maximum (logits rows)
@@ -1390,11 +1391,30 @@ void shortconv_decode(T* out, int64_t out_stride, const T* bcx, int64_t bcx_stri
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-// 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
+// 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
 // fresh); 7: tm_gdn_decode; 6: tm_paged_attention_rows takes attention sinks
-int tm_abi_version() { return 10; }
+int tm_abi_version() { return 11; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
+
+// x (rows, heads, hd) in place, rows x_stride apart and heads hd apart: each head's hd values rmsnorm'ed, times
+// w (hd,); each head as tm_add_rms_norm computes a row (the same bits as rows of D = hd)
+int tm_head_rms_norm(int dtype, void* x, int64_t x_stride, int64_t rows, int64_t heads, int64_t hd, const void* w,
+                     float eps, int nthreads) {
+    auto run = [&](auto* p, const auto* wt) {
+        for_rows(rows * heads, threads_for(rows * heads * hd, nthreads), [&](int64_t r) {
+            auto* head = p + (r / heads) * x_stride + (r % heads) * hd;
+            add_rms_norm_row(head, head, decltype(p)(nullptr), wt, hd, eps);
+        });
+    };
+    if (dtype == 0)
+        run(static_cast<float*>(x), static_cast<const float*>(w));
+    else if (dtype == 1)
+        run(static_cast<bf16*>(x), static_cast<const bf16*>(w));
+    else
+        return -1;
+    return 0;
+}
 
 // out[r] (int64) = the index of the first maximum of row r of x (rows, V), rows x_stride apart; -1 for a
 // row holding a NaN or an infinity

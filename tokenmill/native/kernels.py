@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 10  # 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
+ABI_VERSION = 11  # 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
 # (was slots and fresh)
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
@@ -39,6 +39,8 @@ _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "tm_add_rms_norm": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _I64, _F32, _I32],
+    # dtype, x, x_stride, rows, heads, hd, w, eps, nthreads
+    "tm_head_rms_norm": [_I32, _P, _I64, _I64, _I64, _I64, _P, _F32, _I32],
     "tm_silu_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
     "tm_rotary": [_I32, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
     "tm_argmax_rows": [_I32, _P, _I64, _I64, _I64, _P, _I32],
@@ -111,6 +113,21 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     rc = lib.tm_add_rms_norm(code, out.data_ptr(), D, x.data_ptr(), xs[0], res_ptr, res_stride, weight.data_ptr(),
                              T, D, eps, torch.get_num_threads())
     return out if rc == 0 else None
+
+
+def head_rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
+    """x (T, heads, hd), unit stride in hd and heads hd apart (a view into a projection's rows is fine),
+    weight (hd,): each head rmsnorm'ed in place, times weight. False: not for the kernel (nothing written)."""
+    code = _DTYPE_CODE.get(x.dtype)
+    lib = library()
+    if code is None or lib is None or not x.is_cpu or x.dim() != 3 or weight.dtype != x.dtype:
+        return False
+    T, H, hd = x.shape
+    xs = x.stride()
+    if xs[2] != 1 or (xs[1] != hd and H > 1) or weight.shape != (hd,) or weight.stride() != (1,):
+        return False
+    rc = lib.tm_head_rms_norm(code, x.data_ptr(), xs[0], T, H, hd, weight.data_ptr(), eps, torch.get_num_threads())
+    return rc == 0
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
