@@ -4,7 +4,8 @@ It calls the same kernels with the same arguments, so the reference is exact: th
 TOKENMILL_NATIVE_DECODE=0 must give the same token ids and the same logprobs, bit for bit, on every shape the
 step takes (fp32 and bf16, batches of decodes at different context lengths across block boundaries, speculative
 verification's several entries per request, layer-skip drafting's first layers, sliding windows, q/k/v
-biases, ggml's K-quant and repacked kernels beside our block kernel). Each test also checks that the
+biases, ggml's K-quant and repacked kernels beside our block kernel, Qwen3's q/k norms, mixture-of-experts
+layers in one tm_moe call; the MoE families of tests/model/test_qwen3_moe.py are held the same way there). Each test also checks that the
 native step actually ran (or, where it must not, that it did not).
 """
 
@@ -124,6 +125,12 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "llama-q4_0": write_random_gguf(d / "llama-q4_0.gguf", Shape(), "q4_0", std=0.03),
             # layer 3 without rotary
             "smollm3-q8_0": write_random_gguf(d / "smollm3-q8_0.gguf", Shape("smollm3", layers=4), "q8_0", std=0.03),
+            "qwen3-q4_k_m": write_random_gguf(d / "qwen3-q4_k_m.gguf", Shape("qwen3", head_dim=64, qk_norm=True),
+                                              "q4_k_m", std=0.03),
+            # experts MXFP4 (ggml's), the rest Q8_0 (our block kernel); 8 experts, 3 a token
+            "qwen3moe-mxfp4": write_random_gguf(d / "qwen3moe-mxfp4.gguf",
+                                                Shape("qwen3moe", head_dim=64, qk_norm=True, experts=8, experts_used=3,
+                                                      expert_intermediate=256), "mxfp4_moe", std=0.03),
             "granite-q8_0": write_random_gguf(d / "granite-q8_0.gguf", Shape("granite"), "q8_0", std=0.03,
                                               extra_metadata={"granite.embedding_scale": 12.0,
                                                               "granite.residual_scale": 0.22,
@@ -131,14 +138,16 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                                               "granite.logit_scale": 8.0})}
 
 
-@pytest.mark.parametrize("name", ["qwen2-q8_0", "llama-q4_k_m", "llama-q4_0", "smollm3-q8_0", "granite-q8_0"])
+@pytest.mark.parametrize("name", ["qwen2-q8_0", "llama-q4_k_m", "llama-q4_0", "smollm3-q8_0", "granite-q8_0",
+                                  "qwen3-q4_k_m", "qwen3moe-mxfp4"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_random_models(name: str, dtype: str, random_files: dict[str, Path], native_calls: list[int],
                        monkeypatch: pytest.MonkeyPatch) -> None:
     """q/k/v biases on the block kernel (Q8_0); K-quants (Q4_K and Q6_K parts in one matrix) on our K-quant
     kernel; Q4_0, which ggml repacks on AVX2 CPUs, on ggml's; SmolLM3's layers without rotary; Granite's
-    multipliers (the residual one applied in the step, rounded as torch rounds it)."""
-    if dtype == "bfloat16" and name not in ("smollm3-q8_0", "granite-q8_0"):
+    multipliers (the residual one applied in the step, rounded as torch rounds it); Qwen3's q/k norms; a
+    Qwen3-MoE's experts in one tm_moe call (router and routing inside), at bf16 widened and rounded around it."""
+    if dtype == "bfloat16" and name not in ("smollm3-q8_0", "granite-q8_0", "qwen3-q4_k_m", "qwen3moe-mxfp4"):
         pytest.skip("bf16 runs on the default model above")
     llm = engine(str(random_files[name]), dtype=dtype)
     cfg = llm.engine.model_config

@@ -649,6 +649,10 @@ class GGUFLinearMethod(LinearMethod):
                              [g.matmul.weights for g in gate_up], [dn.matmul.weights[0] for dn in down], act, alpha,
                              limit, gub, dnb, sh)
 
+    def moe_max_rows(self, dense_ok: bool) -> int:
+        """The most rows an expert takes in apply_moe's call: the crossover where its matrices can go dense."""
+        return self.max_ggml_rows if dense_ok else _UNBOUNDED_ROWS
+
     def apply_moe(self, layer: ggml.MoeLayer, h: torch.Tensor, logits: torch.Tensor | None, dense_ok: bool,
                   shared: bool = False, shared_weight: torch.Tensor | None = None) -> torch.Tensor | None:
         """A mixture-of-experts layer in one ggml call (ggml_shim.cpp tm_moe: the router, the routing, the rows
@@ -663,7 +667,7 @@ class GGUFLinearMethod(LinearMethod):
         sw = None if shared_weight is None else shared_weight.to(torch.float32).contiguous()
         y = torch.empty(T, layer.d, dtype=torch.float32)
         if T:
-            max_rows = self.max_ggml_rows if dense_ok else _UNBOUNDED_ROWS
+            max_rows = self.moe_max_rows(dense_ok)
             xp, yp = x32.data_ptr(), y.data_ptr()
             lp, sp = 0 if lg is None else lg.data_ptr(), 0 if sw is None else sw.data_ptr()
             done: list[bool] = []

@@ -112,18 +112,24 @@ class SparseMoE(nn.Module):
             down = torch.cat([m.down_proj(a) for m, a in zip(experts, act.split(rows))])
         return down
 
+    def one_call_layer(self) -> tuple[ggml.MoeLayer, bool, bool] | None:
+        """The one-call path's (native layer, whether its experts' matrices can go dense, whether its shared
+        expert's can), decided once after loading (and so on the first call); None where it never applies."""
+        if not self._native_known:
+            self._native, self._native_known = self._native_layer(), True
+        return self._native
+
     def _one_call(self, h: torch.Tensor) -> torch.Tensor | None:
         """The layer's output (T, D) from one native call, router, routing and the shared expert included
         (GGUFLinearMethod.apply_moe) where it applies: the gguf method with every expert on ggml's kernels, an
         activation it computes, at most _ONE_CALL_SLOTS (token, choice) slots, no expert past the crossover;
         else None. A shared expert the call does not take (its rows past the crossover) is added here."""
-        if not self._native_known:
-            self._native, self._native_known = self._native_layer(), True
-        if self._native is None or type(self.experts[0].act) not in _NATIVE_ACTS \
+        if self.one_call_layer() is None or type(self.experts[0].act) not in _NATIVE_ACTS \
                 or h.shape[0] * self.top_k > _ONE_CALL_SLOTS:
             return None
         method = self.gate.method
         assert isinstance(method, GGUFLinearMethod)
+        assert self._native is not None
         layer, dense_ok, shared_dense = self._native
         logits = None if layer.has_router else self.gate(h)
         inside = layer.has_shared and (h.shape[0] <= method.max_ggml_rows or not shared_dense)

@@ -10,9 +10,12 @@ What fits, checked once per model (`unsupported` says why not, logged once):
   as torch does around the same kernels); matmuls on the gguf method's block kernels (plain Q4_0 / Q4_1 /
   Q8_0: ours; other types, repacked or not: ggml's), with or without a bias (Qwen2); RMSNorm, SiLU-gated
   MLP, full-width rotary through the native kernels (or none on a layer: SmolLM3's NoPE layers), Granite's
-  multipliers; no per-head q/k norm (Qwen3), no mixture of experts;
+  multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's), mixture-of-experts layers where
+  their one-call path applies with the router inside (SparseMoE.one_call_layer: Qwen3-MoE, Mixtral, Granite MoE,
+  ERNIE 4.5 MoE with experts on ggml's kernels; a shared expert only ungated), beside dense ones;
 and per step: every token a decode on the native paged backend (speculative verification's entries
-included), at most the method's crossover rows (past it the Python path multiplies dense tiles), any
+included), at most the method's crossover rows (past it the Python path multiplies dense tiles), within the
+rows the experts' one call takes (no expert past the crossover, at most moe._ONE_CALL_SLOTS slots), any
 sliding windows. Everything else runs layer by layer, as before.
 
 One thread count for the whole step, chosen as the matmuls' is (layers/thread_choice.py), by timing the
@@ -32,10 +35,12 @@ from tokenmill.attention.native_paged import NativePagedAttentionBackend
 from tokenmill.layers.activation import SiluAndMul
 from tokenmill.layers.ggml_linear import GGUFLinearMethod
 from tokenmill.layers.linear import Linear
+from tokenmill.layers import moe as moe_mod
 from tokenmill.layers.mlp import GatedMLP
+from tokenmill.layers.moe import SparseMoE
 from tokenmill.layers.thread_choice import ThreadChooser
 from tokenmill.native import decode_step, kernels
-from tokenmill.native.decode_step import TmLayer, TmLinear, TmModel, TmStep
+from tokenmill.native.decode_step import TmLayer, TmLinear, TmModel, TmMoe, TmStep
 
 if TYPE_CHECKING:
     from tokenmill.models.llama import LlamaForCausalLM
@@ -50,8 +55,8 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     if not decode_step.available():
         return "the native decode step is not built or is off (TOKENMILL_NATIVE_DECODE=0)"
     cfg = model.cfg
-    if cfg.qk_norm:
-        return "per-head q/k norms"
+    if cfg.qk_norm and cfg.qk_norm_after_rotary:
+        return "q/k norms after rotary"
     from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer  # (llama imports this module)
 
     other = {type(layer).__name__ for layer in _layers(model) if type(layer) is not LlamaDecoderLayer
@@ -69,23 +74,68 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     if not model.rope.use_native or model.rope.cos.dtype != dtype:
         return "rotary tables not on the native kernels"
     norms: list[Any] = [model.model.norm]
-    has_ggml = decode_step.kernel_table().ggml_matmul is not None
+    table = decode_step.kernel_table()
+    has_ggml = table.ggml_matmul is not None
+    widths = set()
     for layer in _layers(model):
-        mlp = layer.mlp
-        if not isinstance(mlp, GatedMLP) or not isinstance(mlp.act, SiluAndMul) or not mlp.act.use_native:
-            return "an MLP other than the native SiLU-gated one (a mixture of experts, Gemma's GELU)"
+        mlp, a = layer.mlp, layer.self_attn
+        if a.sinks is not None:
+            return "attention sinks"
+        if a.q_norm is not None and a.k_norm is not None:
+            for hn in (a.q_norm, a.k_norm):
+                if not hn.use_native or hn.weight.dtype != dtype or hn.eps != cfg.rms_norm_eps:
+                    return "q/k norms not on the native kernel"
+        if isinstance(mlp, SparseMoE):
+            why = _moe_unsupported(mlp, table.moe is not None)
+            if why:
+                return why
+            linears = [a.qkv_proj, a.o_proj]
+        elif not isinstance(mlp, GatedMLP) or not isinstance(mlp.act, SiluAndMul) or not mlp.act.use_native:
+            return "an MLP other than the native SiLU-gated one or experts (Gemma's GELU)"
+        else:
+            widths.add(mlp.gate_up_proj.out_features)
+            linears = [a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj]
         norms += [layer.input_layernorm, layer.post_attention_layernorm]
-        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        for lin in linears:
             if not isinstance(lin.method, GGUFLinearMethod) or (lin.matmul is None and lin.block_mm is None):
                 return "matmuls not on the gguf method's block kernels"
             if lin.block_mm is None and not has_ggml:
                 return "ggml not loaded"
             if lin.bias is not None and (lin.bias.dtype != dtype or not lin.bias.is_contiguous()):
                 return "a bias in another dtype"
+    if len(widths) > 1:
+        return "dense MLPs of different widths"
     for n in norms:
         if not n.use_native or n.weight.dtype != dtype or n.eps != cfg.rms_norm_eps:
             return "norms not on the native kernel"
     return None
+
+
+def _moe_unsupported(mlp: SparseMoE, has_moe: bool) -> str | None:
+    """Why this mixture-of-experts layer cannot run in the native step (it takes the layer's one-call path with
+    the router inside and a shared expert, if any, ungated and inside), or None."""
+    if type(mlp) is not SparseMoE or type(mlp.experts[0].act) not in moe_mod._NATIVE_ACTS:  # type: ignore[attr-defined]
+        return "experts the one native call does not take"
+    found = mlp.one_call_layer()
+    if found is None or not has_moe:
+        return "experts not on ggml's kernels in one call"
+    layer = found[0]
+    if not layer.has_router:
+        return "a router not on ggml's kernels"
+    if mlp.shared_expert is not None and (mlp.shared_expert_gate is not None or not layer.has_shared):
+        return "a gated shared expert (or one the experts' call does not take)"
+    return None
+
+
+def _moe_rows(mlp: SparseMoE, method: GGUFLinearMethod) -> int:
+    """The most rows a step may have for this layer's one call to take it whole: as SparseMoE._one_call decides."""
+    found = mlp.one_call_layer()
+    assert found is not None
+    layer, dense_ok, shared_dense = found
+    rows = moe_mod._ONE_CALL_SLOTS // mlp.top_k
+    if dense_ok or (layer.has_shared and shared_dense):  # an expert (every token, for the shared one) may not pass it
+        rows = min(rows, method.max_ggml_rows)
+    return rows
 
 
 def _layers(model: LlamaForCausalLM) -> list[Any]:
@@ -126,23 +176,39 @@ class NativeDecode:
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
         # (id of the caches and the method's panel_min_rows, struct, what it points to)
-        self._plan: tuple[tuple[int, int | None], TmModel, list[object]] | None = None
+        self._plan: tuple[tuple[int, int | None, int], TmModel, list[object]] | None = None
         self._threads = ThreadChooser(torch.get_num_threads())  # a new one when torch's team changes
         layers = _layers(model)
         self._method: GGUFLinearMethod = layers[0].self_attn.qkv_proj.method
         cfg = model.cfg
-        linears = [lin for layer in layers for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                       layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        self._moes: list[SparseMoE] = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]
+        dense = [layer.mlp for layer in layers if not isinstance(layer.mlp, SparseMoE)]
+        linears = [lin for layer in layers for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj)]
+        linears += [lin for mlp in dense for lin in (mlp.gate_up_proj, mlp.down_proj)]
         self._macs_per_row = sum(lin.in_features * lin.out_features for lin in linears)
+        for mlp in self._moes:  # its router and the experts (and shared expert) a token runs through
+            found = mlp.one_call_layer()
+            assert found is not None
+            self._macs_per_row += found[0].macs_per_token + mlp.num_experts * cfg.hidden_size
+        inter = dense[0].gate_up_proj.out_features // 2 if dense else 0
         self._widths = (cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,
-                        cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
+                        cfg.num_heads * cfg.head_dim, inter)
         self.dtype = model.model.norm.weight.dtype
         self._max_in = max(lin.in_features for lin in linears)  # bf16: the fp32 rows a matmul reads / writes
-        self._max_out = max(lin.out_features for lin in linears)
+        self._max_out = max([lin.out_features for lin in linears] + [cfg.hidden_size])  # (experts: D in and out)
+
+    def _moe_struct(self, mlp: SparseMoE, keep: list[object]) -> Any:
+        """A pointer to the TmMoe of one mixture-of-experts layer (kept in `keep`)."""
+        found = mlp.one_call_layer()
+        assert found is not None
+        layer, dense_ok, _ = found
+        struct = TmMoe(**layer.step_fields(), max_rows=self._method.moe_max_rows(dense_ok))  # as apply_moe passes
+        keep.append(struct)
+        return ctypes.pointer(struct)
 
     def _model_struct(self, attn: AttentionContext) -> TmModel:
         caches = attn.kv_caches
-        key = (id(caches), self._method.panel_min_rows)
+        key = (id(caches), self._method.panel_min_rows, self._method.max_ggml_rows)
         if self._plan is not None and self._plan[0] == key:
             return self._plan[1]
         m, cfg = self.model, self.model.cfg
@@ -151,18 +217,22 @@ class NativeDecode:
         for i, layer in enumerate(_layers(m)):
             a, mlp = layer.self_attn, layer.mlp
             k_cache, v_cache = caches[i]
+            experts = isinstance(mlp, SparseMoE)
             layers[i] = TmLayer(input_norm=layer.input_layernorm.weight.data_ptr(),
                                 post_norm=layer.post_attention_layernorm.weight.data_ptr(),
                                 qkv=_linear(a.qkv_proj, keep, self.dtype), o=_linear(a.o_proj, keep, self.dtype),
-                                gate_up=_linear(mlp.gate_up_proj, keep, self.dtype),
-                                down=_linear(mlp.down_proj, keep, self.dtype),
+                                gate_up=TmLinear() if experts else _linear(mlp.gate_up_proj, keep, self.dtype),
+                                down=TmLinear() if experts else _linear(mlp.down_proj, keep, self.dtype),
                                 k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), window=a.sliding_window,
-                                rotate=int(a.rotates))
+                                rotate=int(a.rotates),
+                                q_norm=None if a.q_norm is None else a.q_norm.weight.data_ptr(),
+                                k_norm=None if a.k_norm is None else a.k_norm.weight.data_ptr(),
+                                moe=self._moe_struct(mlp, keep) if experts else None)
         keep.append(layers)
         bs = caches[0][0].shape[1]
         struct = TmModel(dtype=_DTYPES[self.dtype], num_layers=len(layers), D=cfg.hidden_size, nh=cfg.num_heads,
                          nkv=cfg.num_kv_heads,
-                         hd=cfg.head_dim, I=cfg.intermediate_size, block_size=bs,
+                         hd=cfg.head_dim, I=self._widths[3], block_size=bs,
                          partition=kernels.DEFAULT_PARTITION, eps=cfg.rms_norm_eps,
                          scale=_layers(m)[0].self_attn.scale, residual_scale=cfg.residual_multiplier, layers=layers,
                          final_norm=m.model.norm.weight.data_ptr(),
@@ -179,6 +249,8 @@ class NativeDecode:
                 or not isinstance(backend, NativePagedAttentionBackend) or not backend.use_kernel):
             return False
         if T > self._method.max_step_rows or not decode_step.available():
+            return False
+        if any(T > _moe_rows(mlp, self._method) for mlp in self._moes):
             return False
         k0 = attn.kv_caches[0][0]
         return k0.dtype == self.dtype and k0.is_contiguous()

@@ -15,10 +15,12 @@
 // Per layer, for x (M, D) the previous layer's MLP output and res (M, D) the residual stream:
 //   h = rmsnorm(res += x) * w_in                 (layer 0: res = the embeddings, h = rmsnorm(res) * w_in)
 //   qkv = h . Wqkv^T (+ b)                       (M, (nh + 2 nkv) hd), q | k | v heads adjacent
+//   q and k heads rmsnorm'ed in place, each by its norm's weight (Qwen3's q / k norms; where the layer has them)
 //   rotary on q and k heads in place; k, v rows copied to their cache slots (all M before any attends)
 //   a = attention(q over each row's paged context [start, len))   (M, nh hd)
 //   h = rmsnorm(res += a . Wo^T) * w_post
-//   x = (silu(h . Wg^T) * (h . Wu^T)) . Wd^T
+//   x = (silu(h . Wg^T) * (h . Wu^T)) . Wd^T       or, in a mixture-of-experts layer, x = moe(h): the router,
+//                                                  the routing and the chosen experts in one tm_moe call (ggml_shim.cpp)
 // and at the end out = rmsnorm(res += x) * w_final.
 
 #include <cstdint>
@@ -54,6 +56,13 @@ using SiluMulFn = int (*)(int dtype, void* out, int64_t out_stride, const void* 
                           int64_t I, int nthreads);
 using RotaryFn = int (*)(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, const void* cos,
                          const void* ssin, int64_t tab_stride, int64_t rows, int nthreads);
+using HeadRmsNormFn = int (*)(int dtype, void* x, int64_t x_stride, int64_t rows, int64_t heads, int64_t hd,
+                              const void* w, float eps, int nthreads);
+using MoeFn = int (*)(void* router, const float* router_bias, const float* logits, int scoring, const float* sel_bias,
+                      int renorm, float scaling, int top_k, int n_experts, void** gate_up, int n_gu, void** down,
+                      const float* const* gu_bias, const float* const* down_bias, void** shared_gu, void* shared_down,
+                      const float* shared_weight, const float* x, int64_t n_tokens, int64_t k, float* out, int64_t d,
+                      int act, float alpha, float limit, int64_t max_rows, int n_threads);
 using AttentionFn = int (*)(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
                             const void* k_cache, const void* v_cache, const int64_t* tables, int64_t table_stride,
                             const int64_t* lens, const int64_t* starts, int64_t num_seqs, int64_t nh, int64_t nkv,
@@ -77,6 +86,8 @@ struct TmKernels {
     SiluMulFn silu_and_mul;
     RotaryFn rotary;
     AttentionFn attention;
+    HeadRmsNormFn head_rms_norm;
+    MoeFn moe;                   // NULL when no layer is a mixture of experts
 };
 
 // One linear layer y (M, out) = x (M, in) . W^T (+ bias): its output columns in parts.
@@ -96,6 +107,23 @@ struct TmLinear {
     const void* bias;          // (out_features,) at the model's dtype, or NULL
 };
 
+// A mixture-of-experts layer: tm_moe's arguments but the step's (its router a ggml weight, no logits passed; a
+// shared expert, if any, ungated and always inside the call).
+struct TmMoe {
+    void* router;
+    const float* router_bias;
+    int32_t scoring, renorm, top_k, n_experts, n_gu, act;
+    float scaling, alpha, limit;
+    const float* sel_bias;
+    void** gate_up;
+    void** down;
+    const float* const* gu_bias;
+    const float* const* down_bias;
+    void** shared_gu;
+    void* shared_down;
+    int64_t max_rows;          // an expert's most rows (the caller runs the step natively only within them)
+};
+
 struct TmLayer {
     const void* input_norm;   // (D,)
     const void* post_norm;    // (D,)
@@ -104,6 +132,9 @@ struct TmLayer {
     void* v_cache;
     int64_t window;           // 0: every key; W > 0: the last W keys of each query
     int64_t rotate;           // 1: rotary on q and k; 0: none (SmolLM3's NoPE layers)
+    const void* q_norm;       // (hd,) per-head norms of q and k before rotary, or NULL (none)
+    const void* k_norm;
+    const TmMoe* moe;         // NULL: the gate_up / down MLP; else the mixture of experts (gate_up, down unused)
 };
 
 struct TmModel {
@@ -141,7 +172,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 6; }  // 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 7; }  // 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -194,6 +225,26 @@ int linear(const TmModel& m, const TmLinear& L, const void* x, int64_t M, void* 
     return 0;
 }
 
+// y (M, D) = the mixture of experts on h (M, D), at the model's dtype (bf16: widened, then rounded, as the
+// Python path does around the same call)
+int moe(const TmModel& m, const TmMoe& E, const void* h, int64_t M, void* y, const TmStep& s) {
+    const float* x = static_cast<const float*>(h);
+    float* out = static_cast<float*>(y);
+    if (m.dtype != 0) {
+        const bf16* hb = static_cast<const bf16*>(h);
+        for (int64_t i = 0; i < M * m.D; ++i) s.wide_in[i] = to_f32(hb[i]);
+        x = s.wide_in, out = s.wide_out;
+    }
+    const int rc = m.k.moe(E.router, E.router_bias, nullptr, E.scoring, E.sel_bias, E.renorm, E.scaling, E.top_k,
+                           E.n_experts, E.gate_up, E.n_gu, E.down, E.gu_bias, E.down_bias, E.shared_gu, E.shared_down,
+                           nullptr, x, M, m.D, out, m.D, E.act, E.alpha, E.limit, E.max_rows, s.nthreads);
+    if (rc == 0 && m.dtype != 0) {
+        bf16* yb = static_cast<bf16*>(y);
+        for (int64_t i = 0; i < M * m.D; ++i) yb[i] = to_bf16(s.wide_out[i]);
+    }
+    return rc;
+}
+
 // p (n,) *= f in place, rounded as torch rounds a tensor times a Python float (in fp32; bf16 to nearest even)
 void scale_rows(int dt, void* p, int64_t n, float f) {
     if (dt == 0) {
@@ -229,6 +280,10 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
         else
             rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.input_norm, M, D, m.eps, t);
         if (rc == 0) rc = linear(m, L.qkv, s->h, M, s->qkv, *s);
+        if (rc == 0 && L.q_norm != nullptr)
+            rc = k.head_rms_norm(dt, s->qkv, qkv_w, M, nh, hd, L.q_norm, m.eps, t);
+        if (rc == 0 && L.k_norm != nullptr)
+            rc = k.head_rms_norm(dt, at(s->qkv, nh * hd), qkv_w, M, nkv, hd, L.k_norm, m.eps, t);
         if (rc == 0 && L.rotate) rc = k.rotary(dt, s->qkv, qkv_w, nh + nkv, hd, s->cos, s->ssin, s->tab_stride, M, t);
         if (rc) break;
         for (int64_t r = 0; r < M; ++r) {  // every token's K/V is in the cache before any token attends
@@ -246,9 +301,13 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
         if (rc == 0) rc = linear(m, L.o, s->attn, M, s->y, *s);
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
         if (rc == 0) rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);
-        if (rc == 0) rc = linear(m, L.gate_up, s->h, M, s->gate_up, *s);
-        if (rc == 0) rc = k.silu_and_mul(dt, s->act, m.I, s->gate_up, 2 * m.I, M, m.I, t);
-        if (rc == 0) rc = linear(m, L.down, s->act, M, s->y, *s);
+        if (rc == 0 && L.moe != nullptr) {
+            rc = moe(m, *L.moe, s->h, M, s->y, *s);
+        } else {
+            if (rc == 0) rc = linear(m, L.gate_up, s->h, M, s->gate_up, *s);
+            if (rc == 0) rc = k.silu_and_mul(dt, s->act, m.I, s->gate_up, 2 * m.I, M, m.I, t);
+            if (rc == 0) rc = linear(m, L.down, s->act, M, s->y, *s);
+        }
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
     }
     if (rc) return rc;

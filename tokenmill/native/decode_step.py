@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 6
+ABI = 7
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -34,7 +34,7 @@ _PI32, _PI64 = ctypes.POINTER(_I32), ctypes.POINTER(_I64)
 class TmKernels(ctypes.Structure):
     _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_matmul_bf16", _P), ("amx_min_rows", _I64), ("panel_matmul", _P),
                 ("panel_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
-                ("rotary", _P), ("attention", _P)]
+                ("rotary", _P), ("attention", _P), ("head_rms_norm", _P), ("moe", _P)]
 
 
 class TmLinear(ctypes.Structure):
@@ -42,9 +42,17 @@ class TmLinear(ctypes.Structure):
                 ("types", _PI32), ("ptrs", ctypes.POINTER(_P)), ("rows", _PI64), ("offsets", _PI64), ("bias", _P)]
 
 
+class TmMoe(ctypes.Structure):
+    _fields_ = [("router", _P), ("router_bias", _P), ("scoring", _I32), ("renorm", _I32), ("top_k", _I32),
+                ("n_experts", _I32), ("n_gu", _I32), ("act", _I32), ("scaling", _F), ("alpha", _F), ("limit", _F),
+                ("sel_bias", _P), ("gate_up", _P), ("down", _P), ("gu_bias", _P), ("down_bias", _P),
+                ("shared_gu", _P), ("shared_down", _P), ("max_rows", _I64)]
+
+
 class TmLayer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", TmLinear), ("o", TmLinear), ("gate_up", TmLinear),
-                ("down", TmLinear), ("k_cache", _P), ("v_cache", _P), ("window", _I64), ("rotate", _I64)]
+                ("down", TmLinear), ("k_cache", _P), ("v_cache", _P), ("window", _I64), ("rotate", _I64),
+                ("q_norm", _P), ("k_norm", _P), ("moe", ctypes.POINTER(TmMoe))]
 
 
 class TmModel(ctypes.Structure):
@@ -101,7 +109,8 @@ def kernel_table(panel_min_rows: int | None = None, vnni: int = 0) -> TmKernels:
                      panel_min_rows=panel_min_rows or 0,  # read only where panel_matmul is set
                      ggml_matmul=_address(ggml.lib(), "tm_matmul"),
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
-                     rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_decode_attention"))
+                     rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_decode_attention"),
+                     head_rms_norm=_address(k, "tm_head_rms_norm"), moe=_address(ggml.lib(), "tm_moe"))
 
 
 def run(model: ctypes.Structure, step: ctypes.Structure) -> None:

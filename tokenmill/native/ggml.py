@@ -267,6 +267,20 @@ class MoeLayer:
         if shared is not None:
             self.macs_per_token += self.k * (sum(w.n for w in shared[0]) + shared[1].k)
 
+    def step_fields(self) -> dict[str, object]:
+        """The layer as decode_step.TmMoe's fields (the native decode step calls tm_moe with them), the router
+        inside and a shared expert, if any, always inside; the arrays stay this object's."""
+        scoring, sel, renorm, scaling, top_k, e = self._rule
+        gu, n_gu, dn, gub, dnb = self._experts
+        act, alpha, limit = self._act
+        return dict(router=self._args[0], router_bias=self._args[1], scoring=scoring, renorm=renorm, top_k=top_k,
+                    n_experts=e, n_gu=n_gu, act=act, scaling=scaling, alpha=alpha, limit=limit, sel_bias=sel,
+                    gate_up=ctypes.cast(gu, ctypes.c_void_p), down=ctypes.cast(dn, ctypes.c_void_p),
+                    gu_bias=None if gub is None else ctypes.cast(gub, ctypes.c_void_p),
+                    down_bias=None if dnb is None else ctypes.cast(dnb, ctypes.c_void_p),
+                    shared_gu=None if self._shared[0] is None else ctypes.cast(self._shared[0], ctypes.c_void_p),
+                    shared_down=self._shared[1])
+
     def call(self, x_ptr: int, n_tokens: int, out_ptr: int, logits_ptr: int, max_rows: int, n_threads: int,
              shared: bool = False, shared_weight_ptr: int = 0) -> bool:
         """x (n_tokens, k) fp32 -> out (n_tokens, d) fp32 (logits_ptr: (n_tokens, experts) fp32, read where the
