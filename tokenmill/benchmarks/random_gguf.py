@@ -80,6 +80,11 @@ PRESETS = {
                           linear_heads=(16, 16), linear_dim=128),
     "qwen3.5-4b": Shape("qwen35", 2560, 9216, 32, 16, 4, 248320, tied=True, head_dim=256, qk_norm=True,
                         linear_heads=(16, 32), linear_dim=128),
+    # Qwen3-4B's shapes (36 layers, 32 heads of 128, 8 KV heads, q / k norms, tied)
+    "qwen3-4b": Shape("qwen3", 2560, 9728, 36, 32, 8, 151936, tied=True, head_dim=128, qk_norm=True),
+    # Qwen3-30B-A3B's layer shape (128 experts of 768, 8 used, head_dim 128), 16 of its 48 layers
+    "qwen3-30b-a3b-16l": Shape("qwen3moe", 2048, 6144, 16, 32, 4, 151936, head_dim=128, qk_norm=True, experts=128,
+                               experts_used=8, expert_intermediate=768),
     # Qwen3-30B-A3B's layer shape (128 experts of 768, 8 used, head_dim 128), 4 of its 48 layers
     "qwen3-30b-a3b-4l": Shape("qwen3moe", 2048, 6144, 4, 32, 4, 151936, head_dim=128, qk_norm=True, experts=128,
                               experts_used=8, expert_intermediate=768),
