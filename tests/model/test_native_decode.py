@@ -131,6 +131,12 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "qwen3moe-mxfp4": write_random_gguf(d / "qwen3moe-mxfp4.gguf",
                                                 Shape("qwen3moe", head_dim=64, qk_norm=True, experts=8, experts_used=3,
                                                       expert_intermediate=256), "mxfp4_moe", std=0.03),
+            # gpt-oss: biased q/k/v and o, sinks, every other layer windowed (to 16 keys here), a biased router,
+            # biased experts on the clamped SwiGLU
+            "gpt-oss-mxfp4": write_random_gguf(d / "gpt-oss-mxfp4.gguf",
+                                               Shape("gpt-oss", 256, 256, 2, 4, 2, 49152, attention_bias=True,
+                                                     head_dim=64, experts=4, experts_used=2, expert_intermediate=256,
+                                                     window=16), "mxfp4_moe", std=0.03),
             "granite-q8_0": write_random_gguf(d / "granite-q8_0.gguf", Shape("granite"), "q8_0", std=0.03,
                                               extra_metadata={"granite.embedding_scale": 12.0,
                                                               "granite.residual_scale": 0.22,
@@ -139,15 +145,17 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("name", ["qwen2-q8_0", "llama-q4_k_m", "llama-q4_0", "smollm3-q8_0", "granite-q8_0",
-                                  "qwen3-q4_k_m", "qwen3moe-mxfp4"])
+                                  "qwen3-q4_k_m", "qwen3moe-mxfp4", "gpt-oss-mxfp4"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_random_models(name: str, dtype: str, random_files: dict[str, Path], native_calls: list[int],
                        monkeypatch: pytest.MonkeyPatch) -> None:
     """q/k/v biases on the block kernel (Q8_0); K-quants (Q4_K and Q6_K parts in one matrix) on our K-quant
     kernel; Q4_0, which ggml repacks on AVX2 CPUs, on ggml's; SmolLM3's layers without rotary; Granite's
     multipliers (the residual one applied in the step, rounded as torch rounds it); Qwen3's q/k norms; a
-    Qwen3-MoE's experts in one tm_moe call (router and routing inside), at bf16 widened and rounded around it."""
-    if dtype == "bfloat16" and name not in ("smollm3-q8_0", "granite-q8_0", "qwen3-q4_k_m", "qwen3moe-mxfp4"):
+    Qwen3-MoE's experts in one tm_moe call (router and routing inside), at bf16 widened and rounded around it;
+    gpt-oss's sinks, windows, biases and experts."""
+    if dtype == "bfloat16" and name not in ("smollm3-q8_0", "granite-q8_0", "qwen3-q4_k_m", "qwen3moe-mxfp4",
+                                            "gpt-oss-mxfp4"):
         pytest.skip("bf16 runs on the default model above")
     llm = engine(str(random_files[name]), dtype=dtype)
     cfg = llm.engine.model_config

@@ -57,11 +57,15 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     cfg = model.cfg
     if cfg.qk_norm and cfg.qk_norm_after_rotary:
         return "q/k norms after rotary"
-    from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer  # (llama imports this module)
+    from tokenmill.models.gpt_oss import GptOssAttention, GptOssDecoderLayer  # (both import this module)
+    from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer
 
-    other = {type(layer).__name__ for layer in _layers(model) if type(layer) is not LlamaDecoderLayer
-             or type(layer.self_attn) is not LlamaAttention}
-    if other:  # the step computes llama's layer (Gemma's, OLMo's, GLM-4's, Cohere2's norms differ)
+    # the step computes llama's layer (Gemma's, OLMo's, GLM-4's, Cohere2's norms differ); gpt-oss's classes only
+    # build other modules (a biased o_proj, the sinks) around llama's forward
+    other = {type(layer).__name__ for layer in _layers(model)
+             if type(layer) not in (LlamaDecoderLayer, GptOssDecoderLayer)
+             or type(layer.self_attn) not in (LlamaAttention, GptOssAttention)}
+    if other:
         return f"a decoder layer other than llama's ({', '.join(sorted(other))})"
     if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
         return "partial rotary"
@@ -79,8 +83,8 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     widths = set()
     for layer in _layers(model):
         mlp, a = layer.mlp, layer.self_attn
-        if a.sinks is not None:
-            return "attention sinks"
+        if a.sinks is not None and a.sinks.shape != (cfg.num_heads,):
+            return "attention sinks of another shape"
         if a.q_norm is not None and a.k_norm is not None:
             for hn in (a.q_norm, a.k_norm):
                 if not hn.use_native or hn.weight.dtype != dtype or hn.eps != cfg.rms_norm_eps:
@@ -111,10 +115,17 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     return None
 
 
+def _kept(t: torch.Tensor, keep: list[object]) -> int:
+    """t's address, t kept alive in `keep`."""
+    keep.append(t)
+    return t.data_ptr()
+
+
 def _moe_unsupported(mlp: SparseMoE, has_moe: bool) -> str | None:
     """Why this mixture-of-experts layer cannot run in the native step (it takes the layer's one-call path with
     the router inside and a shared expert, if any, ungated and inside), or None."""
-    if type(mlp) is not SparseMoE or type(mlp.experts[0].act) not in moe_mod._NATIVE_ACTS:  # type: ignore[attr-defined]
+    if any(getattr(type(mlp), f) is not getattr(SparseMoE, f) for f in ("forward", "_one_call", "route")) \
+            or type(mlp.experts[0].act) not in moe_mod._NATIVE_ACTS:  # type: ignore[attr-defined]
         return "experts the one native call does not take"
     found = mlp.one_call_layer()
     if found is None or not has_moe:
@@ -182,6 +193,7 @@ class NativeDecode:
         self._method: GGUFLinearMethod = layers[0].self_attn.qkv_proj.method
         cfg = model.cfg
         self._moes: list[SparseMoE] = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]
+        self._moe_limit: tuple[int, int] | None = None  # (the method's crossover, the rows every MoE layer takes)
         dense = [layer.mlp for layer in layers if not isinstance(layer.mlp, SparseMoE)]
         linears = [lin for layer in layers for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj)]
         linears += [lin for mlp in dense for lin in (mlp.gate_up_proj, mlp.down_proj)]
@@ -196,6 +208,14 @@ class NativeDecode:
         self.dtype = model.model.norm.weight.dtype
         self._max_in = max(lin.in_features for lin in linears)  # bf16: the fp32 rows a matmul reads / writes
         self._max_out = max([lin.out_features for lin in linears] + [cfg.hidden_size])  # (experts: D in and out)
+
+    def _moe_rows(self) -> int:
+        """The most rows a step may have for every MoE layer's one call to take it whole (the method's crossover
+        may move once, at calibration)."""
+        key = self._method.max_ggml_rows
+        if self._moe_limit is None or self._moe_limit[0] != key:
+            self._moe_limit = (key, min(_moe_rows(mlp, self._method) for mlp in self._moes))
+        return self._moe_limit[1]
 
     def _moe_struct(self, mlp: SparseMoE, keep: list[object]) -> Any:
         """A pointer to the TmMoe of one mixture-of-experts layer (kept in `keep`)."""
@@ -227,7 +247,8 @@ class NativeDecode:
                                 rotate=int(a.rotates),
                                 q_norm=None if a.q_norm is None else a.q_norm.weight.data_ptr(),
                                 k_norm=None if a.k_norm is None else a.k_norm.weight.data_ptr(),
-                                moe=self._moe_struct(mlp, keep) if experts else None)
+                                moe=self._moe_struct(mlp, keep) if experts else None,
+                                sinks=None if a.sinks is None else _kept(a.sinks.detach().float().contiguous(), keep))
         keep.append(layers)
         bs = caches[0][0].shape[1]
         struct = TmModel(dtype=_DTYPES[self.dtype], num_layers=len(layers), D=cfg.hidden_size, nh=cfg.num_heads,
@@ -250,7 +271,7 @@ class NativeDecode:
             return False
         if T > self._method.max_step_rows or not decode_step.available():
             return False
-        if any(T > _moe_rows(mlp, self._method) for mlp in self._moes):
+        if self._moes and T > self._moe_rows():
             return False
         k0 = attn.kv_caches[0][0]
         return k0.dtype == self.dtype and k0.is_contiguous()

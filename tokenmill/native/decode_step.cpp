@@ -67,7 +67,7 @@ using AttentionFn = int (*)(int dtype, void* out, int64_t out_stride, const void
                             const void* k_cache, const void* v_cache, const int64_t* tables, int64_t table_stride,
                             const int64_t* lens, const int64_t* starts, int64_t num_seqs, int64_t nh, int64_t nkv,
                             int64_t hd, int64_t block_size, float scale, float softcap, int64_t partition,
-                            int nthreads);
+                            int nthreads, int64_t prefill_from, const float* sinks);
 
 }  // namespace
 
@@ -85,7 +85,7 @@ struct TmKernels {
     AddRmsNormFn add_rms_norm;
     SiluMulFn silu_and_mul;
     RotaryFn rotary;
-    AttentionFn attention;
+    AttentionFn attention;       // tm_paged_attention_rows, every row a decode (prefill_from = M)
     HeadRmsNormFn head_rms_norm;
     MoeFn moe;                   // NULL when no layer is a mixture of experts
 };
@@ -135,6 +135,7 @@ struct TmLayer {
     const void* q_norm;       // (hd,) per-head norms of q and k before rotary, or NULL (none)
     const void* k_norm;
     const TmMoe* moe;         // NULL: the gate_up / down MLP; else the mixture of experts (gate_up, down unused)
+    const float* sinks;       // (nh,) fp32 attention sinks (gpt-oss's), or NULL
 };
 
 struct TmModel {
@@ -172,7 +173,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 7; }  // 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 8; }  // 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -297,7 +298,7 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
             starts = s->starts;
         }
         rc = k.attention(dt, s->attn, nh * hd, s->qkv, qkv_w, L.k_cache, L.v_cache, s->tables, s->table_stride,
-                         s->lens, starts, M, nh, nkv, hd, m.block_size, m.scale, 0.0f, m.partition, t);
+                         s->lens, starts, M, nh, nkv, hd, m.block_size, m.scale, 0.0f, m.partition, t, M, L.sinks);
         if (rc == 0) rc = linear(m, L.o, s->attn, M, s->y, *s);
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
         if (rc == 0) rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);

@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 7
+ABI = 8
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -52,7 +52,7 @@ class TmMoe(ctypes.Structure):
 class TmLayer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", TmLinear), ("o", TmLinear), ("gate_up", TmLinear),
                 ("down", TmLinear), ("k_cache", _P), ("v_cache", _P), ("window", _I64), ("rotate", _I64),
-                ("q_norm", _P), ("k_norm", _P), ("moe", ctypes.POINTER(TmMoe))]
+                ("q_norm", _P), ("k_norm", _P), ("moe", ctypes.POINTER(TmMoe)), ("sinks", _P)]
 
 
 class TmModel(ctypes.Structure):
@@ -109,7 +109,7 @@ def kernel_table(panel_min_rows: int | None = None, vnni: int = 0) -> TmKernels:
                      panel_min_rows=panel_min_rows or 0,  # read only where panel_matmul is set
                      ggml_matmul=_address(ggml.lib(), "tm_matmul"),
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
-                     rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_decode_attention"),
+                     rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_attention_rows"),
                      head_rms_norm=_address(k, "tm_head_rms_norm"), moe=_address(ggml.lib(), "tm_moe"))
 
 
