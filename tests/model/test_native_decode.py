@@ -137,6 +137,13 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                                Shape("gpt-oss", 256, 256, 2, 4, 2, 49152, attention_bias=True,
                                                      head_dim=64, experts=4, experts_used=2, expert_intermediate=256,
                                                      window=16), "mxfp4_moe", std=0.03),
+            # LFM2-MoE: short conv layers (0, 2) and attention ones with q / k norms (1, 3); a dense MLP first, then
+            # experts chosen by sigmoid scores plus a bias
+            "lfm2moe-mxfp4": write_random_gguf(d / "lfm2moe-mxfp4.gguf",
+                                               Shape("lfm2moe", 256, 512, 4, 4, 2, 49152, tied=True, head_dim=64,
+                                                     qk_norm=True, experts=4, experts_used=2, expert_intermediate=256,
+                                                     attn_layers=(1, 3), conv_kernel=3, dense_layers=1),
+                                               "mxfp4_moe", std=0.03),
             "granite-q8_0": write_random_gguf(d / "granite-q8_0.gguf", Shape("granite"), "q8_0", std=0.03,
                                               extra_metadata={"granite.embedding_scale": 12.0,
                                                               "granite.residual_scale": 0.22,
@@ -145,7 +152,7 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("name", ["qwen2-q8_0", "llama-q4_k_m", "llama-q4_0", "smollm3-q8_0", "granite-q8_0",
-                                  "qwen3-q4_k_m", "qwen3moe-mxfp4", "gpt-oss-mxfp4"])
+                                  "qwen3-q4_k_m", "qwen3moe-mxfp4", "gpt-oss-mxfp4", "lfm2moe-mxfp4"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_random_models(name: str, dtype: str, random_files: dict[str, Path], native_calls: list[int],
                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,9 +160,9 @@ def test_random_models(name: str, dtype: str, random_files: dict[str, Path], nat
     kernel; Q4_0, which ggml repacks on AVX2 CPUs, on ggml's; SmolLM3's layers without rotary; Granite's
     multipliers (the residual one applied in the step, rounded as torch rounds it); Qwen3's q/k norms; a
     Qwen3-MoE's experts in one tm_moe call (router and routing inside), at bf16 widened and rounded around it;
-    gpt-oss's sinks, windows, biases and experts."""
+    gpt-oss's sinks, windows, biases and experts; LFM2's short convs over the recurrent state slots."""
     if dtype == "bfloat16" and name not in ("smollm3-q8_0", "granite-q8_0", "qwen3-q4_k_m", "qwen3moe-mxfp4",
-                                            "gpt-oss-mxfp4"):
+                                            "gpt-oss-mxfp4", "lfm2moe-mxfp4"):
         pytest.skip("bf16 runs on the default model above")
     llm = engine(str(random_files[name]), dtype=dtype)
     cfg = llm.engine.model_config
@@ -179,3 +186,27 @@ def test_what_does_not_fit_runs_layer_by_layer(native_calls: list[int], monkeypa
     assert not native_calls  # 4 decodes a step: layer by layer
     outputs(llm, PROMPTS[:1], short)
     assert native_calls == [1, 1, 1]
+
+
+def test_short_convs_restored_from_checkpoints(random_files: dict[str, Path], native_calls: list[int],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """LFM2 with prefix caching: a repeated prompt restores its conv windows from a checkpoint slot, so decodes
+    read one slot and write another; the native step and the layers agree over the same restored states."""
+    from tokenmill.models import native_decode
+
+    llm = engine(str(random_files["lfm2moe-mxfp4"]), enable_prefix_caching=True)
+    prompts = [p * 3 for p in PROMPTS[:4]]  # past a block, so there are checkpoints to restore
+    outputs(llm, prompts)
+    native_calls.clear()
+    moved: list[bool] = []  # per native step: whether some decode read one slot and wrote another
+    real = native_decode.slot_tensors
+
+    def spy(decodes: list) -> tuple:  # type: ignore[type-arg]
+        src, dst = real(decodes)
+        moved.append(bool(((src >= 0) & (src != dst)).any()))
+        return src, dst
+
+    monkeypatch.setattr(native_decode, "slot_tensors", spy)
+    both_ways(llm, prompts, native_calls, monkeypatch)
+    assert llm.engine.block_manager.num_hits > 0
+    assert any(moved), "no native step read a restored checkpoint slot"

@@ -132,8 +132,7 @@ class Lfm2ForCausalLM(LlamaForCausalLM):
                                     scratch_states(self.cfg, attn, self.lm_head.weight.device))
         return super().forward(input_ids, positions, attn, num_layers)
 
-    def finish_loading(self, device: torch.device, dtype: torch.dtype) -> None:
-        super().finish_loading(device, dtype)
+    def finish_native_layers(self) -> None:
         for m in self.modules():  # after the cast: the kernel's float32 copies of what the torch path uses
             if isinstance(m, ShortConv):
                 m.finish_native()

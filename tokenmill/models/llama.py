@@ -191,11 +191,16 @@ class LlamaForCausalLM(nn.Module):
             embed.share_packed_head(self.lm_head)
         self.rope = self.make_rotary(device, dtype)
         self.rope_windowed = self.make_windowed_rotary(device, dtype)
+        self.finish_native_layers()
         if device.type == "cpu":
             reason = unsupported(self)
             self.native_decode = NativeDecode(self) if reason is None else None
             log.info("decode steps: %s", "one native call (native/decode_step.cpp)" if reason is None else
                      f"layer by layer ({reason})")
+
+    def finish_native_layers(self) -> None:
+        """After the cast: a family's layers make what their native kernels read (before the native decode step
+        is decided). Llama's layers have nothing to make."""
 
     def rope_scaling(self) -> dict[str, Any] | None:
         """The rope scaling the tables are built with: the config's (a family may complete it from

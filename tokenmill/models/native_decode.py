@@ -8,15 +8,19 @@ same kernels with the same arguments from C++, so its hidden states are the Pyth
 What fits, checked once per model (`unsupported` says why not, logged once):
 - fp32 or bf16 compute (the kernels' dtypes; at bf16 each matmul widens its input and rounds its output,
   as torch does around the same kernels); matmuls on the gguf method's block kernels (plain Q4_0 / Q4_1 /
-  Q8_0: ours; other types, repacked or not: ggml's), with or without a bias (Qwen2); RMSNorm, SiLU-gated
+  Q8_0: ours; other types, repacked or not: ggml's), with or without a bias (Qwen2, gpt-oss); RMSNorm, SiLU-gated
   MLP, full-width rotary through the native kernels (or none on a layer: SmolLM3's NoPE layers), Granite's
-  multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's), mixture-of-experts layers where
-  their one-call path applies with the router inside (SparseMoE.one_call_layer: Qwen3-MoE, Mixtral, Granite MoE,
-  ERNIE 4.5 MoE with experts on ggml's kernels; a shared expert only ungated), beside dense ones;
+  multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's), attention sinks (gpt-oss's);
+- mixture-of-experts layers where their one-call path applies with the router inside (SparseMoE.one_call_layer:
+  Qwen3-MoE, Mixtral, Granite MoE, ERNIE 4.5 MoE, gpt-oss with experts on ggml's kernels; a shared expert only
+  ungated), beside dense ones;
+- LFM2's layers (a short conv or attention, then the MLP or experts): the conv between its projections on
+  tm_shortconv_decode, each sequence's window read from and written to the step's state slots;
 and per step: every token a decode on the native paged backend (speculative verification's entries
-included), at most the method's crossover rows (past it the Python path multiplies dense tiles), within the
-rows the experts' one call takes (no expert past the crossover, at most moe._ONE_CALL_SLOTS slots), any
-sliding windows. Everything else runs layer by layer, as before.
+included; with short convs, every sequence one the conv kernel takes: leading_decodes), at most the method's
+crossover rows (past it the Python path multiplies dense tiles), within the rows the experts' one call takes
+(no expert past the crossover, at most moe._ONE_CALL_SLOTS slots), any sliding windows. Everything else runs
+layer by layer, as before.
 
 One thread count for the whole step, chosen as the matmuls' is (layers/thread_choice.py), by timing the
 step. Results do not depend on it.
@@ -33,6 +37,7 @@ import torch
 from tokenmill.attention.backend import AttentionContext
 from tokenmill.attention.native_paged import NativePagedAttentionBackend
 from tokenmill.layers.activation import SiluAndMul
+from tokenmill.layers.gated_delta import leading_decodes, slot_tensors
 from tokenmill.layers.ggml_linear import GGUFLinearMethod
 from tokenmill.layers.linear import Linear
 from tokenmill.layers import moe as moe_mod
@@ -57,14 +62,20 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     cfg = model.cfg
     if cfg.qk_norm and cfg.qk_norm_after_rotary:
         return "q/k norms after rotary"
-    from tokenmill.models.gpt_oss import GptOssAttention, GptOssDecoderLayer  # (both import this module)
+    from tokenmill.models.gpt_oss import GptOssAttention, GptOssDecoderLayer  # (all import this module)
+    from tokenmill.models.lfm2 import Lfm2DecoderLayer, ShortConv
     from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer
 
     # the step computes llama's layer (Gemma's, OLMo's, GLM-4's, Cohere2's norms differ); gpt-oss's classes only
-    # build other modules (a biased o_proj, the sinks) around llama's forward
-    other = {type(layer).__name__ for layer in _layers(model)
-             if type(layer) not in (LlamaDecoderLayer, GptOssDecoderLayer)
-             or type(layer.self_attn) not in (LlamaAttention, GptOssAttention)}
+    # build other modules (a biased o_proj, the sinks) around llama's forward; LFM2's layer is llama's with a
+    # short conv or llama's attention as its mixer
+    def fits(layer: Any) -> bool:
+        if type(layer) is Lfm2DecoderLayer:
+            return type(layer.conv) is ShortConv if layer.is_conv else type(layer.self_attn) is LlamaAttention
+        return type(layer) in (LlamaDecoderLayer, GptOssDecoderLayer) \
+            and type(layer.self_attn) in (LlamaAttention, GptOssAttention)
+
+    other = {type(layer).__name__ for layer in _layers(model) if not fits(layer)}
     if other:
         return f"a decoder layer other than llama's ({', '.join(sorted(other))})"
     if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
@@ -82,23 +93,26 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     has_ggml = table.ggml_matmul is not None
     widths = set()
     for layer in _layers(model):
-        mlp, a = layer.mlp, layer.self_attn
-        if a.sinks is not None and a.sinks.shape != (cfg.num_heads,):
+        mlp, a, conv = layer.mlp, _attention(layer), _conv(layer)
+        if conv is not None:
+            if conv.native is None or table.shortconv is None:
+                return "a short conv not on the native kernel"
+        elif a.sinks is not None and a.sinks.shape != (cfg.num_heads,):
             return "attention sinks of another shape"
-        if a.q_norm is not None and a.k_norm is not None:
+        elif a.q_norm is not None and a.k_norm is not None:
             for hn in (a.q_norm, a.k_norm):
                 if not hn.use_native or hn.weight.dtype != dtype or hn.eps != cfg.rms_norm_eps:
                     return "q/k norms not on the native kernel"
+        linears = _mixer_linears(layer)
         if isinstance(mlp, SparseMoE):
             why = _moe_unsupported(mlp, table.moe is not None)
             if why:
                 return why
-            linears = [a.qkv_proj, a.o_proj]
         elif not isinstance(mlp, GatedMLP) or not isinstance(mlp.act, SiluAndMul) or not mlp.act.use_native:
             return "an MLP other than the native SiLU-gated one or experts (Gemma's GELU)"
         else:
             widths.add(mlp.gate_up_proj.out_features)
-            linears = [a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj]
+            linears += [mlp.gate_up_proj, mlp.down_proj]
         norms += [layer.input_layernorm, layer.post_attention_layernorm]
         for lin in linears:
             if not isinstance(lin.method, GGUFLinearMethod) or (lin.matmul is None and lin.block_mm is None):
@@ -113,6 +127,24 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
         if not n.use_native or n.weight.dtype != dtype or n.eps != cfg.rms_norm_eps:
             return "norms not on the native kernel"
     return None
+
+
+def _conv(layer: Any) -> Any:
+    """The layer's short conv mixer (LFM2's ShortConv), or None (attention)."""
+    return layer.conv if getattr(layer, "is_conv", False) else None
+
+
+def _attention(layer: Any) -> Any:
+    """The layer's attention mixer, or None (a short conv)."""
+    return None if _conv(layer) is not None else layer.self_attn
+
+
+def _mixer_linears(layer: Any) -> list[Linear]:
+    """The token mixer's projections: q|k|v and o, or a short conv's in_proj and out_proj (the step's qkv and o)."""
+    conv = _conv(layer)
+    if conv is not None:
+        return [conv.in_proj, conv.out_proj]
+    return [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
 
 
 def _kept(t: torch.Tensor, keep: list[object]) -> int:
@@ -186,16 +218,21 @@ class NativeDecode:
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
-        # (id of the caches and the method's panel_min_rows, struct, what it points to)
-        self._plan: tuple[tuple[int, int | None, int], TmModel, list[object]] | None = None
+        # ((id of the caches, the conv pool's address, the method's panel_min_rows and crossover), struct, what it
+        # points to)
+        self._plan: tuple[tuple[int, int, int | None, int], TmModel, list[object]] | None = None
         self._threads = ThreadChooser(torch.get_num_threads())  # a new one when torch's team changes
         layers = _layers(model)
-        self._method: GGUFLinearMethod = layers[0].self_attn.qkv_proj.method
+        method = _mixer_linears(layers[0])[0].method
+        assert isinstance(method, GGUFLinearMethod)  # (unsupported() checked)
+        self._method = method
         cfg = model.cfg
+        self._has_conv = any(_conv(layer) is not None for layer in layers)
+        self._scale = next(a.scale for a in map(_attention, layers) if a is not None)
         self._moes: list[SparseMoE] = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]
         self._moe_limit: tuple[int, int] | None = None  # (the method's crossover, the rows every MoE layer takes)
         dense = [layer.mlp for layer in layers if not isinstance(layer.mlp, SparseMoE)]
-        linears = [lin for layer in layers for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj)]
+        linears = [lin for layer in layers for lin in _mixer_linears(layer)]
         linears += [lin for mlp in dense for lin in (mlp.gate_up_proj, mlp.down_proj)]
         self._macs_per_row = sum(lin.in_features * lin.out_features for lin in linears)
         for mlp in self._moes:  # its router and the experts (and shared expert) a token runs through
@@ -203,8 +240,9 @@ class NativeDecode:
             assert found is not None
             self._macs_per_row += found[0].macs_per_token + mlp.num_experts * cfg.hidden_size
         inter = dense[0].gate_up_proj.out_features // 2 if dense else 0
-        self._widths = (cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,
-                        cfg.num_heads * cfg.head_dim, inter)
+        d_mix = 3 * cfg.hidden_size if self._has_conv else 0  # a short conv's in_proj rows go where q|k|v's do
+        self._widths = (cfg.hidden_size, max((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, d_mix),
+                        max(cfg.num_heads * cfg.head_dim, d_mix // 3), inter)
         self.dtype = model.model.norm.weight.dtype
         self._max_in = max(lin.in_features for lin in linears)  # bf16: the fp32 rows a matmul reads / writes
         self._max_out = max([lin.out_features for lin in linears] + [cfg.hidden_size])  # (experts: D in and out)
@@ -228,38 +266,47 @@ class NativeDecode:
 
     def _model_struct(self, attn: AttentionContext) -> TmModel:
         caches = attn.kv_caches
-        key = (id(caches), self._method.panel_min_rows, self._method.max_ggml_rows)
+        pool = attn.recurrent.conv if attn.recurrent is not None and self._has_conv else None
+        key = (id(caches), 0 if pool is None else pool.data_ptr(), self._method.panel_min_rows,
+               self._method.max_ggml_rows)
         if self._plan is not None and self._plan[0] == key:
             return self._plan[1]
         m, cfg = self.model, self.model.cfg
         keep: list[object] = []
         layers = (TmLayer * len(m.model.layers))()
         for i, layer in enumerate(_layers(m)):
-            a, mlp = layer.self_attn, layer.mlp
-            k_cache, v_cache = caches[i]
+            mlp, a, conv = layer.mlp, _attention(layer), _conv(layer)
             experts = isinstance(mlp, SparseMoE)
-            layers[i] = TmLayer(input_norm=layer.input_layernorm.weight.data_ptr(),
-                                post_norm=layer.post_attention_layernorm.weight.data_ptr(),
-                                qkv=_linear(a.qkv_proj, keep, self.dtype), o=_linear(a.o_proj, keep, self.dtype),
-                                gate_up=TmLinear() if experts else _linear(mlp.gate_up_proj, keep, self.dtype),
-                                down=TmLinear() if experts else _linear(mlp.down_proj, keep, self.dtype),
-                                k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), window=a.sliding_window,
-                                rotate=int(a.rotates),
-                                q_norm=None if a.q_norm is None else a.q_norm.weight.data_ptr(),
-                                k_norm=None if a.k_norm is None else a.k_norm.weight.data_ptr(),
-                                moe=self._moe_struct(mlp, keep) if experts else None,
-                                sinks=None if a.sinks is None else _kept(a.sinks.detach().float().contiguous(), keep))
+            mix_in, mix_out = _mixer_linears(layer)
+            lyr = TmLayer(input_norm=layer.input_layernorm.weight.data_ptr(),
+                          post_norm=layer.post_attention_layernorm.weight.data_ptr(),
+                          qkv=_linear(mix_in, keep, self.dtype), o=_linear(mix_out, keep, self.dtype),
+                          gate_up=TmLinear() if experts else _linear(mlp.gate_up_proj, keep, self.dtype),
+                          down=TmLinear() if experts else _linear(mlp.down_proj, keep, self.dtype),
+                          moe=self._moe_struct(mlp, keep) if experts else None)
+            if conv is not None:  # the step's conv pool: conv[j] (slots, D, K - 1) for the layer's state index j
+                assert pool is not None and conv.native is not None
+                lyr.conv_w, lyr.conv_k = conv.native.data_ptr(), conv.native.shape[1]
+                lyr.conv_pool = pool[conv.state_index].data_ptr()
+            else:
+                k_cache, v_cache = caches[a.layer_idx]
+                lyr.k_cache, lyr.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+                lyr.window, lyr.rotate = a.sliding_window, int(a.rotates)
+                lyr.q_norm = None if a.q_norm is None else a.q_norm.weight.data_ptr()
+                lyr.k_norm = None if a.k_norm is None else a.k_norm.weight.data_ptr()
+                lyr.sinks = None if a.sinks is None else _kept(a.sinks.detach().float().contiguous(), keep)
+            layers[i] = lyr
         keep.append(layers)
         bs = caches[0][0].shape[1]
         struct = TmModel(dtype=_DTYPES[self.dtype], num_layers=len(layers), D=cfg.hidden_size, nh=cfg.num_heads,
                          nkv=cfg.num_kv_heads,
                          hd=cfg.head_dim, I=self._widths[3], block_size=bs,
                          partition=kernels.DEFAULT_PARTITION, eps=cfg.rms_norm_eps,
-                         scale=_layers(m)[0].self_attn.scale, residual_scale=cfg.residual_multiplier, layers=layers,
+                         scale=self._scale, residual_scale=cfg.residual_multiplier, layers=layers,
                          final_norm=m.model.norm.weight.data_ptr(),
                          k=decode_step.kernel_table(self._method.panel_min_rows,
                                                      self._method.vnni_panel(self.dtype)))
-        self._plan = (key, struct, [caches, keep])
+        self._plan = (key, struct, [caches, pool, keep])
         return struct
 
     def fits(self, T: int, attn: AttentionContext) -> bool:
@@ -273,6 +320,11 @@ class NativeDecode:
             return False
         if self._moes and T > self._moe_rows():
             return False
+        if self._has_conv:  # every sequence a decode the conv kernel takes (leading, not chained)
+            rec = attn.recurrent
+            if rec is None or len(leading_decodes(rec.seqs)) != T or rec.conv.dtype != torch.float32 \
+                    or not rec.conv.is_contiguous():
+                return False
         k0 = attn.kv_caches[0][0]
         return k0.dtype == self.dtype and k0.is_contiguous()
 
@@ -306,9 +358,14 @@ class NativeDecode:
         tables = tables if tables.stride(1) == 1 else tables.contiguous()
         lens, slots = lens.contiguous(), meta.slot_mapping.contiguous()
         n = len(m.model.layers) if num_layers is None else num_layers
+        src = dst = starts  # (unread without short conv layers)
+        if self._has_conv:
+            assert attn.recurrent is not None
+            src, dst = slot_tensors(leading_decodes(attn.recurrent.seqs))
         step = TmStep(M=T, num_layers=n, x=x.data_ptr(), cos=cos.data_ptr(), ssin=ssin.data_ptr(),
                       tab_stride=cos.stride(0), slots=slots.data_ptr(), tables=tables.data_ptr(),
-                      table_stride=tables.stride(0), lens=lens.data_ptr(), starts=starts.data_ptr(),
+                      table_stride=tables.stride(0), lens=lens.data_ptr(), src_slots=src.data_ptr(),
+                      dst_slots=dst.data_ptr(), starts=starts.data_ptr(),
                       h=bufs[1].data_ptr(), y=bufs[2].data_ptr(), qkv=bufs[3].data_ptr(), attn=bufs[4].data_ptr(),
                       gate_up=bufs[5].data_ptr(), act=bufs[6].data_ptr(), out=out.data_ptr(),
                       wide_in=wide.data_ptr(), wide_out=wide.data_ptr() + 4 * T * self._max_in, nthreads=1)

@@ -14,6 +14,9 @@
 //
 // Per layer, for x (M, D) the previous layer's MLP output and res (M, D) the residual stream:
 //   h = rmsnorm(res += x) * w_in                 (layer 0: res = the embeddings, h = rmsnorm(res) * w_in)
+// then the token mixer: in an LFM2 short conv layer
+//   bcx = h . Win^T (M, 3D);  c = C * conv(B * x) over each sequence's window (tm_shortconv_decode);  y = c . Wout^T
+// else attention:
 //   qkv = h . Wqkv^T (+ b)                       (M, (nh + 2 nkv) hd), q | k | v heads adjacent
 //   q and k heads rmsnorm'ed in place, each by its norm's weight (Qwen3's q / k norms; where the layer has them)
 //   rotary on q and k heads in place; k, v rows copied to their cache slots (all M before any attends)
@@ -63,6 +66,9 @@ using MoeFn = int (*)(void* router, const float* router_bias, const float* logit
                       const float* const* gu_bias, const float* const* down_bias, void** shared_gu, void* shared_down,
                       const float* shared_weight, const float* x, int64_t n_tokens, int64_t k, float* out, int64_t d,
                       int act, float alpha, float limit, int64_t max_rows, int n_threads);
+using ShortConvFn = int (*)(int dtype, void* out, int64_t out_stride, const void* bcx, int64_t bcx_stride,
+                            const float* conv_w, float* conv_pool, const int64_t* src_slots, const int64_t* dst_slots,
+                            int64_t N, int64_t C, int64_t K, int nthreads);
 using AttentionFn = int (*)(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
                             const void* k_cache, const void* v_cache, const int64_t* tables, int64_t table_stride,
                             const int64_t* lens, const int64_t* starts, int64_t num_seqs, int64_t nh, int64_t nkv,
@@ -88,6 +94,7 @@ struct TmKernels {
     AttentionFn attention;       // tm_paged_attention_rows, every row a decode (prefill_from = M)
     HeadRmsNormFn head_rms_norm;
     MoeFn moe;                   // NULL when no layer is a mixture of experts
+    ShortConvFn shortconv;       // NULL when no layer is a short conv
 };
 
 // One linear layer y (M, out) = x (M, in) . W^T (+ bias): its output columns in parts.
@@ -136,6 +143,10 @@ struct TmLayer {
     const void* k_norm;
     const TmMoe* moe;         // NULL: the gate_up / down MLP; else the mixture of experts (gate_up, down unused)
     const float* sinks;       // (nh,) fp32 attention sinks (gpt-oss's), or NULL
+    // an LFM2 short conv layer instead of attention (qkv: in_proj (3D, D), o: out_proj (D, D); no KV cache), or NULL
+    const float* conv_w;      // (D, K) fp32
+    float* conv_pool;         // (slots, D, K - 1) fp32: each sequence's window, read from src, written to dst slots
+    int64_t conv_k;
 };
 
 struct TmModel {
@@ -160,9 +171,11 @@ struct TmStep {
     const int64_t* tables;     // (M, table_stride) block table of each token's sequence
     int64_t table_stride;
     const int64_t* lens;       // (M,) keys each token attends to (its position + 1)
+    const int64_t* src_slots;  // (M,) each sequence's recurrent state slot read (-1: fresh) (short conv layers)
+    const int64_t* dst_slots;  // (M,) ... and written
     int64_t* starts;           // (M,) scratch: each token's first key under a window
-    void* qkv;                 // (M, (nh + 2 nkv) hd)
-    void* attn;                // (M, nh hd)
+    void* qkv;                 // (M, (nh + 2 nkv) hd), or a conv layer's (M, 3 D) if wider
+    void* attn;                // (M, nh hd), or (M, D) if wider
     void* h;                   // (M, D)
     void* y;                   // (M, D)
     void* gate_up;             // (M, 2 I)
@@ -173,7 +186,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 8; }  // 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 9; }  // 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -246,6 +259,43 @@ int moe(const TmModel& m, const TmMoe& E, const void* h, int64_t M, void* y, con
     return rc;
 }
 
+// y (M, D) = the short conv layer on h (M, D): in_proj into qkv's buffer, the conv into attn's, out_proj
+int short_conv(const TmModel& m, const TmLayer& L, const TmStep& s) {
+    int rc = linear(m, L.qkv, s.h, s.M, s.qkv, s);
+    if (rc == 0)
+        rc = m.k.shortconv(m.dtype, s.attn, m.D, s.qkv, 3 * m.D, L.conv_w, L.conv_pool, s.src_slots, s.dst_slots, s.M,
+                           m.D, L.conv_k, s.nthreads);
+    return rc == 0 ? linear(m, L.o, s.attn, s.M, s.y, s) : rc;
+}
+
+// y (M, D) = the attention layer on h (M, D), every token's K/V written to the cache first
+int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
+    const TmKernels& k = m.k;
+    const int64_t M = s.M, hd = m.hd, nh = m.nh, nkv = m.nkv;
+    const int64_t qkv_w = (nh + 2 * nkv) * hd, kv_w = nkv * hd, esize = m.dtype == 0 ? 4 : 2;
+    const int t = s.nthreads, dt = m.dtype;
+    auto at = [esize](void* p, int64_t elems) { return static_cast<char*>(p) + elems * esize; };
+    int rc = linear(m, L.qkv, s.h, M, s.qkv, s);
+    if (rc == 0 && L.q_norm != nullptr) rc = k.head_rms_norm(dt, s.qkv, qkv_w, M, nh, hd, L.q_norm, m.eps, t);
+    if (rc == 0 && L.k_norm != nullptr)
+        rc = k.head_rms_norm(dt, at(s.qkv, nh * hd), qkv_w, M, nkv, hd, L.k_norm, m.eps, t);
+    if (rc == 0 && L.rotate) rc = k.rotary(dt, s.qkv, qkv_w, nh + nkv, hd, s.cos, s.ssin, s.tab_stride, M, t);
+    if (rc) return rc;
+    for (int64_t r = 0; r < M; ++r) {  // every token's K/V is in the cache before any token attends
+        const char* row = at(s.qkv, r * qkv_w + nh * hd);
+        std::memcpy(at(L.k_cache, s.slots[r] * kv_w), row, kv_w * esize);
+        std::memcpy(at(L.v_cache, s.slots[r] * kv_w), row + kv_w * esize, kv_w * esize);
+    }
+    const int64_t* starts = nullptr;
+    if (L.window > 0) {
+        for (int64_t r = 0; r < M; ++r) s.starts[r] = s.lens[r] > L.window ? s.lens[r] - L.window : 0;
+        starts = s.starts;
+    }
+    rc = k.attention(dt, s.attn, nh * hd, s.qkv, qkv_w, L.k_cache, L.v_cache, s.tables, s.table_stride, s.lens, starts,
+                     M, nh, nkv, hd, m.block_size, m.scale, 0.0f, m.partition, t, M, L.sinks);
+    return rc == 0 ? linear(m, L.o, s.attn, M, s.y, s) : rc;
+}
+
 // p (n,) *= f in place, rounded as torch rounds a tensor times a Python float (in fp32; bf16 to nearest even)
 void scale_rows(int dt, void* p, int64_t n, float f) {
     if (dt == 0) {
@@ -265,13 +315,10 @@ extern "C" {
 int tm_decode_step(const TmModel* model, const TmStep* s) {
     const TmModel& m = *model;
     const TmKernels& k = m.k;
-    const int64_t M = s->M, D = m.D, hd = m.hd, nh = m.nh, nkv = m.nkv;
-    const int64_t qkv_w = (nh + 2 * nkv) * hd, kv_w = nkv * hd;
-    const int64_t esize = m.dtype == 0 ? 4 : 2;
+    const int64_t M = s->M, D = m.D;
     const int t = s->nthreads, dt = m.dtype;
     if (M <= 0) return 0;
     if (dt != 0 && dt != 1) return -1;
-    auto at = [esize](void* p, int64_t elems) { return static_cast<char*>(p) + elems * esize; };
     int rc = 0;
     void* res = s->x;
     for (int64_t l = 0; l < s->num_layers && rc == 0; ++l) {
@@ -280,26 +327,7 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
             rc = k.add_rms_norm(dt, s->h, D, res, D, nullptr, 0, L.input_norm, M, D, m.eps, t);
         else
             rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.input_norm, M, D, m.eps, t);
-        if (rc == 0) rc = linear(m, L.qkv, s->h, M, s->qkv, *s);
-        if (rc == 0 && L.q_norm != nullptr)
-            rc = k.head_rms_norm(dt, s->qkv, qkv_w, M, nh, hd, L.q_norm, m.eps, t);
-        if (rc == 0 && L.k_norm != nullptr)
-            rc = k.head_rms_norm(dt, at(s->qkv, nh * hd), qkv_w, M, nkv, hd, L.k_norm, m.eps, t);
-        if (rc == 0 && L.rotate) rc = k.rotary(dt, s->qkv, qkv_w, nh + nkv, hd, s->cos, s->ssin, s->tab_stride, M, t);
-        if (rc) break;
-        for (int64_t r = 0; r < M; ++r) {  // every token's K/V is in the cache before any token attends
-            const char* row = at(s->qkv, r * qkv_w + nh * hd);
-            std::memcpy(at(L.k_cache, s->slots[r] * kv_w), row, kv_w * esize);
-            std::memcpy(at(L.v_cache, s->slots[r] * kv_w), row + kv_w * esize, kv_w * esize);
-        }
-        const int64_t* starts = nullptr;
-        if (L.window > 0) {
-            for (int64_t r = 0; r < M; ++r) s->starts[r] = s->lens[r] > L.window ? s->lens[r] - L.window : 0;
-            starts = s->starts;
-        }
-        rc = k.attention(dt, s->attn, nh * hd, s->qkv, qkv_w, L.k_cache, L.v_cache, s->tables, s->table_stride,
-                         s->lens, starts, M, nh, nkv, hd, m.block_size, m.scale, 0.0f, m.partition, t, M, L.sinks);
-        if (rc == 0) rc = linear(m, L.o, s->attn, M, s->y, *s);
+        if (rc == 0) rc = L.conv_w != nullptr ? short_conv(m, L, *s) : attention(m, L, *s);
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
         if (rc == 0) rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);
         if (rc == 0 && L.moe != nullptr) {

@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 8
+ABI = 9
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -34,7 +34,8 @@ _PI32, _PI64 = ctypes.POINTER(_I32), ctypes.POINTER(_I64)
 class TmKernels(ctypes.Structure):
     _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_matmul_bf16", _P), ("amx_min_rows", _I64), ("panel_matmul", _P),
                 ("panel_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
-                ("rotary", _P), ("attention", _P), ("head_rms_norm", _P), ("moe", _P)]
+                ("rotary", _P), ("attention", _P), ("head_rms_norm", _P), ("moe", _P),
+                ("shortconv", _P)]
 
 
 class TmLinear(ctypes.Structure):
@@ -52,7 +53,8 @@ class TmMoe(ctypes.Structure):
 class TmLayer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", TmLinear), ("o", TmLinear), ("gate_up", TmLinear),
                 ("down", TmLinear), ("k_cache", _P), ("v_cache", _P), ("window", _I64), ("rotate", _I64),
-                ("q_norm", _P), ("k_norm", _P), ("moe", ctypes.POINTER(TmMoe)), ("sinks", _P)]
+                ("q_norm", _P), ("k_norm", _P), ("moe", ctypes.POINTER(TmMoe)), ("sinks", _P),
+                ("conv_w", _P), ("conv_pool", _P), ("conv_k", _I64)]
 
 
 class TmModel(ctypes.Structure):
@@ -63,7 +65,7 @@ class TmModel(ctypes.Structure):
 
 class TmStep(ctypes.Structure):
     _fields_ = [("M", _I64), ("num_layers", _I64), ("x", _P), ("cos", _P), ("ssin", _P), ("tab_stride", _I64),
-                ("slots", _P), ("tables", _P), ("table_stride", _I64), ("lens", _P), ("starts", _P),
+                ("slots", _P), ("tables", _P), ("table_stride", _I64), ("lens", _P), ("src_slots", _P), ("dst_slots", _P), ("starts", _P),
                 ("qkv", _P), ("attn", _P), ("h", _P), ("y", _P), ("gate_up", _P), ("act", _P), ("out", _P),
                 ("wide_in", _P), ("wide_out", _P), ("nthreads", ctypes.c_int)]
 
@@ -110,7 +112,8 @@ def kernel_table(panel_min_rows: int | None = None, vnni: int = 0) -> TmKernels:
                      ggml_matmul=_address(ggml.lib(), "tm_matmul"),
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
                      rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_attention_rows"),
-                     head_rms_norm=_address(k, "tm_head_rms_norm"), moe=_address(ggml.lib(), "tm_moe"))
+                     head_rms_norm=_address(k, "tm_head_rms_norm"), moe=_address(ggml.lib(), "tm_moe"),
+                     shortconv=_address(k, "tm_shortconv_decode"))
 
 
 def run(model: ctypes.Structure, step: ctypes.Structure) -> None:
