@@ -144,6 +144,15 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                                      qk_norm=True, experts=4, experts_used=2, expert_intermediate=256,
                                                      attn_layers=(1, 3), conv_kernel=3, dense_layers=1),
                                                "mxfp4_moe", std=0.03),
+            # Granite 4.0-H: Mamba2 layers (0, 2) and NoPE attention (1, 3), experts beside an ungated shared MLP
+            # (all Q5_0: ggml's, so the shared MLP goes into the experts' call), Granite's multipliers
+            "granitehybrid-q5_0": write_random_gguf(d / "granitehybrid-q5_0.gguf",
+                                                    Shape("granitehybrid", 256, 256, 4, 4, 2, 49152, tied=True,
+                                                          head_dim=64, experts=4, experts_used=2,
+                                                          expert_intermediate=256, attn_layers=(1, 3),
+                                                          shared_intermediate=256, ssm_heads=8, ssm_head_dim=32,
+                                                          ssm_state=32, ssm_groups=1, conv_kernel=4),
+                                                    "q5_0", std=0.03),
             "granite-q8_0": write_random_gguf(d / "granite-q8_0.gguf", Shape("granite"), "q8_0", std=0.03,
                                               extra_metadata={"granite.embedding_scale": 12.0,
                                                               "granite.residual_scale": 0.22,
@@ -152,7 +161,8 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("name", ["qwen2-q8_0", "llama-q4_k_m", "llama-q4_0", "smollm3-q8_0", "granite-q8_0",
-                                  "qwen3-q4_k_m", "qwen3moe-mxfp4", "gpt-oss-mxfp4", "lfm2moe-mxfp4"])
+                                  "qwen3-q4_k_m", "qwen3moe-mxfp4", "gpt-oss-mxfp4", "lfm2moe-mxfp4",
+                                  "granitehybrid-q5_0"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_random_models(name: str, dtype: str, random_files: dict[str, Path], native_calls: list[int],
                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -160,13 +170,14 @@ def test_random_models(name: str, dtype: str, random_files: dict[str, Path], nat
     kernel; Q4_0, which ggml repacks on AVX2 CPUs, on ggml's; SmolLM3's layers without rotary; Granite's
     multipliers (the residual one applied in the step, rounded as torch rounds it); Qwen3's q/k norms; a
     Qwen3-MoE's experts in one tm_moe call (router and routing inside), at bf16 widened and rounded around it;
-    gpt-oss's sinks, windows, biases and experts; LFM2's short convs over the recurrent state slots."""
+    gpt-oss's sinks, windows, biases and experts; LFM2's short convs and Granite 4.0-H's Mamba2 layers over the
+    recurrent state slots."""
     if dtype == "bfloat16" and name not in ("smollm3-q8_0", "granite-q8_0", "qwen3-q4_k_m", "qwen3moe-mxfp4",
-                                            "gpt-oss-mxfp4", "lfm2moe-mxfp4"):
+                                            "gpt-oss-mxfp4", "lfm2moe-mxfp4", "granitehybrid-q5_0"):
         pytest.skip("bf16 runs on the default model above")
     llm = engine(str(random_files[name]), dtype=dtype)
     cfg = llm.engine.model_config
-    assert cfg.nope_layers == ((3,) if name.startswith("smollm3") else ())
+    assert cfg.nope_layers == {"smollm3-q8_0": (3,), "granitehybrid-q5_0": (0, 1, 2, 3)}.get(name, ())
     assert cfg.residual_multiplier == pytest.approx(0.22 if name.startswith("granite") else 1.0)
     nd = llm.engine.executor.worker.runner.model.native_decode  # type: ignore[attr-defined]
     assert nd is not None
@@ -188,13 +199,15 @@ def test_what_does_not_fit_runs_layer_by_layer(native_calls: list[int], monkeypa
     assert native_calls == [1, 1, 1]
 
 
-def test_short_convs_restored_from_checkpoints(random_files: dict[str, Path], native_calls: list[int],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """LFM2 with prefix caching: a repeated prompt restores its conv windows from a checkpoint slot, so decodes
-    read one slot and write another; the native step and the layers agree over the same restored states."""
+@pytest.mark.parametrize("name", ["lfm2moe-mxfp4", "granitehybrid-q5_0"])
+def test_recurrent_states_restored_from_checkpoints(name: str, random_files: dict[str, Path], native_calls: list[int],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """LFM2 and Granite 4.0-H with prefix caching: a repeated prompt restores its conv windows (and Mamba2 states)
+    from a checkpoint slot, so decodes read one slot and write another; the native step and the layers agree over
+    the same restored states."""
     from tokenmill.models import native_decode
 
-    llm = engine(str(random_files["lfm2moe-mxfp4"]), enable_prefix_caching=True)
+    llm = engine(str(random_files[name]), enable_prefix_caching=True)
     prompts = [p * 3 for p in PROMPTS[:4]]  # past a block, so there are checkpoints to restore
     outputs(llm, prompts)
     native_calls.clear()

@@ -183,6 +183,8 @@ class GraniteHybridForCausalLM(LlamaForCausalLM):
                 m.to(device)
                 m.finish()
         super().finish_loading(device, dtype)
+
+    def finish_native_layers(self) -> None:
         for m in self.modules():  # after the cast: the kernel's float32 copies of what the torch path uses
             if isinstance(m, Mamba2Mixer):
                 m.finish_native()

@@ -15,7 +15,9 @@ What fits, checked once per model (`unsupported` says why not, logged once):
   Qwen3-MoE, Mixtral, Granite MoE, ERNIE 4.5 MoE, gpt-oss with experts on ggml's kernels; a shared expert only
   ungated), beside dense ones;
 - LFM2's layers (a short conv or attention, then the MLP or experts): the conv between its projections on
-  tm_shortconv_decode, each sequence's window read from and written to the step's state slots;
+  tm_shortconv_decode, each sequence's window read from and written to the step's state slots; Granite 4.0-H's
+  (a Mamba2 layer or attention): the conv, scan and gated norm on tm_mamba2_decode over the slots' windows and
+  states;
 and per step: every token a decode on the native paged backend (speculative verification's entries
 included; with short convs, every sequence one the conv kernel takes: leading_decodes), at most the method's
 crossover rows (past it the Python path multiplies dense tiles), within the rows the experts' one call takes
@@ -45,7 +47,7 @@ from tokenmill.layers.mlp import GatedMLP
 from tokenmill.layers.moe import SparseMoE
 from tokenmill.layers.thread_choice import ThreadChooser
 from tokenmill.native import decode_step, kernels
-from tokenmill.native.decode_step import TmLayer, TmLinear, TmModel, TmMoe, TmStep
+from tokenmill.native.decode_step import TmLayer, TmLinear, TmMamba, TmModel, TmMoe, TmStep
 
 if TYPE_CHECKING:
     from tokenmill.models.llama import LlamaForCausalLM
@@ -63,15 +65,18 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     if cfg.qk_norm and cfg.qk_norm_after_rotary:
         return "q/k norms after rotary"
     from tokenmill.models.gpt_oss import GptOssAttention, GptOssDecoderLayer  # (all import this module)
+    from tokenmill.models.granite_hybrid import GraniteHybridDecoderLayer, Mamba2Mixer
     from tokenmill.models.lfm2 import Lfm2DecoderLayer, ShortConv
     from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer
 
     # the step computes llama's layer (Gemma's, OLMo's, GLM-4's, Cohere2's norms differ); gpt-oss's classes only
     # build other modules (a biased o_proj, the sinks) around llama's forward; LFM2's layer is llama's with a
-    # short conv or llama's attention as its mixer
+    # short conv or llama's attention as its mixer, Granite 4.0-H's a Mamba2 one or llama's attention
     def fits(layer: Any) -> bool:
         if type(layer) is Lfm2DecoderLayer:
             return type(layer.conv) is ShortConv if layer.is_conv else type(layer.self_attn) is LlamaAttention
+        if type(layer) is GraniteHybridDecoderLayer:
+            return type(layer.mamba) is Mamba2Mixer if layer.is_mamba else type(layer.self_attn) is LlamaAttention
         return type(layer) in (LlamaDecoderLayer, GptOssDecoderLayer) \
             and type(layer.self_attn) in (LlamaAttention, GptOssAttention)
 
@@ -93,10 +98,13 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     has_ggml = table.ggml_matmul is not None
     widths = set()
     for layer in _layers(model):
-        mlp, a, conv = layer.mlp, _attention(layer), _conv(layer)
+        mlp, a, conv, mamba = layer.mlp, _attention(layer), _conv(layer), _mamba(layer)
         if conv is not None:
             if conv.native is None or table.shortconv is None:
                 return "a short conv not on the native kernel"
+        elif mamba is not None:
+            if mamba.native is None or mamba.scan_params is None or table.mamba2 is None:
+                return "a Mamba2 layer not on the native kernel"
         elif a.sinks is not None and a.sinks.shape != (cfg.num_heads,):
             return "attention sinks of another shape"
         elif a.q_norm is not None and a.k_norm is not None:
@@ -134,16 +142,22 @@ def _conv(layer: Any) -> Any:
     return layer.conv if getattr(layer, "is_conv", False) else None
 
 
+def _mamba(layer: Any) -> Any:
+    """The layer's Mamba2 mixer (Granite 4.0-H's Mamba2Mixer), or None."""
+    return layer.mamba if getattr(layer, "is_mamba", False) else None
+
+
 def _attention(layer: Any) -> Any:
-    """The layer's attention mixer, or None (a short conv)."""
-    return None if _conv(layer) is not None else layer.self_attn
+    """The layer's attention mixer, or None (a recurrent one)."""
+    return None if _conv(layer) is not None or _mamba(layer) is not None else layer.self_attn
 
 
 def _mixer_linears(layer: Any) -> list[Linear]:
-    """The token mixer's projections: q|k|v and o, or a short conv's in_proj and out_proj (the step's qkv and o)."""
-    conv = _conv(layer)
-    if conv is not None:
-        return [conv.in_proj, conv.out_proj]
+    """The token mixer's projections: q|k|v and o, or a recurrent mixer's in_proj and out_proj (the step's qkv and
+    o)."""
+    rec = _conv(layer) or _mamba(layer)
+    if rec is not None:
+        return [rec.in_proj, rec.out_proj]
     return [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
 
 
@@ -218,16 +232,16 @@ class NativeDecode:
 
     def __init__(self, model: LlamaForCausalLM) -> None:
         self.model = model
-        # ((id of the caches, the conv pool's address, the method's panel_min_rows and crossover), struct, what it
+        # ((id of the caches, the state pools' addresses, the method's panel_min_rows and crossover), struct, what it
         # points to)
-        self._plan: tuple[tuple[int, int, int | None, int], TmModel, list[object]] | None = None
+        self._plan: tuple[tuple[int, int, int, int | None, int], TmModel, list[object]] | None = None
         self._threads = ThreadChooser(torch.get_num_threads())  # a new one when torch's team changes
         layers = _layers(model)
         method = _mixer_linears(layers[0])[0].method
         assert isinstance(method, GGUFLinearMethod)  # (unsupported() checked)
         self._method = method
         cfg = model.cfg
-        self._has_conv = any(_conv(layer) is not None for layer in layers)
+        self._recurrent = any(_attention(layer) is None for layer in layers)  # short convs or Mamba2 layers
         self._scale = next(a.scale for a in map(_attention, layers) if a is not None)
         self._moes: list[SparseMoE] = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]
         self._moe_limit: tuple[int, int] | None = None  # (the method's crossover, the rows every MoE layer takes)
@@ -240,9 +254,11 @@ class NativeDecode:
             assert found is not None
             self._macs_per_row += found[0].macs_per_token + mlp.num_experts * cfg.hidden_size
         inter = dense[0].gate_up_proj.out_features // 2 if dense else 0
-        d_mix = 3 * cfg.hidden_size if self._has_conv else 0  # a short conv's in_proj rows go where q|k|v's do
-        self._widths = (cfg.hidden_size, max((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, d_mix),
-                        max(cfg.num_heads * cfg.head_dim, d_mix // 3), inter)
+        # a recurrent mixer's in_proj rows go where q|k|v's do, what it gives out_proj where attention's output does
+        recurrent = [_mixer_linears(layer) for layer in layers if _attention(layer) is None]
+        self._widths = (cfg.hidden_size,
+                        max([(cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim] + [i.out_features for i, _ in recurrent]),
+                        max([cfg.num_heads * cfg.head_dim] + [o.in_features for _, o in recurrent]), inter)
         self.dtype = model.model.norm.weight.dtype
         self._max_in = max(lin.in_features for lin in linears)  # bf16: the fp32 rows a matmul reads / writes
         self._max_out = max([lin.out_features for lin in linears] + [cfg.hidden_size])  # (experts: D in and out)
@@ -255,6 +271,18 @@ class NativeDecode:
             self._moe_limit = (key, min(_moe_rows(mlp, self._method) for mlp in self._moes))
         return self._moe_limit[1]
 
+    def _mamba_struct(self, mamba: Any, rec: Any, keep: list[object]) -> Any:
+        """A pointer to the TmMamba of one Mamba2 layer over the step's pools (kept in `keep`)."""
+        assert mamba.native is not None and mamba.scan_params is not None
+        (conv_w, conv_b, norm_w), (neg_a, dt_bias, skip) = mamba.native, mamba.scan_params
+        j = mamba.state_index
+        struct = TmMamba(conv_w=conv_w.data_ptr(), conv_b=conv_b.data_ptr(), conv_pool=rec.conv[j].data_ptr(),
+                         ssm_pool=rec.ssm[j].data_ptr(), neg_a=neg_a.data_ptr(), dt_bias=dt_bias.data_ptr(),
+                         skip=skip.data_ptr(), norm_w=norm_w.data_ptr(), H=mamba.heads, G=mamba.groups,
+                         P=mamba.head_dim, Ns=mamba.d_state, K=conv_w.shape[1], eps=mamba.eps)
+        keep.append(struct)
+        return ctypes.pointer(struct)
+
     def _moe_struct(self, mlp: SparseMoE, keep: list[object]) -> Any:
         """A pointer to the TmMoe of one mixture-of-experts layer (kept in `keep`)."""
         found = mlp.one_call_layer()
@@ -266,16 +294,16 @@ class NativeDecode:
 
     def _model_struct(self, attn: AttentionContext) -> TmModel:
         caches = attn.kv_caches
-        pool = attn.recurrent.conv if attn.recurrent is not None and self._has_conv else None
-        key = (id(caches), 0 if pool is None else pool.data_ptr(), self._method.panel_min_rows,
-               self._method.max_ggml_rows)
+        rec = attn.recurrent if self._recurrent else None
+        key = (id(caches), 0 if rec is None else rec.conv.data_ptr(), 0 if rec is None else rec.ssm.data_ptr(),
+               self._method.panel_min_rows, self._method.max_ggml_rows)
         if self._plan is not None and self._plan[0] == key:
             return self._plan[1]
         m, cfg = self.model, self.model.cfg
         keep: list[object] = []
         layers = (TmLayer * len(m.model.layers))()
         for i, layer in enumerate(_layers(m)):
-            mlp, a, conv = layer.mlp, _attention(layer), _conv(layer)
+            mlp, a, conv, mamba = layer.mlp, _attention(layer), _conv(layer), _mamba(layer)
             experts = isinstance(mlp, SparseMoE)
             mix_in, mix_out = _mixer_linears(layer)
             lyr = TmLayer(input_norm=layer.input_layernorm.weight.data_ptr(),
@@ -285,9 +313,12 @@ class NativeDecode:
                           down=TmLinear() if experts else _linear(mlp.down_proj, keep, self.dtype),
                           moe=self._moe_struct(mlp, keep) if experts else None)
             if conv is not None:  # the step's conv pool: conv[j] (slots, D, K - 1) for the layer's state index j
-                assert pool is not None and conv.native is not None
+                assert rec is not None and conv.native is not None
                 lyr.conv_w, lyr.conv_k = conv.native.data_ptr(), conv.native.shape[1]
-                lyr.conv_pool = pool[conv.state_index].data_ptr()
+                lyr.conv_pool = rec.conv[conv.state_index].data_ptr()
+            elif mamba is not None:  # ... and its state: ssm[j] (slots, H, P, Ns)
+                assert rec is not None
+                lyr.mamba = self._mamba_struct(mamba, rec, keep)
             else:
                 k_cache, v_cache = caches[a.layer_idx]
                 lyr.k_cache, lyr.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
@@ -306,7 +337,7 @@ class NativeDecode:
                          final_norm=m.model.norm.weight.data_ptr(),
                          k=decode_step.kernel_table(self._method.panel_min_rows,
                                                      self._method.vnni_panel(self.dtype)))
-        self._plan = (key, struct, [caches, pool, keep])
+        self._plan = (key, struct, [caches, rec, keep])
         return struct
 
     def fits(self, T: int, attn: AttentionContext) -> bool:
@@ -320,10 +351,10 @@ class NativeDecode:
             return False
         if self._moes and T > self._moe_rows():
             return False
-        if self._has_conv:  # every sequence a decode the conv kernel takes (leading, not chained)
+        if self._recurrent:  # every sequence a decode the recurrent kernels take (leading, not chained)
             rec = attn.recurrent
-            if rec is None or len(leading_decodes(rec.seqs)) != T or rec.conv.dtype != torch.float32 \
-                    or not rec.conv.is_contiguous():
+            if rec is None or len(leading_decodes(rec.seqs)) != T or any(
+                    p.dtype != torch.float32 or not p.is_contiguous() for p in (rec.conv, rec.ssm)):
                 return False
         k0 = attn.kv_caches[0][0]
         return k0.dtype == self.dtype and k0.is_contiguous()
@@ -359,7 +390,7 @@ class NativeDecode:
         lens, slots = lens.contiguous(), meta.slot_mapping.contiguous()
         n = len(m.model.layers) if num_layers is None else num_layers
         src = dst = starts  # (unread without short conv layers)
-        if self._has_conv:
+        if self._recurrent:
             assert attn.recurrent is not None
             src, dst = slot_tensors(leading_decodes(attn.recurrent.seqs))
         step = TmStep(M=T, num_layers=n, x=x.data_ptr(), cos=cos.data_ptr(), ssin=ssin.data_ptr(),

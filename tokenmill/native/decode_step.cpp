@@ -16,6 +16,9 @@
 //   h = rmsnorm(res += x) * w_in                 (layer 0: res = the embeddings, h = rmsnorm(res) * w_in)
 // then the token mixer: in an LFM2 short conv layer
 //   bcx = h . Win^T (M, 3D);  c = C * conv(B * x) over each sequence's window (tm_shortconv_decode);  y = c . Wout^T
+// in a Mamba2 layer (Granite 4.0-H)
+//   z | xBC | dt = h . Win^T;  g = the conv, the scan and the gated norm over each sequence's window and state
+//   (tm_mamba2_decode) (M, I);  y = g . Wout^T
 // else attention:
 //   qkv = h . Wqkv^T (+ b)                       (M, (nh + 2 nkv) hd), q | k | v heads adjacent
 //   q and k heads rmsnorm'ed in place, each by its norm's weight (Qwen3's q / k norms; where the layer has them)
@@ -69,6 +72,11 @@ using MoeFn = int (*)(void* router, const float* router_bias, const float* logit
 using ShortConvFn = int (*)(int dtype, void* out, int64_t out_stride, const void* bcx, int64_t bcx_stride,
                             const float* conv_w, float* conv_pool, const int64_t* src_slots, const int64_t* dst_slots,
                             int64_t N, int64_t C, int64_t K, int nthreads);
+using Mamba2Fn = int (*)(int dtype, void* out, int64_t out_stride, const void* xbc, int64_t xbc_stride, const void* z,
+                         int64_t z_stride, const void* dt, int64_t dt_stride, const float* conv_w, const float* conv_b,
+                         float* conv_pool, float* ssm_pool, const int64_t* src_slots, const int64_t* dst_slots,
+                         const float* neg_a, const float* dt_bias, const float* D, const float* norm_w, int64_t N,
+                         int64_t H, int64_t G, int64_t P, int64_t Ns, int64_t K, float eps, int nthreads);
 using AttentionFn = int (*)(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
                             const void* k_cache, const void* v_cache, const int64_t* tables, int64_t table_stride,
                             const int64_t* lens, const int64_t* starts, int64_t num_seqs, int64_t nh, int64_t nkv,
@@ -95,6 +103,7 @@ struct TmKernels {
     HeadRmsNormFn head_rms_norm;
     MoeFn moe;                   // NULL when no layer is a mixture of experts
     ShortConvFn shortconv;       // NULL when no layer is a short conv
+    Mamba2Fn mamba2;             // NULL when no layer is a Mamba2 one
 };
 
 // One linear layer y (M, out) = x (M, in) . W^T (+ bias): its output columns in parts.
@@ -131,6 +140,21 @@ struct TmMoe {
     int64_t max_rows;          // an expert's most rows (the caller runs the step natively only within them)
 };
 
+// A Mamba2 layer between its projections (tm_mamba2_decode's arguments but the step's); in_proj's rows are
+// z (I = H P) | xBC (C = I + 2 G Ns) | dt (H).
+struct TmMamba {
+    const float* conv_w;       // (C, K)
+    const float* conv_b;       // (C,)
+    float* conv_pool;          // (slots, C, K - 1)
+    float* ssm_pool;           // (slots, H, P, Ns)
+    const float* neg_a;        // (H,) -exp(A_log)
+    const float* dt_bias;      // (H,)
+    const float* skip;         // (H,) D
+    const float* norm_w;       // (I,)
+    int64_t H, G, P, Ns, K;
+    float eps;
+};
+
 struct TmLayer {
     const void* input_norm;   // (D,)
     const void* post_norm;    // (D,)
@@ -147,6 +171,7 @@ struct TmLayer {
     const float* conv_w;      // (D, K) fp32
     float* conv_pool;         // (slots, D, K - 1) fp32: each sequence's window, read from src, written to dst slots
     int64_t conv_k;
+    const TmMamba* mamba;     // a Mamba2 layer instead of attention (qkv: in_proj, o: out_proj), or NULL
 };
 
 struct TmModel {
@@ -186,7 +211,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 9; }  // 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 10; }  // 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -268,6 +293,20 @@ int short_conv(const TmModel& m, const TmLayer& L, const TmStep& s) {
     return rc == 0 ? linear(m, L.o, s.attn, s.M, s.y, s) : rc;
 }
 
+// y (M, D) = the Mamba2 layer on h (M, D): in_proj into qkv's buffer, the kernel into attn's, out_proj
+int mamba2(const TmModel& m, const TmLayer& L, const TmStep& s) {
+    const TmMamba& A = *L.mamba;
+    const int64_t I = A.H * A.P, W = L.qkv.out_features;  // in_proj's rows: z (I) | xBC | dt (H)
+    const int64_t esize = m.dtype == 0 ? 4 : 2;
+    char* zx = static_cast<char*>(s.qkv);
+    int rc = linear(m, L.qkv, s.h, s.M, s.qkv, s);
+    if (rc == 0)
+        rc = m.k.mamba2(m.dtype, s.attn, I, zx + I * esize, W, zx, W, zx + (W - A.H) * esize, W, A.conv_w, A.conv_b,
+                        A.conv_pool, A.ssm_pool, s.src_slots, s.dst_slots, A.neg_a, A.dt_bias, A.skip, A.norm_w, s.M,
+                        A.H, A.G, A.P, A.Ns, A.K, A.eps, s.nthreads);
+    return rc == 0 ? linear(m, L.o, s.attn, s.M, s.y, s) : rc;
+}
+
 // y (M, D) = the attention layer on h (M, D), every token's K/V written to the cache first
 int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
     const TmKernels& k = m.k;
@@ -327,7 +366,8 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
             rc = k.add_rms_norm(dt, s->h, D, res, D, nullptr, 0, L.input_norm, M, D, m.eps, t);
         else
             rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.input_norm, M, D, m.eps, t);
-        if (rc == 0) rc = L.conv_w != nullptr ? short_conv(m, L, *s) : attention(m, L, *s);
+        if (rc == 0) rc = L.conv_w != nullptr ? short_conv(m, L, *s) : L.mamba != nullptr ? mamba2(m, L, *s)
+                                                                                     : attention(m, L, *s);
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
         if (rc == 0) rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);
         if (rc == 0 && L.moe != nullptr) {

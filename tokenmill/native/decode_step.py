@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 9
+ABI = 10
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -35,7 +35,7 @@ class TmKernels(ctypes.Structure):
     _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_matmul_bf16", _P), ("amx_min_rows", _I64), ("panel_matmul", _P),
                 ("panel_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
                 ("rotary", _P), ("attention", _P), ("head_rms_norm", _P), ("moe", _P),
-                ("shortconv", _P)]
+                ("shortconv", _P), ("mamba2", _P)]
 
 
 class TmLinear(ctypes.Structure):
@@ -50,11 +50,17 @@ class TmMoe(ctypes.Structure):
                 ("shared_gu", _P), ("shared_down", _P), ("max_rows", _I64)]
 
 
+class TmMamba(ctypes.Structure):
+    _fields_ = [("conv_w", _P), ("conv_b", _P), ("conv_pool", _P), ("ssm_pool", _P), ("neg_a", _P), ("dt_bias", _P),
+                ("skip", _P), ("norm_w", _P), ("H", _I64), ("G", _I64), ("P", _I64), ("Ns", _I64), ("K", _I64),
+                ("eps", _F)]
+
+
 class TmLayer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", TmLinear), ("o", TmLinear), ("gate_up", TmLinear),
                 ("down", TmLinear), ("k_cache", _P), ("v_cache", _P), ("window", _I64), ("rotate", _I64),
                 ("q_norm", _P), ("k_norm", _P), ("moe", ctypes.POINTER(TmMoe)), ("sinks", _P),
-                ("conv_w", _P), ("conv_pool", _P), ("conv_k", _I64)]
+                ("conv_w", _P), ("conv_pool", _P), ("conv_k", _I64), ("mamba", ctypes.POINTER(TmMamba))]
 
 
 class TmModel(ctypes.Structure):
@@ -113,7 +119,7 @@ def kernel_table(panel_min_rows: int | None = None, vnni: int = 0) -> TmKernels:
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
                      rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_attention_rows"),
                      head_rms_norm=_address(k, "tm_head_rms_norm"), moe=_address(ggml.lib(), "tm_moe"),
-                     shortconv=_address(k, "tm_shortconv_decode"))
+                     shortconv=_address(k, "tm_shortconv_decode"), mamba2=_address(k, "tm_mamba2_decode"))
 
 
 def run(model: ctypes.Structure, step: ctypes.Structure) -> None:
