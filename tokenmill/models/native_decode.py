@@ -242,7 +242,7 @@ class NativeDecode:
         self._method = method
         cfg = model.cfg
         self._recurrent = any(_attention(layer) is None for layer in layers)  # short convs or Mamba2 layers
-        self._scale = next(a.scale for a in map(_attention, layers) if a is not None)
+        self._scale = next((a.scale for a in map(_attention, layers) if a is not None), 1.0)  # (unread without)
         self._moes: list[SparseMoE] = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]
         self._moe_limit: tuple[int, int] | None = None  # (the method's crossover, the rows every MoE layer takes)
         dense = [layer.mlp for layer in layers if not isinstance(layer.mlp, SparseMoE)]
@@ -356,8 +356,7 @@ class NativeDecode:
             if rec is None or len(leading_decodes(rec.seqs)) != T or any(
                     p.dtype != torch.float32 or not p.is_contiguous() for p in (rec.conv, rec.ssm)):
                 return False
-        k0 = attn.kv_caches[0][0]
-        return k0.dtype == self.dtype and k0.is_contiguous()
+        return all(k.dtype == self.dtype and k.is_contiguous() for k, _ in attn.kv_caches[:1])
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
                 num_layers: int | None) -> torch.Tensor | None:
