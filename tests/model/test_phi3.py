@@ -241,6 +241,39 @@ def test_gguf_q8_0_through_the_gguf_method(tokenizer, tmp_path: Path) -> None:
     logits_close_on_blocks(ours, model, prompts_for("partial-tied", tokenizer[0]), "phi3")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_native_decode_step_with_partial_rotary(dtype: str, tokenizer, tmp_path: Path, monkeypatch) -> None:
+    """On the Phi-4-mini shape (partial rotary: 24 of 32 dims, longrope) as Q8_0 blocks, decode steps run as one
+    native call (its rotary on each head's leading dims) with the same greedy tokens and logprobs, bit for bit, as
+    layer by layer."""
+    from tokenmill.native import decode_step, ggml
+
+    if not ggml.available() or decode_step.library() is None:
+        pytest.skip("ggml or the native decode step is not built here")
+    _, model = make_hf(tmp_path, CASES["partial-tied"], tokenizer)
+    g = write_gguf(tmp_path / "q8.gguf", model, tokenizer, qtype="Q8_0")
+    monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", "64")  # the crossover fixed: every decode step here fits
+    llm = LLM(str(g), progress=False, kv_cache_memory=16 * 2**20, max_model_len=MAX_MODEL_LEN, dtype=dtype,
+              enable_prefix_caching=False)
+    assert llm.engine.model_config.rotary_dim == 24
+    calls: list[int] = []
+    real = decode_step.run
+    monkeypatch.setattr(decode_step, "run", lambda m, s: (calls.append(int(s.M)), real(m, s)))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    prompts = prompts_for("partial-tied", tokenizer[0])
+
+    def run() -> list[tuple[list[int], list[float]]]:
+        outs = llm.generate(prompts, params)
+        return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs]
+
+    monkeypatch.setenv(decode_step.ENV_SWITCH, "0")
+    want = run()
+    assert not calls
+    monkeypatch.delenv(decode_step.ENV_SWITCH)
+    assert run() == want
+    assert calls, "the native decode step never ran"
+
+
 def test_invariances(tokenizer, tmp_path: Path) -> None:
     """batched == alone, prefix cache on == off, chunked prefill == whole, at fp32, on the Phi-4-mini shape."""
     d, _ = make_hf(tmp_path, CASES["partial-tied"], tokenizer)

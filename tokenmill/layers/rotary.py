@@ -171,12 +171,12 @@ def rotate(x: torch.Tensor, tables: RotaryTables) -> torch.Tensor:
 def rotate_(x: torch.Tensor, tables: RotaryTables) -> torch.Tensor:
     """x (T, heads, hd), heads adjacent (a view into the qkv projection is fine) -> rotated: in place by
     the native kernel when it takes the tensors (bit-identical to `rotate` in fp32), else the copy that
-    `rotate` makes; partial rotary (tables narrower than hd) rotates the leading dims in place, in torch.
-    Use the returned tensor."""
+    `rotate` makes; partial rotary (tables narrower than hd) rotates the leading dims in place (the kernel, else
+    torch). Use the returned tensor."""
     dim = tables.cos.shape[-1]
+    if tables.native and kernels.rotary_(x, tables.cos, tables.signed_sin):
+        return x
     if dim == x.shape[-1]:
-        if tables.native and kernels.rotary_(x, tables.cos, tables.signed_sin):
-            return x
         return _rotated(x, tables)
     part = x[..., :dim]
     part.copy_(_rotated(part, tables))  # the right side is a new tensor: no aliasing

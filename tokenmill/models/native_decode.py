@@ -9,7 +9,7 @@ What fits, checked once per model (`unsupported` says why not, logged once):
 - fp32 or bf16 compute (the kernels' dtypes; at bf16 each matmul widens its input and rounds its output,
   as torch does around the same kernels); matmuls on the gguf method's block kernels (plain Q4_0 / Q4_1 /
   Q8_0: ours; other types, repacked or not: ggml's), with or without a bias (Qwen2, gpt-oss); RMSNorm, SiLU-gated
-  MLP, full-width rotary through the native kernels (or none on a layer: SmolLM3's NoPE layers), Granite's
+  MLP, rotary through the native kernel, full or partial (Phi-4-mini's; or none on a layer: SmolLM3's NoPE layers), Granite's
   multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's), attention sinks (gpt-oss's);
 - mixture-of-experts layers where their one-call path applies with the router inside (SparseMoE.one_call_layer:
   Qwen3-MoE, Mixtral, Granite MoE, ERNIE 4.5 MoE, gpt-oss with experts on ggml's kernels; a shared expert only
@@ -83,8 +83,6 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     other = {type(layer).__name__ for layer in _layers(model) if not fits(layer)}
     if other:
         return f"a decoder layer other than llama's ({', '.join(sorted(other))})"
-    if (cfg.rotary_dim or cfg.head_dim) != cfg.head_dim:
-        return "partial rotary"
     if model.rope_windowed is not None:
         return "windowed layers with their own rotary tables"
     assert model.rope is not None
@@ -332,7 +330,7 @@ class NativeDecode:
         struct = TmModel(dtype=_DTYPES[self.dtype], num_layers=len(layers), D=cfg.hidden_size, nh=cfg.num_heads,
                          nkv=cfg.num_kv_heads,
                          hd=cfg.head_dim, I=self._widths[3], block_size=bs,
-                         partition=kernels.DEFAULT_PARTITION, eps=cfg.rms_norm_eps,
+                         partition=kernels.DEFAULT_PARTITION, rot=cfg.rotary_dim or cfg.head_dim, eps=cfg.rms_norm_eps,
                          scale=self._scale, residual_scale=cfg.residual_multiplier, layers=layers,
                          final_norm=m.model.norm.weight.data_ptr(),
                          k=decode_step.kernel_table(self._method.panel_min_rows,

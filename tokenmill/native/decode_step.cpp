@@ -60,8 +60,8 @@ using AddRmsNormFn = int (*)(int dtype, void* out, int64_t out_stride, const voi
                              int64_t res_stride, const void* w, int64_t rows, int64_t D, float eps, int nthreads);
 using SiluMulFn = int (*)(int dtype, void* out, int64_t out_stride, const void* in, int64_t in_stride, int64_t rows,
                           int64_t I, int nthreads);
-using RotaryFn = int (*)(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, const void* cos,
-                         const void* ssin, int64_t tab_stride, int64_t rows, int nthreads);
+using RotaryFn = int (*)(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t head_dim, int64_t rot,
+                         const void* cos, const void* ssin, int64_t tab_stride, int64_t rows, int nthreads);
 using HeadRmsNormFn = int (*)(int dtype, void* x, int64_t x_stride, int64_t rows, int64_t heads, int64_t hd,
                               const void* w, float eps, int nthreads);
 using MoeFn = int (*)(void* router, const float* router_bias, const float* logits, int scoring, const float* sel_bias,
@@ -177,6 +177,7 @@ struct TmLayer {
 struct TmModel {
     int32_t dtype;            // 0: fp32, 1: bf16 (activations, norm weights, biases, KV cache)
     int64_t num_layers, D, nh, nkv, hd, I, block_size, partition;
+    int64_t rot;              // each head's leading dims that rotate (hd; fewer: partial rotary)
     float eps, scale;
     float residual_scale;     // each sublayer's output times this before it joins the residual (Granite; else 1)
     const TmLayer* layers;    // (num_layers,)
@@ -189,8 +190,8 @@ struct TmStep {
     int64_t M;                 // decode tokens
     int64_t num_layers;        // run the first this many layers (layer-skip drafting), then the final norm
     void* x;                   // (M, D) in: the embeddings; clobbered (the residual stream)
-    const void* cos;           // (M, hd) rotary rows, tab_stride apart
-    const void* ssin;          // (M, hd) signed sin rows
+    const void* cos;           // (M, rot) rotary rows, tab_stride apart
+    const void* ssin;          // (M, rot) signed sin rows
     int64_t tab_stride;
     const int64_t* slots;      // (M,) cache slot of each token's K/V
     const int64_t* tables;     // (M, table_stride) block table of each token's sequence
@@ -211,7 +212,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 10; }  // 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 11; }  // 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -318,7 +319,7 @@ int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
     if (rc == 0 && L.q_norm != nullptr) rc = k.head_rms_norm(dt, s.qkv, qkv_w, M, nh, hd, L.q_norm, m.eps, t);
     if (rc == 0 && L.k_norm != nullptr)
         rc = k.head_rms_norm(dt, at(s.qkv, nh * hd), qkv_w, M, nkv, hd, L.k_norm, m.eps, t);
-    if (rc == 0 && L.rotate) rc = k.rotary(dt, s.qkv, qkv_w, nh + nkv, hd, s.cos, s.ssin, s.tab_stride, M, t);
+    if (rc == 0 && L.rotate) rc = k.rotary(dt, s.qkv, qkv_w, nh + nkv, hd, m.rot, s.cos, s.ssin, s.tab_stride, M, t);
     if (rc) return rc;
     for (int64_t r = 0; r < M; ++r) {  // every token's K/V is in the cache before any token attends
         const char* row = at(s.qkv, r * qkv_w + nh * hd);

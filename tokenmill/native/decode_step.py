@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 10
+ABI = 11
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -65,7 +65,7 @@ class TmLayer(ctypes.Structure):
 
 class TmModel(ctypes.Structure):
     _fields_ = [("dtype", _I32), ("num_layers", _I64), ("D", _I64), ("nh", _I64), ("nkv", _I64), ("hd", _I64), ("I", _I64),
-                ("block_size", _I64), ("partition", _I64), ("eps", _F), ("scale", _F), ("residual_scale", _F),
+                ("block_size", _I64), ("partition", _I64), ("rot", _I64), ("eps", _F), ("scale", _F), ("residual_scale", _F),
                 ("layers", ctypes.POINTER(TmLayer)), ("final_norm", _P), ("k", TmKernels)]
 
 
@@ -117,7 +117,7 @@ def kernel_table(panel_min_rows: int | None = None, vnni: int = 0) -> TmKernels:
                      panel_min_rows=panel_min_rows or 0,  # read only where panel_matmul is set
                      ggml_matmul=_address(ggml.lib(), "tm_matmul"),
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
-                     rotary=_address(k, "tm_rotary"), attention=_address(k, "tm_paged_attention_rows"),
+                     rotary=_address(k, "tm_rotary_part"), attention=_address(k, "tm_paged_attention_rows"),
                      head_rms_norm=_address(k, "tm_head_rms_norm"), moe=_address(ggml.lib(), "tm_moe"),
                      shortconv=_address(k, "tm_shortconv_decode"), mamba2=_address(k, "tm_mamba2_decode"))
 

@@ -5,6 +5,7 @@
 //   tm_head_rms_norm  each head of each row normalized in place, one weight for all heads (Qwen3's q / k norms)
 //   tm_silu_and_mul   out = silu(gate) * up, from the fused (T, 2I) gate|up rows
 //   tm_rotary         q and k heads rotated in place (HF rotate-half) by per-token cos / signed-sin rows
+//                     (tm_rotary_part: each head's leading dims only, partial rotary)
 //   tm_argmax_rows    greedy picks: the index of each row's first maximum (logits rows)
 //   tm_paged_decode_attention
 //                     one query token per sequence against its paged K/V: for each KV head, all its
@@ -385,15 +386,16 @@ void silu_and_mul(T* out, int64_t out_stride, const T* in, int64_t in_stride, in
 // x[i] = x[i] cos[i] + x[i + h] ssin[i];  x[i + h] = x[i + h] cos[i + h] + x[i] ssin[i + h]   (i < h = hd/2)
 // Each product is rounded before the sum (no FMA), as torch's x * cos + roll(x) * ssin: in fp32 the
 // result is bit-identical to the torch path.
+// hd: the rotating dims, the leading ones of each head (partial rotary where head_stride > hd).
 template <typename T>
-void rotary(T* x, int64_t x_stride, int64_t heads, int64_t hd, const T* cos, const T* ssin, int64_t tab_stride,
-            int64_t rows, int nthreads) {
+void rotary(T* x, int64_t x_stride, int64_t heads, int64_t head_stride, int64_t hd, const T* cos, const T* ssin,
+            int64_t tab_stride, int64_t rows, int nthreads) {
     const int64_t h = hd / 2;
     for_rows(rows, threads_for(rows * heads * hd, nthreads), [&](int64_t t) {
         const T* c = cos + t * tab_stride;
         const T* s = ssin + t * tab_stride;
         for (int64_t hh = 0; hh < heads; ++hh) {
-            T* a = x + t * x_stride + hh * hd;
+            T* a = x + t * x_stride + hh * head_stride;
             T* b = a + h;
             int64_t i = 0;
             for (; i + 8 <= h; i += 8) {
@@ -1391,9 +1393,9 @@ void shortconv_decode(T* out, int64_t out_stride, const T* bcx, int64_t bcx_stri
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-// 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
+// 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
 // fresh); 7: tm_gdn_decode; 6: tm_paged_attention_rows takes attention sinks
-int tm_abi_version() { return 11; }
+int tm_abi_version() { return 12; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -1454,20 +1456,26 @@ int tm_silu_and_mul(int dtype, void* out, int64_t out_stride, const void* in, in
     return 0;
 }
 
-// x (rows, heads, hd), heads adjacent (stride hd), rows x_stride apart, rotated in place by cos and
-// signed sin (rows, hd), rows tab_stride apart. hd even.
-int tm_rotary(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, const void* cos, const void* ssin,
-              int64_t tab_stride, int64_t rows, int nthreads) {
-    if (hd % 2) return -2;
+// x (rows, heads, head_dim), heads head_dim apart, rows x_stride apart: each head's leading `rot` dims (all of
+// them, or partial rotary's) rotated in place by cos and signed sin (rows, rot), rows tab_stride apart. rot even.
+int tm_rotary_part(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t head_dim, int64_t rot,
+                   const void* cos, const void* ssin, int64_t tab_stride, int64_t rows, int nthreads) {
+    if (rot % 2 || rot > head_dim) return -2;
     if (dtype == 0)
-        rotary(static_cast<float*>(x), x_stride, heads, hd, static_cast<const float*>(cos),
+        rotary(static_cast<float*>(x), x_stride, heads, head_dim, rot, static_cast<const float*>(cos),
                static_cast<const float*>(ssin), tab_stride, rows, nthreads);
     else if (dtype == 1)
-        rotary(static_cast<bf16*>(x), x_stride, heads, hd, static_cast<const bf16*>(cos),
+        rotary(static_cast<bf16*>(x), x_stride, heads, head_dim, rot, static_cast<const bf16*>(cos),
                static_cast<const bf16*>(ssin), tab_stride, rows, nthreads);
     else
         return -1;
     return 0;
+}
+
+// tm_rotary_part over whole heads (rot = hd): x (rows, heads, hd), heads adjacent.
+int tm_rotary(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, const void* cos, const void* ssin,
+              int64_t tab_stride, int64_t rows, int nthreads) {
+    return tm_rotary_part(dtype, x, x_stride, heads, hd, hd, cos, ssin, tab_stride, rows, nthreads);
 }
 
 // One query token per sequence b: q (num_seqs, nh, hd) rows q_stride apart -> out (num_seqs, nh, hd)

@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 11  # 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
+ABI_VERSION = 12  # 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
 # (was slots and fresh)
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
@@ -43,6 +43,8 @@ _SIGNATURES = {
     "tm_head_rms_norm": [_I32, _P, _I64, _I64, _I64, _I64, _P, _F32, _I32],
     "tm_silu_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
     "tm_rotary": [_I32, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
+    # dtype, x, x_stride, heads, head_dim, rot, cos, ssin, tab_stride, rows, nthreads
+    "tm_rotary_part": [_I32, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
     "tm_argmax_rows": [_I32, _P, _I64, _I64, _I64, _P, _I32],
     "tm_paged_decode_attention": [_I32, _P, _I64, _P, _I64, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64,
                                   _F32, _F32, _I64, _I32],
@@ -163,19 +165,21 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor | None:
 
 def rotary_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> bool:
     """x (T, heads, hd) with its heads adjacent (stride hd), any row stride, rotated in place by the
-    (T, 1, hd) or (T, hd) tables of rotary.py (rows contiguous). False: not for the kernel, x untouched."""
+    (T, 1, rot) or (T, rot) tables of rotary.py (rows contiguous): each head's leading rot dims (rot < hd: partial
+    rotary). False: not for the kernel, x untouched."""
     code = _DTYPE_CODE.get(x.dtype)
     lib = library()
     if code is None or lib is None or not x.is_cpu or x.dim() != 3:
         return False
     T, H, hd = x.shape
+    rot = cos.shape[-1]
     xs, cs = x.stride(), cos.stride()
-    if xs[1] != hd or xs[2] != 1 or hd % 2 or cos.dtype != x.dtype or signed_sin.dtype != x.dtype:
+    if xs[1] != hd or xs[2] != 1 or rot % 2 or rot > hd or cos.dtype != x.dtype or signed_sin.dtype != x.dtype:
         return False
-    if cos.shape[0] != T or cos.numel() != T * hd or cs[-1] != 1 or signed_sin.shape != cos.shape or signed_sin.stride() != cs:
+    if cos.shape[0] != T or cos.numel() != T * rot or cs[-1] != 1 or signed_sin.shape != cos.shape or signed_sin.stride() != cs:
         return False
-    rc = lib.tm_rotary(code, x.data_ptr(), xs[0], H, hd, cos.data_ptr(), signed_sin.data_ptr(), cs[0], T,
-                       torch.get_num_threads())
+    rc = lib.tm_rotary_part(code, x.data_ptr(), xs[0], H, hd, rot, cos.data_ptr(), signed_sin.data_ptr(), cs[0], T,
+                            torch.get_num_threads())
     return rc == 0
 
 
