@@ -197,11 +197,11 @@ struct TmStep {
     const int64_t* tables;     // (M, table_stride) block table of each token's sequence
     int64_t table_stride;
     const int64_t* lens;       // (M,) keys each token attends to (its position + 1)
-    const int64_t* src_slots;  // (M,) each sequence's recurrent state slot read (-1: fresh) (short conv layers)
+    const int64_t* src_slots;  // (M,) each sequence's recurrent state slot read (-1: fresh) (short conv, Mamba2)
     const int64_t* dst_slots;  // (M,) ... and written
     int64_t* starts;           // (M,) scratch: each token's first key under a window
-    void* qkv;                 // (M, (nh + 2 nkv) hd), or a conv layer's (M, 3 D) if wider
-    void* attn;                // (M, nh hd), or (M, D) if wider
+    void* qkv;                 // (M, (nh + 2 nkv) hd), or a recurrent layer's in_proj rows if wider
+    void* attn;                // (M, nh hd), or a recurrent layer's rows for out_proj if wider
     void* h;                   // (M, D)
     void* y;                   // (M, D)
     void* gate_up;             // (M, 2 I)
