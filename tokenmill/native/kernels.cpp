@@ -4,8 +4,8 @@
 //   tm_add_rms_norm   residual += x (optional); out = rmsnorm(residual) * w      rows of D
 //   tm_head_rms_norm  each head of each row normalized in place, one weight for all heads (Qwen3's q / k norms)
 //   tm_silu_and_mul   out = silu(gate) * up, from the fused (T, 2I) gate|up rows
-//   tm_rotary         q and k heads rotated in place (HF rotate-half) by per-token cos / signed-sin rows
-//                     (tm_rotary_part: each head's leading dims only, partial rotary)
+//   tm_rotary_part    q and k heads rotated in place (HF rotate-half) by per-token cos / signed-sin rows: each
+//                     head's leading dims (all of them, or partial rotary's)
 //   tm_argmax_rows    greedy picks: the index of each row's first maximum (logits rows)
 //   tm_paged_decode_attention
 //                     one query token per sequence against its paged K/V: for each KV head, all its
@@ -1393,9 +1393,9 @@ void shortconv_decode(T* out, int64_t out_stride, const T* bcx, int64_t bcx_stri
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-// 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
+// 13: tm_rotary gone (tm_rotary_part takes whole heads too); 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
 // fresh); 7: tm_gdn_decode; 6: tm_paged_attention_rows takes attention sinks
-int tm_abi_version() { return 12; }
+int tm_abi_version() { return 13; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -1470,12 +1470,6 @@ int tm_rotary_part(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t 
     else
         return -1;
     return 0;
-}
-
-// tm_rotary_part over whole heads (rot = hd): x (rows, heads, hd), heads adjacent.
-int tm_rotary(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t hd, const void* cos, const void* ssin,
-              int64_t tab_stride, int64_t rows, int nthreads) {
-    return tm_rotary_part(dtype, x, x_stride, heads, hd, hd, cos, ssin, tab_stride, rows, nthreads);
 }
 
 // One query token per sequence b: q (num_seqs, nh, hd) rows q_stride apart -> out (num_seqs, nh, hd)

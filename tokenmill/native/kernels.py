@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 12  # 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
+ABI_VERSION = 13  # 13: tm_rotary gone; 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
 # (was slots and fresh)
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
@@ -42,7 +42,6 @@ _SIGNATURES = {
     # dtype, x, x_stride, rows, heads, hd, w, eps, nthreads
     "tm_head_rms_norm": [_I32, _P, _I64, _I64, _I64, _I64, _P, _F32, _I32],
     "tm_silu_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
-    "tm_rotary": [_I32, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
     # dtype, x, x_stride, heads, head_dim, rot, cos, ssin, tab_stride, rows, nthreads
     "tm_rotary_part": [_I32, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
     "tm_argmax_rows": [_I32, _P, _I64, _I64, _I64, _P, _I32],
