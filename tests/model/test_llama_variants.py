@@ -362,6 +362,34 @@ def test_ministral3_temperature_in_the_native_decode_step(tokenizer, tmp_path: P
     assert ours.generate([ids], GREEDY)[0].outputs[0].token_ids == want
 
 
+def test_gemma_in_the_native_decode_step(tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma (1) takes the one-call native decode step (its GELU-tanh MLP, (1 + w) norms, embeddings times
+    sqrt(hidden)): on a Q8_0 file it gives the layer path's token ids and logprobs bit for bit, at fp32 and bf16."""
+    from tokenmill.native import decode_step, ggml
+
+    if not ggml.available() or decode_step.library() is None:
+        pytest.skip("ggml or the native decode step is not built here")
+    _, model = make_hf(tmp_path / "hf", "gemma", tokenizer)
+    g = write_gguf(tmp_path / "gemma-q8.gguf", "gemma", model, tokenizer, qtype="Q8_0")
+    calls: list[int] = []
+    real = decode_step.run
+    monkeypatch.setattr(decode_step, "run", lambda m, s: (calls.append(int(s.M)), real(m, s)))
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+    ids = [tokenizer[0].encode(p) for p in ("the ocean", "a violin plays", "bread")]
+    for dtype in ("float32", "bfloat16"):
+        ours = LLM(str(g), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype=dtype,
+                   enable_prefix_caching=False)
+        assert ours.engine.executor.worker.model.native_decode is not None
+        runs = []
+        for switch in ("0", "1"):
+            monkeypatch.setenv(decode_step.ENV_SWITCH, switch)
+            calls.clear()
+            outs = ours.generate(ids, params)
+            runs.append([(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs])
+            assert bool(calls) == (switch == "1")
+        assert runs[0] == runs[1]
+
+
 def test_granite_gguf_without_its_keys_uses_llama_cpp_defaults(tokenizer, tmp_path: Path) -> None:
     _, model = make_hf(tmp_path / "hf", "granite", tokenizer)
     (tmp_path / "g").mkdir()
@@ -371,8 +399,8 @@ def test_granite_gguf_without_its_keys_uses_llama_cpp_defaults(tokenizer, tmp_pa
 
 
 def test_gguf_q8_0_through_the_gguf_method(tokenizer, tmp_path: Path) -> None:
-    """The default method keeps the Q8_0 blocks (layer by layer: these families are not on the one-call native
-    decode step) and stays within test_gguf_method.py's bounds for tiny random models."""
+    """The default method keeps the Q8_0 blocks (layer by layer, or in the one-call native decode step where the
+    family takes it) and stays within test_gguf_method.py's bounds for tiny random models."""
     from tokenmill.native import ggml
 
     if not ggml.available():

@@ -223,3 +223,39 @@ def test_recurrent_states_restored_from_checkpoints(name: str, random_files: dic
     both_ways(llm, prompts, native_calls, monkeypatch)
     assert llm.engine.block_manager.num_hits > 0
     assert any(moved), "no native step read a restored checkpoint slot"
+
+
+@pytest.fixture(scope="module")
+def gemma_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random Gemma 3 (5 windowed layers on their own rotary base, then a global one with linear scaling;
+    (1 + w) q / k norms) and Gemma 2 (local and global layers, attention scores capped at 5) as Q8_0 GGUFs
+    (tests/model/gemma3_tiny.py)."""
+    transformers = pytest.importorskip("transformers")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gemma3_tiny import default_tokenizer, make_hf_gemma2, make_hf_model, write_gguf
+
+    d = tmp_path_factory.mktemp("gemma")
+    _, md = default_tokenizer()
+    vocab = len(md["tokenizer.ggml.tokens"])
+    return {"gemma3": write_gguf(make_hf_model(transformers, vocab), md, d / "gemma3-q8_0.gguf", "Q8_0"),
+            "gemma2": write_gguf(make_hf_gemma2(transformers, vocab), md, d / "gemma2-q8_0.gguf", "Q8_0")}
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gemma2"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gemma(name: str, dtype: str, gemma_files: dict[str, Path], native_calls: list[int],
+               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma's layers: norms after each sublayer, the GELU-tanh MLP, (1 + w) q / k norms (Gemma 3), the local
+    layers' window (16 keys, fewer than the prompts) and own rotary tables, the attention soft-cap (Gemma 2), the
+    scaled embeddings; batched and alone."""
+    llm = engine(str(gemma_files[name]), dtype=dtype)
+    model = llm.engine.executor.worker.runner.model  # type: ignore[attr-defined]
+    assert model.native_decode is not None
+    assert any(layer.self_attn.sliding_window for layer in model.model.layers)
+    both_ways(llm, PROMPTS, native_calls, monkeypatch)
+    assert max(native_calls) == len(PROMPTS)
+    native_calls.clear()
+    both_ways(llm, PROMPTS[6:7], native_calls, monkeypatch)
+    assert set(native_calls) == {1}

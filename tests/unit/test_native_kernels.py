@@ -89,6 +89,39 @@ def test_silu_and_mul_matches_torch(dtype: torch.dtype, T: int, I: int) -> None:
     torch.testing.assert_close(got, F.silu(gate) * up, **tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,I", [(1, 2048), (7, 13), (64, 640), (2, 14336)])
+def test_gelu_tanh_and_mul_matches_torch(dtype: torch.dtype, T: int, I: int) -> None:
+    """Gemma's MLP activation, computed as g / (1 + exp(-2 z)): torch's 0.5 g (1 + tanh(z)) within rounding, tails
+    included (large negative gates, where 1 + tanh cancels, and the saturated positive ones)."""
+    x = (torch.randn(T, 2 * I, generator=torch.Generator().manual_seed(T + I)) * 4).to(dtype)
+    x[0, :5] = torch.tensor([-100.0, 100.0, 0.0, -0.0, -9.0])
+    gate, up = x.chunk(2, dim=-1)
+    got = kernels.gelu_tanh_and_mul(x)
+    assert got is not None
+    want = (F.gelu(gate.double(), approximate="tanh") * up.double()).to(dtype)
+    torch.testing.assert_close(got, want, **tol(dtype))
+    assert kernels.gelu_tanh_and_mul(x[:, :-1]) is None  # odd width: no gate | up halves
+
+
+# -- per-head RMSNorm, in place ----------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_head_rms_norm_matches_hf(dtype: torch.dtype, offset: float) -> None:
+    """Each head of a view into projection rows normalized in place, times w (Qwen3's) or (1 + w) taken in fp32
+    (Gemma 3's, as HF computes it); the rest of each row untouched."""
+    g = torch.Generator().manual_seed(7)
+    rows = (torch.randn(5, 3 * 64 + 40, generator=g) * 3).to(dtype)  # 3 heads of 64, then other columns
+    w = (torch.randn(64, generator=g) * 0.5).to(dtype)
+    before = rows.clone()
+    heads = rows[:, : 3 * 64].view(5, 3, 64)
+    assert kernels.head_rms_norm_(heads, w, 1e-6, offset)
+    x = before[:, : 3 * 64].view(5, 3, 64).float()
+    want = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (offset + w.float())).to(dtype)
+    torch.testing.assert_close(heads, want, **tol(dtype))
+    assert torch.equal(rows[:, 3 * 64:], before[:, 3 * 64:])
+
+
 # -- rotary ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("nh,nkv,hd", [(9, 3, 64), (32, 8, 128), (4, 2, 36)])

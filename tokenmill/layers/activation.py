@@ -29,9 +29,17 @@ class SiluAndMul(nn.Module):
 
 class GeluTanhAndMul(nn.Module):
     """(T, 2I) = gate | up -> gelu(gate, tanh approximation) * up, (T, I): Gemma's MLP (HF's
-    "gelu_pytorch_tanh")."""
+    "gelu_pytorch_tanh"). One pass with the native kernel when it takes the tensor, otherwise torch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.use_native = kernels.is_enabled()  # decided once, as SiluAndMul's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_native:
+            out = kernels.gelu_tanh_and_mul(x)
+            if out is not None:
+                return out
         gate, up = x.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up
 

@@ -1,6 +1,7 @@
 """Per-head RMSNorm: each head's head_dim values normalized on their own, with one weight shared by the
 heads (Qwen3's and Gemma 3's q_norm / k_norm, applied to q and k before rotary). `normalize_` does it in place
-on the native kernel (kernels.cpp tm_head_rms_norm, the row arithmetic of the model's other norms), which the
+on the native kernel (kernels.cpp tm_head_rms_norm, the row arithmetic of the model's other norms; a (1 + w)
+weight's sum taken in fp32, as HF takes it), which the
 native decode step (models/native_decode.py) calls with the same arguments; torch where that does not apply."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class HeadRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(head_dim), requires_grad=False)
         self.eps = eps
         self.weight_offset = weight_offset
-        self.use_native = kernels.is_enabled() and weight_offset == 0.0  # decided once, as RMSNorm's
+        self.use_native = kernels.is_enabled()  # decided once, as RMSNorm's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight if self.weight_offset == 0.0 else self.weight + self.weight_offset
@@ -32,4 +33,4 @@ class HeadRMSNorm(nn.Module):
     def normalize_(self, x: torch.Tensor) -> bool:
         """x (T, heads, head_dim), heads adjacent (a view into the projection's rows), normalized in place on the
         native kernel. False: not for it (nothing written; call forward)."""
-        return self.use_native and kernels.head_rms_norm_(x, self.weight, self.eps)
+        return self.use_native and kernels.head_rms_norm_(x, self.weight, self.eps, self.weight_offset)

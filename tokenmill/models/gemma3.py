@@ -17,6 +17,9 @@ follows):
   - a GELU-tanh gated MLP; embeddings scaled by sqrt(hidden) (the scale rounded to the model's dtype, as
     HF does); the output layer tied to the embedding; logits soft-capped when final_logit_softcapping is set.
 
+Decode steps on the gguf method run in one native call (models/native_decode.py), the same kernels as these
+layers: the GELU-tanh and (1 + w) q/k norms on native kernels, the local layers' tables as the step's second ones.
+
 Shapes: T = tokens in the step, D = hidden, nh/nkv = heads, hd = head dim.
 """
 
@@ -30,54 +33,37 @@ from tokenmill.layers.activation import GeluTanhAndMul
 from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.head_norm import HeadRMSNorm
 from tokenmill.layers.linear import Linear, LinearMethod
+from tokenmill.layers.mlp import GatedMLP
 from tokenmill.layers.norm import RMSNorm
-from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, attention_factor, inv_frequencies, rotate_
+from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, attention_factor, inv_frequencies
 from tokenmill.loader.model_config import ModelConfig
+from tokenmill.models.llama import LlamaAttention
+from tokenmill.models.native_decode import NativeDecode, decide
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
-class Gemma3Attention(nn.Module):
+class Gemma3Attention(LlamaAttention):
+    """Llama's attention (its forward: q/k norms in place, rotary, the backend) with Gemma's q/k norms (Gemma 3),
+    scale and soft-cap (Gemma 2)."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
-        super().__init__()
+        super().__init__(cfg, layer_idx, method)
         self.layer_idx = layer_idx
         self.sliding_window = cfg.layer_windows()[layer_idx]  # 0: a global layer
-        self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q, kv, d = self.nh * self.hd, self.nkv * self.hd, cfg.hidden_size
-        self.qkv_proj = Linear(d, q + 2 * kv, method, bias=cfg.attention_bias, shards={"q": q, "k": kv, "v": kv})
-        self.o_proj = Linear(q, d, method)
-        self.qk_norm = cfg.architecture == "gemma3"  # Gemma 2 has none
-        if self.qk_norm:
-            self.q_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0)
-            self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0)
+        self.rotates, self.norm_after_rotary = True, False
+        gemma3 = cfg.architecture == "gemma3"  # Gemma 2 has no q/k norms
+        self.q_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0) if gemma3 else None
+        self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps, weight_offset=1.0) if gemma3 else None
         self.scale = (cfg.query_pre_attn_scalar or self.hd) ** -0.5
         self.softcap = cfg.attn_logit_softcapping  # Gemma 2's; 0: none
 
-    def forward(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
-        """h: (T, D) normed hidden -> (T, D). `rope`: this layer's kind's (local or global) tables."""
-        T = h.shape[0]
-        q, k, v = self.qkv_proj(h).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
-        q, k = q.reshape(T, self.nh, self.hd), k.reshape(T, self.nkv, self.hd)
-        if self.qk_norm:  # per head, over hd
-            q, k = self.q_norm(q), self.k_norm(k)
-        qk = rotate_(torch.cat([q, k], dim=1), rope)  # (T, nh + nkv, hd): q and k heads adjacent, one pass
-        q, k = qk[:, : self.nh], qk[:, self.nh :]
-        v = v.reshape(T, self.nkv, self.hd)
-        o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale,
-                                 sliding_window=self.sliding_window, softcap=self.softcap)
-        return self.o_proj(o.reshape(T, -1))
 
+class Gemma3MLP(GatedMLP):
+    """down(gelu_tanh(gate(h)) * up(h))."""
 
-class Gemma3MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, method: LinearMethod) -> None:
-        super().__init__()
-        d, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_up_proj = Linear(d, 2 * i, method, shards={"gate": i, "up": i})
-        self.act = GeluTanhAndMul()
-        self.down_proj = Linear(i, d, method)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(h)))
+        super().__init__(cfg.hidden_size, cfg.intermediate_size, method, act=GeluTanhAndMul())
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -140,6 +126,7 @@ class Gemma3ForCausalLM(nn.Module):
         self.rope_local: RotaryEmbedding | None = None
         self.rope_global: RotaryEmbedding | None = None
         self.embed_scale = cfg.hidden_size ** 0.5
+        self.native_decode: NativeDecode | None = None  # decode steps in one native call (finish_loading)
 
     # -- weights ---------------------------------------------------------------------------------------
     def load_extra_weight(self, name: str, tensor: torch.Tensor) -> bool:
@@ -166,6 +153,17 @@ class Gemma3ForCausalLM(nn.Module):
         self.rope_local = RotaryEmbedding(hd, self.max_positions,
                                           inv_frequencies(hd, self.cfg.rope_local_theta or 10_000.0, None),
                                           device, dtype)
+        if device.type == "cpu":
+            self.native_decode = decide(self)
+
+    def native_rotary(self) -> tuple[RotaryEmbedding | None, RotaryEmbedding | None]:
+        """(the global layers' tables, the local (windowed) layers') for the native decode step."""
+        return self.rope_global, self.rope_local
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(T,) -> (T, D) the scaled embeddings: HF scales by sqrt(hidden) rounded to the weights' dtype."""
+        x = self.model.embed_tokens(input_ids)
+        return x * torch.tensor(self.embed_scale, dtype=x.dtype)
 
     # -- compute ---------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext,
@@ -173,8 +171,11 @@ class Gemma3ForCausalLM(nn.Module):
         """input_ids, positions: (T,) -> final hidden states (T, D). `num_layers`: run only the first
         that many layers, then the final norm (layer-skip drafting)."""
         assert self.rope_local is not None and self.rope_global is not None, "call finish_loading() first"
-        x = self.model.embed_tokens(input_ids)
-        x = x * torch.tensor(self.embed_scale, dtype=x.dtype)  # HF: the scale in the weights' dtype
+        if self.native_decode is not None:
+            hidden = self.native_decode.forward(input_ids, positions, attn, num_layers)
+            if hidden is not None:
+                return hidden
+        x = self.embed(input_ids)
         rope_local, rope_global = self.rope_local.tables(positions), self.rope_global.tables(positions)
         residual: torch.Tensor | None = None
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]

@@ -19,7 +19,6 @@ Shapes: T = tokens in the step (all requests, flattened), D = hidden, nh/nkv = h
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -33,9 +32,7 @@ from tokenmill.layers.mlp import GatedMLP
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, attention_factor, inv_frequencies, rotate_
 from tokenmill.loader.model_config import ModelConfig
-from tokenmill.models.native_decode import NativeDecode, unsupported
-
-log = logging.getLogger("tokenmill")
+from tokenmill.models.native_decode import NativeDecode, decide
 
 
 class LlamaAttention(nn.Module):
@@ -53,6 +50,7 @@ class LlamaAttention(nn.Module):
         self.k_norm = HeadRMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.norm_after_rotary = cfg.qk_norm_after_rotary
         self.sinks: torch.Tensor | None = None  # (nh,) gpt-oss's attention sinks (models/gpt_oss.py); None: none
+        self.softcap = 0.0  # scores capped at softcap * tanh(s / softcap) before the softmax (Gemma 2's); 0: none
 
     def forward(self, h: torch.Tensor, rope: RotaryTables, attn: AttentionContext) -> torch.Tensor:
         """h: (T, D) normed hidden -> (T, D)."""
@@ -71,7 +69,7 @@ class LlamaAttention(nn.Module):
             q = q * rope.q_scale.to(q.dtype)
         v = v.view(T, self.nkv, self.hd)
         o = attn.backend.forward(self.layer_idx, q, k, v, attn.kv_caches[self.layer_idx], attn.metadata, self.scale,
-                                 sliding_window=self.sliding_window, sinks=self.sinks)
+                                 sliding_window=self.sliding_window, softcap=self.softcap, sinks=self.sinks)
         return self.o_proj(o.reshape(T, -1))
 
 
@@ -193,14 +191,20 @@ class LlamaForCausalLM(nn.Module):
         self.rope_windowed = self.make_windowed_rotary(device, dtype)
         self.finish_native_layers()
         if device.type == "cpu":
-            reason = unsupported(self)
-            self.native_decode = NativeDecode(self) if reason is None else None
-            log.info("decode steps: %s", "one native call (native/decode_step.cpp)" if reason is None else
-                     f"layer by layer ({reason})")
+            self.native_decode = decide(self)
 
     def finish_native_layers(self) -> None:
         """After the cast: a family's layers make what their native kernels read (before the native decode step
         is decided). Llama's layers have nothing to make."""
+
+    def native_rotary(self) -> tuple[RotaryEmbedding | None, RotaryEmbedding | None]:
+        """(the tables, the windowed layers' own or None) for the native decode step."""
+        return self.rope, self.rope_windowed
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(T,) -> (T, D) the embeddings, scaled where the config says (Granite's multiplier, Gemma's sqrt(D))."""
+        x = self.model.embed_tokens(input_ids)
+        return x * self.cfg.embedding_multiplier if self.cfg.embedding_multiplier != 1.0 else x
 
     def rope_scaling(self) -> dict[str, Any] | None:
         """The rope scaling the tables are built with: the config's (a family may complete it from
@@ -238,9 +242,7 @@ class LlamaForCausalLM(nn.Module):
             hidden = self.native_decode.forward(input_ids, positions, attn, num_layers)
             if hidden is not None:
                 return hidden
-        x = self.model.embed_tokens(input_ids)
-        if self.cfg.embedding_multiplier != 1.0:  # Granite's
-            x = x * self.cfg.embedding_multiplier
+        x = self.embed(input_ids)
         rope = self.rope.tables(positions)  # (T, 1, hd) cos / sin rows, shared by every layer
         if self.cfg.attn_temperature_scale:  # Ministral 3: q *= 1 + beta ln(1 + floor(pos / length)), (T, 1, 1)
             steps = torch.floor(positions.to(torch.float32) / self.cfg.attn_temperature_length)

@@ -1,4 +1,5 @@
-"""A Llama-family decode step in one native call (native/decode_step.cpp), where the model and the step fit.
+"""A Llama-family (or Gemma) decode step in one native call (native/decode_step.cpp), where the model and the step
+fit.
 
 The layer-by-layer forward spends ~190 us of Python per layer on a CPU decode step (module calls, tensor
 allocation, ctypes argument conversion): on SmolLM2 (30 layers) a third of a one-stream step. This runs the
@@ -11,6 +12,9 @@ What fits, checked once per model (`unsupported` says why not, logged once):
   Q8_0: ours; other types, repacked or not: ggml's), with or without a bias (Qwen2, gpt-oss); RMSNorm, SiLU-gated
   MLP, rotary through the native kernel, full or partial (Phi-4-mini's; or none on a layer: SmolLM3's NoPE layers), Granite's
   multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's), attention sinks (gpt-oss's);
+- Gemma's layers: the GELU-gated MLP on its native kernel, (1 + w) norms, and Gemma 2 / 3's norms after each
+  sublayer, (1 + w) q/k norms (Gemma 3), the local layers' own rotary tables (any windowed layers' own tables:
+  the step's second ones), the attention soft-cap (Gemma 2); the embeddings scaled by the model's own embed();
 - mixture-of-experts layers where their one-call path applies with the router inside (SparseMoE.one_call_layer:
   Qwen3-MoE, Mixtral, Granite MoE, ERNIE 4.5 MoE, gpt-oss with experts on ggml's kernels; a shared expert only
   ungated), beside dense ones;
@@ -32,13 +36,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
 from tokenmill.attention.backend import AttentionContext
 from tokenmill.attention.native_paged import NativePagedAttentionBackend
-from tokenmill.layers.activation import SiluAndMul
+from tokenmill.layers.activation import GeluTanhAndMul, SiluAndMul
 from tokenmill.layers.gated_delta import leading_decodes, slot_tensors
 from tokenmill.layers.ggml_linear import GGUFLinearMethod
 from tokenmill.layers.linear import Linear
@@ -50,53 +54,70 @@ from tokenmill.native import decode_step, kernels
 from tokenmill.native.decode_step import TmLayer, TmLinear, TmMamba, TmModel, TmMoe, TmStep
 
 if TYPE_CHECKING:
+    from tokenmill.models.gemma3 import Gemma3ForCausalLM
     from tokenmill.models.llama import LlamaForCausalLM
+
+    Model: TypeAlias = LlamaForCausalLM | Gemma3ForCausalLM
 
 log = logging.getLogger("tokenmill")
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the C++ step's dtype codes
+_ACTS = {SiluAndMul: 0, GeluTanhAndMul: 1}  # the MLP's activation -> the step's code
 
 
-def unsupported(model: LlamaForCausalLM) -> str | None:
+def decide(model: Model) -> NativeDecode | None:
+    """The model's native decode step, or None (logged with the reason) where its steps run layer by layer."""
+    reason = unsupported(model)
+    log.info("decode steps: %s", "one native call (native/decode_step.cpp)" if reason is None else
+             f"layer by layer ({reason})")
+    return NativeDecode(model) if reason is None else None
+
+
+def unsupported(model: Model) -> str | None:
     """Why this model's decode steps cannot run natively, or None when they can."""
     if not decode_step.available():
         return "the native decode step is not built or is off (TOKENMILL_NATIVE_DECODE=0)"
     cfg = model.cfg
     if cfg.qk_norm and cfg.qk_norm_after_rotary:
         return "q/k norms after rotary"
-    from tokenmill.models.gpt_oss import GptOssAttention, GptOssDecoderLayer  # (all import this module)
+    from tokenmill.models.gemma import GemmaDecoderLayer  # (all import this module)
+    from tokenmill.models.gemma3 import Gemma3Attention, Gemma3DecoderLayer
+    from tokenmill.models.gpt_oss import GptOssAttention, GptOssDecoderLayer
     from tokenmill.models.granite_hybrid import GraniteHybridDecoderLayer, Mamba2Mixer
     from tokenmill.models.lfm2 import Lfm2DecoderLayer, ShortConv
     from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer
 
-    # the step computes llama's layer (Gemma's, OLMo's, GLM-4's, Cohere2's norms differ); gpt-oss's classes only
-    # build other modules (a biased o_proj, the sinks) around llama's forward; LFM2's layer is llama's with a
-    # short conv or llama's attention as its mixer, Granite 4.0-H's a Mamba2 one or llama's attention
+    # the step computes llama's layer (OLMo's, GLM-4's, Cohere2's norms differ) and Gemma 2 / 3's (norms after each
+    # sublayer too); gpt-oss's classes only build other modules (a biased o_proj, the sinks) around llama's forward,
+    # Gemma's only other norms and MLP; LFM2's layer is llama's with a short conv or llama's attention as its mixer,
+    # Granite 4.0-H's a Mamba2 one or llama's attention
     def fits(layer: Any) -> bool:
         if type(layer) is Lfm2DecoderLayer:
             return type(layer.conv) is ShortConv if layer.is_conv else type(layer.self_attn) is LlamaAttention
         if type(layer) is GraniteHybridDecoderLayer:
             return type(layer.mamba) is Mamba2Mixer if layer.is_mamba else type(layer.self_attn) is LlamaAttention
-        return type(layer) in (LlamaDecoderLayer, GptOssDecoderLayer) \
+        if type(layer) is Gemma3DecoderLayer:
+            return type(layer.self_attn) is Gemma3Attention
+        return type(layer) in (LlamaDecoderLayer, GptOssDecoderLayer, GemmaDecoderLayer) \
             and type(layer.self_attn) in (LlamaAttention, GptOssAttention)
 
     other = {type(layer).__name__ for layer in _layers(model) if not fits(layer)}
     if other:
         return f"a decoder layer other than llama's ({', '.join(sorted(other))})"
-    if model.rope_windowed is not None:
-        return "windowed layers with their own rotary tables"
-    assert model.rope is not None
     dtype = model.model.norm.weight.dtype
     if dtype not in _DTYPES:
         return f"{dtype} compute (the native kernels take fp32 and bf16)"
-    if not model.rope.use_native or model.rope.cos.dtype != dtype:
-        return "rotary tables not on the native kernels"
+    for rope in model.native_rotary():
+        if rope is not None and (not rope.use_native or rope.cos.dtype != dtype):
+            return "rotary tables not on the native kernels"
     norms: list[Any] = [model.model.norm]
     table = decode_step.kernel_table()
     has_ggml = table.ggml_matmul is not None
-    widths = set()
+    widths, acts, attention = set(), set(), set()
     for layer in _layers(model):
         mlp, a, conv, mamba = layer.mlp, _attention(layer), _conv(layer), _mamba(layer)
+        if a is not None:  # what the step takes once for the model
+            attention.add((a.scale, a.softcap, None if a.q_norm is None else a.q_norm.weight_offset))
         if conv is not None:
             if conv.native is None or table.shortconv is None:
                 return "a short conv not on the native kernel"
@@ -114,12 +135,13 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
             why = _moe_unsupported(mlp, table.moe is not None)
             if why:
                 return why
-        elif not isinstance(mlp, GatedMLP) or not isinstance(mlp.act, SiluAndMul) or not mlp.act.use_native:
-            return "an MLP other than the native SiLU-gated one or experts (Gemma's GELU)"
+        elif not isinstance(mlp, GatedMLP) or type(mlp.act) not in _ACTS or not mlp.act.use_native:
+            return "an MLP other than the native SiLU- or GELU-gated one or experts"
         else:
             widths.add(mlp.gate_up_proj.out_features)
+            acts.add(type(mlp.act))
             linears += [mlp.gate_up_proj, mlp.down_proj]
-        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        norms += [layer.input_layernorm, layer.post_attention_layernorm] + _out_norms(layer)
         for lin in linears:
             if not isinstance(lin.method, GGUFLinearMethod) or (lin.matmul is None and lin.block_mm is None):
                 return "matmuls not on the gguf method's block kernels"
@@ -127,12 +149,20 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
                 return "ggml not loaded"
             if lin.bias is not None and (lin.bias.dtype != dtype or not lin.bias.is_contiguous()):
                 return "a bias in another dtype"
-    if len(widths) > 1:
-        return "dense MLPs of different widths"
+    if len(widths) > 1 or len(acts) > 1:
+        return "dense MLPs of different widths or activations"
+    if len(attention) > 1:
+        return "attention layers with different scales, soft-caps or q / k norms"
     for n in norms:
         if not n.use_native or n.weight.dtype != dtype or n.eps != cfg.rms_norm_eps:
             return "norms not on the native kernel"
     return None
+
+
+def _out_norms(layer: Any) -> list[Any]:
+    """Gemma 2 / 3's norms of each sublayer's output (the pre-MLP norm among them), or none."""
+    return [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm] \
+        if hasattr(layer, "post_feedforward_layernorm") else []
 
 
 def _conv(layer: Any) -> Any:
@@ -193,7 +223,7 @@ def _moe_rows(mlp: SparseMoE, method: GGUFLinearMethod) -> int:
     return rows
 
 
-def _layers(model: LlamaForCausalLM) -> list[Any]:
+def _layers(model: Model) -> list[Any]:
     """The decoder layers (LlamaDecoderLayer; typed loosely, as nn.Module attributes are)."""
     return list(model.model.layers)
 
@@ -228,7 +258,7 @@ def _linear(lin: Linear, keep: list[object], dtype: torch.dtype) -> TmLinear:
 class NativeDecode:
     """forward() -> the final hidden states of a decode step computed natively, or None (not for it)."""
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: Model) -> None:
         self.model = model
         # ((id of the caches, the state pools' addresses, the method's panel_min_rows and crossover), struct, what it
         # points to)
@@ -240,7 +270,13 @@ class NativeDecode:
         self._method = method
         cfg = model.cfg
         self._recurrent = any(_attention(layer) is None for layer in layers)  # short convs or Mamba2 layers
-        self._scale = next((a.scale for a in map(_attention, layers) if a is not None), 1.0)  # (unread without)
+        first = next((a for a in map(_attention, layers) if a is not None), None)  # (read only with attention)
+        self._scale: float = first.scale if first is not None else 1.0
+        self._softcap: float = first.softcap if first is not None else 0.0
+        self._qk_offset = first.q_norm.weight_offset if first is not None and first.q_norm is not None else 0.0
+        self._rope, self._rope_alt = model.native_rotary()
+        windows = cfg.layer_windows()
+        self._alt_layers = [self._rope_alt is not None and windows[i] > 0 for i in range(len(layers))]
         self._moes: list[SparseMoE] = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]
         self._moe_limit: tuple[int, int] | None = None  # (the method's crossover, the rows every MoE layer takes)
         dense = [layer.mlp for layer in layers if not isinstance(layer.mlp, SparseMoE)]
@@ -252,6 +288,7 @@ class NativeDecode:
             assert found is not None
             self._macs_per_row += found[0].macs_per_token + mlp.num_experts * cfg.hidden_size
         inter = dense[0].gate_up_proj.out_features // 2 if dense else 0
+        self._act = _ACTS[type(dense[0].act)] if dense else 0
         # a recurrent mixer's in_proj rows go where q|k|v's do, what it gives out_proj where attention's output does
         recurrent = [_mixer_linears(layer) for layer in layers if _attention(layer) is None]
         self._widths = (cfg.hidden_size,
@@ -304,8 +341,12 @@ class NativeDecode:
             mlp, a, conv, mamba = layer.mlp, _attention(layer), _conv(layer), _mamba(layer)
             experts = isinstance(mlp, SparseMoE)
             mix_in, mix_out = _mixer_linears(layer)
-            lyr = TmLayer(input_norm=layer.input_layernorm.weight.data_ptr(),
-                          post_norm=layer.post_attention_layernorm.weight.data_ptr(),
+            out_norms = _out_norms(layer)  # Gemma's: post_attention_layernorm is the attention output's
+            pre_mlp = out_norms[0] if out_norms else layer.post_attention_layernorm
+            lyr = TmLayer(input_norm=layer.input_layernorm.weight.data_ptr(), post_norm=pre_mlp.weight.data_ptr(),
+                          attn_out_norm=layer.post_attention_layernorm.weight.data_ptr() if out_norms else None,
+                          mlp_out_norm=out_norms[1].weight.data_ptr() if out_norms else None,
+                          rope_alt=int(self._alt_layers[i]),
                           qkv=_linear(mix_in, keep, self.dtype), o=_linear(mix_out, keep, self.dtype),
                           gate_up=TmLinear() if experts else _linear(mlp.gate_up_proj, keep, self.dtype),
                           down=TmLinear() if experts else _linear(mlp.down_proj, keep, self.dtype),
@@ -331,7 +372,8 @@ class NativeDecode:
                          nkv=cfg.num_kv_heads,
                          hd=cfg.head_dim, I=self._widths[3], block_size=bs,
                          partition=kernels.DEFAULT_PARTITION, rot=cfg.rotary_dim or cfg.head_dim, eps=cfg.rms_norm_eps,
-                         scale=self._scale, residual_scale=cfg.residual_multiplier, layers=layers,
+                         scale=self._scale, residual_scale=cfg.residual_multiplier, act=self._act,
+                         qk_offset=self._qk_offset, softcap=self._softcap, layers=layers,
                          final_norm=m.model.norm.weight.data_ptr(),
                          k=decode_step.kernel_table(self._method.panel_min_rows,
                                                      self._method.vnni_panel(self.dtype)))
@@ -366,15 +408,17 @@ class NativeDecode:
         if cfg.attn_temperature_scale and int(positions.max()) >= cfg.attn_temperature_length:
             return None  # q's temperature is not 1 past the original context: the layer path applies it
         m = self.model
-        assert m.rope is not None
+        assert self._rope is not None
         model = self._model_struct(attn)
         meta = attn.metadata
-        x = m.model.embed_tokens(input_ids)
-        if m.cfg.embedding_multiplier != 1.0:  # Granite's, as the layer path applies it
-            x = x * m.cfg.embedding_multiplier
-        x = x.to(self.dtype).contiguous()
-        rope = m.rope.tables(positions)
+        x = m.embed(input_ids).to(self.dtype).contiguous()  # (scaled as the layer path scales them)
+        rope = self._rope.tables(positions)
         cos, ssin = rope.cos.reshape(T, -1), rope.signed_sin.reshape(T, -1)
+        cos_alt = ssin_alt = cos  # (unread without windowed layers on their own tables)
+        if self._rope_alt is not None and any(self._alt_layers[:num_layers]):
+            alt = self._rope_alt.tables(positions)
+            cos_alt, ssin_alt = alt.cos.reshape(T, -1), alt.signed_sin.reshape(T, -1)
+            assert cos_alt.stride(0) == cos.stride(0) and ssin_alt.stride(0) == ssin.stride(0) == cos.stride(0)
         D, qkv_w, attn_w, inter = self._widths
         widths = [D, D, D, qkv_w, attn_w, 2 * inter, inter]  # out, h, y, qkv, attn, gate_up, act
         bufs = torch.empty(T * sum(widths), dtype=self.dtype).split([T * w for w in widths])
@@ -391,6 +435,7 @@ class NativeDecode:
             assert attn.recurrent is not None
             src, dst = slot_tensors(leading_decodes(attn.recurrent.seqs))
         step = TmStep(M=T, num_layers=n, x=x.data_ptr(), cos=cos.data_ptr(), ssin=ssin.data_ptr(),
+                      cos_alt=cos_alt.data_ptr(), ssin_alt=ssin_alt.data_ptr(),
                       tab_stride=cos.stride(0), slots=slots.data_ptr(), tables=tables.data_ptr(),
                       table_stride=tables.stride(0), lens=lens.data_ptr(), src_slots=src.data_ptr(),
                       dst_slots=dst.data_ptr(), starts=starts.data_ptr(),

@@ -21,12 +21,16 @@
 //   (tm_mamba2_decode) (M, I);  y = g . Wout^T
 // else attention:
 //   qkv = h . Wqkv^T (+ b)                       (M, (nh + 2 nkv) hd), q | k | v heads adjacent
-//   q and k heads rmsnorm'ed in place, each by its norm's weight (Qwen3's q / k norms; where the layer has them)
-//   rotary on q and k heads in place; k, v rows copied to their cache slots (all M before any attends)
-//   a = attention(q over each row's paged context [start, len))   (M, nh hd)
-//   h = rmsnorm(res += a . Wo^T) * w_post
-//   x = (silu(h . Wg^T) * (h . Wu^T)) . Wd^T       or, in a mixture-of-experts layer, x = moe(h): the router,
-//                                                  the routing and the chosen experts in one tm_moe call (ggml_shim.cpp)
+//   q and k heads rmsnorm'ed in place, each by its norm's weight (Qwen3's q / k norms, Gemma 3's by (1 + w);
+//   where the layer has them)
+//   rotary on q and k heads in place (by the step's tables, or a windowed layer's own: Gemma's local layers);
+//   k, v rows copied to their cache slots (all M before any attends)
+//   a = attention(q over each row's paged context [start, len))   (M, nh hd) (scores soft-capped: Gemma 2)
+//   h = rmsnorm(res += a . Wo^T) * w_post           (Gemma 2 / 3: rmsnorm(a . Wo^T) * w_attn_out joins res)
+//   x = (act(h . Wg^T) * (h . Wu^T)) . Wd^T        act silu, or gelu (tanh) for Gemma; in a mixture-of-experts
+//                                                  layer x = moe(h): the router, the routing and the chosen
+//                                                  experts in one tm_moe call (ggml_shim.cpp)
+//   (Gemma 2 / 3: x = rmsnorm(x) * w_mlp_out)
 // and at the end out = rmsnorm(res += x) * w_final.
 
 #include <cstdint>
@@ -63,7 +67,7 @@ using SiluMulFn = int (*)(int dtype, void* out, int64_t out_stride, const void* 
 using RotaryFn = int (*)(int dtype, void* x, int64_t x_stride, int64_t heads, int64_t head_dim, int64_t rot,
                          const void* cos, const void* ssin, int64_t tab_stride, int64_t rows, int nthreads);
 using HeadRmsNormFn = int (*)(int dtype, void* x, int64_t x_stride, int64_t rows, int64_t heads, int64_t hd,
-                              const void* w, float eps, int nthreads);
+                              const void* w, float offset, float eps, int nthreads);
 using MoeFn = int (*)(void* router, const float* router_bias, const float* logits, int scoring, const float* sel_bias,
                       int renorm, float scaling, int top_k, int n_experts, void** gate_up, int n_gu, void** down,
                       const float* const* gu_bias, const float* const* down_bias, void** shared_gu, void* shared_down,
@@ -104,6 +108,7 @@ struct TmKernels {
     MoeFn moe;                   // NULL when no layer is a mixture of experts
     ShortConvFn shortconv;       // NULL when no layer is a short conv
     Mamba2Fn mamba2;             // NULL when no layer is a Mamba2 one
+    SiluMulFn gelu_tanh_and_mul; // the MLP's activation where TmModel.act is 1 (Gemma's)
 };
 
 // One linear layer y (M, out) = x (M, in) . W^T (+ bias): its output columns in parts.
@@ -172,6 +177,9 @@ struct TmLayer {
     float* conv_pool;         // (slots, D, K - 1) fp32: each sequence's window, read from src, written to dst slots
     int64_t conv_k;
     const TmMamba* mamba;     // a Mamba2 layer instead of attention (qkv: in_proj, o: out_proj), or NULL
+    int64_t rope_alt;         // 1: rotary by the step's second tables (cos_alt / ssin_alt: windowed layers' own base)
+    const void* attn_out_norm;  // (D,) the mixer's output rmsnorm'ed before it joins the residual (Gemma 2 / 3), or NULL
+    const void* mlp_out_norm;   // (D,) ... and the MLP's (Gemma 2 / 3), or NULL
 };
 
 struct TmModel {
@@ -180,6 +188,9 @@ struct TmModel {
     int64_t rot;              // each head's leading dims that rotate (hd; fewer: partial rotary)
     float eps, scale;
     float residual_scale;     // each sublayer's output times this before it joins the residual (Granite; else 1)
+    int32_t act;              // the MLP's gate activation: 0 silu, 1 gelu (tanh approximation; Gemma's)
+    float qk_offset;          // q / k norms scale by (qk_offset + w) (Gemma 3's 1; else 0)
+    float softcap;            // attention scores soft-capped at this (Gemma 2's); 0: none
     const TmLayer* layers;    // (num_layers,)
     const void* final_norm;   // (D,)
     TmKernels k;
@@ -192,6 +203,8 @@ struct TmStep {
     void* x;                   // (M, D) in: the embeddings; clobbered (the residual stream)
     const void* cos;           // (M, rot) rotary rows, tab_stride apart
     const void* ssin;          // (M, rot) signed sin rows
+    const void* cos_alt;       // (M, rot) the second tables' rows (layers with rope_alt), tab_stride apart; or NULL
+    const void* ssin_alt;
     int64_t tab_stride;
     const int64_t* slots;      // (M,) cache slot of each token's K/V
     const int64_t* tables;     // (M, table_stride) block table of each token's sequence
@@ -212,7 +225,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 11; }  // 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 12; }  // 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -316,10 +329,13 @@ int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
     const int t = s.nthreads, dt = m.dtype;
     auto at = [esize](void* p, int64_t elems) { return static_cast<char*>(p) + elems * esize; };
     int rc = linear(m, L.qkv, s.h, M, s.qkv, s);
-    if (rc == 0 && L.q_norm != nullptr) rc = k.head_rms_norm(dt, s.qkv, qkv_w, M, nh, hd, L.q_norm, m.eps, t);
+    if (rc == 0 && L.q_norm != nullptr)
+        rc = k.head_rms_norm(dt, s.qkv, qkv_w, M, nh, hd, L.q_norm, m.qk_offset, m.eps, t);
     if (rc == 0 && L.k_norm != nullptr)
-        rc = k.head_rms_norm(dt, at(s.qkv, nh * hd), qkv_w, M, nkv, hd, L.k_norm, m.eps, t);
-    if (rc == 0 && L.rotate) rc = k.rotary(dt, s.qkv, qkv_w, nh + nkv, hd, m.rot, s.cos, s.ssin, s.tab_stride, M, t);
+        rc = k.head_rms_norm(dt, at(s.qkv, nh * hd), qkv_w, M, nkv, hd, L.k_norm, m.qk_offset, m.eps, t);
+    if (rc == 0 && L.rotate)
+        rc = k.rotary(dt, s.qkv, qkv_w, nh + nkv, hd, m.rot, L.rope_alt ? s.cos_alt : s.cos,
+                      L.rope_alt ? s.ssin_alt : s.ssin, s.tab_stride, M, t);
     if (rc) return rc;
     for (int64_t r = 0; r < M; ++r) {  // every token's K/V is in the cache before any token attends
         const char* row = at(s.qkv, r * qkv_w + nh * hd);
@@ -332,7 +348,7 @@ int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
         starts = s.starts;
     }
     rc = k.attention(dt, s.attn, nh * hd, s.qkv, qkv_w, L.k_cache, L.v_cache, s.tables, s.table_stride, s.lens, starts,
-                     M, nh, nkv, hd, m.block_size, m.scale, 0.0f, m.partition, t, M, L.sinks);
+                     M, nh, nkv, hd, m.block_size, m.scale, m.softcap, m.partition, t, M, L.sinks);
     return rc == 0 ? linear(m, L.o, s.attn, M, s.y, s) : rc;
 }
 
@@ -369,15 +385,20 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
             rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.input_norm, M, D, m.eps, t);
         if (rc == 0) rc = L.conv_w != nullptr ? short_conv(m, L, *s) : L.mamba != nullptr ? mamba2(m, L, *s)
                                                                                      : attention(m, L, *s);
+        if (rc == 0 && L.attn_out_norm != nullptr)  // in place (the kernel reads a row before writing it)
+            rc = k.add_rms_norm(dt, s->y, D, s->y, D, nullptr, 0, L.attn_out_norm, M, D, m.eps, t);
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
         if (rc == 0) rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);
         if (rc == 0 && L.moe != nullptr) {
             rc = moe(m, *L.moe, s->h, M, s->y, *s);
         } else {
             if (rc == 0) rc = linear(m, L.gate_up, s->h, M, s->gate_up, *s);
-            if (rc == 0) rc = k.silu_and_mul(dt, s->act, m.I, s->gate_up, 2 * m.I, M, m.I, t);
+            if (rc == 0)
+                rc = (m.act == 1 ? k.gelu_tanh_and_mul : k.silu_and_mul)(dt, s->act, m.I, s->gate_up, 2 * m.I, M, m.I, t);
             if (rc == 0) rc = linear(m, L.down, s->act, M, s->y, *s);
         }
+        if (rc == 0 && L.mlp_out_norm != nullptr)
+            rc = k.add_rms_norm(dt, s->y, D, s->y, D, nullptr, 0, L.mlp_out_norm, M, D, m.eps, t);
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
     }
     if (rc) return rc;

@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 11
+ABI = 12
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -35,7 +35,7 @@ class TmKernels(ctypes.Structure):
     _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_matmul_bf16", _P), ("amx_min_rows", _I64), ("panel_matmul", _P),
                 ("panel_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
                 ("rotary", _P), ("attention", _P), ("head_rms_norm", _P), ("moe", _P),
-                ("shortconv", _P), ("mamba2", _P)]
+                ("shortconv", _P), ("mamba2", _P), ("gelu_tanh_and_mul", _P)]
 
 
 class TmLinear(ctypes.Structure):
@@ -60,17 +60,20 @@ class TmLayer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", TmLinear), ("o", TmLinear), ("gate_up", TmLinear),
                 ("down", TmLinear), ("k_cache", _P), ("v_cache", _P), ("window", _I64), ("rotate", _I64),
                 ("q_norm", _P), ("k_norm", _P), ("moe", ctypes.POINTER(TmMoe)), ("sinks", _P),
-                ("conv_w", _P), ("conv_pool", _P), ("conv_k", _I64), ("mamba", ctypes.POINTER(TmMamba))]
+                ("conv_w", _P), ("conv_pool", _P), ("conv_k", _I64), ("mamba", ctypes.POINTER(TmMamba)),
+                ("rope_alt", _I64), ("attn_out_norm", _P), ("mlp_out_norm", _P)]
 
 
 class TmModel(ctypes.Structure):
-    _fields_ = [("dtype", _I32), ("num_layers", _I64), ("D", _I64), ("nh", _I64), ("nkv", _I64), ("hd", _I64), ("I", _I64),
-                ("block_size", _I64), ("partition", _I64), ("rot", _I64), ("eps", _F), ("scale", _F), ("residual_scale", _F),
+    _fields_ = [("dtype", _I32), ("num_layers", _I64), ("D", _I64), ("nh", _I64), ("nkv", _I64), ("hd", _I64),
+                ("I", _I64), ("block_size", _I64), ("partition", _I64), ("rot", _I64), ("eps", _F), ("scale", _F),
+                ("residual_scale", _F), ("act", _I32), ("qk_offset", _F), ("softcap", _F),
                 ("layers", ctypes.POINTER(TmLayer)), ("final_norm", _P), ("k", TmKernels)]
 
 
 class TmStep(ctypes.Structure):
-    _fields_ = [("M", _I64), ("num_layers", _I64), ("x", _P), ("cos", _P), ("ssin", _P), ("tab_stride", _I64),
+    _fields_ = [("M", _I64), ("num_layers", _I64), ("x", _P), ("cos", _P), ("ssin", _P), ("cos_alt", _P), ("ssin_alt", _P),
+                ("tab_stride", _I64),
                 ("slots", _P), ("tables", _P), ("table_stride", _I64), ("lens", _P), ("src_slots", _P), ("dst_slots", _P), ("starts", _P),
                 ("qkv", _P), ("attn", _P), ("h", _P), ("y", _P), ("gate_up", _P), ("act", _P), ("out", _P),
                 ("wide_in", _P), ("wide_out", _P), ("nthreads", ctypes.c_int)]
@@ -119,7 +122,8 @@ def kernel_table(panel_min_rows: int | None = None, vnni: int = 0) -> TmKernels:
                      add_rms_norm=_address(k, "tm_add_rms_norm"), silu_and_mul=_address(k, "tm_silu_and_mul"),
                      rotary=_address(k, "tm_rotary_part"), attention=_address(k, "tm_paged_attention_rows"),
                      head_rms_norm=_address(k, "tm_head_rms_norm"), moe=_address(ggml.lib(), "tm_moe"),
-                     shortconv=_address(k, "tm_shortconv_decode"), mamba2=_address(k, "tm_mamba2_decode"))
+                     shortconv=_address(k, "tm_shortconv_decode"), mamba2=_address(k, "tm_mamba2_decode"),
+                     gelu_tanh_and_mul=_address(k, "tm_gelu_tanh_and_mul"))
 
 
 def run(model: ctypes.Structure, step: ctypes.Structure) -> None:

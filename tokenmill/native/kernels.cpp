@@ -2,8 +2,11 @@
 // tokenmill/native/kernels.py, which checks shapes, dtypes and strides before calling.
 //
 //   tm_add_rms_norm   residual += x (optional); out = rmsnorm(residual) * w      rows of D
-//   tm_head_rms_norm  each head of each row normalized in place, one weight for all heads (Qwen3's q / k norms)
+//   tm_head_rms_norm  each head of each row normalized in place, one weight for all heads (Qwen3's q / k norms;
+//                     Gemma's with (1 + w))
 //   tm_silu_and_mul   out = silu(gate) * up, from the fused (T, 2I) gate|up rows
+//   tm_gelu_tanh_and_mul
+//                     out = gelu_tanh(gate) * up, the same rows (Gemma's MLP)
 //   tm_rotary_part    q and k heads rotated in place (HF rotate-half) by per-token cos / signed-sin rows: each
 //                     head's leading dims (all of them, or partial rotary's)
 //   tm_argmax_rows    greedy picks: the index of each row's first maximum (logits rows)
@@ -299,8 +302,9 @@ void for_rows(int64_t rows, int nt, F&& f) {
 }
 
 // ---- fused residual add + RMSNorm -----------------------------------------------------------------
-template <typename T>
-void add_rms_norm_row(T* out, const T* x, T* res, const T* w, int64_t D, float eps) {
+// w: the scale, in T or (an offset norm's 1 + w, tm_head_rms_norm) fp32
+template <typename T, typename W>
+void add_rms_norm_row(T* out, const T* x, T* res, const W* w, int64_t D, float eps) {
     // the row to normalize: res (after res += x) when there is a residual, else x
     const T* src = x;
     if (res != nullptr) {
@@ -378,6 +382,38 @@ void silu_and_mul(T* out, int64_t out_stride, const T* in, int64_t in_stride, in
         for (; i < I; ++i) {
             float gv = to_f32(g[i]);
             store1(o + i, (gv / (1.0f + std::exp(-gv))) * to_f32(u[i]));
+        }
+    });
+}
+
+// ---- gelu(gate, tanh approximation) * up ----------------------------------------------------------------------
+// gelu_tanh(g) = g (1 + tanh(z)) / 2 with z = sqrt(2 / pi) (g + 0.044715 g^3), computed as g / (1 + exp(-2 z))
+// (the same function: (1 + tanh z) / 2 = sigmoid(2 z)), which keeps its precision where 1 + tanh(z) cancels.
+template <typename T>
+void gelu_tanh_and_mul(T* out, int64_t out_stride, const T* in, int64_t in_stride, int64_t rows, int64_t I,
+                       int nthreads) {
+    constexpr float kC = -2.0f * 0.7978845608028654f, kA = 0.044715f;  // -2 sqrt(2 / pi)
+    for_rows(rows, threads_for(rows * I, nthreads), [&](int64_t t) {
+        const T* g = in + t * in_stride;
+        const T* u = g + I;
+        T* o = out + t * out_stride;
+        int64_t i = 0;
+#ifdef TM_AVX512  // the same operations on 16 lanes: the same bits
+        for (; i + 16 <= I; i += 16) {
+            V16 gv = vload16(g + i);
+            V16 z = (gv + (vset16(kA) * gv) * (gv * gv)) * vset16(kC);
+            vstore(o + i, (gv / (vset16(1.0f) + vexp(z))) * vload16(u + i));
+        }
+#endif
+        for (; i + 8 <= I; i += 8) {
+            V8 gv = vload(g + i);
+            V8 z = (gv + (vset1(kA) * gv) * (gv * gv)) * vset1(kC);
+            vstore(o + i, (gv / (vset1(1.0f) + vexp(z))) * vload(u + i));
+        }
+        for (; i < I; ++i) {
+            float gv = to_f32(g[i]);
+            float z = (gv + (kA * gv) * (gv * gv)) * kC;
+            store1(o + i, (gv / (1.0f + std::exp(std::min(z, 88.0f)))) * to_f32(u[i]));
         }
     });
 }
@@ -1393,17 +1429,29 @@ void shortconv_decode(T* out, int64_t out_stride, const T* bcx, int64_t bcx_stri
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-// 13: tm_rotary gone (tm_rotary_part takes whole heads too); 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
+// 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone (tm_rotary_part takes whole heads too); 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
 // fresh); 7: tm_gdn_decode; 6: tm_paged_attention_rows takes attention sinks
-int tm_abi_version() { return 13; }
+int tm_abi_version() { return 14; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
 // x (rows, heads, hd) in place, rows x_stride apart and heads hd apart: each head's hd values rmsnorm'ed, times
-// w (hd,); each head as tm_add_rms_norm computes a row (the same bits as rows of D = hd)
+// w (hd,), or with offset != 0 times (offset + w) taken in fp32 (Gemma's and Qwen3.5's (1 + w) norms, as HF
+// computes them); each head as tm_add_rms_norm computes a row (the same bits as rows of D = hd). -2: hd > 1024
+// with an offset.
 int tm_head_rms_norm(int dtype, void* x, int64_t x_stride, int64_t rows, int64_t heads, int64_t hd, const void* w,
-                     float eps, int nthreads) {
+                     float offset, float eps, int nthreads) {
+    float scale[1024];
+    if (offset != 0.0f && hd > 1024) return -2;
     auto run = [&](auto* p, const auto* wt) {
+        if (offset != 0.0f) {
+            for (int64_t i = 0; i < hd; ++i) scale[i] = offset + to_f32(wt[i]);
+            for_rows(rows * heads, threads_for(rows * heads * hd, nthreads), [&](int64_t r) {
+                auto* head = p + (r / heads) * x_stride + (r % heads) * hd;
+                add_rms_norm_row(head, head, decltype(p)(nullptr), static_cast<const float*>(scale), hd, eps);
+            });
+            return;
+        }
         for_rows(rows * heads, threads_for(rows * heads * hd, nthreads), [&](int64_t r) {
             auto* head = p + (r / heads) * x_stride + (r % heads) * hd;
             add_rms_norm_row(head, head, decltype(p)(nullptr), wt, hd, eps);
@@ -1451,6 +1499,20 @@ int tm_silu_and_mul(int dtype, void* out, int64_t out_stride, const void* in, in
         silu_and_mul(static_cast<float*>(out), out_stride, static_cast<const float*>(in), in_stride, rows, I, nthreads);
     else if (dtype == 1)
         silu_and_mul(static_cast<bf16*>(out), out_stride, static_cast<const bf16*>(in), in_stride, rows, I, nthreads);
+    else
+        return -1;
+    return 0;
+}
+
+// out (rows, I) = gelu_tanh(in[:, :I]) * in[:, I:2I]
+int tm_gelu_tanh_and_mul(int dtype, void* out, int64_t out_stride, const void* in, int64_t in_stride, int64_t rows,
+                         int64_t I, int nthreads) {
+    if (dtype == 0)
+        gelu_tanh_and_mul(static_cast<float*>(out), out_stride, static_cast<const float*>(in), in_stride, rows, I,
+                          nthreads);
+    else if (dtype == 1)
+        gelu_tanh_and_mul(static_cast<bf16*>(out), out_stride, static_cast<const bf16*>(in), in_stride, rows, I,
+                          nthreads);
     else
         return -1;
     return 0;

@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 13  # 13: tm_rotary gone; 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
+ABI_VERSION = 14  # 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone; 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
 # (was slots and fresh)
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
@@ -39,9 +39,10 @@ _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "tm_add_rms_norm": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _I64, _F32, _I32],
-    # dtype, x, x_stride, rows, heads, hd, w, eps, nthreads
-    "tm_head_rms_norm": [_I32, _P, _I64, _I64, _I64, _I64, _P, _F32, _I32],
+    # dtype, x, x_stride, rows, heads, hd, w, offset, eps, nthreads
+    "tm_head_rms_norm": [_I32, _P, _I64, _I64, _I64, _I64, _P, _F32, _F32, _I32],
     "tm_silu_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
+    "tm_gelu_tanh_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
     # dtype, x, x_stride, heads, head_dim, rot, cos, ssin, tab_stride, rows, nthreads
     "tm_rotary_part": [_I32, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
     "tm_argmax_rows": [_I32, _P, _I64, _I64, _I64, _P, _I32],
@@ -116,9 +117,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out if rc == 0 else None
 
 
-def head_rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
+def head_rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> bool:
     """x (T, heads, hd), unit stride in hd and heads hd apart (a view into a projection's rows is fine),
-    weight (hd,): each head rmsnorm'ed in place, times weight. False: not for the kernel (nothing written)."""
+    weight (hd,): each head rmsnorm'ed in place, times weight (offset != 0: times offset + weight, in fp32).
+    False: not for the kernel (nothing written)."""
     code = _DTYPE_CODE.get(x.dtype)
     lib = library()
     if code is None or lib is None or not x.is_cpu or x.dim() != 3 or weight.dtype != x.dtype:
@@ -127,12 +129,23 @@ def head_rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float) -> bool:
     xs = x.stride()
     if xs[2] != 1 or (xs[1] != hd and H > 1) or weight.shape != (hd,) or weight.stride() != (1,):
         return False
-    rc = lib.tm_head_rms_norm(code, x.data_ptr(), xs[0], T, H, hd, weight.data_ptr(), eps, torch.get_num_threads())
+    rc = lib.tm_head_rms_norm(code, x.data_ptr(), xs[0], T, H, hd, weight.data_ptr(), offset, eps,
+                              torch.get_num_threads())
     return rc == 0
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     """x (T, 2I) = gate | up -> silu(gate) * up (T, I), a new tensor. None: not for the kernel."""
+    return _gated(x, "tm_silu_and_mul")
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """x (T, 2I) = gate | up -> gelu(gate, tanh approximation) * up (T, I), a new tensor. None: not for the
+    kernel."""
+    return _gated(x, "tm_gelu_tanh_and_mul")
+
+
+def _gated(x: torch.Tensor, entry: str) -> torch.Tensor | None:
     code = _DTYPE_CODE.get(x.dtype)
     lib = library()
     if code is None or lib is None or not x.is_cpu or x.dim() != 2:
@@ -142,7 +155,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     if xs[1] != 1 or I2 % 2:
         return None
     out = torch.empty((T, I2 // 2), dtype=x.dtype)
-    rc = lib.tm_silu_and_mul(code, out.data_ptr(), I2 // 2, x.data_ptr(), xs[0], T, I2 // 2, torch.get_num_threads())
+    rc = getattr(lib, entry)(code, out.data_ptr(), I2 // 2, x.data_ptr(), xs[0], T, I2 // 2, torch.get_num_threads())
     return out if rc == 0 else None
 
 
