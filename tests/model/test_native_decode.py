@@ -153,6 +153,12 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                                           shared_intermediate=256, ssm_heads=8, ssm_head_dim=32,
                                                           ssm_state=32, ssm_groups=1, conv_kernel=4),
                                                     "q5_0", std=0.03),
+            # Qwen3.5: Gated DeltaNet layers (0-2; 2 key heads, 4 value heads) and gated attention (3: q rows with
+            # their gates, (1 + w) q / k norms, a quarter of each head rotated)
+            "qwen35-q8_0": write_random_gguf(d / "qwen35-q8_0.gguf",
+                                             Shape("qwen35", 256, 512, 4, 4, 2, 49152, tied=True, head_dim=64,
+                                                   qk_norm=True, linear_heads=(2, 4), linear_dim=32),
+                                             "q8_0", std=0.03),
             "granite-q8_0": write_random_gguf(d / "granite-q8_0.gguf", Shape("granite"), "q8_0", std=0.03,
                                               extra_metadata={"granite.embedding_scale": 12.0,
                                                               "granite.residual_scale": 0.22,
@@ -162,7 +168,7 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("name", ["qwen2-q8_0", "llama-q4_k_m", "llama-q4_0", "smollm3-q8_0", "granite-q8_0",
                                   "qwen3-q4_k_m", "qwen3moe-mxfp4", "gpt-oss-mxfp4", "lfm2moe-mxfp4",
-                                  "granitehybrid-q5_0"])
+                                  "granitehybrid-q5_0", "qwen35-q8_0"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_random_models(name: str, dtype: str, random_files: dict[str, Path], native_calls: list[int],
                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,10 +176,10 @@ def test_random_models(name: str, dtype: str, random_files: dict[str, Path], nat
     kernel; Q4_0, which ggml repacks on AVX2 CPUs, on ggml's; SmolLM3's layers without rotary; Granite's
     multipliers (the residual one applied in the step, rounded as torch rounds it); Qwen3's q/k norms; a
     Qwen3-MoE's experts in one tm_moe call (router and routing inside), at bf16 widened and rounded around it;
-    gpt-oss's sinks, windows, biases and experts; LFM2's short convs and Granite 4.0-H's Mamba2 layers over the
-    recurrent state slots."""
+    gpt-oss's sinks, windows, biases and experts; LFM2's short convs, Granite 4.0-H's Mamba2 layers and Qwen3.5's
+    Gated DeltaNet layers over the recurrent state slots; Qwen3.5's gated attention."""
     if dtype == "bfloat16" and name not in ("smollm3-q8_0", "granite-q8_0", "qwen3-q4_k_m", "qwen3moe-mxfp4",
-                                            "gpt-oss-mxfp4", "lfm2moe-mxfp4", "granitehybrid-q5_0"):
+                                            "gpt-oss-mxfp4", "lfm2moe-mxfp4", "granitehybrid-q5_0", "qwen35-q8_0"):
         pytest.skip("bf16 runs on the default model above")
     llm = engine(str(random_files[name]), dtype=dtype)
     cfg = llm.engine.model_config
@@ -199,10 +205,10 @@ def test_what_does_not_fit_runs_layer_by_layer(native_calls: list[int], monkeypa
     assert native_calls == [1, 1, 1]
 
 
-@pytest.mark.parametrize("name", ["lfm2moe-mxfp4", "granitehybrid-q5_0"])
+@pytest.mark.parametrize("name", ["lfm2moe-mxfp4", "granitehybrid-q5_0", "qwen35-q8_0"])
 def test_recurrent_states_restored_from_checkpoints(name: str, random_files: dict[str, Path], native_calls: list[int],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """LFM2 and Granite 4.0-H with prefix caching: a repeated prompt restores its conv windows (and Mamba2 states)
+    """LFM2, Granite 4.0-H and Qwen3.5 with prefix caching: a repeated prompt restores its conv windows (and states)
     from a checkpoint slot, so decodes read one slot and write another; the native step and the layers agree over
     the same restored states."""
     from tokenmill.models import native_decode

@@ -104,6 +104,22 @@ def test_gelu_tanh_and_mul_matches_torch(dtype: torch.dtype, T: int, I: int) -> 
     assert kernels.gelu_tanh_and_mul(x[:, :-1]) is None  # odd width: no gate | up halves
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sigmoid_mul_matches_torch(dtype: torch.dtype) -> None:
+    """Qwen3.5's output gate: x (T, H, hd) times sigmoid(g) in place, g's heads between q's (2 hd apart), tails
+    (hd = 20: 16 + 4) and saturated gates included."""
+    g0 = torch.Generator().manual_seed(3)
+    for hd in (256, 20):
+        x = (torch.randn(6, 4, hd, generator=g0) * 2).to(dtype)
+        qg = (torch.randn(6, 4, 2, hd, generator=g0) * 4).to(dtype)
+        qg[0, 0, 1, :3] = torch.tensor([-100.0, 100.0, 0.0])
+        gate = qg[:, :, 1]
+        want = (x.double() * torch.sigmoid(gate.double())).to(dtype)
+        assert kernels.sigmoid_mul_(x, gate)
+        torch.testing.assert_close(x, want, **tol(dtype))
+    assert not kernels.sigmoid_mul_(x, gate.float() if dtype != torch.float32 else gate.double())  # dtypes differ
+
+
 # -- per-head RMSNorm, in place ----------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("offset", [0.0, 1.0])

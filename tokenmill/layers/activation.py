@@ -57,3 +57,11 @@ class SwigluOAI(nn.Module):
         gate, up = x.chunk(2, dim=-1)
         gate = gate.clamp(max=self.limit)
         return (up.clamp(-self.limit, self.limit) + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
+def sigmoid_gate(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """x (T, H, hd) times sigmoid(g) (T, H, hd): Qwen3.5's attention output gate. In place on the native kernel where
+    it takes them (x's heads adjacent), else torch (a new tensor)."""
+    if kernels.is_enabled() and kernels.sigmoid_mul_(x, g):
+        return x
+    return x * torch.sigmoid(g)

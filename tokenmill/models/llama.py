@@ -36,6 +36,8 @@ from tokenmill.models.native_decode import NativeDecode, decide
 
 
 class LlamaAttention(nn.Module):
+    output_gate = False  # Qwen3.5's: q's rows carry a gate per head, the output times its sigmoid
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
         super().__init__()
         self.layer_idx = cfg.kv_layers.index(layer_idx)  # its layer in the KV cache (== layer_idx without recurrent layers)

@@ -21,7 +21,9 @@ What fits, checked once per model (`unsupported` says why not, logged once):
 - LFM2's layers (a short conv or attention, then the MLP or experts): the conv between its projections on
   tm_shortconv_decode, each sequence's window read from and written to the step's state slots; Granite 4.0-H's
   (a Mamba2 layer or attention): the conv, scan and gated norm on tm_mamba2_decode over the slots' windows and
-  states;
+  states; Qwen3.5's (dense MLPs): a Gated DeltaNet layer's conv, delta rule and gated norm on tm_gdn_decode
+  between in_proj_qkvz / in_proj_ba and out_proj, and its gated attention (q's heads copied out from between
+  their gates, the output times sigmoid(gate) on tm_sigmoid_mul);
 and per step: every token a decode on the native paged backend (speculative verification's entries
 included; with short convs, every sequence one the conv kernel takes: leading_decodes), at most the method's
 crossover rows (past it the Python path multiplies dense tiles), within the rows the experts' one call takes
@@ -51,7 +53,7 @@ from tokenmill.layers.mlp import GatedMLP
 from tokenmill.layers.moe import SparseMoE
 from tokenmill.layers.thread_choice import ThreadChooser
 from tokenmill.native import decode_step, kernels
-from tokenmill.native.decode_step import TmLayer, TmLinear, TmMamba, TmModel, TmMoe, TmStep
+from tokenmill.native.decode_step import TmGdn, TmLayer, TmLinear, TmMamba, TmModel, TmMoe, TmStep
 
 if TYPE_CHECKING:
     from tokenmill.models.gemma3 import Gemma3ForCausalLM
@@ -86,11 +88,13 @@ def unsupported(model: Model) -> str | None:
     from tokenmill.models.granite_hybrid import GraniteHybridDecoderLayer, Mamba2Mixer
     from tokenmill.models.lfm2 import Lfm2DecoderLayer, ShortConv
     from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer
+    from tokenmill.models.qwen3_5 import GatedDeltaNet, Qwen3_5Attention, Qwen3_5DecoderLayer
 
     # the step computes llama's layer (OLMo's, GLM-4's, Cohere2's norms differ) and Gemma 2 / 3's (norms after each
     # sublayer too); gpt-oss's classes only build other modules (a biased o_proj, the sinks) around llama's forward,
     # Gemma's only other norms and MLP; LFM2's layer is llama's with a short conv or llama's attention as its mixer,
-    # Granite 4.0-H's a Mamba2 one or llama's attention
+    # Granite 4.0-H's a Mamba2 one or llama's attention, Qwen3.5's a Gated DeltaNet or llama's attention with an
+    # output gate
     def fits(layer: Any) -> bool:
         if type(layer) is Lfm2DecoderLayer:
             return type(layer.conv) is ShortConv if layer.is_conv else type(layer.self_attn) is LlamaAttention
@@ -98,6 +102,9 @@ def unsupported(model: Model) -> str | None:
             return type(layer.mamba) is Mamba2Mixer if layer.is_mamba else type(layer.self_attn) is LlamaAttention
         if type(layer) is Gemma3DecoderLayer:
             return type(layer.self_attn) is Gemma3Attention
+        if type(layer) is Qwen3_5DecoderLayer:
+            return type(layer.linear_attn) is GatedDeltaNet if layer.is_linear \
+                else type(layer.self_attn) is Qwen3_5Attention
         return type(layer) in (LlamaDecoderLayer, GptOssDecoderLayer, GemmaDecoderLayer) \
             and type(layer.self_attn) in (LlamaAttention, GptOssAttention)
 
@@ -115,7 +122,7 @@ def unsupported(model: Model) -> str | None:
     has_ggml = table.ggml_matmul is not None
     widths, acts, attention = set(), set(), set()
     for layer in _layers(model):
-        mlp, a, conv, mamba = layer.mlp, _attention(layer), _conv(layer), _mamba(layer)
+        mlp, a, conv, mamba, gdn = layer.mlp, _attention(layer), _conv(layer), _mamba(layer), _gdn(layer)
         if a is not None:  # what the step takes once for the model
             attention.add((a.scale, a.softcap, None if a.q_norm is None else a.q_norm.weight_offset))
         if conv is not None:
@@ -124,13 +131,17 @@ def unsupported(model: Model) -> str | None:
         elif mamba is not None:
             if mamba.native is None or mamba.scan_params is None or table.mamba2 is None:
                 return "a Mamba2 layer not on the native kernel"
+        elif gdn is not None:
+            if gdn.native is None or gdn.neg_a is None or gdn.dt_f32 is None or table.gdn is None \
+                    or 2 * gdn.hv > cfg.hidden_size:
+                return "a Gated DeltaNet layer not on the native kernel"
         elif a.sinks is not None and a.sinks.shape != (cfg.num_heads,):
             return "attention sinks of another shape"
         elif a.q_norm is not None and a.k_norm is not None:
             for hn in (a.q_norm, a.k_norm):
                 if not hn.use_native or hn.weight.dtype != dtype or hn.eps != cfg.rms_norm_eps:
                     return "q/k norms not on the native kernel"
-        linears = _mixer_linears(layer)
+        linears = _mixer_linears(layer) + _extra_linears(layer)
         if isinstance(mlp, SparseMoE):
             why = _moe_unsupported(mlp, table.moe is not None)
             if why:
@@ -175,18 +186,33 @@ def _mamba(layer: Any) -> Any:
     return layer.mamba if getattr(layer, "is_mamba", False) else None
 
 
+def _gdn(layer: Any) -> Any:
+    """The layer's Gated DeltaNet mixer (Qwen3.5's), or None."""
+    return layer.linear_attn if getattr(layer, "is_linear", False) else None
+
+
 def _attention(layer: Any) -> Any:
     """The layer's attention mixer, or None (a recurrent one)."""
-    return None if _conv(layer) is not None or _mamba(layer) is not None else layer.self_attn
+    recurrent = _conv(layer) is not None or _mamba(layer) is not None or _gdn(layer) is not None
+    return None if recurrent else layer.self_attn
 
 
 def _mixer_linears(layer: Any) -> list[Linear]:
     """The token mixer's projections: q|k|v and o, or a recurrent mixer's in_proj and out_proj (the step's qkv and
-    o)."""
+    o; a Gated DeltaNet's in_proj_qkvz and out_proj)."""
+    gdn = _gdn(layer)
+    if gdn is not None:
+        return [gdn.in_proj_qkvz, gdn.out_proj]
     rec = _conv(layer) or _mamba(layer)
     if rec is not None:
         return [rec.in_proj, rec.out_proj]
     return [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
+
+
+def _extra_linears(layer: Any) -> list[Linear]:
+    """The mixer's other projections: a Gated DeltaNet's in_proj_ba (the step's ba), or none."""
+    gdn = _gdn(layer)
+    return [gdn.in_proj_ba] if gdn is not None else []
 
 
 def _kept(t: torch.Tensor, keep: list[object]) -> int:
@@ -280,7 +306,7 @@ class NativeDecode:
         self._moes: list[SparseMoE] = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]
         self._moe_limit: tuple[int, int] | None = None  # (the method's crossover, the rows every MoE layer takes)
         dense = [layer.mlp for layer in layers if not isinstance(layer.mlp, SparseMoE)]
-        linears = [lin for layer in layers for lin in _mixer_linears(layer)]
+        linears = [lin for layer in layers for lin in _mixer_linears(layer) + _extra_linears(layer)]
         linears += [lin for mlp in dense for lin in (mlp.gate_up_proj, mlp.down_proj)]
         self._macs_per_row = sum(lin.in_features * lin.out_features for lin in linears)
         for mlp in self._moes:  # its router and the experts (and shared expert) a token runs through
@@ -291,9 +317,12 @@ class NativeDecode:
         self._act = _ACTS[type(dense[0].act)] if dense else 0
         # a recurrent mixer's in_proj rows go where q|k|v's do, what it gives out_proj where attention's output does
         recurrent = [_mixer_linears(layer) for layer in layers if _attention(layer) is None]
+        gated = any(a is not None and a.output_gate for a in map(_attention, layers))  # q's rows twice as wide
         self._widths = (cfg.hidden_size,
-                        max([(cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim] + [i.out_features for i, _ in recurrent]),
+                        max([((2 if gated else 1) * cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim]
+                            + [i.out_features for i, _ in recurrent]),
                         max([cfg.num_heads * cfg.head_dim] + [o.in_features for _, o in recurrent]), inter)
+        self._qk_width = (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim if gated else 0
         self.dtype = model.model.norm.weight.dtype
         self._max_in = max(lin.in_features for lin in linears)  # bf16: the fp32 rows a matmul reads / writes
         self._max_out = max([lin.out_features for lin in linears] + [cfg.hidden_size])  # (experts: D in and out)
@@ -318,6 +347,17 @@ class NativeDecode:
         keep.append(struct)
         return ctypes.pointer(struct)
 
+    def _gdn_struct(self, gdn: Any, rec: Any, keep: list[object]) -> Any:
+        """A pointer to the TmGdn of one Gated DeltaNet layer over the step's pools (kept in `keep`)."""
+        assert gdn.native is not None and gdn.neg_a is not None and gdn.dt_f32 is not None
+        conv_w, norm_w = gdn.native
+        j = gdn.state_index
+        struct = TmGdn(conv_w=conv_w.data_ptr(), conv_pool=rec.conv[j].data_ptr(), ssm_pool=rec.ssm[j].data_ptr(),
+                       neg_a=gdn.neg_a.data_ptr(), dt_bias=gdn.dt_f32.data_ptr(), norm_w=norm_w.data_ptr(), Hk=gdn.hk,
+                       Hv=gdn.hv, dk=gdn.dk, dv=gdn.dv, K=conv_w.shape[1], tiled=int(gdn.v_heads_tiled), eps=gdn.eps)
+        keep.append(struct)
+        return ctypes.pointer(struct)
+
     def _moe_struct(self, mlp: SparseMoE, keep: list[object]) -> Any:
         """A pointer to the TmMoe of one mixture-of-experts layer (kept in `keep`)."""
         found = mlp.one_call_layer()
@@ -338,7 +378,7 @@ class NativeDecode:
         keep: list[object] = []
         layers = (TmLayer * len(m.model.layers))()
         for i, layer in enumerate(_layers(m)):
-            mlp, a, conv, mamba = layer.mlp, _attention(layer), _conv(layer), _mamba(layer)
+            mlp, a, conv, mamba, gdn = layer.mlp, _attention(layer), _conv(layer), _mamba(layer), _gdn(layer)
             experts = isinstance(mlp, SparseMoE)
             mix_in, mix_out = _mixer_linears(layer)
             out_norms = _out_norms(layer)  # Gemma's: post_attention_layernorm is the attention output's
@@ -358,10 +398,13 @@ class NativeDecode:
             elif mamba is not None:  # ... and its state: ssm[j] (slots, H, P, Ns)
                 assert rec is not None
                 lyr.mamba = self._mamba_struct(mamba, rec, keep)
+            elif gdn is not None:  # ... or the delta rule's: ssm[j] (slots, Hv, dk, dv)
+                assert rec is not None
+                lyr.gdn, lyr.ba = self._gdn_struct(gdn, rec, keep), _linear(gdn.in_proj_ba, keep, self.dtype)
             else:
                 k_cache, v_cache = caches[a.layer_idx]
                 lyr.k_cache, lyr.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-                lyr.window, lyr.rotate = a.sliding_window, int(a.rotates)
+                lyr.window, lyr.rotate, lyr.gate = a.sliding_window, int(a.rotates), int(a.output_gate)
                 lyr.q_norm = None if a.q_norm is None else a.q_norm.weight.data_ptr()
                 lyr.k_norm = None if a.k_norm is None else a.k_norm.weight.data_ptr()
                 lyr.sinks = None if a.sinks is None else _kept(a.sinks.detach().float().contiguous(), keep)
@@ -420,7 +463,7 @@ class NativeDecode:
             cos_alt, ssin_alt = alt.cos.reshape(T, -1), alt.signed_sin.reshape(T, -1)
             assert cos_alt.stride(0) == cos.stride(0) and ssin_alt.stride(0) == ssin.stride(0) == cos.stride(0)
         D, qkv_w, attn_w, inter = self._widths
-        widths = [D, D, D, qkv_w, attn_w, 2 * inter, inter]  # out, h, y, qkv, attn, gate_up, act
+        widths = [D, D, D, qkv_w, attn_w, 2 * inter, inter, self._qk_width]  # out, h, y, qkv, attn, gate_up, act, qk
         bufs = torch.empty(T * sum(widths), dtype=self.dtype).split([T * w for w in widths])
         wide = torch.empty(T * (self._max_in + self._max_out) if self.dtype != torch.float32 else 0)
         out = bufs[0].view(T, D)
@@ -440,6 +483,7 @@ class NativeDecode:
                       table_stride=tables.stride(0), lens=lens.data_ptr(), src_slots=src.data_ptr(),
                       dst_slots=dst.data_ptr(), starts=starts.data_ptr(),
                       h=bufs[1].data_ptr(), y=bufs[2].data_ptr(), qkv=bufs[3].data_ptr(), attn=bufs[4].data_ptr(),
+                      qk=bufs[7].data_ptr(),
                       gate_up=bufs[5].data_ptr(), act=bufs[6].data_ptr(), out=out.data_ptr(),
                       wide_in=wide.data_ptr(), wide_out=wide.data_ptr() + 4 * T * self._max_in, nthreads=1)
 

@@ -15,6 +15,10 @@ instead of attention.
   RecurrentStatePool between steps (AttentionContext.recurrent); layers without a KV cache have no
   entry in it, so attention layer i uses the cache's layer cfg.kv_layers.index(i).
 
+Decode steps of the dense models on the gguf method run in one native call (models/native_decode.py) with the
+kernels these layers call (the head norms, the output gate's tm_sigmoid_mul, tm_gdn_decode), so bit for bit the
+same; the MoE ones (a gated shared expert) run layer by layer.
+
 Checkpoints. HF (transformers' Qwen3_5ForCausalLM, or the VL Qwen3_5ForConditionalGeneration whose language
 model sits under `model.language_model.`, beside the vision tower and the multi-token-prediction layers,
 which are skipped): conv1d.weight (C, 1, K), A_log and dt_bias (Hv,). GGUF (llama.cpp's converter, arch
@@ -34,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.attention.backend import AttentionContext
+from tokenmill.layers.activation import sigmoid_gate
 from tokenmill.layers.gated_delta import (RecurrentStep, StateSeq, causal_conv1d, gated_delta_rule, kernel_then_torch,
                                          leading_decodes, slot_tensors)
 from tokenmill.layers.head_norm import HeadRMSNorm
@@ -47,6 +52,8 @@ from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCa
 
 
 class Qwen3_5Attention(LlamaAttention):
+    output_gate = True
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod) -> None:
         super().__init__(cfg, layer_idx, method)
         q, kv = self.nh * self.hd, self.nkv * self.hd
@@ -61,13 +68,11 @@ class Qwen3_5Attention(LlamaAttention):
         T, nh, nkv, hd = h.shape[0], self.nh, self.nkv, self.hd
         qg, k, v = self.qkv_proj(h).split([2 * nh * hd, nkv * hd, nkv * hd], dim=-1)
         qg = qg.view(T, nh, 2, hd)
-        assert self.q_norm is not None and self.k_norm is not None
-        qk = torch.cat([self.q_norm(qg[:, :, 0]), self.k_norm(k.reshape(T, nkv, hd))], dim=1)  # (T, nh + nkv, hd)
-        qk = rotate_(qk, rope)
+        # q's heads out from between their gates, beside k's (T, nh + nkv, hd); normed in place, then rotated
+        qk = rotate_(self._norm_qk(torch.cat([qg[:, :, 0], k.reshape(T, nkv, hd)], dim=1)), rope)
         o = attn.backend.forward(self.layer_idx, qk[:, :nh], qk[:, nh:], v.reshape(T, nkv, hd),
                                  attn.kv_caches[self.layer_idx], attn.metadata, self.scale)
-        o = o.reshape(T, nh, hd) * torch.sigmoid(qg[:, :, 1])
-        return self.o_proj(o.reshape(T, nh * hd))
+        return self.o_proj(sigmoid_gate(o.reshape(T, nh, hd), qg[:, :, 1]).reshape(T, nh * hd))
 
 
 class OneWeight(nn.Module):

@@ -19,8 +19,13 @@
 // in a Mamba2 layer (Granite 4.0-H)
 //   z | xBC | dt = h . Win^T;  g = the conv, the scan and the gated norm over each sequence's window and state
 //   (tm_mamba2_decode) (M, I);  y = g . Wout^T
+// in a Gated DeltaNet layer (Qwen3.5)
+//   qkvz = h . Wqkvz^T;  ba = h . Wba^T;  g = the conv, the delta rule and the gated norm over each sequence's window
+//   and state (tm_gdn_decode) (M, Hv dv);  y = g . Wout^T
 // else attention:
-//   qkv = h . Wqkv^T (+ b)                       (M, (nh + 2 nkv) hd), q | k | v heads adjacent
+//   qkv = h . Wqkv^T (+ b)                       (M, (nh + 2 nkv) hd), q | k | v heads adjacent (Qwen3.5's gated
+//                                                attention: each q head then its gate's hd; q and k heads copied
+//                                                out, adjacent, and the output times sigmoid(gate) before Wo)
 //   q and k heads rmsnorm'ed in place, each by its norm's weight (Qwen3's q / k norms, Gemma 3's by (1 + w);
 //   where the layer has them)
 //   rotary on q and k heads in place (by the step's tables, or a windowed layer's own: Gemma's local layers);
@@ -81,6 +86,13 @@ using Mamba2Fn = int (*)(int dtype, void* out, int64_t out_stride, const void* x
                          float* conv_pool, float* ssm_pool, const int64_t* src_slots, const int64_t* dst_slots,
                          const float* neg_a, const float* dt_bias, const float* D, const float* norm_w, int64_t N,
                          int64_t H, int64_t G, int64_t P, int64_t Ns, int64_t K, float eps, int nthreads);
+using GdnFn = int (*)(int dtype, void* out, int64_t out_stride, const void* qkv, int64_t qkv_stride, const void* z,
+                      int64_t z_stride, const void* ba, int64_t ba_stride, const float* conv_w, float* conv_pool,
+                      float* ssm_pool, const int64_t* src_slots, const int64_t* dst_slots, const float* neg_a,
+                      const float* dt_bias, const float* norm_w, int64_t N, int64_t Hk, int64_t Hv, int64_t dk,
+                      int64_t dv, int64_t K, int tiled, float eps, int nthreads);
+using SigmoidMulFn = int (*)(int dtype, void* x, int64_t x_stride, const void* g, int64_t g_stride,
+                             int64_t g_head_stride, int64_t rows, int64_t heads, int64_t hd, int nthreads);
 using AttentionFn = int (*)(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
                             const void* k_cache, const void* v_cache, const int64_t* tables, int64_t table_stride,
                             const int64_t* lens, const int64_t* starts, int64_t num_seqs, int64_t nh, int64_t nkv,
@@ -109,6 +121,8 @@ struct TmKernels {
     ShortConvFn shortconv;       // NULL when no layer is a short conv
     Mamba2Fn mamba2;             // NULL when no layer is a Mamba2 one
     SiluMulFn gelu_tanh_and_mul; // the MLP's activation where TmModel.act is 1 (Gemma's)
+    GdnFn gdn;                   // NULL when no layer is a Gated DeltaNet
+    SigmoidMulFn sigmoid_mul;    // attention output gates (Qwen3.5's)
 };
 
 // One linear layer y (M, out) = x (M, in) . W^T (+ bias): its output columns in parts.
@@ -160,6 +174,19 @@ struct TmMamba {
     float eps;
 };
 
+// A Gated DeltaNet layer between its projections (tm_gdn_decode's arguments but the step's); in_proj_qkvz's rows are
+// q | k | v (C = 2 Hk dk + Hv dv) | z (Hv dv), in_proj_ba's b | a (Hv each).
+struct TmGdn {
+    const float* conv_w;       // (C, K)
+    float* conv_pool;          // (slots, C, K - 1)
+    float* ssm_pool;           // (slots, Hv, dk, dv)
+    const float* neg_a;        // (Hv,) -exp(A_log)
+    const float* dt_bias;      // (Hv,)
+    const float* norm_w;       // (dv,) the gated norm's weight
+    int64_t Hk, Hv, dk, dv, K, tiled;
+    float eps;
+};
+
 struct TmLayer {
     const void* input_norm;   // (D,)
     const void* post_norm;    // (D,)
@@ -180,6 +207,10 @@ struct TmLayer {
     int64_t rope_alt;         // 1: rotary by the step's second tables (cos_alt / ssin_alt: windowed layers' own base)
     const void* attn_out_norm;  // (D,) the mixer's output rmsnorm'ed before it joins the residual (Gemma 2 / 3), or NULL
     const void* mlp_out_norm;   // (D,) ... and the MLP's (Gemma 2 / 3), or NULL
+    // a Gated DeltaNet layer instead of attention (qkv: in_proj_qkvz, ba: in_proj_ba, o: out_proj), or NULL
+    const TmGdn* gdn;
+    TmLinear ba;
+    int64_t gate;             // 1: q's rows are per head hd of q then hd of a gate; the output times sigmoid(gate)
 };
 
 struct TmModel {
@@ -213,7 +244,8 @@ struct TmStep {
     const int64_t* src_slots;  // (M,) each sequence's recurrent state slot read (-1: fresh) (short conv, Mamba2)
     const int64_t* dst_slots;  // (M,) ... and written
     int64_t* starts;           // (M,) scratch: each token's first key under a window
-    void* qkv;                 // (M, (nh + 2 nkv) hd), or a recurrent layer's in_proj rows if wider
+    void* qkv;                 // (M, (nh + 2 nkv) hd) ((2 nh + 2 nkv) hd gated), or a recurrent layer's in_proj rows if wider
+    void* qk;                  // (M, (nh + nkv) hd): gated attention's q and k heads, adjacent; or NULL
     void* attn;                // (M, nh hd), or a recurrent layer's rows for out_proj if wider
     void* h;                   // (M, D)
     void* y;                   // (M, D)
@@ -225,7 +257,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 12; }  // 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 13; }  // 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -321,34 +353,60 @@ int mamba2(const TmModel& m, const TmLayer& L, const TmStep& s) {
     return rc == 0 ? linear(m, L.o, s.attn, s.M, s.y, s) : rc;
 }
 
+// y (M, D) = the Gated DeltaNet layer on h (M, D): in_proj_qkvz into qkv's buffer, in_proj_ba into y's (2 Hv <= D),
+// the kernel into attn's, out_proj
+int gdn(const TmModel& m, const TmLayer& L, const TmStep& s) {
+    const TmGdn& G = *L.gdn;
+    const int64_t C = 2 * G.Hk * G.dk + G.Hv * G.dv, W = L.qkv.out_features, esize = m.dtype == 0 ? 4 : 2;
+    int rc = linear(m, L.qkv, s.h, s.M, s.qkv, s);
+    if (rc == 0) rc = linear(m, L.ba, s.h, s.M, s.y, s);
+    if (rc == 0)
+        rc = m.k.gdn(m.dtype, s.attn, G.Hv * G.dv, s.qkv, W, static_cast<char*>(s.qkv) + C * esize, W, s.y, 2 * G.Hv,
+                     G.conv_w, G.conv_pool, G.ssm_pool, s.src_slots, s.dst_slots, G.neg_a, G.dt_bias, G.norm_w, s.M,
+                     G.Hk, G.Hv, G.dk, G.dv, G.K, int(G.tiled), G.eps, s.nthreads);
+    return rc == 0 ? linear(m, L.o, s.attn, s.M, s.y, s) : rc;
+}
+
 // y (M, D) = the attention layer on h (M, D), every token's K/V written to the cache first
 int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
     const TmKernels& k = m.k;
     const int64_t M = s.M, hd = m.hd, nh = m.nh, nkv = m.nkv;
-    const int64_t qkv_w = (nh + 2 * nkv) * hd, kv_w = nkv * hd, esize = m.dtype == 0 ? 4 : 2;
+    const int64_t qkv_w = (nh * (L.gate ? 2 : 1) + 2 * nkv) * hd, kv_w = nkv * hd, esize = m.dtype == 0 ? 4 : 2;
     const int t = s.nthreads, dt = m.dtype;
     auto at = [esize](void* p, int64_t elems) { return static_cast<char*>(p) + elems * esize; };
     int rc = linear(m, L.qkv, s.h, M, s.qkv, s);
-    if (rc == 0 && L.q_norm != nullptr)
-        rc = k.head_rms_norm(dt, s.qkv, qkv_w, M, nh, hd, L.q_norm, m.qk_offset, m.eps, t);
+    if (rc) return rc;
+    // q | k heads adjacent at qk, rows qk_w apart; v rows at v, qkv_w apart
+    void* qk = s.qkv;
+    int64_t qk_w = qkv_w;
+    const char* v = at(s.qkv, (nh + nkv) * hd);
+    if (L.gate) {  // q's heads out from between their gates, beside k's
+        qk = s.qk, qk_w = (nh + nkv) * hd, v = at(s.qkv, (2 * nh + nkv) * hd);
+        for (int64_t r = 0; r < M; ++r) {
+            for (int64_t h = 0; h < nh; ++h)
+                std::memcpy(at(qk, r * qk_w + h * hd), at(s.qkv, r * qkv_w + 2 * h * hd), hd * esize);
+            std::memcpy(at(qk, r * qk_w + nh * hd), at(s.qkv, r * qkv_w + 2 * nh * hd), kv_w * esize);
+        }
+    }
+    if (L.q_norm != nullptr) rc = k.head_rms_norm(dt, qk, qk_w, M, nh, hd, L.q_norm, m.qk_offset, m.eps, t);
     if (rc == 0 && L.k_norm != nullptr)
-        rc = k.head_rms_norm(dt, at(s.qkv, nh * hd), qkv_w, M, nkv, hd, L.k_norm, m.qk_offset, m.eps, t);
+        rc = k.head_rms_norm(dt, at(qk, nh * hd), qk_w, M, nkv, hd, L.k_norm, m.qk_offset, m.eps, t);
     if (rc == 0 && L.rotate)
-        rc = k.rotary(dt, s.qkv, qkv_w, nh + nkv, hd, m.rot, L.rope_alt ? s.cos_alt : s.cos,
+        rc = k.rotary(dt, qk, qk_w, nh + nkv, hd, m.rot, L.rope_alt ? s.cos_alt : s.cos,
                       L.rope_alt ? s.ssin_alt : s.ssin, s.tab_stride, M, t);
     if (rc) return rc;
     for (int64_t r = 0; r < M; ++r) {  // every token's K/V is in the cache before any token attends
-        const char* row = at(s.qkv, r * qkv_w + nh * hd);
-        std::memcpy(at(L.k_cache, s.slots[r] * kv_w), row, kv_w * esize);
-        std::memcpy(at(L.v_cache, s.slots[r] * kv_w), row + kv_w * esize, kv_w * esize);
+        std::memcpy(at(L.k_cache, s.slots[r] * kv_w), at(qk, r * qk_w + nh * hd), kv_w * esize);
+        std::memcpy(at(L.v_cache, s.slots[r] * kv_w), v + r * qkv_w * esize, kv_w * esize);
     }
     const int64_t* starts = nullptr;
     if (L.window > 0) {
         for (int64_t r = 0; r < M; ++r) s.starts[r] = s.lens[r] > L.window ? s.lens[r] - L.window : 0;
         starts = s.starts;
     }
-    rc = k.attention(dt, s.attn, nh * hd, s.qkv, qkv_w, L.k_cache, L.v_cache, s.tables, s.table_stride, s.lens, starts,
+    rc = k.attention(dt, s.attn, nh * hd, qk, qk_w, L.k_cache, L.v_cache, s.tables, s.table_stride, s.lens, starts,
                      M, nh, nkv, hd, m.block_size, m.scale, m.softcap, m.partition, t, M, L.sinks);
+    if (rc == 0 && L.gate) rc = k.sigmoid_mul(dt, s.attn, nh * hd, at(s.qkv, hd), qkv_w, 2 * hd, M, nh, hd, t);
     return rc == 0 ? linear(m, L.o, s.attn, M, s.y, s) : rc;
 }
 
@@ -383,8 +441,11 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
             rc = k.add_rms_norm(dt, s->h, D, res, D, nullptr, 0, L.input_norm, M, D, m.eps, t);
         else
             rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.input_norm, M, D, m.eps, t);
-        if (rc == 0) rc = L.conv_w != nullptr ? short_conv(m, L, *s) : L.mamba != nullptr ? mamba2(m, L, *s)
-                                                                                     : attention(m, L, *s);
+        if (rc == 0)
+            rc = L.conv_w != nullptr ? short_conv(m, L, *s)
+                 : L.mamba != nullptr ? mamba2(m, L, *s)
+                 : L.gdn != nullptr   ? gdn(m, L, *s)
+                                      : attention(m, L, *s);
         if (rc == 0 && L.attn_out_norm != nullptr)  // in place (the kernel reads a row before writing it)
             rc = k.add_rms_norm(dt, s->y, D, s->y, D, nullptr, 0, L.attn_out_norm, M, D, m.eps, t);
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);

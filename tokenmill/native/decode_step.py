@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 12
+ABI = 13
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -35,7 +35,7 @@ class TmKernels(ctypes.Structure):
     _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_matmul_bf16", _P), ("amx_min_rows", _I64), ("panel_matmul", _P),
                 ("panel_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
                 ("rotary", _P), ("attention", _P), ("head_rms_norm", _P), ("moe", _P),
-                ("shortconv", _P), ("mamba2", _P), ("gelu_tanh_and_mul", _P)]
+                ("shortconv", _P), ("mamba2", _P), ("gelu_tanh_and_mul", _P), ("gdn", _P), ("sigmoid_mul", _P)]
 
 
 class TmLinear(ctypes.Structure):
@@ -56,12 +56,18 @@ class TmMamba(ctypes.Structure):
                 ("eps", _F)]
 
 
+class TmGdn(ctypes.Structure):
+    _fields_ = [("conv_w", _P), ("conv_pool", _P), ("ssm_pool", _P), ("neg_a", _P), ("dt_bias", _P), ("norm_w", _P),
+                ("Hk", _I64), ("Hv", _I64), ("dk", _I64), ("dv", _I64), ("K", _I64), ("tiled", _I64), ("eps", _F)]
+
+
 class TmLayer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", TmLinear), ("o", TmLinear), ("gate_up", TmLinear),
                 ("down", TmLinear), ("k_cache", _P), ("v_cache", _P), ("window", _I64), ("rotate", _I64),
                 ("q_norm", _P), ("k_norm", _P), ("moe", ctypes.POINTER(TmMoe)), ("sinks", _P),
                 ("conv_w", _P), ("conv_pool", _P), ("conv_k", _I64), ("mamba", ctypes.POINTER(TmMamba)),
-                ("rope_alt", _I64), ("attn_out_norm", _P), ("mlp_out_norm", _P)]
+                ("rope_alt", _I64), ("attn_out_norm", _P), ("mlp_out_norm", _P), ("gdn", ctypes.POINTER(TmGdn)),
+                ("ba", TmLinear), ("gate", _I64)]
 
 
 class TmModel(ctypes.Structure):
@@ -75,7 +81,7 @@ class TmStep(ctypes.Structure):
     _fields_ = [("M", _I64), ("num_layers", _I64), ("x", _P), ("cos", _P), ("ssin", _P), ("cos_alt", _P), ("ssin_alt", _P),
                 ("tab_stride", _I64),
                 ("slots", _P), ("tables", _P), ("table_stride", _I64), ("lens", _P), ("src_slots", _P), ("dst_slots", _P), ("starts", _P),
-                ("qkv", _P), ("attn", _P), ("h", _P), ("y", _P), ("gate_up", _P), ("act", _P), ("out", _P),
+                ("qkv", _P), ("qk", _P), ("attn", _P), ("h", _P), ("y", _P), ("gate_up", _P), ("act", _P), ("out", _P),
                 ("wide_in", _P), ("wide_out", _P), ("nthreads", ctypes.c_int)]
 
 
@@ -123,7 +129,8 @@ def kernel_table(panel_min_rows: int | None = None, vnni: int = 0) -> TmKernels:
                      rotary=_address(k, "tm_rotary_part"), attention=_address(k, "tm_paged_attention_rows"),
                      head_rms_norm=_address(k, "tm_head_rms_norm"), moe=_address(ggml.lib(), "tm_moe"),
                      shortconv=_address(k, "tm_shortconv_decode"), mamba2=_address(k, "tm_mamba2_decode"),
-                     gelu_tanh_and_mul=_address(k, "tm_gelu_tanh_and_mul"))
+                     gelu_tanh_and_mul=_address(k, "tm_gelu_tanh_and_mul"), gdn=_address(k, "tm_gdn_decode"),
+                     sigmoid_mul=_address(k, "tm_sigmoid_mul"))
 
 
 def run(model: ctypes.Structure, step: ctypes.Structure) -> None:

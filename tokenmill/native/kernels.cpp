@@ -7,6 +7,7 @@
 //   tm_silu_and_mul   out = silu(gate) * up, from the fused (T, 2I) gate|up rows
 //   tm_gelu_tanh_and_mul
 //                     out = gelu_tanh(gate) * up, the same rows (Gemma's MLP)
+//   tm_sigmoid_mul    x *= sigmoid(g) in place, per head (Qwen3.5's attention output gate)
 //   tm_rotary_part    q and k heads rotated in place (HF rotate-half) by per-token cos / signed-sin rows: each
 //                     head's leading dims (all of them, or partial rotary's)
 //   tm_argmax_rows    greedy picks: the index of each row's first maximum (logits rows)
@@ -415,6 +416,24 @@ void gelu_tanh_and_mul(T* out, int64_t out_stride, const T* in, int64_t in_strid
             float z = (gv + (kA * gv) * (gv * gv)) * kC;
             store1(o + i, (gv / (1.0f + std::exp(std::min(z, 88.0f)))) * to_f32(u[i]));
         }
+    });
+}
+
+// ---- x *= sigmoid(g), per head (Qwen3.5's attention output gate) ---------------------------------------------
+// x (rows, heads, hd), heads hd apart; g's heads g_head_stride apart: x / (1 + exp(-g)), rounded once.
+template <typename T>
+void sigmoid_mul(T* x, int64_t x_stride, const T* g, int64_t g_stride, int64_t g_head_stride, int64_t rows,
+                 int64_t heads, int64_t hd, int nthreads) {
+    for_rows(rows * heads, threads_for(rows * heads * hd, nthreads), [&](int64_t r) {
+        T* o = x + (r / heads) * x_stride + (r % heads) * hd;
+        const T* gg = g + (r / heads) * g_stride + (r % heads) * g_head_stride;
+        int64_t i = 0;
+#ifdef TM_AVX512  // the same operations on 16 lanes: the same bits
+        for (; i + 16 <= hd; i += 16)
+            vstore(o + i, vload16(o + i) / (vset16(1.0f) + vexp(vzero16() - vload16(gg + i))));
+#endif
+        for (; i + 8 <= hd; i += 8) vstore(o + i, vload(o + i) / (vset1(1.0f) + vexp(vzero() - vload(gg + i))));
+        for (; i < hd; ++i) store1(o + i, to_f32(o[i]) / (1.0f + std::exp(std::min(-to_f32(gg[i]), 88.0f))));
     });
 }
 
@@ -1429,9 +1448,9 @@ void shortconv_decode(T* out, int64_t out_stride, const T* bcx, int64_t bcx_stri
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-// 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone (tm_rotary_part takes whole heads too); 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
+// 15: tm_sigmoid_mul; 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone (tm_rotary_part takes whole heads too); 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
 // fresh); 7: tm_gdn_decode; 6: tm_paged_attention_rows takes attention sinks
-int tm_abi_version() { return 14; }
+int tm_abi_version() { return 15; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -1513,6 +1532,21 @@ int tm_gelu_tanh_and_mul(int dtype, void* out, int64_t out_stride, const void* i
     else if (dtype == 1)
         gelu_tanh_and_mul(static_cast<bf16*>(out), out_stride, static_cast<const bf16*>(in), in_stride, rows, I,
                           nthreads);
+    else
+        return -1;
+    return 0;
+}
+
+// x (rows, heads, hd) *= sigmoid(g) in place: x's heads hd apart, rows x_stride apart; g's rows g_stride apart and
+// heads g_head_stride apart (Qwen3.5's gate: each head's hd values after its q's)
+int tm_sigmoid_mul(int dtype, void* x, int64_t x_stride, const void* g, int64_t g_stride, int64_t g_head_stride,
+                   int64_t rows, int64_t heads, int64_t hd, int nthreads) {
+    if (dtype == 0)
+        sigmoid_mul(static_cast<float*>(x), x_stride, static_cast<const float*>(g), g_stride, g_head_stride, rows,
+                    heads, hd, nthreads);
+    else if (dtype == 1)
+        sigmoid_mul(static_cast<bf16*>(x), x_stride, static_cast<const bf16*>(g), g_stride, g_head_stride, rows,
+                    heads, hd, nthreads);
     else
         return -1;
     return 0;

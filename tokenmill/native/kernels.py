@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 14  # 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone; 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
+ABI_VERSION = 15  # 15: tm_sigmoid_mul; 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone; 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
 # (was slots and fresh)
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
@@ -43,6 +43,8 @@ _SIGNATURES = {
     "tm_head_rms_norm": [_I32, _P, _I64, _I64, _I64, _I64, _P, _F32, _F32, _I32],
     "tm_silu_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
     "tm_gelu_tanh_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
+    # dtype, x, x_stride, g, g_stride, g_head_stride, rows, heads, hd, nthreads
+    "tm_sigmoid_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I32],
     # dtype, x, x_stride, heads, head_dim, rot, cos, ssin, tab_stride, rows, nthreads
     "tm_rotary_part": [_I32, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
     "tm_argmax_rows": [_I32, _P, _I64, _I64, _I64, _P, _I32],
@@ -143,6 +145,22 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     """x (T, 2I) = gate | up -> gelu(gate, tanh approximation) * up (T, I), a new tensor. None: not for the
     kernel."""
     return _gated(x, "tm_gelu_tanh_and_mul")
+
+
+def sigmoid_mul_(x: torch.Tensor, g: torch.Tensor) -> bool:
+    """x (T, H, hd), heads hd apart and unit stride in hd, times sigmoid(g) in place; g (T, H, hd) of x's dtype, unit
+    stride in hd (heads any distance apart: Qwen3.5's gates sit between its q heads). False: not for the kernel
+    (nothing written)."""
+    code = _DTYPE_CODE.get(x.dtype)
+    lib = library()
+    if code is None or lib is None or not x.is_cpu or x.dim() != 3 or g.dtype != x.dtype or g.shape != x.shape:
+        return False
+    T, H, hd = x.shape
+    xs, gs = x.stride(), g.stride()
+    if xs[2] != 1 or gs[2] != 1 or (xs[1] != hd and H > 1):
+        return False
+    rc = lib.tm_sigmoid_mul(code, x.data_ptr(), xs[0], g.data_ptr(), gs[0], gs[1], T, H, hd, torch.get_num_threads())
+    return rc == 0
 
 
 def _gated(x: torch.Tensor, entry: str) -> torch.Tensor | None:
