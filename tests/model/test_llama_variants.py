@@ -362,15 +362,19 @@ def test_ministral3_temperature_in_the_native_decode_step(tokenizer, tmp_path: P
     assert ours.generate([ids], GREEDY)[0].outputs[0].token_ids == want
 
 
-def test_gemma_in_the_native_decode_step(tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Gemma (1) takes the one-call native decode step (its GELU-tanh MLP, (1 + w) norms, embeddings times
-    sqrt(hidden)): on a Q8_0 file it gives the layer path's token ids and logprobs bit for bit, at fp32 and bf16."""
+@pytest.mark.parametrize("family", ["gemma", "glm4", "olmo2", "olmo3", "exaone4"])
+def test_in_the_native_decode_step(family: str, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma (1) (its GELU-tanh MLP, (1 + w) norms, embeddings times sqrt(hidden)), GLM-4 (norms after each
+    sublayer too, half of each head rotating, q / k / v biases), OLMo 2 (norms only after each sublayer, q / k norms
+    over the whole projection), OLMo 3 (windowed layers on their own rotary tables) and EXAONE 4 (OLMo 2's norms,
+    per-head q / k norms, windowed layers and a global one without rotary) take the one-call native decode step:
+    on a Q8_0 file it gives the layer path's token ids and logprobs bit for bit, at fp32 and bf16."""
     from tokenmill.native import decode_step, ggml
 
     if not ggml.available() or decode_step.library() is None:
         pytest.skip("ggml or the native decode step is not built here")
-    _, model = make_hf(tmp_path / "hf", "gemma", tokenizer)
-    g = write_gguf(tmp_path / "gemma-q8.gguf", "gemma", model, tokenizer, qtype="Q8_0")
+    _, model = make_hf(tmp_path / "hf", family, tokenizer)
+    g = write_gguf(tmp_path / f"{family}-q8.gguf", family, model, tokenizer, qtype="Q8_0")
     calls: list[int] = []
     real = decode_step.run
     monkeypatch.setattr(decode_step, "run", lambda m, s: (calls.append(int(s.M)), real(m, s)))

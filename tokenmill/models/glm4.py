@@ -10,6 +10,8 @@ What differs from llama (models/llama.py, whose attention, fused qkv_proj / gate
     HF's rows; loader/weights.py, INTERLEAVED_ROTARY), so llama's rotary computes it;
   - q / k / v biases (attention_bias), none on o_proj; the checkpoint's MLP is one gate_up_proj tensor.
 
+Decode steps on the gguf method run in one native call (models/native_decode.py: the sandwich norms as Gemma's).
+
 Shapes: T = tokens in the step, D = hidden.
 """
 
@@ -41,9 +43,13 @@ class Glm4DecoderLayer(nn.Module):
                 attn: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
         """llama's contract: the stream is x + residual (the first layer: x the embeddings, residual None)
         -> (this layer's normed MLP output, residual)."""
-        s = x if residual is None else x + residual
-        s = s + self.post_self_attn_layernorm(self.self_attn(self.input_layernorm(s), rope, attn))
-        return self.post_mlp_layernorm(self.mlp(self.post_attention_layernorm(s))), s
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:  # the stream's sum and its norm in one pass (native: the step's bits)
+            h, residual = self.input_layernorm(x, residual)
+        a = self.post_self_attn_layernorm(self.self_attn(h, rope, attn))
+        h, residual = self.post_attention_layernorm(a, residual)
+        return self.post_mlp_layernorm(self.mlp(h)), residual
 
 
 class Glm4ForCausalLM(LlamaForCausalLM):

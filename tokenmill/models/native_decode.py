@@ -13,7 +13,7 @@ What fits, checked once per model (`unsupported` says why not, logged once):
   MLP, rotary through the native kernel, full or partial (Phi-4-mini's; or none on a layer: SmolLM3's NoPE layers), Granite's
   multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's), attention sinks (gpt-oss's);
 - Gemma's layers: the GELU-gated MLP on its native kernel, (1 + w) norms, and Gemma 2 / 3's norms after each
-  sublayer, (1 + w) q/k norms (Gemma 3), the local layers' own rotary tables (any windowed layers' own tables:
+  sublayer (GLM-4's too), (1 + w) q/k norms (Gemma 3), the local layers' own rotary tables (any windowed layers' own tables:
   the step's second ones), the attention soft-cap (Gemma 2); the embeddings scaled by the model's own embed();
 - mixture-of-experts layers where their one-call path applies with the router inside (SparseMoE.one_call_layer:
   Qwen3-MoE, Mixtral, Granite MoE, ERNIE 4.5 MoE, gpt-oss with experts on ggml's kernels; a shared expert only
@@ -84,14 +84,16 @@ def unsupported(model: Model) -> str | None:
         return "q/k norms after rotary"
     from tokenmill.models.gemma import GemmaDecoderLayer  # (all import this module)
     from tokenmill.models.gemma3 import Gemma3Attention, Gemma3DecoderLayer
+    from tokenmill.models.glm4 import Glm4DecoderLayer
+    from tokenmill.models.olmo2 import Exaone4DecoderLayer, Olmo2Attention, Olmo2DecoderLayer
     from tokenmill.models.gpt_oss import GptOssAttention, GptOssDecoderLayer
     from tokenmill.models.granite_hybrid import GraniteHybridDecoderLayer, Mamba2Mixer
     from tokenmill.models.lfm2 import Lfm2DecoderLayer, ShortConv
     from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer
     from tokenmill.models.qwen3_5 import GatedDeltaNet, Qwen3_5Attention, Qwen3_5DecoderLayer
 
-    # the step computes llama's layer (OLMo's, GLM-4's, Cohere2's norms differ) and Gemma 2 / 3's (norms after each
-    # sublayer too); gpt-oss's classes only build other modules (a biased o_proj, the sinks) around llama's forward,
+    # the step computes llama's layer (Cohere2's norms differ), Gemma 2 / 3's and GLM-4's (norms after each sublayer
+    # too) and OLMo 2's and EXAONE 4's (only after); gpt-oss's classes only build other modules (a biased o_proj, the sinks) around llama's forward,
     # Gemma's only other norms and MLP; LFM2's layer is llama's with a short conv or llama's attention as its mixer,
     # Granite 4.0-H's a Mamba2 one or llama's attention, Qwen3.5's a Gated DeltaNet or llama's attention with an
     # output gate
@@ -102,10 +104,12 @@ def unsupported(model: Model) -> str | None:
             return type(layer.mamba) is Mamba2Mixer if layer.is_mamba else type(layer.self_attn) is LlamaAttention
         if type(layer) is Gemma3DecoderLayer:
             return type(layer.self_attn) is Gemma3Attention
+        if type(layer) in (Olmo2DecoderLayer, Exaone4DecoderLayer):
+            return type(layer.self_attn) is layer.attention and layer.attention in (Olmo2Attention, LlamaAttention)
         if type(layer) is Qwen3_5DecoderLayer:
             return type(layer.linear_attn) is GatedDeltaNet if layer.is_linear \
                 else type(layer.self_attn) is Qwen3_5Attention
-        return type(layer) in (LlamaDecoderLayer, GptOssDecoderLayer, GemmaDecoderLayer) \
+        return type(layer) in (LlamaDecoderLayer, GptOssDecoderLayer, GemmaDecoderLayer, Glm4DecoderLayer) \
             and type(layer.self_attn) in (LlamaAttention, GptOssAttention)
 
     other = {type(layer).__name__ for layer in _layers(model) if not fits(layer)}
@@ -137,8 +141,8 @@ def unsupported(model: Model) -> str | None:
                 return "a Gated DeltaNet layer not on the native kernel"
         elif a.sinks is not None and a.sinks.shape != (cfg.num_heads,):
             return "attention sinks of another shape"
-        elif a.q_norm is not None and a.k_norm is not None:
-            for hn in (a.q_norm, a.k_norm):
+        elif a.q_norm is not None and a.k_norm is not None or _whole_qk_norms(a):
+            for hn in _qk_norms(a):
                 if not hn.use_native or hn.weight.dtype != dtype or hn.eps != cfg.rms_norm_eps:
                     return "q/k norms not on the native kernel"
         linears = _mixer_linears(layer) + _extra_linears(layer)
@@ -152,7 +156,7 @@ def unsupported(model: Model) -> str | None:
             widths.add(mlp.gate_up_proj.out_features)
             acts.add(type(mlp.act))
             linears += [mlp.gate_up_proj, mlp.down_proj]
-        norms += [layer.input_layernorm, layer.post_attention_layernorm] + _out_norms(layer)
+        norms += [n for n in _sublayer_norms(layer) if n is not None]
         for lin in linears:
             if not isinstance(lin.method, GGUFLinearMethod) or (lin.matmul is None and lin.block_mm is None):
                 return "matmuls not on the gguf method's block kernels"
@@ -170,10 +174,28 @@ def unsupported(model: Model) -> str | None:
     return None
 
 
-def _out_norms(layer: Any) -> list[Any]:
-    """Gemma 2 / 3's norms of each sublayer's output (the pre-MLP norm among them), or none."""
-    return [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm] \
-        if hasattr(layer, "post_feedforward_layernorm") else []
+def _sublayer_norms(layer: Any) -> tuple[Any, Any, Any, Any]:
+    """(the norm before the mixer, of its output, before the MLP, of its output), None where the layer has none: Gemma
+    2 / 3's and GLM-4's norm each sublayer's output too, under their own names; OLMo 2's and EXAONE 4's only that."""
+    if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2 / 3
+        return (layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                layer.post_feedforward_layernorm)
+    if hasattr(layer, "post_mlp_layernorm"):  # GLM-4
+        return (layer.input_layernorm, layer.post_self_attn_layernorm, layer.post_attention_layernorm,
+                layer.post_mlp_layernorm)
+    if hasattr(layer, "post_feedforward_layernorm"):  # OLMo 2, EXAONE 4
+        return None, layer.post_attention_layernorm, None, layer.post_feedforward_layernorm
+    return layer.input_layernorm, None, layer.post_attention_layernorm, None
+
+
+def _whole_qk_norms(a: Any) -> bool:
+    """The attention's q / k norms normalize the whole projection (OLMo 2's q_norm_full / k_norm_full)."""
+    return getattr(a, "q_norm_full", None) is not None
+
+
+def _qk_norms(a: Any) -> tuple[Any, Any]:
+    """The attention's (q norm, k norm): per head, or over the whole projection."""
+    return (a.q_norm_full, a.k_norm_full) if _whole_qk_norms(a) else (a.q_norm, a.k_norm)
 
 
 def _conv(layer: Any) -> Any:
@@ -381,11 +403,9 @@ class NativeDecode:
             mlp, a, conv, mamba, gdn = layer.mlp, _attention(layer), _conv(layer), _mamba(layer), _gdn(layer)
             experts = isinstance(mlp, SparseMoE)
             mix_in, mix_out = _mixer_linears(layer)
-            out_norms = _out_norms(layer)  # Gemma's: post_attention_layernorm is the attention output's
-            pre_mlp = out_norms[0] if out_norms else layer.post_attention_layernorm
-            lyr = TmLayer(input_norm=layer.input_layernorm.weight.data_ptr(), post_norm=pre_mlp.weight.data_ptr(),
-                          attn_out_norm=layer.post_attention_layernorm.weight.data_ptr() if out_norms else None,
-                          mlp_out_norm=out_norms[1].weight.data_ptr() if out_norms else None,
+            pre_mix, attn_out, pre_mlp, mlp_out = (None if n is None else n.weight.data_ptr()
+                                                   for n in _sublayer_norms(layer))
+            lyr = TmLayer(input_norm=pre_mix, post_norm=pre_mlp, attn_out_norm=attn_out, mlp_out_norm=mlp_out,
                           rope_alt=int(self._alt_layers[i]),
                           qkv=_linear(mix_in, keep, self.dtype), o=_linear(mix_out, keep, self.dtype),
                           gate_up=TmLinear() if experts else _linear(mlp.gate_up_proj, keep, self.dtype),
@@ -405,8 +425,10 @@ class NativeDecode:
                 k_cache, v_cache = caches[a.layer_idx]
                 lyr.k_cache, lyr.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
                 lyr.window, lyr.rotate, lyr.gate = a.sliding_window, int(a.rotates), int(a.output_gate)
-                lyr.q_norm = None if a.q_norm is None else a.q_norm.weight.data_ptr()
-                lyr.k_norm = None if a.k_norm is None else a.k_norm.weight.data_ptr()
+                qn, kn = _qk_norms(a)
+                lyr.q_norm = None if qn is None else qn.weight.data_ptr()
+                lyr.k_norm = None if kn is None else kn.weight.data_ptr()
+                lyr.qk_norm_whole = int(_whole_qk_norms(a))
                 lyr.sinks = None if a.sinks is None else _kept(a.sinks.detach().float().contiguous(), keep)
             layers[i] = lyr
         keep.append(layers)

@@ -13,7 +13,8 @@
 // allocation, ctypes argument conversion), which was a third of a one-stream decode step of SmolLM2.
 //
 // Per layer, for x (M, D) the previous layer's MLP output and res (M, D) the residual stream:
-//   h = rmsnorm(res += x) * w_in                 (layer 0: res = the embeddings, h = rmsnorm(res) * w_in)
+//   h = rmsnorm(res += x) * w_in                 (layer 0: res = the embeddings, h = rmsnorm(res) * w_in; OLMo 2 and
+//                                                EXAONE 4 have no w_in or w_post: h = (res += x))
 // then the token mixer: in an LFM2 short conv layer
 //   bcx = h . Win^T (M, 3D);  c = C * conv(B * x) over each sequence's window (tm_shortconv_decode);  y = c . Wout^T
 // in a Mamba2 layer (Granite 4.0-H)
@@ -31,11 +32,11 @@
 //   rotary on q and k heads in place (by the step's tables, or a windowed layer's own: Gemma's local layers);
 //   k, v rows copied to their cache slots (all M before any attends)
 //   a = attention(q over each row's paged context [start, len))   (M, nh hd) (scores soft-capped: Gemma 2)
-//   h = rmsnorm(res += a . Wo^T) * w_post           (Gemma 2 / 3: rmsnorm(a . Wo^T) * w_attn_out joins res)
+//   h = rmsnorm(res += a . Wo^T) * w_post           (Gemma 2 / 3, GLM-4: rmsnorm(a . Wo^T) * w_attn_out joins res)
 //   x = (act(h . Wg^T) * (h . Wu^T)) . Wd^T        act silu, or gelu (tanh) for Gemma; in a mixture-of-experts
 //                                                  layer x = moe(h): the router, the routing and the chosen
 //                                                  experts in one tm_moe call (ggml_shim.cpp)
-//   (Gemma 2 / 3: x = rmsnorm(x) * w_mlp_out)
+//   (Gemma 2 / 3, GLM-4: x = rmsnorm(x) * w_mlp_out)
 // and at the end out = rmsnorm(res += x) * w_final.
 
 #include <cstdint>
@@ -188,8 +189,8 @@ struct TmGdn {
 };
 
 struct TmLayer {
-    const void* input_norm;   // (D,)
-    const void* post_norm;    // (D,)
+    const void* input_norm;   // (D,), or NULL: none (OLMo 2's and EXAONE 4's layers norm only each sublayer's output)
+    const void* post_norm;    // (D,) the norm before the MLP, or NULL: none
     TmLinear qkv, o, gate_up, down;
     void* k_cache;            // (num_blocks, block_size, nkv, hd), contiguous
     void* v_cache;
@@ -205,12 +206,14 @@ struct TmLayer {
     int64_t conv_k;
     const TmMamba* mamba;     // a Mamba2 layer instead of attention (qkv: in_proj, o: out_proj), or NULL
     int64_t rope_alt;         // 1: rotary by the step's second tables (cos_alt / ssin_alt: windowed layers' own base)
-    const void* attn_out_norm;  // (D,) the mixer's output rmsnorm'ed before it joins the residual (Gemma 2 / 3), or NULL
-    const void* mlp_out_norm;   // (D,) ... and the MLP's (Gemma 2 / 3), or NULL
+    const void* attn_out_norm;  // (D,) the mixer's output rmsnorm'ed before it joins the residual (Gemma 2 / 3,
+                                // GLM-4), or NULL
+    const void* mlp_out_norm;   // (D,) ... and the MLP's, or NULL
     // a Gated DeltaNet layer instead of attention (qkv: in_proj_qkvz, ba: in_proj_ba, o: out_proj), or NULL
     const TmGdn* gdn;
     TmLinear ba;
     int64_t gate;             // 1: q's rows are per head hd of q then hd of a gate; the output times sigmoid(gate)
+    int64_t qk_norm_whole;    // 1: q_norm / k_norm normalize the whole projection (nh hd, nkv hd: OLMo 2's), not each head
 };
 
 struct TmModel {
@@ -257,7 +260,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 13; }  // 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 14; }  // 14: layers without pre-norms, whole-projection q / k norms (OLMo 2, EXAONE 4); 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -388,9 +391,11 @@ int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
             std::memcpy(at(qk, r * qk_w + nh * hd), at(s.qkv, r * qkv_w + 2 * nh * hd), kv_w * esize);
         }
     }
-    if (L.q_norm != nullptr) rc = k.head_rms_norm(dt, qk, qk_w, M, nh, hd, L.q_norm, m.qk_offset, m.eps, t);
+    const int64_t qh = L.qk_norm_whole ? 1 : nh, kh = L.qk_norm_whole ? 1 : nkv;  // the norms' "heads"
+    if (L.q_norm != nullptr)
+        rc = k.head_rms_norm(dt, qk, qk_w, M, qh, nh * hd / qh, L.q_norm, m.qk_offset, m.eps, t);
     if (rc == 0 && L.k_norm != nullptr)
-        rc = k.head_rms_norm(dt, at(qk, nh * hd), qk_w, M, nkv, hd, L.k_norm, m.qk_offset, m.eps, t);
+        rc = k.head_rms_norm(dt, at(qk, nh * hd), qk_w, M, kh, nkv * hd / kh, L.k_norm, m.qk_offset, m.eps, t);
     if (rc == 0 && L.rotate)
         rc = k.rotary(dt, qk, qk_w, nh + nkv, hd, m.rot, L.rope_alt ? s.cos_alt : s.cos,
                       L.rope_alt ? s.ssin_alt : s.ssin, s.tab_stride, M, t);
@@ -408,6 +413,29 @@ int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
                      M, nh, nkv, hd, m.block_size, m.scale, m.softcap, m.partition, t, M, L.sinks);
     if (rc == 0 && L.gate) rc = k.sigmoid_mul(dt, s.attn, nh * hd, at(s.qkv, hd), qkv_w, 2 * hd, M, nh, hd, t);
     return rc == 0 ? linear(m, L.o, s.attn, M, s.y, s) : rc;
+}
+
+// h = rmsnorm(res += x) * w (x NULL: h = rmsnorm(res) * w); w NULL (no norm before the sublayer): res += x, then h = a
+// copy of res, each sum rounded as torch rounds x + res
+int into_h(const TmModel& m, const void* w, const void* x, void* res, const TmStep& s) {
+    const int64_t M = s.M, D = m.D, n = M * D;
+    if (w != nullptr)
+        return x == nullptr ? m.k.add_rms_norm(m.dtype, s.h, D, res, D, nullptr, 0, w, M, D, m.eps, s.nthreads)
+                            : m.k.add_rms_norm(m.dtype, s.h, D, x, D, res, D, w, M, D, m.eps, s.nthreads);
+    if (m.dtype == 0) {
+        float* r = static_cast<float*>(res);
+        const float* a = static_cast<const float*>(x);
+        if (a != nullptr)
+            for (int64_t i = 0; i < n; ++i) r[i] = r[i] + a[i];
+        std::memcpy(s.h, r, n * 4);
+    } else {
+        bf16* r = static_cast<bf16*>(res);
+        const bf16* a = static_cast<const bf16*>(x);
+        if (a != nullptr)
+            for (int64_t i = 0; i < n; ++i) r[i] = to_bf16(to_f32(r[i]) + to_f32(a[i]));
+        std::memcpy(s.h, r, n * 2);
+    }
+    return 0;
 }
 
 // p (n,) *= f in place, rounded as torch rounds a tensor times a Python float (in fp32; bf16 to nearest even)
@@ -437,10 +465,7 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
     void* res = s->x;
     for (int64_t l = 0; l < s->num_layers && rc == 0; ++l) {
         const TmLayer& L = m.layers[l];
-        if (l == 0)
-            rc = k.add_rms_norm(dt, s->h, D, res, D, nullptr, 0, L.input_norm, M, D, m.eps, t);
-        else
-            rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.input_norm, M, D, m.eps, t);
+        rc = into_h(m, L.input_norm, l == 0 ? nullptr : s->y, res, *s);
         if (rc == 0)
             rc = L.conv_w != nullptr ? short_conv(m, L, *s)
                  : L.mamba != nullptr ? mamba2(m, L, *s)
@@ -449,7 +474,7 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
         if (rc == 0 && L.attn_out_norm != nullptr)  // in place (the kernel reads a row before writing it)
             rc = k.add_rms_norm(dt, s->y, D, s->y, D, nullptr, 0, L.attn_out_norm, M, D, m.eps, t);
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
-        if (rc == 0) rc = k.add_rms_norm(dt, s->h, D, s->y, D, res, D, L.post_norm, M, D, m.eps, t);
+        if (rc == 0) rc = into_h(m, L.post_norm, s->y, res, *s);
         if (rc == 0 && L.moe != nullptr) {
             rc = moe(m, *L.moe, s->h, M, s->y, *s);
         } else {

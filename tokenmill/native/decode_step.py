@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 13
+ABI = 14
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -67,7 +67,7 @@ class TmLayer(ctypes.Structure):
                 ("q_norm", _P), ("k_norm", _P), ("moe", ctypes.POINTER(TmMoe)), ("sinks", _P),
                 ("conv_w", _P), ("conv_pool", _P), ("conv_k", _I64), ("mamba", ctypes.POINTER(TmMamba)),
                 ("rope_alt", _I64), ("attn_out_norm", _P), ("mlp_out_norm", _P), ("gdn", ctypes.POINTER(TmGdn)),
-                ("ba", TmLinear), ("gate", _I64)]
+                ("ba", TmLinear), ("gate", _I64), ("qk_norm_whole", _I64)]
 
 
 class TmModel(ctypes.Structure):
