@@ -16,7 +16,7 @@ What fits, checked once per model (`unsupported` says why not, logged once):
   sublayer (GLM-4's too), (1 + w) q/k norms (Gemma 3), the local layers' own rotary tables (any windowed layers' own tables:
   the step's second ones), the attention soft-cap (Gemma 2); the embeddings scaled by the model's own embed();
 - mixture-of-experts layers where their one-call path applies with the router inside (SparseMoE.one_call_layer:
-  Qwen3-MoE, Mixtral, Granite MoE, ERNIE 4.5 MoE, gpt-oss with experts on ggml's kernels; a shared expert only
+  Qwen3-MoE, Mixtral, Granite MoE, ERNIE 4.5 MoE, OLMoE, gpt-oss with experts on ggml's kernels; a shared expert only
   ungated), beside dense ones;
 - LFM2's layers (a short conv or attention, then the MLP or experts): the conv between its projections on
   tm_shortconv_decode, each sequence's window read from and written to the step's state slots; Granite 4.0-H's
@@ -85,6 +85,7 @@ def unsupported(model: Model) -> str | None:
     from tokenmill.models.gemma import GemmaDecoderLayer  # (all import this module)
     from tokenmill.models.gemma3 import Gemma3Attention, Gemma3DecoderLayer
     from tokenmill.models.glm4 import Glm4DecoderLayer
+    from tokenmill.models.moe import OlmoeDecoderLayer
     from tokenmill.models.olmo2 import Exaone4DecoderLayer, Olmo2Attention, Olmo2DecoderLayer
     from tokenmill.models.gpt_oss import GptOssAttention, GptOssDecoderLayer
     from tokenmill.models.granite_hybrid import GraniteHybridDecoderLayer, Mamba2Mixer
@@ -104,7 +105,7 @@ def unsupported(model: Model) -> str | None:
             return type(layer.mamba) is Mamba2Mixer if layer.is_mamba else type(layer.self_attn) is LlamaAttention
         if type(layer) is Gemma3DecoderLayer:
             return type(layer.self_attn) is Gemma3Attention
-        if type(layer) in (Olmo2DecoderLayer, Exaone4DecoderLayer):
+        if type(layer) in (Olmo2DecoderLayer, Exaone4DecoderLayer, OlmoeDecoderLayer):
             return type(layer.self_attn) is layer.attention and layer.attention in (Olmo2Attention, LlamaAttention)
         if type(layer) is Qwen3_5DecoderLayer:
             return type(layer.linear_attn) is GatedDeltaNet if layer.is_linear \
