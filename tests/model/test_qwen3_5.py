@@ -118,7 +118,7 @@ def write_gguf(path: Path, model: Any, qtype: str = "F32") -> Path:
     hk, dk, dv = c.linear_num_key_heads, c.linear_key_head_dim, c.linear_value_head_dim
 
     def add(name: str, arr: np.ndarray, quantized: bool = False) -> None:
-        if qtype == "F32" or not quantized:
+        if qtype == "F32" or not quantized or arr.shape[-1] % 32:  # (rows not whole blocks stay F32, as llama.cpp's)
             w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
         else:
             q = GGMLQuantizationType[qtype]
@@ -382,3 +382,36 @@ def test_plan_advice_counts_the_states_and_refuses_speculation(q35: dict[str, An
     assert "fit at once: 64 (max_num_seqs 64)" in out and out.rstrip().endswith("verdict: works.")
     assert main([*args, "--kv-cache-memory", "64MiB", "--speculative-config", '{"method": "ngram"}']) == 1
     assert "Speculative decoding is not supported" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_native_decode_step_equals_layer_by_layer(q35: dict[str, Any], q35moe: dict[str, Any], moe: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Q5_0 blocks (ggml's kernels), decode steps run as one native call: the Gated DeltaNet layers, the gated
+    attention, and for the MoE each layer's router, experts and gated shared expert in one tm_moe call; the same
+    greedy tokens and logprobs, bit for bit, as layer by layer."""
+    from tokenmill.native import decode_step, ggml
+
+    if not ggml.available() or decode_step.library() is None:
+        pytest.skip("ggml or the native decode step is not built here")
+    src = q35moe if moe else q35
+    path = write_gguf(src["tmp"] / "q5_0-native.gguf", src["model"], "Q5_0")
+    monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", "64")  # the crossover fixed: every decode step here fits
+    llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32",
+              enable_prefix_caching=False)
+    calls: list[int] = []
+    real = decode_step.run
+    monkeypatch.setattr(decode_step, "run", lambda model, step: (calls.append(int(step.M)), real(model, step)))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+
+    def run() -> list[tuple[list[int], list[float]]]:
+        outs = llm.generate(src["ids"], params)
+        return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs]
+
+    monkeypatch.setenv(decode_step.ENV_SWITCH, "0")
+    want = run()
+    assert not calls
+    monkeypatch.delenv(decode_step.ENV_SWITCH)
+    got = run()
+    assert max(calls) == len(src["ids"])  # the whole batch in one native step
+    assert got == want

@@ -441,7 +441,7 @@ def test_experts_in_one_native_call_match_the_grouped_matmuls(family: dict[str, 
 
 # the families whose layers the native decode step takes (qwen2moe's shared expert is gated, OLMoE's q / k norms
 # span the whole projection)
-NATIVE_STEP = {"qwen3", "qwen3moe", "mixtral", "granitemoe", "granitemoeshared", "ernie4_5_moe", "olmoe"}
+NATIVE_STEP = {"qwen3", "qwen3moe", "mixtral", "granitemoe", "granitemoeshared", "ernie4_5_moe", "olmoe", "qwen2moe"}
 
 
 def test_native_decode_step_equals_layer_by_layer(family: dict[str, Any], monkeypatch) -> None:

@@ -120,6 +120,17 @@ def test_sigmoid_mul_matches_torch(dtype: torch.dtype) -> None:
     assert not kernels.sigmoid_mul_(x, gate.float() if dtype != torch.float32 else gate.double())  # dtypes differ
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sigmoid_f32_matches_torch(dtype: torch.dtype) -> None:
+    """A gated shared expert's weights: sigmoid of its (T, 1) gate logits into (T,) fp32."""
+    x = (torch.randn(37, 1, generator=torch.Generator().manual_seed(5)) * 6).to(dtype)
+    x[0, 0], x[1, 0] = -200.0, 200.0
+    got = kernels.sigmoid_f32(x)
+    assert got is not None and got.dtype == torch.float32 and got.shape == (37,)
+    torch.testing.assert_close(got, torch.sigmoid(x.float()).flatten(), **FP32)
+    assert kernels.sigmoid_f32(x.t().contiguous().t()[:, :1].expand(37, 2)) is None  # not contiguous
+
+
 # -- per-head RMSNorm, in place ----------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("offset", [0.0, 1.0])

@@ -42,7 +42,7 @@ from tokenmill.layers.activation import SiluAndMul, SwigluOAI
 from tokenmill.layers.ggml_linear import GGUFLinearMethod
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.mlp import GatedMLP
-from tokenmill.native import ggml
+from tokenmill.native import ggml, kernels
 
 # the experts' activations the one-call path (GGUFLinearMethod.apply_moe) computes itself
 _NATIVE_ACTS: dict[type, int] = {SiluAndMul: ggml.ACT_SILU, SwigluOAI: ggml.ACT_SWIGLU_OAI}
@@ -134,7 +134,7 @@ class SparseMoE(nn.Module):
         logits = None if layer.has_router else self.gate(h)
         inside = layer.has_shared and (h.shape[0] <= method.max_ggml_rows or not shared_dense)
         gate = self.shared_expert_gate
-        sw = torch.sigmoid(gate(h).float()).flatten() if inside and gate is not None else None
+        sw = _shared_weights(gate(h)) if inside and gate is not None else None
         out = method.apply_moe(layer, h, logits, dense_ok, inside, sw)
         if out is None or inside:
             return out
@@ -198,3 +198,13 @@ class SparseMoE(nn.Module):
         y = torch.empty_like(out)
         y[order] = out  # back to slot order
         return (y.view(T, self.top_k, D) * weights.unsqueeze(-1).to(y.dtype)).sum(dim=1)
+
+
+def _shared_weights(logits: torch.Tensor) -> torch.Tensor:
+    """A gated shared expert's gate logits (T, 1) -> its weights sigmoid(logits) (T,) fp32: on the native kernel the
+    native decode step calls (the same bits), else torch."""
+    if kernels.is_enabled():
+        sw = kernels.sigmoid_f32(logits)
+        if sw is not None:
+            return sw
+    return torch.sigmoid(logits.float()).flatten()

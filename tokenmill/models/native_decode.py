@@ -16,8 +16,8 @@ What fits, checked once per model (`unsupported` says why not, logged once):
   sublayer (GLM-4's too), (1 + w) q/k norms (Gemma 3), the local layers' own rotary tables (any windowed layers' own tables:
   the step's second ones), the attention soft-cap (Gemma 2); the embeddings scaled by the model's own embed();
 - mixture-of-experts layers where their one-call path applies with the router inside (SparseMoE.one_call_layer:
-  Qwen3-MoE, Mixtral, Granite MoE, ERNIE 4.5 MoE, OLMoE, gpt-oss with experts on ggml's kernels; a shared expert only
-  ungated), beside dense ones;
+  Qwen3-MoE, Mixtral, Granite MoE, ERNIE 4.5 MoE, OLMoE, gpt-oss, Qwen2-MoE and Qwen3.5 MoE with experts on ggml's
+  kernels; a shared expert inside, gated (sigmoid(h . w) on its own small matmul) or not), beside dense ones;
 - LFM2's layers (a short conv or attention, then the MLP or experts): the conv between its projections on
   tm_shortconv_decode, each sequence's window read from and written to the step's state slots; Granite 4.0-H's
   (a Mamba2 layer or attention): the conv, scan and gated norm on tm_mamba2_decode over the slots' windows and
@@ -151,6 +151,8 @@ def unsupported(model: Model) -> str | None:
             why = _moe_unsupported(mlp, table.moe is not None)
             if why:
                 return why
+            if mlp.shared_expert_gate is not None:  # its (1, D) matmul: the step's
+                linears.append(mlp.shared_expert_gate)
         elif not isinstance(mlp, GatedMLP) or type(mlp.act) not in _ACTS or not mlp.act.use_native:
             return "an MLP other than the native SiLU- or GELU-gated one or experts"
         else:
@@ -256,8 +258,8 @@ def _moe_unsupported(mlp: SparseMoE, has_moe: bool) -> str | None:
     layer = found[0]
     if not layer.has_router:
         return "a router not on ggml's kernels"
-    if mlp.shared_expert is not None and (mlp.shared_expert_gate is not None or not layer.has_shared):
-        return "a gated shared expert (or one the experts' call does not take)"
+    if mlp.shared_expert is not None and not layer.has_shared:
+        return "a shared expert the experts' call does not take"
     return None
 
 
@@ -387,6 +389,8 @@ class NativeDecode:
         assert found is not None
         layer, dense_ok, _ = found
         struct = TmMoe(**layer.step_fields(), max_rows=self._method.moe_max_rows(dense_ok))  # as apply_moe passes
+        if mlp.shared_expert_gate is not None:
+            struct.shared_gate = _linear(mlp.shared_expert_gate, keep, self.dtype)
         keep.append(struct)
         return ctypes.pointer(struct)
 
@@ -490,6 +494,7 @@ class NativeDecode:
         bufs = torch.empty(T * sum(widths), dtype=self.dtype).split([T * w for w in widths])
         wide = torch.empty(T * (self._max_in + self._max_out) if self.dtype != torch.float32 else 0)
         out = bufs[0].view(T, D)
+        gate_logit, shared_w = torch.empty(T, dtype=self.dtype), torch.empty(T)  # (gated shared experts only)
         starts = torch.empty(T, dtype=torch.int64)
         tables, lens = meta.decode_block_tables, meta.decode_context_lens
         assert tables is not None and lens is not None
@@ -508,7 +513,7 @@ class NativeDecode:
                       h=bufs[1].data_ptr(), y=bufs[2].data_ptr(), qkv=bufs[3].data_ptr(), attn=bufs[4].data_ptr(),
                       qk=bufs[7].data_ptr(),
                       gate_up=bufs[5].data_ptr(), act=bufs[6].data_ptr(), out=out.data_ptr(),
-                      wide_in=wide.data_ptr(), wide_out=wide.data_ptr() + 4 * T * self._max_in, nthreads=1)
+                      gate_logit=gate_logit.data_ptr(), shared_w=shared_w.data_ptr(), wide_in=wide.data_ptr(), wide_out=wide.data_ptr() + 4 * T * self._max_in, nthreads=1)
 
         def call(threads: int) -> None:
             step.nthreads = threads

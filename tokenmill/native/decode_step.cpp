@@ -94,6 +94,7 @@ using GdnFn = int (*)(int dtype, void* out, int64_t out_stride, const void* qkv,
                       int64_t dv, int64_t K, int tiled, float eps, int nthreads);
 using SigmoidMulFn = int (*)(int dtype, void* x, int64_t x_stride, const void* g, int64_t g_stride,
                              int64_t g_head_stride, int64_t rows, int64_t heads, int64_t hd, int nthreads);
+using SigmoidF32Fn = int (*)(int dtype, const void* x, int64_t n, float* out);
 using AttentionFn = int (*)(int dtype, void* out, int64_t out_stride, const void* q, int64_t q_stride,
                             const void* k_cache, const void* v_cache, const int64_t* tables, int64_t table_stride,
                             const int64_t* lens, const int64_t* starts, int64_t num_seqs, int64_t nh, int64_t nkv,
@@ -124,6 +125,7 @@ struct TmKernels {
     SiluMulFn gelu_tanh_and_mul; // the MLP's activation where TmModel.act is 1 (Gemma's)
     GdnFn gdn;                   // NULL when no layer is a Gated DeltaNet
     SigmoidMulFn sigmoid_mul;    // attention output gates (Qwen3.5's)
+    SigmoidF32Fn sigmoid_f32;    // gated shared experts' weights
 };
 
 // One linear layer y (M, out) = x (M, in) . W^T (+ bias): its output columns in parts.
@@ -144,7 +146,7 @@ struct TmLinear {
 };
 
 // A mixture-of-experts layer: tm_moe's arguments but the step's (its router a ggml weight, no logits passed; a
-// shared expert, if any, ungated and always inside the call).
+// shared expert, if any, always inside the call, gated by sigmoid(h . shared_gate) where the layer has one).
 struct TmMoe {
     void* router;
     const float* router_bias;
@@ -158,6 +160,7 @@ struct TmMoe {
     void** shared_gu;
     void* shared_down;
     int64_t max_rows;          // an expert's most rows (the caller runs the step natively only within them)
+    TmLinear shared_gate;      // (1, D): the shared expert's output times sigmoid(h . w) (Qwen2-MoE's); n_parts 0: none
 };
 
 // A Mamba2 layer between its projections (tm_mamba2_decode's arguments but the step's); in_proj's rows are
@@ -255,12 +258,14 @@ struct TmStep {
     void* gate_up;             // (M, 2 I)
     void* act;                 // (M, I)
     void* out;                 // (M, D) the final normed hidden states
+    void* gate_logit;          // (M,) a gated shared expert's logits
+    float* shared_w;           // (M,) fp32: ... and weights
     float* wide_in;            // bf16 only, fp32: (M, the widest matmul input)
     float* wide_out;           // bf16 only, fp32: (M, the widest matmul output)
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 14; }  // 14: layers without pre-norms, whole-projection q / k norms (OLMo 2, EXAONE 4); 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 15; }  // 15: gated shared experts; 14: layers without pre-norms, whole-projection q / k norms (OLMo 2, EXAONE 4); 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -316,6 +321,13 @@ int linear(const TmModel& m, const TmLinear& L, const void* x, int64_t M, void* 
 // y (M, D) = the mixture of experts on h (M, D), at the model's dtype (bf16: widened, then rounded, as the
 // Python path does around the same call)
 int moe(const TmModel& m, const TmMoe& E, const void* h, int64_t M, void* y, const TmStep& s) {
+    const float* shared_w = nullptr;
+    if (E.shared_gate.n_parts > 0) {  // (before h is widened: the gate's matmul uses the wide buffers too)
+        int rc = linear(m, E.shared_gate, h, M, s.gate_logit, s);
+        if (rc == 0) rc = m.k.sigmoid_f32(m.dtype, s.gate_logit, M, s.shared_w);
+        if (rc) return rc;
+        shared_w = s.shared_w;
+    }
     const float* x = static_cast<const float*>(h);
     float* out = static_cast<float*>(y);
     if (m.dtype != 0) {
@@ -325,7 +337,7 @@ int moe(const TmModel& m, const TmMoe& E, const void* h, int64_t M, void* y, con
     }
     const int rc = m.k.moe(E.router, E.router_bias, nullptr, E.scoring, E.sel_bias, E.renorm, E.scaling, E.top_k,
                            E.n_experts, E.gate_up, E.n_gu, E.down, E.gu_bias, E.down_bias, E.shared_gu, E.shared_down,
-                           nullptr, x, M, m.D, out, m.D, E.act, E.alpha, E.limit, E.max_rows, s.nthreads);
+                           shared_w, x, M, m.D, out, m.D, E.act, E.alpha, E.limit, E.max_rows, s.nthreads);
     if (rc == 0 && m.dtype != 0) {
         bf16* yb = static_cast<bf16*>(y);
         for (int64_t i = 0; i < M * m.D; ++i) yb[i] = to_bf16(s.wide_out[i]);

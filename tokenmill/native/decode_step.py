@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 14
+ABI = 15
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -35,7 +35,8 @@ class TmKernels(ctypes.Structure):
     _fields_ = [("block_matmul", _P), ("amx_matmul", _P), ("amx_matmul_bf16", _P), ("amx_min_rows", _I64), ("panel_matmul", _P),
                 ("panel_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
                 ("rotary", _P), ("attention", _P), ("head_rms_norm", _P), ("moe", _P),
-                ("shortconv", _P), ("mamba2", _P), ("gelu_tanh_and_mul", _P), ("gdn", _P), ("sigmoid_mul", _P)]
+                ("shortconv", _P), ("mamba2", _P), ("gelu_tanh_and_mul", _P), ("gdn", _P), ("sigmoid_mul", _P),
+                ("sigmoid_f32", _P)]
 
 
 class TmLinear(ctypes.Structure):
@@ -47,7 +48,7 @@ class TmMoe(ctypes.Structure):
     _fields_ = [("router", _P), ("router_bias", _P), ("scoring", _I32), ("renorm", _I32), ("top_k", _I32),
                 ("n_experts", _I32), ("n_gu", _I32), ("act", _I32), ("scaling", _F), ("alpha", _F), ("limit", _F),
                 ("sel_bias", _P), ("gate_up", _P), ("down", _P), ("gu_bias", _P), ("down_bias", _P),
-                ("shared_gu", _P), ("shared_down", _P), ("max_rows", _I64)]
+                ("shared_gu", _P), ("shared_down", _P), ("max_rows", _I64), ("shared_gate", TmLinear)]
 
 
 class TmMamba(ctypes.Structure):
@@ -81,7 +82,7 @@ class TmStep(ctypes.Structure):
     _fields_ = [("M", _I64), ("num_layers", _I64), ("x", _P), ("cos", _P), ("ssin", _P), ("cos_alt", _P), ("ssin_alt", _P),
                 ("tab_stride", _I64),
                 ("slots", _P), ("tables", _P), ("table_stride", _I64), ("lens", _P), ("src_slots", _P), ("dst_slots", _P), ("starts", _P),
-                ("qkv", _P), ("qk", _P), ("attn", _P), ("h", _P), ("y", _P), ("gate_up", _P), ("act", _P), ("out", _P),
+                ("qkv", _P), ("qk", _P), ("attn", _P), ("h", _P), ("y", _P), ("gate_up", _P), ("act", _P), ("out", _P), ("gate_logit", _P), ("shared_w", _P),
                 ("wide_in", _P), ("wide_out", _P), ("nthreads", ctypes.c_int)]
 
 
@@ -130,7 +131,7 @@ def kernel_table(panel_min_rows: int | None = None, vnni: int = 0) -> TmKernels:
                      head_rms_norm=_address(k, "tm_head_rms_norm"), moe=_address(ggml.lib(), "tm_moe"),
                      shortconv=_address(k, "tm_shortconv_decode"), mamba2=_address(k, "tm_mamba2_decode"),
                      gelu_tanh_and_mul=_address(k, "tm_gelu_tanh_and_mul"), gdn=_address(k, "tm_gdn_decode"),
-                     sigmoid_mul=_address(k, "tm_sigmoid_mul"))
+                     sigmoid_mul=_address(k, "tm_sigmoid_mul"), sigmoid_f32=_address(k, "tm_sigmoid_f32"))
 
 
 def run(model: ctypes.Structure, step: ctypes.Structure) -> None:

@@ -8,6 +8,7 @@
 //   tm_gelu_tanh_and_mul
 //                     out = gelu_tanh(gate) * up, the same rows (Gemma's MLP)
 //   tm_sigmoid_mul    x *= sigmoid(g) in place, per head (Qwen3.5's attention output gate)
+//   tm_sigmoid_f32    sigmoid of a vector into fp32 (a gated shared expert's per-token weight)
 //   tm_rotary_part    q and k heads rotated in place (HF rotate-half) by per-token cos / signed-sin rows: each
 //                     head's leading dims (all of them, or partial rotary's)
 //   tm_argmax_rows    greedy picks: the index of each row's first maximum (logits rows)
@@ -1448,9 +1449,9 @@ void shortconv_decode(T* out, int64_t out_stride, const T* bcx, int64_t bcx_stri
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-// 15: tm_sigmoid_mul; 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone (tm_rotary_part takes whole heads too); 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
+// 16: tm_sigmoid_f32; 15: tm_sigmoid_mul; 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone (tm_rotary_part takes whole heads too); 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
 // fresh); 7: tm_gdn_decode; 6: tm_paged_attention_rows takes attention sinks
-int tm_abi_version() { return 15; }
+int tm_abi_version() { return 16; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -1534,6 +1535,17 @@ int tm_gelu_tanh_and_mul(int dtype, void* out, int64_t out_stride, const void* i
                           nthreads);
     else
         return -1;
+    return 0;
+}
+
+// out (n,) fp32 = sigmoid(x) = 1 / (1 + exp(-x)) of x (n,) (a gated shared expert's weight per token: Qwen2-MoE's,
+// Qwen3.5 MoE's), x widened first
+int tm_sigmoid_f32(int dtype, const void* x, int64_t n, float* out) {
+    if (dtype != 0 && dtype != 1) return -1;
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = dtype == 0 ? static_cast<const float*>(x)[i] : to_f32(static_cast<const bf16*>(x)[i]);
+        out[i] = 1.0f / (1.0f + std::exp(-v));
+    }
     return 0;
 }
 

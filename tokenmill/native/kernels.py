@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 15  # 15: tm_sigmoid_mul; 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone; 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
+ABI_VERSION = 16  # 16: tm_sigmoid_f32; 15: tm_sigmoid_mul; 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone; 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
 # (was slots and fresh)
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
@@ -45,6 +45,7 @@ _SIGNATURES = {
     "tm_gelu_tanh_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
     # dtype, x, x_stride, g, g_stride, g_head_stride, rows, heads, hd, nthreads
     "tm_sigmoid_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _I32],
+    "tm_sigmoid_f32": [_I32, _P, _I64, _P],
     # dtype, x, x_stride, heads, head_dim, rot, cos, ssin, tab_stride, rows, nthreads
     "tm_rotary_part": [_I32, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I32],
     "tm_argmax_rows": [_I32, _P, _I64, _I64, _I64, _P, _I32],
@@ -161,6 +162,17 @@ def sigmoid_mul_(x: torch.Tensor, g: torch.Tensor) -> bool:
         return False
     rc = lib.tm_sigmoid_mul(code, x.data_ptr(), xs[0], g.data_ptr(), gs[0], gs[1], T, H, hd, torch.get_num_threads())
     return rc == 0
+
+
+def sigmoid_f32(x: torch.Tensor) -> torch.Tensor | None:
+    """x (any shape, contiguous, fp32 or bf16) -> sigmoid(x) flattened, (x.numel(),) fp32: what the native decode
+    step computes for a gated shared expert's weights. None: not for the kernel."""
+    code = _DTYPE_CODE.get(x.dtype)
+    lib = library()
+    if code is None or lib is None or not x.is_cpu or not x.is_contiguous():
+        return None
+    out = torch.empty(x.numel(), dtype=torch.float32)
+    return out if lib.tm_sigmoid_f32(code, x.data_ptr(), x.numel(), out.data_ptr()) == 0 else None
 
 
 def _gated(x: torch.Tensor, entry: str) -> torch.Tensor | None:
