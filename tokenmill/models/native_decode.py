@@ -11,7 +11,8 @@ What fits, checked once per model (`unsupported` says why not, logged once):
   as torch does around the same kernels); matmuls on the gguf method's block kernels (plain Q4_0 / Q4_1 /
   Q8_0: ours; other types, repacked or not: ggml's), with or without a bias (Qwen2, gpt-oss); RMSNorm, SiLU-gated
   MLP, rotary through the native kernel, full or partial (Phi-4-mini's; or none on a layer: SmolLM3's NoPE layers), Granite's
-  multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's), attention sinks (gpt-oss's);
+  multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's; after it: Hunyuan's), attention sinks
+  (gpt-oss's);
 - Gemma's layers: the GELU-gated MLP on its native kernel, (1 + w) norms, and Gemma 2 / 3's norms after each
   sublayer (GLM-4's too), (1 + w) q/k norms (Gemma 3), the local layers' own rotary tables (any windowed layers' own tables:
   the step's second ones), the attention soft-cap (Gemma 2); the embeddings scaled by the model's own embed();
@@ -80,8 +81,6 @@ def unsupported(model: Model) -> str | None:
     if not decode_step.available():
         return "the native decode step is not built or is off (TOKENMILL_NATIVE_DECODE=0)"
     cfg = model.cfg
-    if cfg.qk_norm and cfg.qk_norm_after_rotary:
-        return "q/k norms after rotary"
     from tokenmill.models.gemma import GemmaDecoderLayer  # (all import this module)
     from tokenmill.models.gemma3 import Gemma3Attention, Gemma3DecoderLayer
     from tokenmill.models.glm4 import Glm4DecoderLayer
@@ -443,7 +442,8 @@ class NativeDecode:
                          hd=cfg.head_dim, I=self._widths[3], block_size=bs,
                          partition=kernels.DEFAULT_PARTITION, rot=cfg.rotary_dim or cfg.head_dim, eps=cfg.rms_norm_eps,
                          scale=self._scale, residual_scale=cfg.residual_multiplier, act=self._act,
-                         qk_offset=self._qk_offset, softcap=self._softcap, layers=layers,
+                         qk_offset=self._qk_offset, softcap=self._softcap,
+                         qk_norm_after_rotary=int(cfg.qk_norm_after_rotary), layers=layers,
                          final_norm=m.model.norm.weight.data_ptr(),
                          k=decode_step.kernel_table(self._method.panel_min_rows,
                                                      self._method.vnni_panel(self.dtype)))

@@ -216,7 +216,8 @@ struct TmLayer {
     const TmGdn* gdn;
     TmLinear ba;
     int64_t gate;             // 1: q's rows are per head hd of q then hd of a gate; the output times sigmoid(gate)
-    int64_t qk_norm_whole;    // 1: q_norm / k_norm normalize the whole projection (nh hd, nkv hd: OLMo 2's), not each head
+    int64_t qk_norm_whole;    // 1: q_norm / k_norm normalize the whole projection (nh hd, nkv hd: OLMo 2's), not
+                              // each head
 };
 
 struct TmModel {
@@ -228,6 +229,7 @@ struct TmModel {
     int32_t act;              // the MLP's gate activation: 0 silu, 1 gelu (tanh approximation; Gemma's)
     float qk_offset;          // q / k norms scale by (qk_offset + w) (Gemma 3's 1; else 0)
     float softcap;            // attention scores soft-capped at this (Gemma 2's); 0: none
+    int32_t qk_norm_after_rotary;  // 1: the q / k norms after rotary (Hunyuan's), not before
     const TmLayer* layers;    // (num_layers,)
     const void* final_norm;   // (D,)
     TmKernels k;
@@ -265,7 +267,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 15; }  // 15: gated shared experts; 14: layers without pre-norms, whole-projection q / k norms (OLMo 2, EXAONE 4); 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 16; }  // 16: q / k norms after rotary; 15: gated shared experts; 14: layers without pre-norms, whole-projection q / k norms (OLMo 2, EXAONE 4); 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -404,13 +406,19 @@ int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
         }
     }
     const int64_t qh = L.qk_norm_whole ? 1 : nh, kh = L.qk_norm_whole ? 1 : nkv;  // the norms' "heads"
-    if (L.q_norm != nullptr)
-        rc = k.head_rms_norm(dt, qk, qk_w, M, qh, nh * hd / qh, L.q_norm, m.qk_offset, m.eps, t);
-    if (rc == 0 && L.k_norm != nullptr)
-        rc = k.head_rms_norm(dt, at(qk, nh * hd), qk_w, M, kh, nkv * hd / kh, L.k_norm, m.qk_offset, m.eps, t);
+    auto norms = [&]() {
+        int r = 0;
+        if (L.q_norm != nullptr)
+            r = k.head_rms_norm(dt, qk, qk_w, M, qh, nh * hd / qh, L.q_norm, m.qk_offset, m.eps, t);
+        if (r == 0 && L.k_norm != nullptr)
+            r = k.head_rms_norm(dt, at(qk, nh * hd), qk_w, M, kh, nkv * hd / kh, L.k_norm, m.qk_offset, m.eps, t);
+        return r;
+    };
+    if (!m.qk_norm_after_rotary) rc = norms();
     if (rc == 0 && L.rotate)
         rc = k.rotary(dt, qk, qk_w, nh + nkv, hd, m.rot, L.rope_alt ? s.cos_alt : s.cos,
                       L.rope_alt ? s.ssin_alt : s.ssin, s.tab_stride, M, t);
+    if (rc == 0 && m.qk_norm_after_rotary) rc = norms();
     if (rc) return rc;
     for (int64_t r = 0; r < M; ++r) {  // every token's K/V is in the cache before any token attends
         std::memcpy(at(L.k_cache, s.slots[r] * kv_w), at(qk, r * qk_w + nh * hd), kv_w * esize);

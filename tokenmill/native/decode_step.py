@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 15
+ABI = 16
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -75,6 +75,7 @@ class TmModel(ctypes.Structure):
     _fields_ = [("dtype", _I32), ("num_layers", _I64), ("D", _I64), ("nh", _I64), ("nkv", _I64), ("hd", _I64),
                 ("I", _I64), ("block_size", _I64), ("partition", _I64), ("rot", _I64), ("eps", _F), ("scale", _F),
                 ("residual_scale", _F), ("act", _I32), ("qk_offset", _F), ("softcap", _F),
+                ("qk_norm_after_rotary", _I32),
                 ("layers", ctypes.POINTER(TmLayer)), ("final_norm", _P), ("k", TmKernels)]
 
 
