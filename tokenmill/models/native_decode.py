@@ -14,8 +14,9 @@ What fits, checked once per model (`unsupported` says why not, logged once):
   multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's; after it: Hunyuan's), attention sinks
   (gpt-oss's);
 - Gemma's layers: the GELU-gated MLP on its native kernel, (1 + w) norms, and Gemma 2 / 3's norms after each
-  sublayer (GLM-4's too), (1 + w) q/k norms (Gemma 3), the local layers' own rotary tables (any windowed layers' own tables:
-  the step's second ones), the attention soft-cap (Gemma 2); the embeddings scaled by the model's own embed();
+  sublayer (GLM-4's too; OLMo 2's and EXAONE 4's only after), (1 + w) q/k norms (Gemma 3), the local layers' own
+  rotary tables (any windowed layers' own tables: the step's second ones), the attention soft-cap (Gemma 2); the
+  embeddings scaled by the model's own embed();
 - mixture-of-experts layers where their one-call path applies with the router inside (SparseMoE.one_call_layer:
   Qwen3-MoE, Mixtral, Granite MoE, ERNIE 4.5 MoE, OLMoE, gpt-oss, Qwen2-MoE and Qwen3.5 MoE with experts on ggml's
   kernels; a shared expert inside, gated (sigmoid(h . w) on its own small matmul) or not), beside dense ones;
@@ -93,10 +94,10 @@ def unsupported(model: Model) -> str | None:
     from tokenmill.models.qwen3_5 import GatedDeltaNet, Qwen3_5Attention, Qwen3_5DecoderLayer
 
     # the step computes llama's layer (Cohere2's norms differ), Gemma 2 / 3's and GLM-4's (norms after each sublayer
-    # too) and OLMo 2's and EXAONE 4's (only after); gpt-oss's classes only build other modules (a biased o_proj, the sinks) around llama's forward,
-    # Gemma's only other norms and MLP; LFM2's layer is llama's with a short conv or llama's attention as its mixer,
-    # Granite 4.0-H's a Mamba2 one or llama's attention, Qwen3.5's a Gated DeltaNet or llama's attention with an
-    # output gate
+    # too) and OLMo 2's and EXAONE 4's (only after); gpt-oss's classes only build other modules (a biased o_proj, the
+    # sinks) around llama's forward, Gemma's only other norms and MLP; LFM2's layer is llama's with a short conv or
+    # llama's attention as its mixer, Granite 4.0-H's a Mamba2 one or llama's attention, Qwen3.5's a Gated DeltaNet
+    # or llama's attention with an output gate
     def fits(layer: Any) -> bool:
         if type(layer) is Lfm2DecoderLayer:
             return type(layer.conv) is ShortConv if layer.is_conv else type(layer.self_attn) is LlamaAttention
@@ -513,7 +514,8 @@ class NativeDecode:
                       h=bufs[1].data_ptr(), y=bufs[2].data_ptr(), qkv=bufs[3].data_ptr(), attn=bufs[4].data_ptr(),
                       qk=bufs[7].data_ptr(),
                       gate_up=bufs[5].data_ptr(), act=bufs[6].data_ptr(), out=out.data_ptr(),
-                      gate_logit=gate_logit.data_ptr(), shared_w=shared_w.data_ptr(), wide_in=wide.data_ptr(), wide_out=wide.data_ptr() + 4 * T * self._max_in, nthreads=1)
+                      gate_logit=gate_logit.data_ptr(), shared_w=shared_w.data_ptr(), wide_in=wide.data_ptr(),
+                      wide_out=wide.data_ptr() + 4 * T * self._max_in, nthreads=1)
 
         def call(threads: int) -> None:
             step.nthreads = threads

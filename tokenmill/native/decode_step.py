@@ -80,11 +80,11 @@ class TmModel(ctypes.Structure):
 
 
 class TmStep(ctypes.Structure):
-    _fields_ = [("M", _I64), ("num_layers", _I64), ("x", _P), ("cos", _P), ("ssin", _P), ("cos_alt", _P), ("ssin_alt", _P),
-                ("tab_stride", _I64),
-                ("slots", _P), ("tables", _P), ("table_stride", _I64), ("lens", _P), ("src_slots", _P), ("dst_slots", _P), ("starts", _P),
-                ("qkv", _P), ("qk", _P), ("attn", _P), ("h", _P), ("y", _P), ("gate_up", _P), ("act", _P), ("out", _P), ("gate_logit", _P), ("shared_w", _P),
-                ("wide_in", _P), ("wide_out", _P), ("nthreads", ctypes.c_int)]
+    _fields_ = [("M", _I64), ("num_layers", _I64), ("x", _P), ("cos", _P), ("ssin", _P), ("cos_alt", _P),
+                ("ssin_alt", _P), ("tab_stride", _I64), ("slots", _P), ("tables", _P), ("table_stride", _I64),
+                ("lens", _P), ("src_slots", _P), ("dst_slots", _P), ("starts", _P), ("qkv", _P), ("qk", _P),
+                ("attn", _P), ("h", _P), ("y", _P), ("gate_up", _P), ("act", _P), ("out", _P), ("gate_logit", _P),
+                ("shared_w", _P), ("wide_in", _P), ("wide_out", _P), ("nthreads", ctypes.c_int)]
 
 
 @functools.cache
