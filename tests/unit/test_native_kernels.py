@@ -77,6 +77,26 @@ def test_add_rms_norm_strided_rows_and_refusals() -> None:
     assert kernels.add_rms_norm(torch.randn(64), None, w, 1e-6) is None  # 1-D
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,D", [(1, 4096), (5, 67), (3, 8)])
+def test_add_layer_norm_matches_torch(dtype: torch.dtype, T: int, D: int) -> None:
+    """Cohere's LayerNorm (no bias), fused with the residual add: rows far from zero mean, so leaving the mean in
+    fails."""
+    g = torch.Generator().manual_seed(T * 1000 + D)
+    x = (torch.randn(T, D, generator=g) * 3 + 1.5).to(dtype)
+    res = torch.randn(T, D, generator=g).to(dtype)
+    w = (torch.randn(D, generator=g) * 0.5 + 1).to(dtype)
+    r = res.clone()
+    got = kernels.add_layer_norm(x, r, w, 1e-5)
+    assert got is not None
+    torch.testing.assert_close(r, res + x, rtol=0, atol=0)
+    want = F.layer_norm((res + x).float(), (D,), w.float(), None, 1e-5).to(dtype)
+    torch.testing.assert_close(got, want, **tol(dtype))
+    alone = kernels.add_layer_norm(x, None, w, 1e-5)
+    assert alone is not None
+    torch.testing.assert_close(alone, F.layer_norm(x.float(), (D,), w.float(), None, 1e-5).to(dtype), **tol(dtype))
+
+
 # -- silu(gate) * up -------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T,I", [(1, 1536), (7, 13), (64, 1536), (2, 14336)])

@@ -7,7 +7,7 @@ adds x into the residual and normalizes the sum, in one pass when the native ker
 `unit_offset` (Gemma's form): the checkpoint stores w and the scale is (1 + w). The parameter always holds
 the scale itself (its loader adds the 1), so the kernels and the fused add see one form. (Per-head q/k
 norms: layers/head_norm.py.) LayerNorm: the mean taken out too, a scale and no bias (Cohere's), the same
-interface, torch only.
+interface, on its own native kernel.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)  # the scale: ones == checkpoint 0s
         self.eps = eps
         self.use_native = kernels.is_enabled()  # decided once (TOKENMILL_NATIVE_KERNELS=0: torch)
+        self._kernel = kernels.add_rms_norm
         if unit_offset:
             self.weight.weight_loader = _load_unit_offset  # type: ignore[attr-defined]
 
@@ -42,7 +43,7 @@ class RMSNorm(nn.Module):
         (normed, new residual). The native path adds into `residual` in place and returns it, the torch
         path returns a new tensor: use the returned residual, never the one passed in."""
         if self.use_native:
-            out = kernels.add_rms_norm(x, residual, self.weight, self.eps)
+            out = self._kernel(x, residual, self.weight, self.eps)
             if out is not None:
                 return out if residual is None else (out, residual)
         if residual is None:
@@ -63,11 +64,12 @@ def _load_unit_offset(param: nn.Parameter, tensor: torch.Tensor, shard: str | No
 
 class LayerNorm(RMSNorm):
     """(x - mean) / sqrt(var + eps) * weight over the last dimension, no bias (Cohere's); RMSNorm's interface
-    (with a residual, residual + x is normalized and returned as the new residual), torch only."""
+    (with a residual, residual + x is normalized and returned as the new residual), on its native kernel
+    (tm_add_layer_norm) where it takes the tensors, torch otherwise."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__(dim, eps)
-        self.use_native = False  # the native kernel is RMSNorm's
+        self._kernel = kernels.add_layer_norm
 
     def _torch(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, (x.shape[-1],), self.weight, None, self.eps)

@@ -10,6 +10,9 @@ What differs from llama (models/llama.py):
     INTERLEAVED_ROTARY; llama.cpp keeps HF's rows);
   - logits times logit_scale (ModelConfig.logits_scaling = 1 / logit_scale), the head tied.
 
+Decode steps on the gguf method run in one native call (models/native_decode.py), the norms on the LayerNorm kernel
+both paths call.
+
 Shapes: T = tokens in the step, D = hidden.
 """
 
@@ -27,6 +30,7 @@ from tokenmill.models.llama import LlamaAttention, LlamaForCausalLM
 
 
 class Cohere2DecoderLayer(nn.Module):
+    parallel_mlp = True  # the MLP reads the attention's input; the layer's output is their sum (the native step's)
     def __init__(self, cfg: ModelConfig, layer_idx: int, method: LinearMethod, mlp: nn.Module) -> None:
         super().__init__()
         self.input_layernorm = LayerNorm(cfg.hidden_size, cfg.rms_norm_eps)

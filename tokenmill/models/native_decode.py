@@ -13,6 +13,7 @@ What fits, checked once per model (`unsupported` says why not, logged once):
   MLP, rotary through the native kernel, full or partial (Phi-4-mini's; or none on a layer: SmolLM3's NoPE layers), Granite's
   multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's; after it: Hunyuan's), attention sinks
   (gpt-oss's);
+- Cohere2's layers: LayerNorms (no bias) on their native kernel, attention and the MLP side by side on one norm;
 - Gemma's layers: the GELU-gated MLP on its native kernel, (1 + w) norms, and Gemma 2 / 3's norms after each
   sublayer (GLM-4's too; OLMo 2's and EXAONE 4's only after), (1 + w) q/k norms (Gemma 3), the local layers' own
   rotary tables (any windowed layers' own tables: the step's second ones), the attention soft-cap (Gemma 2); the
@@ -53,6 +54,7 @@ from tokenmill.layers.linear import Linear
 from tokenmill.layers import moe as moe_mod
 from tokenmill.layers.mlp import GatedMLP
 from tokenmill.layers.moe import SparseMoE
+from tokenmill.layers.norm import LayerNorm
 from tokenmill.layers.thread_choice import ThreadChooser
 from tokenmill.native import decode_step, kernels
 from tokenmill.native.decode_step import TmGdn, TmLayer, TmLinear, TmMamba, TmModel, TmMoe, TmStep
@@ -82,6 +84,7 @@ def unsupported(model: Model) -> str | None:
     if not decode_step.available():
         return "the native decode step is not built or is off (TOKENMILL_NATIVE_DECODE=0)"
     cfg = model.cfg
+    from tokenmill.models.cohere2 import Cohere2DecoderLayer
     from tokenmill.models.gemma import GemmaDecoderLayer  # (all import this module)
     from tokenmill.models.gemma3 import Gemma3Attention, Gemma3DecoderLayer
     from tokenmill.models.glm4 import Glm4DecoderLayer
@@ -93,11 +96,11 @@ def unsupported(model: Model) -> str | None:
     from tokenmill.models.llama import LlamaAttention, LlamaDecoderLayer
     from tokenmill.models.qwen3_5 import GatedDeltaNet, Qwen3_5Attention, Qwen3_5DecoderLayer
 
-    # the step computes llama's layer (Cohere2's norms differ), Gemma 2 / 3's and GLM-4's (norms after each sublayer
-    # too) and OLMo 2's and EXAONE 4's (only after); gpt-oss's classes only build other modules (a biased o_proj, the
-    # sinks) around llama's forward, Gemma's only other norms and MLP; LFM2's layer is llama's with a short conv or
-    # llama's attention as its mixer, Granite 4.0-H's a Mamba2 one or llama's attention, Qwen3.5's a Gated DeltaNet
-    # or llama's attention with an output gate
+    # the step computes llama's layer, Cohere2's (a LayerNorm feeding attention and the MLP side by side), Gemma 2 /
+    # 3's and GLM-4's (norms after each sublayer too) and OLMo 2's and EXAONE 4's (only after); gpt-oss's classes only
+    # build other modules (a biased o_proj, the sinks) around llama's forward, Gemma's only other norms and MLP;
+    # LFM2's layer is llama's with a short conv or llama's attention as its mixer, Granite 4.0-H's a Mamba2 one or
+    # llama's attention, Qwen3.5's a Gated DeltaNet or llama's attention with an output gate
     def fits(layer: Any) -> bool:
         if type(layer) is Lfm2DecoderLayer:
             return type(layer.conv) is ShortConv if layer.is_conv else type(layer.self_attn) is LlamaAttention
@@ -110,7 +113,8 @@ def unsupported(model: Model) -> str | None:
         if type(layer) is Qwen3_5DecoderLayer:
             return type(layer.linear_attn) is GatedDeltaNet if layer.is_linear \
                 else type(layer.self_attn) is Qwen3_5Attention
-        return type(layer) in (LlamaDecoderLayer, GptOssDecoderLayer, GemmaDecoderLayer, Glm4DecoderLayer) \
+        return type(layer) in (LlamaDecoderLayer, GptOssDecoderLayer, GemmaDecoderLayer, Glm4DecoderLayer,
+                               Cohere2DecoderLayer) \
             and type(layer.self_attn) in (LlamaAttention, GptOssAttention)
 
     other = {type(layer).__name__ for layer in _layers(model) if not fits(layer)}
@@ -174,6 +178,8 @@ def unsupported(model: Model) -> str | None:
     for n in norms:
         if not n.use_native or n.weight.dtype != dtype or n.eps != cfg.rms_norm_eps:
             return "norms not on the native kernel"
+    if len({isinstance(n, LayerNorm) for n in norms}) > 1:
+        return "RMSNorms beside LayerNorms"
     return None
 
 
@@ -188,6 +194,8 @@ def _sublayer_norms(layer: Any) -> tuple[Any, Any, Any, Any]:
                 layer.post_mlp_layernorm)
     if hasattr(layer, "post_feedforward_layernorm"):  # OLMo 2, EXAONE 4
         return None, layer.post_attention_layernorm, None, layer.post_feedforward_layernorm
+    if getattr(layer, "parallel_mlp", False):  # Cohere2: one norm for both sublayers
+        return layer.input_layernorm, None, None, None
     return layer.input_layernorm, None, layer.post_attention_layernorm, None
 
 
@@ -411,7 +419,7 @@ class NativeDecode:
             pre_mix, attn_out, pre_mlp, mlp_out = (None if n is None else n.weight.data_ptr()
                                                    for n in _sublayer_norms(layer))
             lyr = TmLayer(input_norm=pre_mix, post_norm=pre_mlp, attn_out_norm=attn_out, mlp_out_norm=mlp_out,
-                          rope_alt=int(self._alt_layers[i]),
+                          rope_alt=int(self._alt_layers[i]), parallel=int(getattr(layer, "parallel_mlp", False)),
                           qkv=_linear(mix_in, keep, self.dtype), o=_linear(mix_out, keep, self.dtype),
                           gate_up=TmLinear() if experts else _linear(mlp.gate_up_proj, keep, self.dtype),
                           down=TmLinear() if experts else _linear(mlp.down_proj, keep, self.dtype),
@@ -444,7 +452,8 @@ class NativeDecode:
                          partition=kernels.DEFAULT_PARTITION, rot=cfg.rotary_dim or cfg.head_dim, eps=cfg.rms_norm_eps,
                          scale=self._scale, residual_scale=cfg.residual_multiplier, act=self._act,
                          qk_offset=self._qk_offset, softcap=self._softcap,
-                         qk_norm_after_rotary=int(cfg.qk_norm_after_rotary), layers=layers,
+                         qk_norm_after_rotary=int(cfg.qk_norm_after_rotary),
+                         norm=int(isinstance(m.model.norm, LayerNorm)), layers=layers,
                          final_norm=m.model.norm.weight.data_ptr(),
                          k=decode_step.kernel_table(self._method.panel_min_rows,
                                                      self._method.vnni_panel(self.dtype)))

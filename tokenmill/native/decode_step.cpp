@@ -37,6 +37,7 @@
 //                                                  layer x = moe(h): the router, the routing and the chosen
 //                                                  experts in one tm_moe call (ggml_shim.cpp)
 //   (Gemma 2 / 3, GLM-4: x = rmsnorm(x) * w_mlp_out)
+// (Cohere2: LayerNorm for every rmsnorm, and the MLP on the mixer's h: x = mixer(h) + mlp(h), no w_post)
 // and at the end out = rmsnorm(res += x) * w_final.
 
 #include <cstdint>
@@ -126,6 +127,7 @@ struct TmKernels {
     GdnFn gdn;                   // NULL when no layer is a Gated DeltaNet
     SigmoidMulFn sigmoid_mul;    // attention output gates (Qwen3.5's)
     SigmoidF32Fn sigmoid_f32;    // gated shared experts' weights
+    AddRmsNormFn add_layer_norm; // every norm but the q / k ones where TmModel.norm is 1 (Cohere's LayerNorm)
 };
 
 // One linear layer y (M, out) = x (M, in) . W^T (+ bias): its output columns in parts.
@@ -218,6 +220,7 @@ struct TmLayer {
     int64_t gate;             // 1: q's rows are per head hd of q then hd of a gate; the output times sigmoid(gate)
     int64_t qk_norm_whole;    // 1: q_norm / k_norm normalize the whole projection (nh hd, nkv hd: OLMo 2's), not
                               // each head
+    int64_t parallel;         // 1: the MLP reads the mixer's input h too; the layer's output is their sum (Cohere2)
 };
 
 struct TmModel {
@@ -230,6 +233,7 @@ struct TmModel {
     float qk_offset;          // q / k norms scale by (qk_offset + w) (Gemma 3's 1; else 0)
     float softcap;            // attention scores soft-capped at this (Gemma 2's); 0: none
     int32_t qk_norm_after_rotary;  // 1: the q / k norms after rotary (Hunyuan's), not before
+    int32_t norm;             // the layers' and the final norm: 0 RMSNorm, 1 LayerNorm without a bias (Cohere's)
     const TmLayer* layers;    // (num_layers,)
     const void* final_norm;   // (D,)
     TmKernels k;
@@ -267,7 +271,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 16; }  // 16: q / k norms after rotary; 15: gated shared experts; 14: layers without pre-norms, whole-projection q / k norms (OLMo 2, EXAONE 4); 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 17; }  // 17: LayerNorm models, parallel MLPs (Cohere2); 16: q / k norms after rotary; 15: gated shared experts; 14: layers without pre-norms, whole-projection q / k norms (OLMo 2, EXAONE 4); 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -439,9 +443,10 @@ int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
 // copy of res, each sum rounded as torch rounds x + res
 int into_h(const TmModel& m, const void* w, const void* x, void* res, const TmStep& s) {
     const int64_t M = s.M, D = m.D, n = M * D;
+    const AddRmsNormFn norm = m.norm == 1 ? m.k.add_layer_norm : m.k.add_rms_norm;
     if (w != nullptr)
-        return x == nullptr ? m.k.add_rms_norm(m.dtype, s.h, D, res, D, nullptr, 0, w, M, D, m.eps, s.nthreads)
-                            : m.k.add_rms_norm(m.dtype, s.h, D, x, D, res, D, w, M, D, m.eps, s.nthreads);
+        return x == nullptr ? norm(m.dtype, s.h, D, res, D, nullptr, 0, w, M, D, m.eps, s.nthreads)
+                            : norm(m.dtype, s.h, D, x, D, res, D, w, M, D, m.eps, s.nthreads);
     if (m.dtype == 0) {
         float* r = static_cast<float*>(res);
         const float* a = static_cast<const float*>(x);
@@ -456,6 +461,29 @@ int into_h(const TmModel& m, const void* w, const void* x, void* res, const TmSt
         std::memcpy(s.h, r, n * 2);
     }
     return 0;
+}
+
+// dst (M, D) = the layer's MLP (or mixture of experts) on h (M, D)
+int mlp(const TmModel& m, const TmLayer& L, const TmStep& s, void* dst) {
+    if (L.moe != nullptr) return moe(m, *L.moe, s.h, s.M, dst, s);
+    int rc = linear(m, L.gate_up, s.h, s.M, s.gate_up, s);
+    if (rc == 0)
+        rc = (m.act == 1 ? m.k.gelu_tanh_and_mul : m.k.silu_and_mul)(m.dtype, s.act, m.I, s.gate_up, 2 * m.I, s.M,
+                                                                      m.I, s.nthreads);
+    return rc == 0 ? linear(m, L.down, s.act, s.M, dst, s) : rc;
+}
+
+// y (n,) = y + z, rounded as torch rounds a + b
+void add_rows(int dt, void* y, const void* z, int64_t n) {
+    if (dt == 0) {
+        float* a = static_cast<float*>(y);
+        const float* b = static_cast<const float*>(z);
+        for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
+    } else {
+        bf16* a = static_cast<bf16*>(y);
+        const bf16* b = static_cast<const bf16*>(z);
+        for (int64_t i = 0; i < n; ++i) a[i] = to_bf16(to_f32(a[i]) + to_f32(b[i]));
+    }
 }
 
 // p (n,) *= f in place, rounded as torch rounds a tensor times a Python float (in fp32; bf16 to nearest even)
@@ -483,6 +511,7 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
     if (dt != 0 && dt != 1) return -1;
     int rc = 0;
     void* res = s->x;
+    const AddRmsNormFn norm = m.norm == 1 ? k.add_layer_norm : k.add_rms_norm;
     for (int64_t l = 0; l < s->num_layers && rc == 0; ++l) {
         const TmLayer& L = m.layers[l];
         rc = into_h(m, L.input_norm, l == 0 ? nullptr : s->y, res, *s);
@@ -491,25 +520,23 @@ int tm_decode_step(const TmModel* model, const TmStep* s) {
                  : L.mamba != nullptr ? mamba2(m, L, *s)
                  : L.gdn != nullptr   ? gdn(m, L, *s)
                                       : attention(m, L, *s);
+        if (rc == 0 && L.parallel) {  // the MLP on the same h, into out's buffer (written only at the end), summed
+            rc = mlp(m, L, *s, s->out);
+            if (rc == 0) add_rows(dt, s->y, s->out, M * D);
+            continue;
+        }
         if (rc == 0 && L.attn_out_norm != nullptr)  // in place (the kernel reads a row before writing it)
-            rc = k.add_rms_norm(dt, s->y, D, s->y, D, nullptr, 0, L.attn_out_norm, M, D, m.eps, t);
+            rc = norm(dt, s->y, D, s->y, D, nullptr, 0, L.attn_out_norm, M, D, m.eps, t);
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
         if (rc == 0) rc = into_h(m, L.post_norm, s->y, res, *s);
-        if (rc == 0 && L.moe != nullptr) {
-            rc = moe(m, *L.moe, s->h, M, s->y, *s);
-        } else {
-            if (rc == 0) rc = linear(m, L.gate_up, s->h, M, s->gate_up, *s);
-            if (rc == 0)
-                rc = (m.act == 1 ? k.gelu_tanh_and_mul : k.silu_and_mul)(dt, s->act, m.I, s->gate_up, 2 * m.I, M, m.I, t);
-            if (rc == 0) rc = linear(m, L.down, s->act, M, s->y, *s);
-        }
+        if (rc == 0) rc = mlp(m, L, *s, s->y);
         if (rc == 0 && L.mlp_out_norm != nullptr)
-            rc = k.add_rms_norm(dt, s->y, D, s->y, D, nullptr, 0, L.mlp_out_norm, M, D, m.eps, t);
+            rc = norm(dt, s->y, D, s->y, D, nullptr, 0, L.mlp_out_norm, M, D, m.eps, t);
         if (rc == 0 && m.residual_scale != 1.0f) scale_rows(dt, s->y, M * D, m.residual_scale);
     }
     if (rc) return rc;
-    if (s->num_layers == 0) return k.add_rms_norm(dt, s->out, D, res, D, nullptr, 0, m.final_norm, M, D, m.eps, t);
-    return k.add_rms_norm(dt, s->out, D, s->y, D, res, D, m.final_norm, M, D, m.eps, t);
+    if (s->num_layers == 0) return norm(dt, s->out, D, res, D, nullptr, 0, m.final_norm, M, D, m.eps, t);
+    return norm(dt, s->out, D, s->y, D, res, D, m.final_norm, M, D, m.eps, t);
 }
 
 }  // extern "C"

@@ -23,7 +23,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 FLAGS: tuple[str, ...] = ()  # no OpenMP of its own: the kernels it calls open their regions
-ABI = 16
+ABI = 17
 ENV_SWITCH = "TOKENMILL_NATIVE_DECODE"
 
 _P, _F = ctypes.c_void_p, ctypes.c_float
@@ -36,7 +36,7 @@ class TmKernels(ctypes.Structure):
                 ("panel_min_rows", _I64), ("ggml_matmul", _P), ("add_rms_norm", _P), ("silu_and_mul", _P),
                 ("rotary", _P), ("attention", _P), ("head_rms_norm", _P), ("moe", _P),
                 ("shortconv", _P), ("mamba2", _P), ("gelu_tanh_and_mul", _P), ("gdn", _P), ("sigmoid_mul", _P),
-                ("sigmoid_f32", _P)]
+                ("sigmoid_f32", _P), ("add_layer_norm", _P)]
 
 
 class TmLinear(ctypes.Structure):
@@ -68,14 +68,15 @@ class TmLayer(ctypes.Structure):
                 ("q_norm", _P), ("k_norm", _P), ("moe", ctypes.POINTER(TmMoe)), ("sinks", _P),
                 ("conv_w", _P), ("conv_pool", _P), ("conv_k", _I64), ("mamba", ctypes.POINTER(TmMamba)),
                 ("rope_alt", _I64), ("attn_out_norm", _P), ("mlp_out_norm", _P), ("gdn", ctypes.POINTER(TmGdn)),
-                ("ba", TmLinear), ("gate", _I64), ("qk_norm_whole", _I64)]
+                ("ba", TmLinear), ("gate", _I64), ("qk_norm_whole", _I64),
+                ("parallel", _I64)]
 
 
 class TmModel(ctypes.Structure):
     _fields_ = [("dtype", _I32), ("num_layers", _I64), ("D", _I64), ("nh", _I64), ("nkv", _I64), ("hd", _I64),
                 ("I", _I64), ("block_size", _I64), ("partition", _I64), ("rot", _I64), ("eps", _F), ("scale", _F),
                 ("residual_scale", _F), ("act", _I32), ("qk_offset", _F), ("softcap", _F),
-                ("qk_norm_after_rotary", _I32),
+                ("qk_norm_after_rotary", _I32), ("norm", _I32),
                 ("layers", ctypes.POINTER(TmLayer)), ("final_norm", _P), ("k", TmKernels)]
 
 
@@ -132,7 +133,8 @@ def kernel_table(panel_min_rows: int | None = None, vnni: int = 0) -> TmKernels:
                      head_rms_norm=_address(k, "tm_head_rms_norm"), moe=_address(ggml.lib(), "tm_moe"),
                      shortconv=_address(k, "tm_shortconv_decode"), mamba2=_address(k, "tm_mamba2_decode"),
                      gelu_tanh_and_mul=_address(k, "tm_gelu_tanh_and_mul"), gdn=_address(k, "tm_gdn_decode"),
-                     sigmoid_mul=_address(k, "tm_sigmoid_mul"), sigmoid_f32=_address(k, "tm_sigmoid_f32"))
+                     sigmoid_mul=_address(k, "tm_sigmoid_mul"), sigmoid_f32=_address(k, "tm_sigmoid_f32"),
+                     add_layer_norm=_address(k, "tm_add_layer_norm"))
 
 
 def run(model: ctypes.Structure, step: ctypes.Structure) -> None:

@@ -2,6 +2,7 @@
 // tokenmill/native/kernels.py, which checks shapes, dtypes and strides before calling.
 //
 //   tm_add_rms_norm   residual += x (optional); out = rmsnorm(residual) * w      rows of D
+//   tm_add_layer_norm the same with a LayerNorm (the mean taken out, no bias: Cohere's)
 //   tm_head_rms_norm  each head of each row normalized in place, one weight for all heads (Qwen3's q / k norms;
 //                     Gemma's with (1 + w))
 //   tm_silu_and_mul   out = silu(gate) * up, from the fused (T, 2I) gate|up rows
@@ -359,6 +360,38 @@ void add_rms_norm(T* out, int64_t out_stride, const T* x, int64_t x_stride, T* r
     for_rows(rows, threads_for(rows * D, nthreads), [&](int64_t t) {
         add_rms_norm_row(out + t * out_stride, x + t * x_stride, res ? res + t * res_stride : nullptr, w, D, eps);
     });
+}
+
+// ---- fused residual add + LayerNorm without a bias (Cohere's) ---------------------------------------------
+// out = (r - mean(r)) / sqrt(var(r) + eps) * w for r = (res += x) (rounded as the residual add of the RMSNorm), or
+// r = x; the mean, then the variance about it, each summed in fp32 over 8 lanes.
+template <typename T>
+void add_layer_norm_row(T* out, const T* x, T* res, const T* w, int64_t D, float eps) {
+    const T* src = x;
+    if (res != nullptr) {
+        int64_t i = 0;
+        for (; i + 8 <= D; i += 8) vstore(res + i, vload(res + i) + vload(x + i));
+        for (; i < D; ++i) store1(res + i, to_f32(res[i]) + to_f32(x[i]));
+        src = res;
+    }
+    V8 acc = vzero();
+    int64_t i = 0;
+    for (; i + 8 <= D; i += 8) acc = acc + vload(src + i);
+    float sum = hsum(acc);
+    for (; i < D; ++i) sum += to_f32(src[i]);
+    const float mean = sum / float(D);
+    const V8 vmean = vset1(mean);
+    acc = vzero();
+    for (i = 0; i + 8 <= D; i += 8) {
+        const V8 d = vload(src + i) - vmean;
+        acc = fma(d, d, acc);
+    }
+    float ss = hsum(acc);
+    for (; i < D; ++i) ss += (to_f32(src[i]) - mean) * (to_f32(src[i]) - mean);
+    const float inv = 1.0f / std::sqrt(ss / float(D) + eps);
+    const V8 vinv = vset1(inv);
+    for (i = 0; i + 8 <= D; i += 8) vstore(out + i, ((vload(src + i) - vmean) * vinv) * vload(w + i));
+    for (; i < D; ++i) store1(out + i, ((to_f32(src[i]) - mean) * inv) * to_f32(w[i]));
 }
 
 // ---- silu(gate) * up ------------------------------------------------------------------------------
@@ -1449,9 +1482,9 @@ void shortconv_decode(T* out, int64_t out_stride, const T* bcx, int64_t bcx_stri
 extern "C" {
 
 // Version of this interface: kernels.py refuses a library that answers differently.
-// 16: tm_sigmoid_f32; 15: tm_sigmoid_mul; 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone (tm_rotary_part takes whole heads too); 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
+// 17: tm_add_layer_norm; 16: tm_sigmoid_f32; 15: tm_sigmoid_mul; 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone (tm_rotary_part takes whole heads too); 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode reads src_slots and writes dst_slots (was slots +
 // fresh); 7: tm_gdn_decode; 6: tm_paged_attention_rows takes attention sinks
-int tm_abi_version() { return 16; }
+int tm_abi_version() { return 17; }
 
 // `dtype`: 0 = fp32, 1 = bf16. Strides are in elements. Returns 0, or -1 for an unknown dtype.
 
@@ -1507,6 +1540,24 @@ int tm_add_rms_norm(int dtype, void* out, int64_t out_stride, const void* x, int
     else if (dtype == 1)
         add_rms_norm(static_cast<bf16*>(out), out_stride, static_cast<const bf16*>(x), x_stride,
                      static_cast<bf16*>(res), res_stride, static_cast<const bf16*>(w), rows, D, eps, nthreads);
+    else
+        return -1;
+    return 0;
+}
+
+// out (rows, D) = layernorm(res + x) * w (no bias), with res (rows, D) += x first; res == NULL: out = layernorm(x) * w.
+int tm_add_layer_norm(int dtype, void* out, int64_t out_stride, const void* x, int64_t x_stride, void* res,
+                      int64_t res_stride, const void* w, int64_t rows, int64_t D, float eps, int nthreads) {
+    auto run = [&](auto* o, const auto* xx, auto* r, const auto* ww) {
+        for_rows(rows, threads_for(rows * D, nthreads), [&](int64_t t) {
+            add_layer_norm_row(o + t * out_stride, xx + t * x_stride, r ? r + t * res_stride : nullptr, ww, D, eps);
+        });
+    };
+    if (dtype == 0)
+        run(static_cast<float*>(out), static_cast<const float*>(x), static_cast<float*>(res),
+            static_cast<const float*>(w));
+    else if (dtype == 1)
+        run(static_cast<bf16*>(out), static_cast<const bf16*>(x), static_cast<bf16*>(res), static_cast<const bf16*>(w));
     else
         return -1;
     return 0;

@@ -28,7 +28,7 @@ log = logging.getLogger("tokenmill.native")
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-fopenmp", "-ffp-contract=off")  # products rounded where the source says so (rotary is exact)
-ABI_VERSION = 16  # 16: tm_sigmoid_f32; 15: tm_sigmoid_mul; 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone; 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
+ABI_VERSION = 17  # 17: tm_add_layer_norm; 16: tm_sigmoid_f32; 15: tm_sigmoid_mul; 14: tm_gelu_tanh_and_mul, tm_head_rms_norm takes an offset; 13: tm_rotary gone; 12: tm_rotary_part; 11: tm_head_rms_norm; 10: tm_shortconv_decode; 9: tm_mamba2_decode; 8: tm_gdn_decode takes src_slots and dst_slots
 # (was slots and fresh)
 ENV_SWITCH = "TOKENMILL_NATIVE_KERNELS"
 # decode attention cuts each context into partitions of this many positions, attended independently and
@@ -39,6 +39,7 @@ _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "tm_add_rms_norm": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _I64, _F32, _I32],
+    "tm_add_layer_norm": [_I32, _P, _I64, _P, _I64, _P, _I64, _P, _I64, _I64, _F32, _I32],
     # dtype, x, x_stride, rows, heads, hd, w, offset, eps, nthreads
     "tm_head_rms_norm": [_I32, _P, _I64, _I64, _I64, _I64, _P, _F32, _F32, _I32],
     "tm_silu_and_mul": [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32],
@@ -100,6 +101,17 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
                  eps: float) -> torch.Tensor | None:
     """x, residual (T, D), weight (D,): residual += x (in place), returns rmsnorm(residual) * weight as a new
     (T, D) tensor; without a residual, rmsnorm(x) * weight. None: not for the kernel (nothing written)."""
+    return _add_norm("tm_add_rms_norm", x, residual, weight, eps)
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                   eps: float) -> torch.Tensor | None:
+    """add_rms_norm with a LayerNorm without a bias (the mean taken out first: Cohere's)."""
+    return _add_norm("tm_add_layer_norm", x, residual, weight, eps)
+
+
+def _add_norm(entry: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+              eps: float) -> torch.Tensor | None:
     code = _DTYPE_CODE.get(x.dtype)
     lib = library()
     if code is None or lib is None or not x.is_cpu or x.dim() != 2 or weight.dtype != x.dtype:
@@ -115,7 +127,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
             return None
         res_ptr, res_stride = residual.data_ptr(), rs[0]
     out = torch.empty((T, D), dtype=x.dtype)
-    rc = lib.tm_add_rms_norm(code, out.data_ptr(), D, x.data_ptr(), xs[0], res_ptr, res_stride, weight.data_ptr(),
+    rc = getattr(lib, entry)(code, out.data_ptr(), D, x.data_ptr(), xs[0], res_ptr, res_stride, weight.data_ptr(),
                              T, D, eps, torch.get_num_threads())
     return out if rc == 0 else None
 
