@@ -362,14 +362,15 @@ def test_ministral3_temperature_in_the_native_decode_step(tokenizer, tmp_path: P
     assert ours.generate([ids], GREEDY)[0].outputs[0].token_ids == want
 
 
-@pytest.mark.parametrize("family", ["gemma", "glm4", "olmo2", "olmo3", "exaone4", "hunyuan_dense", "cohere2"])
+@pytest.mark.parametrize("family", ["gemma", "glm4", "olmo2", "olmo3", "exaone4", "hunyuan_dense", "cohere2",
+                                    "arcee"])
 def test_in_the_native_decode_step(family: str, tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Gemma (1) (its GELU-tanh MLP, (1 + w) norms, embeddings times sqrt(hidden)), GLM-4 (norms after each
     sublayer too, half of each head rotating, q / k / v biases), OLMo 2 (norms only after each sublayer, q / k norms
     over the whole projection), OLMo 3 (windowed layers on their own rotary tables), EXAONE 4 (OLMo 2's norms,
     per-head q / k norms, windowed layers and a global one without rotary), Hunyuan (q / k norms after rotary) and
-    Cohere2 (LayerNorms, attention and the MLP side by side, windowed and NoPE layers) take the one-call native
-    decode step: on a Q8_0 file it gives the layer path's token ids and logprobs bit for
+    Cohere2 (LayerNorms, attention and the MLP side by side, windowed and NoPE layers) and Arcee (an ungated MLP,
+    relu(up) ** 2) take the one-call native decode step: on a Q8_0 file it gives the layer path's token ids and logprobs bit for
     bit, at fp32 and bf16."""
     from tokenmill.native import decode_step, ggml
 

@@ -14,6 +14,7 @@ What fits, checked once per model (`unsupported` says why not, logged once):
   multipliers, per-head q/k norms before rotary on the native kernel (Qwen3's; after it: Hunyuan's), attention sinks
   (gpt-oss's);
 - Cohere2's layers: LayerNorms (no bias) on their native kernel, attention and the MLP side by side on one norm;
+  Arcee's ungated MLP, down(relu(up) ** 2);
 - Gemma's layers: the GELU-gated MLP on its native kernel, (1 + w) norms, and Gemma 2 / 3's norms after each
   sublayer (GLM-4's too; OLMo 2's and EXAONE 4's only after), (1 + w) q/k norms (Gemma 3), the local layers' own
   rotary tables (any windowed layers' own tables: the step's second ones), the attention soft-cap (Gemma 2); the
@@ -52,7 +53,7 @@ from tokenmill.layers.gated_delta import leading_decodes, slot_tensors
 from tokenmill.layers.ggml_linear import GGUFLinearMethod
 from tokenmill.layers.linear import Linear
 from tokenmill.layers import moe as moe_mod
-from tokenmill.layers.mlp import GatedMLP
+from tokenmill.layers.mlp import GatedMLP, ReLUSquared, UpDownMLP
 from tokenmill.layers.moe import SparseMoE
 from tokenmill.layers.norm import LayerNorm
 from tokenmill.layers.thread_choice import ThreadChooser
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tokenmill")
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the C++ step's dtype codes
-_ACTS = {SiluAndMul: 0, GeluTanhAndMul: 1}  # the MLP's activation -> the step's code
+_ACTS = {SiluAndMul: 0, GeluTanhAndMul: 1, ReLUSquared: 2}  # the MLP's activation -> the step's code
 
 
 def decide(model: Model) -> NativeDecode | None:
@@ -157,12 +158,13 @@ def unsupported(model: Model) -> str | None:
                 return why
             if mlp.shared_expert_gate is not None:  # its (1, D) matmul: the step's
                 linears.append(mlp.shared_expert_gate)
-        elif not isinstance(mlp, GatedMLP) or type(mlp.act) not in _ACTS or not mlp.act.use_native:
-            return "an MLP other than the native SiLU- or GELU-gated one or experts"
+        elif not (isinstance(mlp, GatedMLP) and type(mlp.act) in _ACTS and mlp.act.use_native
+                  or type(mlp) is UpDownMLP and type(mlp.act) is ReLUSquared):
+            return "an MLP other than the native SiLU- or GELU-gated one, relu(up) ** 2 or experts"
         else:
-            widths.add(mlp.gate_up_proj.out_features)
+            widths.add(_mlp_width(mlp))
             acts.add(type(mlp.act))
-            linears += [mlp.gate_up_proj, mlp.down_proj]
+            linears += [_mlp_in(mlp), mlp.down_proj]
         norms += [n for n in _sublayer_norms(layer) if n is not None]
         for lin in linears:
             if not isinstance(lin.method, GGUFLinearMethod) or (lin.matmul is None and lin.block_mm is None):
@@ -181,6 +183,17 @@ def unsupported(model: Model) -> str | None:
     if len({isinstance(n, LayerNorm) for n in norms}) > 1:
         return "RMSNorms beside LayerNorms"
     return None
+
+
+def _mlp_in(mlp: Any) -> Linear:
+    """A dense MLP's first projection: gate|up (the step's gate_up), or an ungated one's up (Arcee's)."""
+    return mlp.up_proj if type(mlp) is UpDownMLP else mlp.gate_up_proj
+
+
+def _mlp_width(mlp: Any) -> int:
+    """A dense MLP's intermediate width I (gate|up gives 2 I rows, an ungated up I)."""
+    rows = _mlp_in(mlp).out_features
+    return rows if type(mlp) is UpDownMLP else rows // 2
 
 
 def _sublayer_norms(layer: Any) -> tuple[Any, Any, Any, Any]:
@@ -340,13 +353,13 @@ class NativeDecode:
         self._moe_limit: tuple[int, int] | None = None  # (the method's crossover, the rows every MoE layer takes)
         dense = [layer.mlp for layer in layers if not isinstance(layer.mlp, SparseMoE)]
         linears = [lin for layer in layers for lin in _mixer_linears(layer) + _extra_linears(layer)]
-        linears += [lin for mlp in dense for lin in (mlp.gate_up_proj, mlp.down_proj)]
+        linears += [lin for mlp in dense for lin in (_mlp_in(mlp), mlp.down_proj)]
         self._macs_per_row = sum(lin.in_features * lin.out_features for lin in linears)
         for mlp in self._moes:  # its router and the experts (and shared expert) a token runs through
             found = mlp.one_call_layer()
             assert found is not None
             self._macs_per_row += found[0].macs_per_token + mlp.num_experts * cfg.hidden_size
-        inter = dense[0].gate_up_proj.out_features // 2 if dense else 0
+        inter = _mlp_width(dense[0]) if dense else 0
         self._act = _ACTS[type(dense[0].act)] if dense else 0
         # a recurrent mixer's in_proj rows go where q|k|v's do, what it gives out_proj where attention's output does
         recurrent = [_mixer_linears(layer) for layer in layers if _attention(layer) is None]
@@ -421,7 +434,7 @@ class NativeDecode:
             lyr = TmLayer(input_norm=pre_mix, post_norm=pre_mlp, attn_out_norm=attn_out, mlp_out_norm=mlp_out,
                           rope_alt=int(self._alt_layers[i]), parallel=int(getattr(layer, "parallel_mlp", False)),
                           qkv=_linear(mix_in, keep, self.dtype), o=_linear(mix_out, keep, self.dtype),
-                          gate_up=TmLinear() if experts else _linear(mlp.gate_up_proj, keep, self.dtype),
+                          gate_up=TmLinear() if experts else _linear(_mlp_in(mlp), keep, self.dtype),
                           down=TmLinear() if experts else _linear(mlp.down_proj, keep, self.dtype),
                           moe=self._moe_struct(mlp, keep) if experts else None)
             if conv is not None:  # the step's conv pool: conv[j] (slots, D, K - 1) for the layer's state index j

@@ -229,7 +229,8 @@ struct TmModel {
     int64_t rot;              // each head's leading dims that rotate (hd; fewer: partial rotary)
     float eps, scale;
     float residual_scale;     // each sublayer's output times this before it joins the residual (Granite; else 1)
-    int32_t act;              // the MLP's gate activation: 0 silu, 1 gelu (tanh approximation; Gemma's)
+    int32_t act;              // the MLP's gate activation: 0 silu, 1 gelu (tanh approximation; Gemma's); 2: no gate,
+                              // relu(up) ** 2 (Arcee's: gate_up is up_proj, I rows)
     float qk_offset;          // q / k norms scale by (qk_offset + w) (Gemma 3's 1; else 0)
     float softcap;            // attention scores soft-capped at this (Gemma 2's); 0: none
     int32_t qk_norm_after_rotary;  // 1: the q / k norms after rotary (Hunyuan's), not before
@@ -271,7 +272,7 @@ struct TmStep {
     int nthreads;              // for the matmuls and the kernels (which keep a single row on one thread)
 };
 
-int tm_decode_step_abi() { return 17; }  // 17: LayerNorm models, parallel MLPs (Cohere2); 16: q / k norms after rotary; 15: gated shared experts; 14: layers without pre-norms, whole-projection q / k norms (OLMo 2, EXAONE 4); 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
+int tm_decode_step_abi() { return 18; }  // 18: Arcee's relu(up) ** 2; 17: LayerNorm models, parallel MLPs (Cohere2); 16: q / k norms after rotary; 15: gated shared experts; 14: layers without pre-norms, whole-projection q / k norms (OLMo 2, EXAONE 4); 13: Qwen3.5's layers (Gated DeltaNet, gated attention); 12: Gemma's layers (sandwich norms, GELU, (1 + w) q / k norms, two rotary tables, softcap); 11: partial rotary; 10: Mamba2 layers; 9: LFM2's short conv layers; 8: attention sinks; 7: q / k norms and mixture-of-experts layers; 6: the attention kernel's softcap
 
 }  // extern "C"
 
@@ -467,7 +468,21 @@ int into_h(const TmModel& m, const void* w, const void* x, void* res, const TmSt
 int mlp(const TmModel& m, const TmLayer& L, const TmStep& s, void* dst) {
     if (L.moe != nullptr) return moe(m, *L.moe, s.h, s.M, dst, s);
     int rc = linear(m, L.gate_up, s.h, s.M, s.gate_up, s);
-    if (rc == 0)
+    if (rc == 0 && m.act == 2) {  // each product rounded once, as torch's square(relu(up))
+        const int64_t n = s.M * m.I;
+        if (m.dtype == 0) {
+            const float* u = static_cast<const float*>(s.gate_up);
+            float* a = static_cast<float*>(s.act);
+            for (int64_t i = 0; i < n; ++i) a[i] = u[i] > 0.0f ? u[i] * u[i] : 0.0f;
+        } else {
+            const bf16* u = static_cast<const bf16*>(s.gate_up);
+            bf16* a = static_cast<bf16*>(s.act);
+            for (int64_t i = 0; i < n; ++i) {
+                const float v = to_f32(u[i]);
+                a[i] = to_bf16(v > 0.0f ? v * v : 0.0f);
+            }
+        }
+    } else if (rc == 0)
         rc = (m.act == 1 ? m.k.gelu_tanh_and_mul : m.k.silu_and_mul)(m.dtype, s.act, m.I, s.gate_up, 2 * m.I, s.M,
                                                                       m.I, s.nthreads);
     return rc == 0 ? linear(m, L.down, s.act, s.M, dst, s) : rc;
