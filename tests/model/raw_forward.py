@@ -273,3 +273,32 @@ def close_gguf(w: Any, path: Path) -> Path:
 def texts(outs: Any) -> list[list[int]]:
     """Each request's first completion's token ids."""
     return [o.outputs[0].token_ids for o in outs]
+
+
+def native_against_layers(path: Path, prompts: list[list[int]], monkeypatch: Any, max_tokens: int = 12,
+                          **engine_kw: Any) -> tuple[LLM, list[int], list[Any], list[Any]]:
+    """Greedy token ids and logprobs of `prompts` on the GGUF at `path` (fp32 unless `engine_kw` says, the gguf
+    method with its crossover fixed at 64 rows so every decode step fits the native step, no prefix cache), first
+    layer by layer (TOKENMILL_NATIVE_DECODE=0), then with the native decode step: (the engine, the row counts of the
+    native steps that ran, the layer path's outputs, the native outputs). The first run is checked to run no native
+    step."""
+    from tokenmill import SamplingParams
+    from tokenmill.native import decode_step
+
+    monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", "64")  # read when the engine is built
+    llm = LLM(str(path), **(dict(progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32",
+                                 enable_prefix_caching=False) | engine_kw))
+    calls: list[int] = []
+    real = decode_step.run
+    monkeypatch.setattr(decode_step, "run", lambda model, step: (calls.append(int(step.M)), real(model, step)))
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
+
+    def run() -> list[tuple[list[int], list[float]]]:
+        outs = llm.generate(prompts, params)
+        return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs]
+
+    monkeypatch.setenv(decode_step.ENV_SWITCH, "0")
+    layers = run()
+    assert not calls
+    monkeypatch.delenv(decode_step.ENV_SWITCH)
+    return llm, calls, layers, run()

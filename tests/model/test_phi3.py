@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 from gemma3_tiny import default_tokenizer
-from raw_forward import (add_hparams, assert_invariances, hf_reference, logits_close_on_blocks, prompt_logits,
-                         widen_and_save)
+from raw_forward import (add_hparams, assert_invariances, hf_reference, logits_close_on_blocks, native_against_layers,
+                         prompt_logits, widen_and_save)
 
 from tokenmill import LLM, SamplingParams
 
@@ -252,25 +252,10 @@ def test_native_decode_step_with_partial_rotary(dtype: str, tokenizer, tmp_path:
         pytest.skip("ggml or the native decode step is not built here")
     _, model = make_hf(tmp_path, CASES["partial-tied"], tokenizer)
     g = write_gguf(tmp_path / "q8.gguf", model, tokenizer, qtype="Q8_0")
-    monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", "64")  # the crossover fixed: every decode step here fits
-    llm = LLM(str(g), progress=False, kv_cache_memory=16 * 2**20, max_model_len=MAX_MODEL_LEN, dtype=dtype,
-              enable_prefix_caching=False)
+    llm, calls, want, got = native_against_layers(g, prompts_for("partial-tied", tokenizer[0]), monkeypatch,
+                                                  max_model_len=MAX_MODEL_LEN, dtype=dtype)
     assert llm.engine.model_config.rotary_dim == 24
-    calls: list[int] = []
-    real = decode_step.run
-    monkeypatch.setattr(decode_step, "run", lambda m, s: (calls.append(int(s.M)), real(m, s)))
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
-    prompts = prompts_for("partial-tied", tokenizer[0])
-
-    def run() -> list[tuple[list[int], list[float]]]:
-        outs = llm.generate(prompts, params)
-        return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs]
-
-    monkeypatch.setenv(decode_step.ENV_SWITCH, "0")
-    want = run()
-    assert not calls
-    monkeypatch.delenv(decode_step.ENV_SWITCH)
-    assert run() == want
+    assert got == want
     assert calls, "the native decode step never ran"
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from raw_forward import (add_hparams, assert_prefix_cache_exact, assert_state_across_steps, close_gguf,
-                         hf_reference, prompt_logits, ref_logits, save_with_tokenizer, texts)
+                         hf_reference, native_against_layers, prompt_logits, ref_logits, save_with_tokenizer, texts)
 
 from tokenmill import LLM, SamplingParams
 
@@ -396,22 +396,6 @@ def test_native_decode_step_equals_layer_by_layer(q35: dict[str, Any], q35moe: d
         pytest.skip("ggml or the native decode step is not built here")
     src = q35moe if moe else q35
     path = write_gguf(src["tmp"] / "q5_0-native.gguf", src["model"], "Q5_0")
-    monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", "64")  # the crossover fixed: every decode step here fits
-    llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32",
-              enable_prefix_caching=False)
-    calls: list[int] = []
-    real = decode_step.run
-    monkeypatch.setattr(decode_step, "run", lambda model, step: (calls.append(int(step.M)), real(model, step)))
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
-
-    def run() -> list[tuple[list[int], list[float]]]:
-        outs = llm.generate(src["ids"], params)
-        return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs]
-
-    monkeypatch.setenv(decode_step.ENV_SWITCH, "0")
-    want = run()
-    assert not calls
-    monkeypatch.delenv(decode_step.ENV_SWITCH)
-    got = run()
-    assert max(calls) == len(src["ids"])  # the whole batch in one native step
+    _, calls, want, got = native_against_layers(path, src["ids"], monkeypatch)
+    assert calls and max(calls) == len(src["ids"])  # the whole batch in one native step
     assert got == want

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from raw_forward import grouped_against_one_by_one, prompt_logits, ref_logits
+from raw_forward import grouped_against_one_by_one, native_against_layers, prompt_logits, ref_logits
 
 from tokenmill import LLM, SamplingParams
 
@@ -441,38 +441,18 @@ def test_experts_in_one_native_call_match_the_grouped_matmuls(family: dict[str, 
 
 # the families whose layers the native decode step takes (qwen2moe's shared expert is gated, OLMoE's q / k norms
 # span the whole projection)
-NATIVE_STEP = {"qwen3", "qwen3moe", "mixtral", "granitemoe", "granitemoeshared", "ernie4_5_moe", "olmoe", "qwen2moe"}
-
-
 def test_native_decode_step_equals_layer_by_layer(family: dict[str, Any], monkeypatch) -> None:
-    """Under the gguf method on Q5_0 (ggml's kernels), decode steps run as one native call (native/decode_step.cpp:
-    Qwen3's q / k norms; each layer's experts, router and shared expert in one tm_moe call) where the family's
-    layers fit it, with the same greedy tokens and logprobs, bit for bit, as layer by layer; the others run layer
-    by layer."""
-    from tokenmill import SamplingParams
+    """Under the gguf method on Q5_0 (ggml's kernels), every family's decode steps run as one native call
+    (native/decode_step.cpp: Qwen3's q / k norms, OLMoE's whole-projection ones; each layer's experts, router and
+    shared expert, gated or not, in one tm_moe call), with the same greedy tokens and logprobs, bit for bit, as
+    layer by layer."""
     from tokenmill.native import decode_step, ggml
 
     if not ggml.available() or decode_step.library() is None:
         pytest.skip("ggml or the native decode step is not built here")
     path = write_gguf(family["tmp"] / "q5_0-native.gguf", family["model"], family["name"], "Q5_0")
-    monkeypatch.setenv("TOKENMILL_GGML_MAX_ROWS", "64")  # the crossover fixed: every decode step here fits
-    llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="float32",
-              enable_prefix_caching=False)
-    calls: list[int] = []
-    real = decode_step.run
-    monkeypatch.setattr(decode_step, "run", lambda model, step: (calls.append(int(step.M)), real(model, step)))
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
-
-    def run() -> list[tuple[list[int], list[float]]]:
-        outs = llm.generate(family["ids"], params)
-        return [(list(o.outputs[0].token_ids), [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in outs]
-
-    monkeypatch.setenv(decode_step.ENV_SWITCH, "0")
-    want = run()
-    assert not calls
-    monkeypatch.delenv(decode_step.ENV_SWITCH)
-    got = run()
-    assert bool(calls) == (family["name"] in NATIVE_STEP)
+    _, calls, want, got = native_against_layers(path, family["ids"], monkeypatch)
+    assert calls, "the native decode step never ran"
     assert got == want
 
 

@@ -5,6 +5,7 @@
 # 2026-12-07 Qwen3.5 run). From the repository root.
 set -euo pipefail
 D=benchmarks/results/2026-12-07-zen4-native-qwen35
+S=benchmarks/results/2026-12-07-zen4-native-gemma/one_stream.py  # (MODEL: the file)
 BIG="${TOKENMILL_CACHE:-$HOME/.cache/tokenmill}/big"
 lscpu > "$D/lscpu.txt"
 for spec in "qwen3.5-0.8b q8_0 Q8_0" "qwen3.5-4b q4_k_m Q4_K_M"; do
@@ -14,8 +15,8 @@ for spec in "qwen3.5-0.8b q8_0 Q8_0" "qwen3.5-4b q4_k_m Q4_K_M"; do
   sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null || true
   uptime | tee -a "$D/uptime.txt"
   for i in 1 2; do
-    (cd /tmp/oldwt && MODEL=$f PYTHONPATH=/tmp/oldwt "$OLDPWD/.venv/bin/python" "$OLDPWD/$D/one_stream.py" "old $1" 2>&1 | grep "best of")
-    MODEL=$f .venv/bin/python "$D/one_stream.py" "new $1" 2>&1 | grep "best of"
+    (cd /tmp/oldwt && MODEL=$f PYTHONPATH=/tmp/oldwt "$OLDPWD/.venv/bin/python" "$OLDPWD/$S" "old $1" 2>&1 | grep "best of")
+    MODEL=$f .venv/bin/python "$S" "new $1" 2>&1 | grep "best of"
   done | tee -a "$D/old_new.txt"
   uptime | tee -a "$D/uptime.txt"
   MODEL=$f MAX_MODEL_LEN=2048 LOAD_C=16 RESULTS_DIR=$D/$1 bash benchmarks/big_model.sh > "$D/$1.log" 2>&1
