@@ -350,6 +350,7 @@ class NativeDecode:
         windows = cfg.layer_windows()
         self._alt_layers = [self._rope_alt is not None and windows[i] > 0 for i in range(len(layers))]
         self._moes: list[SparseMoE] = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]
+        self._gated_shared = any(mlp.shared_expert_gate is not None for mlp in self._moes)
         self._moe_limit: tuple[int, int] | None = None  # (the method's crossover, the rows every MoE layer takes)
         dense = [layer.mlp for layer in layers if not isinstance(layer.mlp, SparseMoE)]
         linears = [lin for layer in layers for lin in _mixer_linears(layer) + _extra_linears(layer)]
@@ -517,8 +518,9 @@ class NativeDecode:
         bufs = torch.empty(T * sum(widths), dtype=self.dtype).split([T * w for w in widths])
         wide = torch.empty(T * (self._max_in + self._max_out) if self.dtype != torch.float32 else 0)
         out = bufs[0].view(T, D)
-        gate_logit, shared_w = torch.empty(T, dtype=self.dtype), torch.empty(T)  # (gated shared experts only)
         starts = torch.empty(T, dtype=torch.int64)
+        gated = self._gated_shared  # (gated shared experts' scratch; unread without them)
+        gate_logit, shared_w = (torch.empty(T, dtype=self.dtype), torch.empty(T)) if gated else (starts, starts)
         tables, lens = meta.decode_block_tables, meta.decode_context_lens
         assert tables is not None and lens is not None
         tables = tables if tables.stride(1) == 1 else tables.contiguous()

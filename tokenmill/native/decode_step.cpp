@@ -440,6 +440,19 @@ int attention(const TmModel& m, const TmLayer& L, const TmStep& s) {
     return rc == 0 ? linear(m, L.o, s.attn, M, s.y, s) : rc;
 }
 
+// y (n,) = y + z, rounded as torch rounds a + b
+void add_rows(int dt, void* y, const void* z, int64_t n) {
+    if (dt == 0) {
+        float* a = static_cast<float*>(y);
+        const float* b = static_cast<const float*>(z);
+        for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
+    } else {
+        bf16* a = static_cast<bf16*>(y);
+        const bf16* b = static_cast<const bf16*>(z);
+        for (int64_t i = 0; i < n; ++i) a[i] = to_bf16(to_f32(a[i]) + to_f32(b[i]));
+    }
+}
+
 // h = rmsnorm(res += x) * w (x NULL: h = rmsnorm(res) * w); w NULL (no norm before the sublayer): res += x, then h = a
 // copy of res, each sum rounded as torch rounds x + res
 int into_h(const TmModel& m, const void* w, const void* x, void* res, const TmStep& s) {
@@ -448,19 +461,8 @@ int into_h(const TmModel& m, const void* w, const void* x, void* res, const TmSt
     if (w != nullptr)
         return x == nullptr ? norm(m.dtype, s.h, D, res, D, nullptr, 0, w, M, D, m.eps, s.nthreads)
                             : norm(m.dtype, s.h, D, x, D, res, D, w, M, D, m.eps, s.nthreads);
-    if (m.dtype == 0) {
-        float* r = static_cast<float*>(res);
-        const float* a = static_cast<const float*>(x);
-        if (a != nullptr)
-            for (int64_t i = 0; i < n; ++i) r[i] = r[i] + a[i];
-        std::memcpy(s.h, r, n * 4);
-    } else {
-        bf16* r = static_cast<bf16*>(res);
-        const bf16* a = static_cast<const bf16*>(x);
-        if (a != nullptr)
-            for (int64_t i = 0; i < n; ++i) r[i] = to_bf16(to_f32(r[i]) + to_f32(a[i]));
-        std::memcpy(s.h, r, n * 2);
-    }
+    if (x != nullptr) add_rows(m.dtype, res, x, n);
+    std::memcpy(s.h, res, n * (m.dtype == 0 ? 4 : 2));
     return 0;
 }
 
@@ -488,18 +490,6 @@ int mlp(const TmModel& m, const TmLayer& L, const TmStep& s, void* dst) {
     return rc == 0 ? linear(m, L.down, s.act, s.M, dst, s) : rc;
 }
 
-// y (n,) = y + z, rounded as torch rounds a + b
-void add_rows(int dt, void* y, const void* z, int64_t n) {
-    if (dt == 0) {
-        float* a = static_cast<float*>(y);
-        const float* b = static_cast<const float*>(z);
-        for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
-    } else {
-        bf16* a = static_cast<bf16*>(y);
-        const bf16* b = static_cast<const bf16*>(z);
-        for (int64_t i = 0; i < n; ++i) a[i] = to_bf16(to_f32(a[i]) + to_f32(b[i]));
-    }
-}
 
 // p (n,) *= f in place, rounded as torch rounds a tensor times a Python float (in fp32; bf16 to nearest even)
 void scale_rows(int dt, void* p, int64_t n, float f) {
