@@ -21,8 +21,19 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tokenmill.cpu_features import cpu_has_amx_bf16, cpu_has_native_bf16
+
+
+class Matrix(NamedTuple):
+    """One matrix of a GGUF file as the memory plan counts it (GGUFFile.matrices): rows (a 3-D experts' stack:
+    all experts' rows together), row length, ggml type name ("q4_k", "f32"), and whether it is a mixture of
+    experts' matrix (routed or shared: the gguf method leaves some of those in the file's blocks, _packs)."""
+    rows: int
+    k: int
+    type: str
+    expert: bool = False
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LINEAR_METHODS = ("unquantized", "prepacked", "int8", "gguf")
@@ -119,11 +130,11 @@ DENSE_COPY_RAM_SHARE = 8  # auto keeps the dense copy only where it takes at mos
 INT8_PANEL_TYPES = frozenset({"q4_0", "q4_1", "q8_0"})
 
 
-def int8_panel_covers(matrices: list[tuple[int, int, str]] | None, kernel_here: bool) -> bool:
+def int8_panel_covers(matrices: list[Matrix] | None, kernel_here: bool) -> bool:
     """The 8-bit VNNI panel kernel (`kernel_here`: built and running on this CPU, which has no AMX) takes
     every matrix of a GGUF file (`matrices`: (rows, row length, type name)) past the block kernels'
     crossover, so the dense copy has no batch left to take."""
-    return kernel_here and bool(matrices) and all(t in INT8_PANEL_TYPES for _, _, t in matrices or ())
+    return kernel_here and bool(matrices) and all(m.type in INT8_PANEL_TYPES for m in matrices or ())
 
 
 def choose_dense_copy(setting: str, compute: ComputeChoice, copy_bytes: int, ram_bytes: int,
@@ -158,9 +169,11 @@ def choose_dense_copy(setting: str, compute: ComputeChoice, copy_bytes: int, ram
 
 VNNI_PACK_SWITCH = "TOKENMILL_VNNI_PACK"  # =0: the blocks stay plain (A/B runs)
 # Bytes of one piece of the 16-bit VNNI kernel's packed layout (native/vnni_matmul.cpp, tm_vnni_packed_bytes):
-# 16 rows' blocks of 32 values. Q4_1's piece is its 16 blocks' bytes exactly (16 x 20); Q4_0 takes 320 for
-# 16 x 18 (+11%), Q8_0 576 for 16 x 34 (+6%).
-VNNI_PACKED_PIECE = {"q4_0": 320, "q4_1": 320, "q8_0": 576}
+# 16 rows' blocks of 32 values. Q4_1's and Q5_1's pieces are their 16 blocks' bytes exactly (16 x 20, 16 x 24);
+# Q4_0 takes 320 for 16 x 18 (+11%), Q5_0 384 for 16 x 22 (+9%), Q8_0 576 for 16 x 34 (+6%).
+VNNI_PACKED_PIECE = {"q4_0": 320, "q4_1": 320, "q5_0": 384, "q5_1": 384, "q8_0": 576}
+# ... of which a mixture of experts' matrices are not packed (the one-call MoE path multiplies them on ggml)
+VNNI_PACKED_NOT_EXPERTS = frozenset({"q5_0", "q5_1"})
 VNNI_PACK_ROWS = 16
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tokenmill.compute import (ComputeChoice, held_type, linear_weight_bytes,
+from tokenmill.compute import (VNNI_PACKED_NOT_EXPERTS, ComputeChoice, Matrix, held_type, linear_weight_bytes,
                                stored_matrix_bytes, vnni_packed_bytes)
 from tokenmill.config import format_size
 from tokenmill.loader.model_config import ModelConfig
@@ -177,14 +177,15 @@ def dense_copy_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     return sum(n * k for n, k in [*cfg.linear_shapes(), *head]) * dtype_bytes
 
 
-def _gguf_matrix_bytes(cfg: ModelConfig, compute: ComputeChoice, n: int, k: int, stored_type: str,
-                       is_head: bool) -> int:
+def _gguf_matrix_bytes(cfg: ModelConfig, compute: ComputeChoice, m: Matrix, is_head: bool) -> int:
     """Bytes the gguf method holds for one of the file's matrices: its blocks, or their packed layout where
     compute.vnni_pack repacks the matrices of a linear layer (layers/ggml_linear.py, _packs): the decoder's and
-    the output layer's (`is_head`; a tied embedding gathers from those), not an untied embedding's."""
+    the output layer's (`is_head`; a tied embedding gathers from those), not an untied embedding's, nor a
+    mixture of experts' of the types its one-call path takes (VNNI_PACKED_NOT_EXPERTS)."""
+    n, k, stored_type = m.rows, m.k, m.type
     if compute.vnni_pack and (is_head or (n, k) != (cfg.vocab_size, cfg.hidden_size)):
         stored_type = held_type(stored_type, compute.requant_type, k)  # (re)quantized at load first
-        packed = vnni_packed_bytes(n, k, stored_type)
+        packed = None if m.expert and stored_type in VNNI_PACKED_NOT_EXPERTS else vnni_packed_bytes(n, k, stored_type)
         if packed is not None:
             return packed
     return stored_matrix_bytes("gguf", n, k, stored_type, compute.requant_type)
@@ -217,7 +218,7 @@ def kv_bytes_for_gpu_share(share: float, total: int, free: int, weight_bytes: in
 
 
 def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cache_bytes: int,
-              max_model_len: int, matrices: list[tuple[int, int, str]] | None = None,
+              max_model_len: int, matrices: list[Matrix] | None = None,
               max_chunk_tokens: int = 0, max_num_seqs: int = 1, state_checkpoints: int | None = None) -> MemoryPlan:
     """The plan of `_weights_and_cache`, then, for a model with recurrent layers, states taken from the KV cache's
     budget first: `state_checkpoints` for prefix caching (None: as many as a quarter of the budget holds, at most
@@ -238,7 +239,7 @@ def make_plan(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cach
 
 
 def _weights_and_cache(cfg: ModelConfig, compute: ComputeChoice, block_size: int, kv_cache_bytes: int,
-                       max_model_len: int, matrices: list[tuple[int, int, str]] | None = None,
+                       max_model_len: int, matrices: list[Matrix] | None = None,
                        max_chunk_tokens: int = 0) -> MemoryPlan:
     """Weight bytes come from the linear method (compute.linear_weight_bytes): every matmul weight is
     stored as the method stores it, everything else (embedding, norms, biases) at the compute dtype. A
@@ -254,16 +255,16 @@ def _weights_and_cache(cfg: ModelConfig, compute: ComputeChoice, block_size: int
     method, nbytes = compute.linear_method, compute.dtype_bytes
     if method == "gguf":
         mats = matrices if matrices is not None else [
-            (n, k, "f32") for n, k in [*cfg.linear_shapes(), (cfg.vocab_size, cfg.hidden_size)]]
+            Matrix(n, k, "f32") for n, k in [*cfg.linear_shapes(), (cfg.vocab_size, cfg.hidden_size)]]
         # the output layer's matrix: the last (vocab, hidden) one (tied: the embedding's, the only one)
-        head = max((i for i, (n, k, _) in enumerate(mats) if (n, k) == (cfg.vocab_size, cfg.hidden_size)), default=-1)
-        stored = sum(_gguf_matrix_bytes(cfg, compute, n, k, t, i == head) for i, (n, k, t) in enumerate(mats))
-        rest = (cfg.num_parameters() - sum(n * k for n, k, _ in mats)) * nbytes  # norms, biases
+        head = max((i for i, m in enumerate(mats) if (m.rows, m.k) == (cfg.vocab_size, cfg.hidden_size)), default=-1)
+        stored = sum(_gguf_matrix_bytes(cfg, compute, m, i == head) for i, m in enumerate(mats))
+        rest = (cfg.num_parameters() - sum(m.rows * m.k for m in mats)) * nbytes  # norms, biases
         return MemoryPlan(cfg.num_parameters(), stored + max(rest, 0), nbytes, per_token, block_size,
                           kv_cache_bytes, kv_cache_bytes // (per_token * block_size), max_model_len,
                           extra_weight_bytes=dense_copy_bytes(cfg, nbytes) if compute.dense_copy else 0,
                           linear_method=(method if compute.requant_type is None else f"gguf {compute.requant_type}")
-                          + (", Q4_0 / Q4_1 / Q8_0 packed for the VNNI kernel" if compute.vnni_pack else ""),
+                          + (", Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 packed for the VNNI kernel" if compute.vnni_pack else ""),
                           sliding_window=cfg.uniform_window, max_chunk_tokens=max_chunk_tokens)
     shapes = cfg.linear_shapes()
     linear = sum(linear_weight_bytes(method, n, k, nbytes) for n, k in shapes)

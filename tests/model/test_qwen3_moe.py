@@ -560,3 +560,43 @@ def test_random_moe_gguf_loads_and_generates(tmp_path: Path) -> None:
     gf.close()
     out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 8
+
+
+def test_q5_0_experts_stay_on_ggml_where_the_rest_is_packed(tmp_path: Path) -> None:
+    """At bf16 with the dense copy on a VNNI CPU without AMX the gguf method packs Q5_0 matrices for the 16-bit
+    VNNI kernel, but not a mixture of experts' (routed or shared): the one-call MoE path multiplies those on
+    ggml. The memory plan counts exactly that (the packed attention at +9%, the experts at the file's bytes)."""
+    import dataclasses
+
+    from tokenmill.benchmarks.random_gguf import Shape, write_random_gguf
+    from tokenmill.layers.linear import Linear
+    from tokenmill.loader.gguf import GGUFFile
+    from tokenmill.memory_plan import make_plan
+    from tokenmill.native import block_matmul, ggml
+
+    if not ggml.available() or block_matmul.vnni_bits() != 16:
+        pytest.skip("Q5_0 is packed where the 16-bit VNNI kernel is the bf16 panel (VNNI, no AMX) and ggml is built")
+    shape = Shape("qwen3moe", 256, 512, 2, 4, 2, head_dim=64, qk_norm=True, experts=8, experts_used=2,
+                  expert_intermediate=256)
+    path = write_random_gguf(tmp_path / "moe-q5_0.gguf", shape, "q5_0")
+    llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="bfloat16",
+              dense_copy="on")
+    model = llm.engine.executor.worker.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    experts = [m for m in linears if m.expert]
+    assert experts and all(m.matmul is not None and not m.packed_blocks for m in experts)
+    packed = [m for m in linears if m.packed_blocks]
+    assert packed and all(not m.expert for m in packed)
+    assert all(layer.mlp._native is not None for layer in model.model.layers), "the one-call MoE path"
+    held = sum(b.nbytes - 64 for m in packed for b in m.packed_blocks)
+    gf = GGUFFile(path)
+    matrices = gf.matrices()
+    assert [(m.rows, m.k) for m in matrices if m.expert] == [(8 * 256, 256)] * 3 * 2  # gate, up, down a layer
+    plain = make_plan(llm.engine.model_config, dataclasses.replace(llm.engine.platform.compute, vnni_pack=False),
+                      16, 16 * 2**20, 256, matrices)
+    file_bytes = sum(t.num_bytes for name, t in gf.tensors.items() if len(t.shape) == 2 and t.ggml_type.name == "Q5_0"
+                     and "_exps." not in name and name != "token_embd.weight")  # the decoder's and the head's
+    assert llm.engine.plan.weight_bytes == plain.weight_bytes - file_bytes + held
+    gf.close()
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 8

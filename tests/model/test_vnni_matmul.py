@@ -87,7 +87,7 @@ def test_honours_the_row_stride_of_x_and_hands_other_types_on(bits: int) -> None
 def packed(qtype: int, blocks: np.ndarray, parts: tuple[int, ...] = ()) -> np.ndarray:
     """blocks (n, row bytes) in the packed layout, packed in parts of these many rows (multiples of 16) and the
     rest, as the gguf method packs a fused layer's shards -> a 64-byte-aligned uint8 buffer."""
-    n, k = blocks.shape[0], blocks.shape[1] // {2: 18, 3: 20, 8: 34}[qtype] * 32
+    n, k = blocks.shape[0], blocks.shape[1] // {2: 18, 3: 20, 6: 22, 7: 24, 8: 34}[qtype] * 32
     total = block_matmul.packed_bytes(qtype, n, k)
     buf = np.empty(total + 64, np.uint8)
     out = buf[-buf.ctypes.data % 64:][:total]
@@ -124,6 +124,51 @@ def test_the_packed_layout_gives_the_plain_blocks_bits(type_name: str, n: int, p
     block_matmul.matmul_grouped(code, [p.ctypes.data, p.ctypes.data], [7, 33], n, k, x.contiguous().data_ptr(),
                                 y.data_ptr(), 2)
     assert torch.equal(y, plain16)
+
+
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1"])
+@pytest.mark.parametrize("n,k,parts", [(37, 96, ()), (80, 576, (48,))])
+def test_five_bit_blocks_packed(type_name: str, n: int, k: int, parts: tuple[int, ...]) -> None:
+    """Q5_0 / Q5_1 (Q4_K's and Q5_K's stand-ins where a row is not a multiple of 256: most of Gemma 3 270M's
+    and 1B's matrices in a Q4_K_M file) have no plain-block kernel of ours, only the packed layout (the qh word
+    as a fifth vector): each entry against the kernel's own arithmetic (x rounded per 32-block) in fp64 on
+    gguf-py's dequantized weights and against the unrounded product, at 16 bits and 8; a few rows (straight from
+    the packed bytes) the same bits as in a batch of 300 (the panel, past the 256-row chunk) at any thread count;
+    the block kernel's, the fp32 panel's and the grouped entries the 16-bit kernel's result; rows read back as
+    the file's blocks (a tied embedding's gather). The plain codes stay unsupported (ggml's)."""
+    qtype, blocks, w = quantized(type_name, n, k, seed=n + k)
+    p = packed(qtype, blocks, parts)
+    code = block_matmul.PACKED | qtype
+    assert block_matmul.supports(code) and not block_matmul.supports(qtype)
+    assert p.nbytes == -(-n // 16) * (k // 32) * 384  # compute.VNNI_PACKED_PIECE
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(300, k, generator=g)
+    x[1] = 0.0
+    x[2, :32] *= 40.0
+    ref = x.double() @ w.T
+    scale = ref.norm(dim=1).clamp_min(1e-30)
+    for bits in (16, 8):
+        y = multiply(code, p, x, rows=n, threads=2, vnni=bits).double()
+        assert torch.equal(y[1], torch.zeros(n, dtype=torch.float64))
+        err = float(((y - rounded_x(x, bits) @ w.T).norm(dim=1) / scale).max())
+        assert err < 1e-5, f"{type_name} at {bits} bits: {err:.2e} from the kernel's own arithmetic"
+        rel = (y - ref).norm(dim=1) / scale
+        rel[1] = 0.0
+        worst, typical = BOUND[bits]
+        assert float(rel.max()) < worst and float(rel.median()) < typical, f"{float(rel.max()):.2e} unrounded"
+    y16 = multiply(code, p, x, rows=n, threads=2, vnni=16)
+    for m, start in ((1, 0), (3, 5), (19, 40), (32, 200)):
+        for threads in (1, 2):
+            assert torch.equal(multiply(code, p, x[start : start + m], rows=n, threads=threads), y16[start : start + m])
+    assert torch.equal(multiply(code, p, x[:40], rows=n, threads=1, panel=True), y16[:40])  # the fp32 panel's entry
+    y = torch.empty(40, n)
+    xc = x[:40].contiguous()
+    block_matmul.matmul_grouped(code, [p.ctypes.data, p.ctypes.data], [7, 33], n, k, xc.data_ptr(), y.data_ptr(), 2)
+    assert torch.equal(y, y16[:40])
+    ids = torch.tensor([0, n - 1, 17, 17, n // 2])
+    rows = np.empty((len(ids), blocks.shape[1]), np.uint8)
+    block_matmul.unpack_rows(qtype, p.ctypes.data, n, k, ids.data_ptr(), len(ids), rows.ctypes.data)
+    assert np.array_equal(rows, blocks[ids.numpy()])
 
 
 def assert_near_the_fp32_model(ours, median_error: float, top1: float) -> None:
@@ -212,17 +257,18 @@ def test_the_planner_counts_the_packed_layout_as_the_library_sizes_it() -> None:
     """compute.vnni_packed_bytes (torch-free, for the memory plan) is the library's packed size."""
     from tokenmill.compute import vnni_packed_bytes
 
-    for name, qtype in (("q4_0", 2), ("q4_1", 3), ("q8_0", 8)):
+    for name, qtype in (("q4_0", 2), ("q4_1", 3), ("q5_0", 6), ("q5_1", 7), ("q8_0", 8)):
         for n, k in ((37, 96), (64, 576), (1536, 576), (49152, 576)):
             assert vnni_packed_bytes(n, k, name) == block_matmul.packed_bytes(qtype, n, k)
     assert vnni_packed_bytes(64, 256, "q4_k") is None
 
 
-@pytest.mark.parametrize("mix,tied", [("q4_0", False), ("q8_0", False), ("q8_0", True)])
+@pytest.mark.parametrize("mix,tied", [("q4_0", False), ("q8_0", False), ("q8_0", True), ("q5_0", False),
+                                      ("q5_1", True)])
 def test_the_memory_plan_counts_the_packed_blocks(mix: str, tied: bool, tmp_path) -> None:
     """Where the blocks are packed (bf16 with the dense copy, the 16-bit VNNI panel: the decoder's and the
     output layer's, not an untied embedding's), the engine's memory plan and `tokenmill plan` count the packed
-    bytes (Q4_0 +11%, Q8_0 +6% over the file's), not the file's: weights = the plain plan's - the packed
+    bytes (Q4_0 +11%, Q5_0 +9%, Q8_0 +6% over the file's; Q5_1 the same), not the file's: weights = the plain plan's - the packed
     matrices' file bytes + the buffers the method holds. A tied embedding gathers its rows from the packed
     head: the same values as from the file's blocks."""
     if block_matmul.vnni_bits() != 16:
@@ -261,7 +307,7 @@ def test_the_memory_plan_counts_the_packed_blocks(mix: str, tied: bool, tmp_path
     gf.close()
     plain = make_plan(engine.model_config, dataclasses.replace(engine.platform.compute, vnni_pack=False), 16,
                       16 * 2**20, 256, matrices)
-    assert held != file_bytes  # Q4_0 and Q8_0 grow when packed
+    assert (held == file_bytes) == (mix == "q5_1")  # Q4_0, Q5_0 and Q8_0 grow when packed
     assert engine.plan.weight_bytes == plain.weight_bytes - file_bytes + held
     _, _, planned = plan_model(str(path), "cpu", "bfloat16", None, 16, 16 * 2**20, 256, None, dense_copy="on")
     assert planned.weight_bytes == engine.plan.weight_bytes

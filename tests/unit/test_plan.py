@@ -137,12 +137,12 @@ def test_plan_counts_the_dense_copy(capsys, monkeypatch) -> None:
 
 
 def test_the_int8_panel_covers_a_file_only_when_it_takes_every_matrix() -> None:
-    from tokenmill.compute import ComputeChoice, choose_dense_copy, int8_panel_covers
+    from tokenmill.compute import ComputeChoice, Matrix, choose_dense_copy, int8_panel_covers
 
-    q41 = [(576, 576, "q4_1"), (49152, 576, "q8_0"), (576, 576, "q4_0")]
+    q41 = [Matrix(576, 576, "q4_1"), Matrix(49152, 576, "q8_0"), Matrix(576, 576, "q4_0")]
     assert int8_panel_covers(q41, True)
     assert not int8_panel_covers(q41, False)  # no VNNI kernel here (or AMX, or fp32 compute)
-    assert not int8_panel_covers(q41 + [(4096, 4096, "q4_k")], True)  # a K-quant: the copy may still pay
+    assert not int8_panel_covers(q41 + [Matrix(4096, 4096, "q4_k")], True)  # a K-quant: the copy may still pay
     assert not int8_panel_covers(None, True) and not int8_panel_covers([], True)  # an HF checkpoint
     compute = ComputeChoice(dtype="bfloat16", linear_method="gguf")
     assert choose_dense_copy("auto", compute, 2**28, 24 * 2**30, True).dense_copy

@@ -81,6 +81,8 @@ PRESETS = {
     "qwen3.5-4b": Shape("qwen35", 2560, 9216, 32, 16, 4, 248320, tied=True, head_dim=256, qk_norm=True,
                         linear_heads=(16, 32), linear_dim=128),
     # Qwen3-4B's shapes (36 layers, 32 heads of 128, 8 KV heads, q / k norms, tied)
+    # Qwen2.5-0.5B's shapes: 896 wide, so a Q4_K_M file is mostly llama-quantize's Q5_0 / Q8_0 stand-ins
+    "qwen2.5-0.5b": Shape("qwen2", 896, 4864, 24, 14, 2, 151936, tied=True, context=32768, attention_bias=True),
     "qwen3-4b": Shape("qwen3", 2560, 9728, 36, 32, 8, 151936, tied=True, head_dim=128, qk_norm=True),
     # Qwen3-30B-A3B's layer shape (128 experts of 768, 8 used, head_dim 128), 16 of its 48 layers
     "qwen3-30b-a3b-16l": Shape("qwen3moe", 2048, 6144, 16, 32, 4, 151936, head_dim=128, qk_norm=True, experts=128,
@@ -103,6 +105,10 @@ PRESETS = {
                          qk_norm=True, experts=32, experts_used=4, expert_intermediate=1792,
                          attn_layers=(2, 6, 10, 14, 18, 21), conv_kernel=3, dense_layers=2),
 }
+
+
+# llama-quantize's types for a K-quant whose rows are not a multiple of 256 values
+_K_FALLBACK = {"q2_k": "iq4_nl", "q3_k": "iq4_nl", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
 
 
 def _more_bits(layer: int, n: int) -> bool:
@@ -261,9 +267,14 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
     if not s.tied:
         tensors.append(("output.weight", (s.vocab, s.hidden), ""))
 
-    def type_of(tname: str, t: str) -> str:
+    def type_of(tname: str, tshape: tuple[int, ...], t: str) -> str:
         layer = int(tname.split(".")[1]) if tname.startswith("blk.") else 0
-        return t or tensor_type(tname, layer, s.layers, mix)
+        # (a tied embedding is the output layer, and llama-quantize types it so)
+        chosen = t or tensor_type("output.weight" if s.tied and tname == "token_embd.weight" else tname, layer,
+                                  s.layers, mix)
+        # a K-quant needs rows of whole 256-value super-blocks: llama-quantize's stand-ins otherwise (Qwen2.5-0.5B's
+        # and Gemma 3 270M's 896 / 640-wide matrices in a Q4_K_M file: Q5_0 for Q4_K, Q8_0 for Q6_K)
+        return _K_FALLBACK.get(chosen, chosen) if len(tshape) > 1 and tshape[-1] % 256 else chosen
 
     w = GGUFWriter(path, s.arch)
     a = s.arch
@@ -325,7 +336,7 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
         else:
             w.add_float32(key, value)
     for tname, tshape, t in tensors:
-        qtype = GGMLQuantizationType[type_of(tname, t).upper()]
+        qtype = GGMLQuantizationType[type_of(tname, tshape, t).upper()]
         block, size = GGML_QUANT_SIZES[qtype]
         if len(tshape) == 1:
             w.add_tensor_info(tname, tshape, np.dtype(np.float32), tshape[0] * 4)
@@ -352,7 +363,7 @@ def write_random_gguf(path: str | Path, shape: Shape, mix: str, std: float = 0.0
         if tname.endswith((".ssm_a", ".ssm_d", ".ssm_norm.weight")):  # Mamba2's (H, 1) and (groups, d_inner / groups)
             w.write_tensor_data(small(tname, int(np.prod(tshape))).reshape(tshape))
             continue
-        qtype = GGMLQuantizationType[type_of(tname, t).upper()]
+        qtype = GGMLQuantizationType[type_of(tname, tshape, t).upper()]
         *lead, k = tshape
         rows = int(np.prod(lead))
         block, size = GGML_QUANT_SIZES[qtype]

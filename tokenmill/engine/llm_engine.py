@@ -12,7 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from tokenmill.compute import TOKEN_BUDGET, default_token_budget
+from tokenmill.compute import TOKEN_BUDGET, Matrix, default_token_budget
 from tokenmill.config import EngineConfig, format_size
 from tokenmill.engine.block_manager import BlockManager
 from tokenmill.engine.input_processor import ContextLengthError as ContextLengthError  # re-exported: its old home
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tokenmill")
 
 
-def read_model_header(source: ModelSource) -> tuple[Any, Any, list[tuple[int, int, str]] | None, dict[str, Any]]:
+def read_model_header(source: ModelSource) -> tuple[Any, Any, list[Matrix] | None, dict[str, Any]]:
     """(ModelConfig, Tokenizer, the GGUF file's matrices or None, its general.sampling.* keys) of a model
     source, from its header and tokenizer files (no weights)."""
     from tokenmill.loader.model_config import ModelConfig

@@ -13,8 +13,8 @@ import math
 import os
 import sys
 
-from tokenmill.compute import (DENSE_COPY_CHOICES, DTYPE_BYTES, QUANTIZATION_CHOICES, choose_compute, choose_dense_copy,
-                               default_token_budget, int8_panel_covers, vnni_packs)
+from tokenmill.compute import (DENSE_COPY_CHOICES, DTYPE_BYTES, QUANTIZATION_CHOICES, Matrix, choose_compute,
+                               choose_dense_copy, default_token_budget, int8_panel_covers, vnni_packs)
 from tokenmill.cpu_features import (auto_dtype, bf16_reason, cpu_has_amx_bf16, cpu_has_avx512_vnni,
                                     cpu_has_native_bf16)
 from tokenmill.config import EngineConfig, SpeculativeConfig, format_size, parse_size
@@ -25,7 +25,7 @@ from tokenmill.memory_plan import (CacheTooSmallError, MemoryPlan, available_ram
 from tokenmill.native.block_matmul import VNNI_SWITCH, vnni_asked
 
 
-def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[tuple[int, int, str]] | None]:
+def read_model_config(model: str) -> tuple[ModelConfig, int, str, list[Matrix] | None]:
     """(config, bytes of the weights on disk, "gguf" or "hf", the GGUF file's matrices) from headers only."""
     source = resolve_model(model)
     if source.kind == "gguf":

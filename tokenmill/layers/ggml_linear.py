@@ -337,11 +337,16 @@ class GGUFLinearMethod(LinearMethod):
     def _packs(self, layer: Linear, groups: list[tuple[int, list[GGUFQuantized]]]) -> bool:
         """The layer's blocks go into the VNNI kernels' packed layout (native/vnni_matmul.cpp, tm_vnni_pack)
         instead of staying plain: where the 16-bit VNNI panel is the bf16 panel (vnni_bits) and a dense bf16
-        copy takes the big batches, for a matrix of Q4_0 / Q4_1 / Q8_0 blocks in parts of whole 16-row groups,
-        the output layer's included (a tied embedding then gathers its rows from the packed blocks:
-        VocabEmbedding.share_packed_head). The packed blocks are the file's bytes
+        copy takes the big batches, for a matrix of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks in parts of whole
+        16-row groups, the output layer's included (a tied embedding then gathers its rows from the packed blocks:
+        VocabEmbedding.share_packed_head), but not a mixture of experts' Q5_0 / Q5_1 (the one-call MoE path,
+        moe_parts, multiplies those on ggml). Q5_0 / Q5_1 (the Q4_K / Q5_K stand-ins of a Q4_K_M / Q5_K_M file
+        where rows are not a multiple of 256: most of Gemma 3 270M's and 1B's matrices) otherwise go to
+        ggml's kernel; packed, at one row 1.8-2.7x its speed, at 4-8 rows 3.8-5.4x (on a 2-core Zen 4,
+        benchmarks/README.md, "Q5_0 and Q5_1 packed"). The packed blocks are the file's bytes
         reordered so that the kernel reads 16 rows' blocks with plain loads where the plain ones take gathers
-        (Q4_1 the same bytes; Q4_0 +11%, Q8_0 +6%: compute.VNNI_PACKED_PIECE, counted by the memory plan), up to 32 rows without a panel: on a 2-core Zen 4 the
+        (Q4_1, Q5_1 the same bytes; Q4_0 +11%, Q5_0 +9%, Q8_0 +6%: compute.VNNI_PACKED_PIECE, counted by the
+        memory plan), up to 32 rows without a panel: on a 2-core Zen 4 the
         default model's matrices at 1-32 rows 1.07-7x the prepacked bf16 copy (0.8-1.0x past 64), and 1.4-2.7x
         the block kernel at any rows (benchmarks/README.md, "Packed blocks for the 16-bit VNNI kernel").
         The output layer packed: on the default model's (49152, 576) Q8_0 head 1.9x its plain blocks at one
@@ -352,7 +357,10 @@ class GGUFLinearMethod(LinearMethod):
         if layer.wide_out and os.environ.get("TOKENMILL_VNNI_PACK_HEAD") == "0":  # A/B runs (the plan counts it packed)
             return False
         for _, parts in groups:
-            if any(int(p.ggml_type) not in block_matmul.PANEL_TYPES for p in parts):
+            if any(int(p.ggml_type) not in block_matmul.PACK_TYPES for p in parts):
+                return False
+            # an expert's Q5_0 / Q5_1 stays ggml's: the MoE one-call path (moe_parts) multiplies those
+            if layer.expert and any(int(p.ggml_type) not in block_matmul.PANEL_TYPES for p in parts):
                 return False
             if any(p.shape[0] % block_matmul.PACK_ROWS for p in parts[:-1]):
                 return False

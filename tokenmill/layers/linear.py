@@ -219,6 +219,10 @@ class Linear(nn.Module):
         # capital of France?" came out as an exact tie between "The" and "L", decided by token id). Its
         # oneDNN dense path, and the other methods, still give x's dtype.
         self.wide_out = False
+        # A mixture of experts' matrix (a routed or shared expert's; SparseMoE.mark_experts sets it before the
+        # weights are finished): the gguf method leaves those of the types the MoE one-call path multiplies on
+        # ggml instead of packing them (GGUFLinearMethod._packs)
+        self.expert = False
         self.weight: nn.Parameter
         method.create_weights(self)
         self.bias: nn.Parameter | None = None

@@ -165,6 +165,15 @@ class SparseMoE(nn.Module):
                                               for lyr in (se.gate_up_proj, se.down_proj))
         return layer, dense, shared_dense
 
+    def mark_experts(self) -> None:
+        """Mark the routed and shared experts' matrices (and the shared expert's gate) as experts'
+        (Linear.expert), as GGUFFile.matrices names them, before the weights are finished (a subclass may have
+        replaced the experts built here)."""
+        experts = [*self.experts, *(m for m in (self.shared_expert, self.shared_expert_gate) if m is not None)]
+        for lin in (m for e in experts for m in e.modules()):
+            if isinstance(lin, Linear):
+                lin.expert = True
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h (T, D) -> (T, D)."""
         out = self._one_call(h)

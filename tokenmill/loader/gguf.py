@@ -27,6 +27,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from tokenmill.compute import Matrix
+
 _SCALARS: dict[int, tuple[str, int]] = {
     0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
     6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
@@ -160,11 +162,13 @@ class GGUFFile:
             data = data.copy()
         return data.reshape(info.shape)
 
-    def matrices(self) -> list[tuple[int, int, str]]:
-        """(rows, row length, type name, e.g. "q4_k") of every 2-D tensor, and of every 3-D one (experts'
-        stacked matrices) as its rows together: what the gguf method keeps."""
-        return [(int(np.prod(t.shape[:-1])), t.shape[-1], t.ggml_type.name.lower()) for t in self.tensors.values()
-                if len(t.shape) in (2, 3)]
+    def matrices(self) -> list[Matrix]:
+        """(rows, row length, type name, e.g. "q4_k", a mixture of experts' matrix?) of every 2-D tensor, and of
+        every 3-D one (experts' stacked matrices) as its rows together: what the gguf method keeps. Experts'
+        matrices: the 3-D ones and the shared experts' (llama.cpp's names: ffn_*_exps, ffn_*_shexp)."""
+        return [Matrix(int(np.prod(t.shape[:-1])), t.shape[-1], t.ggml_type.name.lower(),
+                       len(t.shape) == 3 or "_shexp." in name)
+                for name, t in self.tensors.items() if len(t.shape) in (2, 3)]
 
     def release(self, offset: int, num_bytes: int) -> None:
         """Drop the file's pages in [offset, offset + num_bytes) from this process (they were copied, e.g.

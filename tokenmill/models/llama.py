@@ -29,6 +29,7 @@ from tokenmill.layers.embedding import VocabEmbedding
 from tokenmill.layers.head_norm import HeadRMSNorm
 from tokenmill.layers.linear import Linear, LinearMethod
 from tokenmill.layers.mlp import GatedMLP
+from tokenmill.layers.moe import SparseMoE
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RotaryEmbedding, RotaryTables, attention_factor, inv_frequencies, rotate_
 from tokenmill.loader.model_config import ModelConfig
@@ -184,6 +185,9 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight.weight_loader(self.lm_head.weight, embed.blocks, None)  # type: ignore[attr-defined]
         elif self.cfg.tie_word_embeddings:  # shared, until a method that converts weights makes its own copy
             self.lm_head.weight.data = embed.weight.data
+        for m in self.modules():
+            if isinstance(m, SparseMoE):
+                m.mark_experts()
         for m in self.modules():
             if isinstance(m, Linear):
                 m.finish_loading()

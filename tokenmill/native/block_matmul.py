@@ -31,7 +31,7 @@ KQUANT_SOURCE = Path(__file__).with_name("kquant_matmul.cpp")
 VNNI_SOURCE = Path(__file__).with_name("vnni_matmul.cpp")
 SOURCES = (SOURCE, AMX_SOURCE, PANEL_SOURCE, KQUANT_SOURCE, VNNI_SOURCE)  # one library (`python -m tokenmill.native.build`)
 FLAGS = ("-fopenmp", "-ffp-contract=off")
-ABI = 4
+ABI = 5
 ENV_SWITCH = "TOKENMILL_BLOCK_MATMUL"
 AMX_SWITCH = "TOKENMILL_AMX_MATMUL"
 PANEL_SWITCH = "TOKENMILL_PANEL_MATMUL"
@@ -104,6 +104,9 @@ def supports(ggml_type: int) -> bool:
 
 # the types the panel kernel has a panel for (Q4_0, Q4_1, Q8_0); it hands the K-quants to the block kernel
 PANEL_TYPES = (2, 3, 8)
+# the types the VNNI kernels' packed layout takes (pack()): those, and Q5_0 / Q5_1 (only packed: plain Q5_0 / Q5_1
+# matrices are ggml's)
+PACK_TYPES = (2, 3, 6, 7, 8)
 
 
 def panel_available() -> bool:
@@ -163,9 +166,9 @@ PACK_ROWS = 16  # the layout's row group: a matrix packed in parts starts each p
 
 
 def packed_bytes(ggml_type: int, n: int, k: int) -> int:
-    """Bytes of the packed layout of an (n, k) matrix of this type (Q4_0 / Q4_1 / Q8_0; 0 where the VNNI
-    kernels are not built or the type is another): per 16 rows the file's bytes (Q8_0: 576 a block of 16
-    rows against 544)."""
+    """Bytes of the packed layout of an (n, k) matrix of this type (PACK_TYPES; 0 where the VNNI kernels are
+    not built or the type is another): per 16 rows the file's bytes (Q8_0: 576 a block of 16 rows against
+    544; compute.VNNI_PACKED_PIECE)."""
     lib = library()
     return int(lib.tm_vnni_packed_bytes(ggml_type, n, k)) if lib is not None and vnni_built() else 0
 

@@ -1,7 +1,7 @@
-// y = x . W^T for a GGUF matrix W kept in its file's blocks (Q4_0, Q4_1, Q8_0), for batches of rows, in integer
-// arithmetic on AVX512-VNNI: the panel kernels of CPUs that have VNNI and no AMX (Zen 4, Intel before
-// Sapphire Rapids), where oneDNN's bf16 or fp32 matmul on a dense copy is otherwise what runs past the block
-// kernels' crossover. Two precisions of x, one code (the template's BITS):
+// y = x . W^T for a GGUF matrix W kept in its file's blocks (Q4_0, Q4_1, Q8_0; Q5_0, Q5_1 in the packed layout
+// only), for batches of rows, in integer arithmetic on AVX512-VNNI: the panel kernels of CPUs that have VNNI and
+// no AMX (Zen 4, Intel before Sapphire Rapids), where oneDNN's bf16 or fp32 matmul on a dense copy is otherwise
+// what runs past the block kernels' crossover. Two precisions of x, one code (the template's BITS):
 //   8 bits  (tm_vnni_matmul): llama.cpp's, `vpdpbusd`, 64 byte products a 512-bit instruction (twice bf16's
 //           `vdpbf16ps`); ~5e-3 relative to the fp32 product.
 //   16 bits (tm_vnni16_matmul): the block kernel's (block_matmul.cpp), `vpdpwssd`, 32 int16 products an
@@ -12,8 +12,9 @@
 // d * sum q: llama.cpp's Q8_1 at 8 bits). Per work item, 16 weight rows are unpacked from their blocks into a
 // panel that stays in L1/L2: per 32-block, BITS 512-bit vectors whose lane j holds consecutive weights of row
 // j (8 bits: 4 as unsigned bytes; 16 bits: 2 as int16), u = q for Q4_1's nibbles, q for Q4_0's (its -8
-// moved into m), and Q8_0's q + 128 at 8 bits (unsigned) or q at 16; and the rows' d and m as fp32 (w = d * u
-// + m: Q4_1's m; -8 d for Q4_0; -128 d or 0 for Q8_0). Each tile of x rows then runs over the panel: per
+// moved into m), Q5's nibble with its fifth bit, and Q8_0's q + 128 at 8 bits (unsigned) or q at 16; and the
+// rows' d and m as fp32 (w = d * u + m: Q4_1's and Q5_1's m; -8 d for Q4_0, -16 d for Q5_0; -128 d or 0 for
+// Q8_0). Each tile of x rows then runs over the panel: per
 // block, BITS dot-product instructions per row (a weight vector times 4 broadcast bytes of x) give the 16
 // rows' integer dot products, and y += (isum * dw) * dx + mw * sx in fp32.
 // The weights are read from their blocks once per 256-row chunk of x (4.5-8.5 bits a weight), the unpacking
@@ -64,7 +65,7 @@ __attribute__((visibility("hidden"))) void tm_prefetch_share(const char* next, i
 namespace {
 
 #ifdef TM_VNNI
-enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type numbers
+enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8 };  // ggml's type numbers
 constexpr int NR = 16;                           // weight rows (output columns) a panel: the 16 lanes
 constexpr int MR = 8;                            // rows of x a tile
 constexpr int64_t CHUNK = 256;                   // rows of x a panel is unpacked for
@@ -78,7 +79,62 @@ constexpr int64_t piece() {
 
 template <int TYPE>
 constexpr int64_t block_bytes() {
-    return TYPE == kQ4_0 ? 18 : TYPE == kQ4_1 ? 20 : 34;
+    return TYPE == kQ4_0 ? 18 : TYPE == kQ4_1 ? 20 : TYPE == kQ5_0 ? 22 : TYPE == kQ5_1 ? 24 : 34;
+}
+
+// Q5_0 {f16 d; u8 qh[4]; u8 qs[16]} and Q5_1 {f16 d; f16 m; u8 qh[4]; u8 qs[16]}: Q4's nibbles, each with a fifth
+// bit from qh (bit e for element e: elements 0..15 in the low nibbles, 16..31 in the high ones)
+template <int TYPE>
+constexpr bool five_bit() {
+    return TYPE == kQ5_0 || TYPE == kQ5_1;
+}
+
+// A 4-bit type's quants: their first byte in a block, their first vector in a packed piece (after the rows' first
+// 4 bytes, and Q5's qh)
+template <int TYPE>
+constexpr int quants_at() {
+    return TYPE == kQ4_0 ? 2 : TYPE == kQ4_1 ? 4 : TYPE == kQ5_0 ? 6 : 8;
+}
+template <int TYPE>
+constexpr int quants_vector() {
+    return five_bit<TYPE>() ? 2 : 1;
+}
+
+// The fifth bits of 4 consecutive elements, from bit `first` of each lane's qh, as the bytes' bit 4 (byte k: element
+// first + k): qh >> first picks a lane of the table (vpermd reads the index's low 4 bits), whose byte k is bit k of
+// the index, moved to bit 4.
+constexpr int32_t spread_bits(int n) {
+    return ((n & 1) << 4) | ((n & 2) << 11) | ((n & 4) << 18) | ((n & 8) << 25);
+}
+inline __m512i fifth_bits(__m512i qh, int first) {
+    const __m512i table = _mm512_set_epi32(spread_bits(15), spread_bits(14), spread_bits(13), spread_bits(12),
+                                           spread_bits(11), spread_bits(10), spread_bits(9), spread_bits(8),
+                                           spread_bits(7), spread_bits(6), spread_bits(5), spread_bits(4),
+                                           spread_bits(3), spread_bits(2), spread_bits(1), spread_bits(0));
+    return _mm512_permutexvar_epi32(_mm512_srl_epi32(qh, _mm_cvtsi32_si128(first)), table);
+}
+
+// A 4-bit type's 4 quant bytes a lane (elements 4g..4g+3 in the low nibbles, 16 + 4g.. in the high) -> the
+// elements' unsigned values, a byte each: Q5's with their fifth bits from qh
+template <int TYPE>
+inline void unsigned_quants(__m512i q, __m512i qh, int g, __m512i& low, __m512i& high) {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    if constexpr (five_bit<TYPE>()) {  // (q & nib) | bits, in one instruction each (0xEA: (a & b) | c)
+        low = _mm512_ternarylogic_epi32(q, nib, fifth_bits(qh, 4 * g), 0xEA);
+        high = _mm512_ternarylogic_epi32(_mm512_srli_epi16(q, 4), nib, fifth_bits(qh, 16 + 4 * g), 0xEA);
+    } else {
+        (void)qh, (void)g;
+        low = _mm512_and_si512(q, nib);
+        high = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
+    }
+}
+
+// w = d * u + m for a 4-bit type's unsigned u: Q4_1's and Q5_1's m, -8 d for Q4_0, -16 d for Q5_0 (`head`: the
+// rows' first 4 bytes)
+template <int TYPE>
+inline __m512 offset_m(__m512i head, __m512 d) {
+    if constexpr (TYPE == kQ4_1 || TYPE == kQ5_1) return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+    return _mm512_mul_ps(d, _mm512_set1_ps(TYPE == kQ4_0 ? -8.0f : -16.0f));
 }
 
 // x row (K) -> q (K int8 or int16: BITS), d and s (one each a 32-block): d = max|x| / (2^(BITS-1) - 1),
@@ -128,11 +184,12 @@ inline void widen_pairs(__m512i q, __m512i& lo, __m512i& hi) {
 // 8-bit: vector g (0..7) of a piece holds each row's weights 4g..4g+3 as u8; 16-bit: vector p (0..15) its
 // weights 2p, 2p+1 as int16 (Q8_0's as they are: m = 0)
 // The packed layout (tm_vnni_pack): per group of 16 rows, per 32-block, the vectors make_panel would gather:
-// the rows' first 4 bytes of the block (lane j: row j; d, and Q4_1's m or Q8_0's first quants), then the
-// quants 4 bytes a lane at a time (4 vectors for Q4_0 / Q4_1, 8 for Q8_0); lanes past the last row zero.
+// the rows' first 4 bytes of the block (lane j: row j; d, and Q4_1's / Q5_1's m or the first bytes after d),
+// then the bytes from there on 4 a lane at a time (Q4_0 / Q4_1: 4 vectors of quants; Q5_0 / Q5_1: qh, then 4 of
+// quants; Q8_0: 8 of quants); lanes past the last row zero.
 template <int TYPE>
 constexpr int64_t packed_piece() {
-    return 64 * (1 + (TYPE == kQ8_0 ? 8 : 4));
+    return 64 * (1 + (TYPE == kQ8_0 ? 8 : five_bit<TYPE>() ? 5 : 4));
 }
 
 template <int TYPE, int BITS, bool PACKED>
@@ -141,7 +198,7 @@ void make_panel(const uint8_t* W, int64_t n0, int nc, int64_t K, uint8_t* panel)
     const __mmask16 live = nc >= NR ? __mmask16(0xffff) : __mmask16((1u << nc) - 1);
     const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32(int32_t(rb)));
-    const __m512i nib = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+    const __m512i zero = _mm512_setzero_si512();
     const uint8_t* base = PACKED ? W + n0 / NR * nb * packed_piece<TYPE>() : W + n0 * rb;
     constexpr int64_t vec = BITS * 64;  // the weight vectors' bytes a piece
     // vector v of block b: gathered down the rows from byte `at` of their blocks, or read from the packed piece
@@ -172,12 +229,12 @@ void make_panel(const uint8_t* W, int64_t n0, int nc, int64_t K, uint8_t* panel)
                 }
             }
         } else {
-            m = TYPE == kQ4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
-                              : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
-            constexpr int qs = TYPE == kQ4_1 ? 4 : 2;
+            m = offset_m<TYPE>(head, d);
+            constexpr int qs = quants_at<TYPE>(), v = quants_vector<TYPE>();
+            const __m512i qh = five_bit<TYPE>() ? rows4(blk, packed, qs - 4, 1) : zero;
             for (int g = 0; g < 4; ++g) {  // bytes 4g..4g+3: elements 4g.. in the low nibbles, 16 + 4g.. high
-                const __m512i q = rows4(blk, packed, qs + 4 * g, 1 + g);
-                const __m512i low = _mm512_and_si512(q, nib), high = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
+                __m512i low, high;
+                unsigned_quants<TYPE>(rows4(blk, packed, qs + 4 * g, v + g), qh, g, low, high);
                 if constexpr (BITS == 8) {
                     _mm512_store_si512(p + 64 * g, low);
                     _mm512_store_si512(p + 64 * (g + 4), high);
@@ -258,7 +315,6 @@ template <int TYPE, int R>
 void direct16(const uint8_t* group, int64_t K, const int16_t* xq, const float* xd, const float* xs, float* y,
               int64_t ldy, int nc) {
     const int64_t nb = K / 32;
-    const __m512i nib = _mm512_set1_epi8(0x0f);
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
@@ -286,16 +342,17 @@ void direct16(const uint8_t* group, int64_t K, const int16_t* xq, const float* x
                 dot(2 * g + 1, hi);
             }
         } else {
-            m = TYPE == kQ4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
-                              : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+            m = offset_m<TYPE>(head, d);
+            constexpr int v = quants_vector<TYPE>();
+            const __m512i qh = five_bit<TYPE>() ? _mm512_load_si512(pc + 64) : _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int g = 0; g < 4; ++g) {
-                const __m512i q = _mm512_load_si512(pc + 64 * (1 + g));
-                __m512i a, c;
-                widen_pairs<false>(_mm512_and_si512(q, nib), a, c);
+                __m512i low, high, a, c;
+                unsigned_quants<TYPE>(_mm512_load_si512(pc + 64 * (v + g)), qh, g, low, high);
+                widen_pairs<false>(low, a, c);
                 dot(2 * g, a);
                 dot(2 * g + 1, c);
-                widen_pairs<false>(_mm512_and_si512(_mm512_srli_epi16(q, 4), nib), a, c);
+                widen_pairs<false>(high, a, c);
                 dot(8 + 2 * g, a);
                 dot(8 + 2 * g + 1, c);
             }
@@ -439,7 +496,16 @@ static int vnni_call(int type, const void* W, int64_t N, int64_t K, const float*
         case kQ4_0: vnni_matmul<kQ4_0, BITS, PACKED>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
         case kQ4_1: vnni_matmul<kQ4_1, BITS, PACKED>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
         case kQ8_0: vnni_matmul<kQ8_0, BITS, PACKED>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
-        default: return PACKED ? -1 : tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
+        default: break;
+    }
+    if constexpr (PACKED) {  // Q5_0 / Q5_1 only packed (the plain ones are ggml's)
+        switch (type) {
+            case kQ5_0: vnni_matmul<kQ5_0, BITS, true>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
+            case kQ5_1: vnni_matmul<kQ5_1, BITS, true>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
+            default: return -1;
+        }
+    } else {
+        return tm_block_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
     }
 #else
     return PACKED ? -3 : tm_panel_matmul(type, W, N, K, x, ldx, M, y, ldy, nthreads);
@@ -459,7 +525,7 @@ int tm_vnni16_matmul(int type, const void* W, int64_t N, int64_t K, const float*
     return vnni_call<16>(type, W, N, K, x, ldx, M, y, ldy, nthreads);
 }
 
-// Bytes of the packed layout of an (N, K) matrix of `type` (Q4_0, Q4_1, Q8_0; K % 32 == 0), else 0.
+// Bytes of the packed layout of an (N, K) matrix of `type` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; K % 32 == 0), else 0.
 int64_t tm_vnni_packed_bytes(int type, int64_t N, int64_t K) {
 #ifdef TM_VNNI
     if (K % 32 || N <= 0) return 0;
@@ -467,6 +533,8 @@ int64_t tm_vnni_packed_bytes(int type, int64_t N, int64_t K) {
     switch (type) {
         case kQ4_0: return groups * nb * packed_piece<kQ4_0>();
         case kQ4_1: return groups * nb * packed_piece<kQ4_1>();
+        case kQ5_0: return groups * nb * packed_piece<kQ5_0>();
+        case kQ5_1: return groups * nb * packed_piece<kQ5_1>();
         case kQ8_0: return groups * nb * packed_piece<kQ8_0>();
         default: return 0;
     }
@@ -485,8 +553,9 @@ struct PackGeometry {
     int64_t piece(int64_t row, int64_t b) const { return (row / 16 * nb + b) * 64 * (1 + nq); }
 };
 static PackGeometry pack_geometry(int type, int64_t K) {
-    const int64_t nb = K / 32, bb = type == 2 ? 18 : type == 3 ? 20 : 34;
-    return {nb, bb, nb * bb, type == 3 ? 4 : 2, type == 8 ? 8 : 4};
+    // Q4_0 {d; qs[16]}, Q4_1 {d; m; qs[16]}, Q5_0 {d; qh[4]; qs[16]}, Q5_1 {d; m; qh[4]; qs[16]}, Q8_0 {d; qs[32]}
+    const int64_t nb = K / 32, bb = type == 2 ? 18 : type == 3 ? 20 : type == 6 ? 22 : type == 7 ? 24 : 34;
+    return {nb, bb, nb * bb, type == 3 || type == 7 ? 4 : 2, type == 8 ? 8 : type == 6 || type == 7 ? 5 : 4};
 }
 
 // W's blocks -> out (tm_vnni_packed_bytes, 64-byte aligned) in the packed layout. Returns 0, or -1 for a type

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenmill.compute import ComputeChoice, choose_compute, choose_dense_copy, int8_panel_covers, vnni_packs
+from tokenmill.compute import ComputeChoice, Matrix, choose_compute, choose_dense_copy, int8_panel_covers, vnni_packs
 from tokenmill.config import EngineConfig
 from tokenmill.memory_plan import available_ram, default_kv_cache_bytes, kv_bytes_for_gpu_share, total_ram
 from tokenmill.native import kernels as native_kernels
@@ -45,7 +45,7 @@ class Platform:
         return available_ram()
 
     def with_dense_copy(self, setting: str, copy_bytes: int,
-                        matrices: list[tuple[int, int, str]] | None = None) -> Platform:
+                        matrices: list[Matrix] | None = None) -> Platform:
         """This platform with the gguf method's dense copy decided (compute.choose_dense_copy), against
         this machine's RAM, whether oneDNN can prepack here, and whether the 8-bit VNNI panel kernel takes
         every one of the file's `matrices` (rows, row length, type name) here; and with it whether the
