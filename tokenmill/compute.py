@@ -170,10 +170,10 @@ def choose_dense_copy(setting: str, compute: ComputeChoice, copy_bytes: int, ram
 VNNI_PACK_SWITCH = "TOKENMILL_VNNI_PACK"  # =0: the blocks stay plain (A/B runs)
 # Bytes of one piece of the 16-bit VNNI kernel's packed layout (native/vnni_matmul.cpp, tm_vnni_packed_bytes):
 # 16 rows' blocks of 32 values. Q4_1's and Q5_1's pieces are their 16 blocks' bytes exactly (16 x 20, 16 x 24);
-# Q4_0 takes 320 for 16 x 18 (+11%), Q5_0 384 for 16 x 22 (+9%), Q8_0 576 for 16 x 34 (+6%).
-VNNI_PACKED_PIECE = {"q4_0": 320, "q4_1": 320, "q5_0": 384, "q5_1": 384, "q8_0": 576}
+# Q4_0 and IQ4_NL take 320 for 16 x 18 (+11%), Q5_0 384 for 16 x 22 (+9%), Q8_0 576 for 16 x 34 (+6%).
+VNNI_PACKED_PIECE = {"q4_0": 320, "q4_1": 320, "q5_0": 384, "q5_1": 384, "q8_0": 576, "iq4_nl": 320}
 # ... of which a mixture of experts' matrices are not packed (the one-call MoE path multiplies them on ggml)
-VNNI_PACKED_NOT_EXPERTS = frozenset({"q5_0", "q5_1"})
+VNNI_PACKED_NOT_EXPERTS = frozenset({"q5_0", "q5_1", "iq4_nl"})
 VNNI_PACK_ROWS = 16
 
 

@@ -264,7 +264,8 @@ def _weights_and_cache(cfg: ModelConfig, compute: ComputeChoice, block_size: int
                           kv_cache_bytes, kv_cache_bytes // (per_token * block_size), max_model_len,
                           extra_weight_bytes=dense_copy_bytes(cfg, nbytes) if compute.dense_copy else 0,
                           linear_method=(method if compute.requant_type is None else f"gguf {compute.requant_type}")
-                          + (", Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 packed for the VNNI kernel" if compute.vnni_pack else ""),
+                          + (", Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL packed for the VNNI kernel"
+                             if compute.vnni_pack else ""),
                           sliding_window=cfg.uniform_window, max_chunk_tokens=max_chunk_tokens)
     shapes = cfg.linear_shapes()
     linear = sum(linear_weight_bytes(method, n, k, nbytes) for n, k in shapes)

@@ -87,7 +87,7 @@ def test_honours_the_row_stride_of_x_and_hands_other_types_on(bits: int) -> None
 def packed(qtype: int, blocks: np.ndarray, parts: tuple[int, ...] = ()) -> np.ndarray:
     """blocks (n, row bytes) in the packed layout, packed in parts of these many rows (multiples of 16) and the
     rest, as the gguf method packs a fused layer's shards -> a 64-byte-aligned uint8 buffer."""
-    n, k = blocks.shape[0], blocks.shape[1] // {2: 18, 3: 20, 6: 22, 7: 24, 8: 34}[qtype] * 32
+    n, k = blocks.shape[0], blocks.shape[1] // {2: 18, 3: 20, 6: 22, 7: 24, 8: 34, 20: 18}[qtype] * 32
     total = block_matmul.packed_bytes(qtype, n, k)
     buf = np.empty(total + 64, np.uint8)
     out = buf[-buf.ctypes.data % 64:][:total]
@@ -126,12 +126,12 @@ def test_the_packed_layout_gives_the_plain_blocks_bits(type_name: str, n: int, p
     assert torch.equal(y, plain16)
 
 
-@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1"])
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1", "IQ4_NL"])
 @pytest.mark.parametrize("n,k,parts", [(37, 96, ()), (80, 576, (48,))])
-def test_five_bit_blocks_packed(type_name: str, n: int, k: int, parts: tuple[int, ...]) -> None:
-    """Q5_0 / Q5_1 (Q4_K's and Q5_K's stand-ins where a row is not a multiple of 256: most of Gemma 3 270M's
-    and 1B's matrices in a Q4_K_M file) have no plain-block kernel of ours, only the packed layout (the qh word
-    as a fifth vector): each entry against the kernel's own arithmetic (x rounded per 32-block) in fp64 on
+def test_blocks_only_packed(type_name: str, n: int, k: int, parts: tuple[int, ...]) -> None:
+    """Q5_0 / Q5_1 / IQ4_NL (Q4_K's, Q5_K's and Q3_K's stand-ins where a row is not a multiple of 256: most of
+    Gemma 3 270M's and 1B's matrices in a K-quant file) have no plain-block kernel of ours, only the packed layout
+    (Q5's qh word as a fifth vector; IQ4_NL's nibbles looked up in its table): each entry against the kernel's own arithmetic (x rounded per 32-block) in fp64 on
     gguf-py's dequantized weights and against the unrounded product, at 16 bits and 8; a few rows (straight from
     the packed bytes) the same bits as in a batch of 300 (the panel, past the 256-row chunk) at any thread count;
     the block kernel's, the fp32 panel's and the grouped entries the 16-bit kernel's result; rows read back as
@@ -140,7 +140,7 @@ def test_five_bit_blocks_packed(type_name: str, n: int, k: int, parts: tuple[int
     p = packed(qtype, blocks, parts)
     code = block_matmul.PACKED | qtype
     assert block_matmul.supports(code) and not block_matmul.supports(qtype)
-    assert p.nbytes == -(-n // 16) * (k // 32) * 384  # compute.VNNI_PACKED_PIECE
+    assert p.nbytes == -(-n // 16) * (k // 32) * {"Q5_0": 384, "Q5_1": 384, "IQ4_NL": 320}[type_name]  # VNNI_PACKED_PIECE
     g = torch.Generator().manual_seed(k)
     x = torch.randn(300, k, generator=g)
     x[1] = 0.0
@@ -257,14 +257,14 @@ def test_the_planner_counts_the_packed_layout_as_the_library_sizes_it() -> None:
     """compute.vnni_packed_bytes (torch-free, for the memory plan) is the library's packed size."""
     from tokenmill.compute import vnni_packed_bytes
 
-    for name, qtype in (("q4_0", 2), ("q4_1", 3), ("q5_0", 6), ("q5_1", 7), ("q8_0", 8)):
+    for name, qtype in (("q4_0", 2), ("q4_1", 3), ("q5_0", 6), ("q5_1", 7), ("q8_0", 8), ("iq4_nl", 20)):
         for n, k in ((37, 96), (64, 576), (1536, 576), (49152, 576)):
             assert vnni_packed_bytes(n, k, name) == block_matmul.packed_bytes(qtype, n, k)
     assert vnni_packed_bytes(64, 256, "q4_k") is None
 
 
 @pytest.mark.parametrize("mix,tied", [("q4_0", False), ("q8_0", False), ("q8_0", True), ("q5_0", False),
-                                      ("q5_1", True)])
+                                      ("q5_1", True), ("iq4_nl", False)])
 def test_the_memory_plan_counts_the_packed_blocks(mix: str, tied: bool, tmp_path) -> None:
     """Where the blocks are packed (bf16 with the dense copy, the 16-bit VNNI panel: the decoder's and the
     output layer's, not an untied embedding's), the engine's memory plan and `tokenmill plan` count the packed
@@ -307,7 +307,7 @@ def test_the_memory_plan_counts_the_packed_blocks(mix: str, tied: bool, tmp_path
     gf.close()
     plain = make_plan(engine.model_config, dataclasses.replace(engine.platform.compute, vnni_pack=False), 16,
                       16 * 2**20, 256, matrices)
-    assert (held == file_bytes) == (mix == "q5_1")  # Q4_0, Q5_0 and Q8_0 grow when packed
+    assert (held == file_bytes) == (mix == "q5_1")  # Q4_0, Q5_0, Q8_0 and IQ4_NL grow when packed
     assert engine.plan.weight_bytes == plain.weight_bytes - file_bytes + held
     _, _, planned = plan_model(str(path), "cpu", "bfloat16", None, 16, 16 * 2**20, 256, None, dense_copy="on")
     assert planned.weight_bytes == engine.plan.weight_bytes

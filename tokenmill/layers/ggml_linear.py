@@ -337,15 +337,15 @@ class GGUFLinearMethod(LinearMethod):
     def _packs(self, layer: Linear, groups: list[tuple[int, list[GGUFQuantized]]]) -> bool:
         """The layer's blocks go into the VNNI kernels' packed layout (native/vnni_matmul.cpp, tm_vnni_pack)
         instead of staying plain: where the 16-bit VNNI panel is the bf16 panel (vnni_bits) and a dense bf16
-        copy takes the big batches, for a matrix of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks in parts of whole
-        16-row groups, the output layer's included (a tied embedding then gathers its rows from the packed blocks:
-        VocabEmbedding.share_packed_head), but not a mixture of experts' Q5_0 / Q5_1 (the one-call MoE path,
-        moe_parts, multiplies those on ggml). Q5_0 / Q5_1 (the Q4_K / Q5_K stand-ins of a Q4_K_M / Q5_K_M file
-        where rows are not a multiple of 256: most of Gemma 3 270M's and 1B's matrices) otherwise go to
-        ggml's kernel; packed, at one row 1.8-2.7x its speed, at 4-8 rows 3.8-5.4x (on a 2-core Zen 4,
-        benchmarks/README.md, "Q5_0 and Q5_1 packed"). The packed blocks are the file's bytes
+        copy takes the big batches, for a matrix of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL blocks in parts of
+        whole 16-row groups, the output layer's included (a tied embedding then gathers its rows from the packed
+        blocks: VocabEmbedding.share_packed_head), but not a mixture of experts' Q5_0 / Q5_1 / IQ4_NL (the
+        one-call MoE path, moe_parts, multiplies those on ggml). Q5_0 / Q5_1 / IQ4_NL (the Q4_K / Q5_K / Q3_K
+        stand-ins of a K-quant file where rows are not a multiple of 256: most of Gemma 3 270M's and 1B's
+        matrices) otherwise go to ggml's kernel; packed Q5, at one row 1.8-2.7x its speed, at 4-8 rows 3.8-5.4x
+        (on a 2-core Zen 4, benchmarks/README.md, "Q5_0 and Q5_1 packed"). The packed blocks are the file's bytes
         reordered so that the kernel reads 16 rows' blocks with plain loads where the plain ones take gathers
-        (Q4_1, Q5_1 the same bytes; Q4_0 +11%, Q5_0 +9%, Q8_0 +6%: compute.VNNI_PACKED_PIECE, counted by the
+        (Q4_1, Q5_1 the same bytes; Q4_0, IQ4_NL +11%, Q5_0 +9%, Q8_0 +6%: compute.VNNI_PACKED_PIECE, counted by the
         memory plan), up to 32 rows without a panel: on a 2-core Zen 4 the
         default model's matrices at 1-32 rows 1.07-7x the prepacked bf16 copy (0.8-1.0x past 64), and 1.4-2.7x
         the block kernel at any rows (benchmarks/README.md, "Packed blocks for the 16-bit VNNI kernel").

@@ -16,7 +16,7 @@
 //   tm_block_matmul_grouped: groups of consecutive rows of x, each times its own matrix (a mixture of
 //     experts' layer in one call).
 //   Both hand Q4_K, Q5_K and Q6_K matrices (K % 256 == 0) to kquant_matmul.cpp, the same scheme for those blocks,
-//   and packed ones (Q5_0 / Q5_1 only so) to vnni_matmul.cpp.
+//   and packed ones (Q5_0 / Q5_1 / IQ4_NL only so) to vnni_matmul.cpp.
 //
 // Invariant: y[m, n] depends only on x[m, :] and W[n, :]: each output is accumulated in one fixed order
 // (blocks in order, then the lanes) whatever M, the grouping of rows or the thread count, so a row gives
@@ -70,8 +70,8 @@ __attribute__((visibility("hidden"))) float tm_half_to_float(uint16_t h) {
 
 namespace {
 
-enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kPacked = 0x100 };  // ggml's type numbers; the
-// packed flag (vnni_matmul.cpp; Q5_0 / Q5_1 only packed here)
+enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kIQ4_NL = 20, kPacked = 0x100 };  // ggml's type
+// numbers; the packed flag (vnni_matmul.cpp; Q5_0 / Q5_1 / IQ4_NL only packed here)
 
 inline float half_to_float(uint16_t h) { return tm_half_to_float(h); }
 
@@ -453,12 +453,13 @@ int tm_vnni16_matmul(int type, const void* W, int64_t N, int64_t K, const float*
                      float* y, int64_t ldy, int nthreads);  // vnni_matmul.cpp
 int tm_vnni_available();                                           // vnni_matmul.cpp
 
-// 1 when `type` is one this library multiplies: a ggml type, or TM_PACKED | Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 for
-// a matrix in vnni_matmul.cpp's packed layout (tm_vnni_pack), where that kernel is built
+// 1 when `type` is one this library multiplies: a ggml type, or TM_PACKED | Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 /
+// IQ4_NL for a matrix in vnni_matmul.cpp's packed layout (tm_vnni_pack), where that kernel is built
 int tm_block_matmul_supports(int type) {
     if (type & kPacked) {
         const int t = type & ~kPacked;
-        return tm_vnni_available() && (t == kQ4_0 || t == kQ4_1 || t == kQ5_0 || t == kQ5_1 || t == kQ8_0);
+        return tm_vnni_available() && (t == kQ4_0 || t == kQ4_1 || t == kQ5_0 || t == kQ5_1 || t == kQ8_0 ||
+                                       t == kIQ4_NL);
     }
     return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || tm_kquant_supports(type);
 }

@@ -104,9 +104,9 @@ def supports(ggml_type: int) -> bool:
 
 # the types the panel kernel has a panel for (Q4_0, Q4_1, Q8_0); it hands the K-quants to the block kernel
 PANEL_TYPES = (2, 3, 8)
-# the types the VNNI kernels' packed layout takes (pack()): those, and Q5_0 / Q5_1 (only packed: plain Q5_0 / Q5_1
-# matrices are ggml's)
-PACK_TYPES = (2, 3, 6, 7, 8)
+# the types the VNNI kernels' packed layout takes (pack()): those, and Q5_0 / Q5_1 / IQ4_NL (only packed: plain ones
+# are ggml's)
+PACK_TYPES = (2, 3, 6, 7, 8, 20)
 
 
 def panel_available() -> bool:

@@ -1,5 +1,5 @@
-// y = x . W^T for a GGUF matrix W kept in its file's blocks (Q4_0, Q4_1, Q8_0; Q5_0, Q5_1 in the packed layout
-// only), for batches of rows, in integer arithmetic on AVX512-VNNI: the panel kernels of CPUs that have VNNI and
+// y = x . W^T for a GGUF matrix W kept in its file's blocks (Q4_0, Q4_1, Q8_0; Q5_0, Q5_1, IQ4_NL in the packed
+// layout only), for batches of rows, in integer arithmetic on AVX512-VNNI: the panel kernels of CPUs that have VNNI and
 // no AMX (Zen 4, Intel before Sapphire Rapids), where oneDNN's bf16 or fp32 matmul on a dense copy is otherwise
 // what runs past the block kernels' crossover. Two precisions of x, one code (the template's BITS):
 //   8 bits  (tm_vnni_matmul): llama.cpp's, `vpdpbusd`, 64 byte products a 512-bit instruction (twice bf16's
@@ -12,9 +12,9 @@
 // d * sum q: llama.cpp's Q8_1 at 8 bits). Per work item, 16 weight rows are unpacked from their blocks into a
 // panel that stays in L1/L2: per 32-block, BITS 512-bit vectors whose lane j holds consecutive weights of row
 // j (8 bits: 4 as unsigned bytes; 16 bits: 2 as int16), u = q for Q4_1's nibbles, q for Q4_0's (its -8
-// moved into m), Q5's nibble with its fifth bit, and Q8_0's q + 128 at 8 bits (unsigned) or q at 16; and the
-// rows' d and m as fp32 (w = d * u + m: Q4_1's and Q5_1's m; -8 d for Q4_0, -16 d for Q5_0; -128 d or 0 for
-// Q8_0). Each tile of x rows then runs over the panel: per
+// moved into m), Q5's nibble with its fifth bit, IQ4_NL's table value (+ 128 at 8 bits), and Q8_0's q + 128 at
+// 8 bits (unsigned) or q at 16; and the rows' d and m as fp32 (w = d * u + m: Q4_1's and Q5_1's m; -8 d for
+// Q4_0, -16 d for Q5_0; -128 d or 0 for Q8_0 and IQ4_NL). Each tile of x rows then runs over the panel: per
 // block, BITS dot-product instructions per row (a weight vector times 4 broadcast bytes of x) give the 16
 // rows' integer dot products, and y += (isum * dw) * dx + mw * sx in fp32.
 // The weights are read from their blocks once per 256-row chunk of x (4.5-8.5 bits a weight), the unpacking
@@ -65,7 +65,7 @@ __attribute__((visibility("hidden"))) void tm_prefetch_share(const char* next, i
 namespace {
 
 #ifdef TM_VNNI
-enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8 };  // ggml's type numbers
+enum : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kIQ4_NL = 20 };  // ggml's type numbers
 constexpr int NR = 16;                           // weight rows (output columns) a panel: the 16 lanes
 constexpr int MR = 8;                            // rows of x a tile
 constexpr int64_t CHUNK = 256;                   // rows of x a panel is unpacked for
@@ -79,7 +79,7 @@ constexpr int64_t piece() {
 
 template <int TYPE>
 constexpr int64_t block_bytes() {
-    return TYPE == kQ4_0 ? 18 : TYPE == kQ4_1 ? 20 : TYPE == kQ5_0 ? 22 : TYPE == kQ5_1 ? 24 : 34;
+    return TYPE == kQ4_0 || TYPE == kIQ4_NL ? 18 : TYPE == kQ4_1 ? 20 : TYPE == kQ5_0 ? 22 : TYPE == kQ5_1 ? 24 : 34;
 }
 
 // Q5_0 {f16 d; u8 qh[4]; u8 qs[16]} and Q5_1 {f16 d; f16 m; u8 qh[4]; u8 qs[16]}: Q4's nibbles, each with a fifth
@@ -89,11 +89,18 @@ constexpr bool five_bit() {
     return TYPE == kQ5_0 || TYPE == kQ5_1;
 }
 
+// IQ4_NL {f16 d; u8 qs[16]}: Q4_0's layout, each nibble an index into a table of 16 int8 values (ggml's
+// kvalues_iq4nl), w = d * value
+template <int TYPE>
+constexpr bool looked_up() {
+    return TYPE == kIQ4_NL;
+}
+
 // A 4-bit type's quants: their first byte in a block, their first vector in a packed piece (after the rows' first
 // 4 bytes, and Q5's qh)
 template <int TYPE>
 constexpr int quants_at() {
-    return TYPE == kQ4_0 ? 2 : TYPE == kQ4_1 ? 4 : TYPE == kQ5_0 ? 6 : 8;
+    return TYPE == kQ4_0 || TYPE == kIQ4_NL ? 2 : TYPE == kQ4_1 ? 4 : TYPE == kQ5_0 ? 6 : 8;
 }
 template <int TYPE>
 constexpr int quants_vector() {
@@ -115,9 +122,14 @@ inline __m512i fifth_bits(__m512i qh, int first) {
 }
 
 // A 4-bit type's 4 quant bytes a lane (elements 4g..4g+3 in the low nibbles, 16 + 4g.. in the high) -> the
-// elements' unsigned values, a byte each: Q5's with their fifth bits from qh
+// elements' values u, a byte each: Q5's with their fifth bits from qh; IQ4_NL's looked up (`vpshufb`), signed
+// int8 at 16 bits, + 128 (unsigned, for `vpdpbusd`) at 8. Signed bytes where weight_signed says so.
 template <int TYPE>
-inline void unsigned_quants(__m512i q, __m512i qh, int g, __m512i& low, __m512i& high) {
+constexpr bool weight_signed() {
+    return looked_up<TYPE>();
+}
+template <int TYPE, int BITS>
+inline void weight_bytes(__m512i q, __m512i qh, int g, __m512i& low, __m512i& high) {
     const __m512i nib = _mm512_set1_epi8(0x0f);
     if constexpr (five_bit<TYPE>()) {  // (q & nib) | bits, in one instruction each (0xEA: (a & b) | c)
         low = _mm512_ternarylogic_epi32(q, nib, fifth_bits(qh, 4 * g), 0xEA);
@@ -127,13 +139,25 @@ inline void unsigned_quants(__m512i q, __m512i qh, int g, __m512i& low, __m512i&
         low = _mm512_and_si512(q, nib);
         high = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
     }
+    if constexpr (looked_up<TYPE>()) {  // kvalues_iq4nl (+ 128 at 8 bits)
+        const __m512i table = BITS == 8 ? _mm512_broadcast_i32x4(_mm_setr_epi8(
+                                              char(1), char(24), char(45), char(63), char(79), char(93), char(106),
+                                              char(118), char(129), char(141), char(153), char(166), char(181),
+                                              char(197), char(217), char(241)))
+                                        : _mm512_broadcast_i32x4(_mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22,
+                                                                               -10, 1, 13, 25, 38, 53, 69, 89, 113));
+        low = _mm512_shuffle_epi8(table, low);
+        high = _mm512_shuffle_epi8(table, high);
+    }
 }
 
-// w = d * u + m for a 4-bit type's unsigned u: Q4_1's and Q5_1's m, -8 d for Q4_0, -16 d for Q5_0 (`head`: the
-// rows' first 4 bytes)
-template <int TYPE>
+// w = d * u + m for a 4-bit type's u: Q4_1's and Q5_1's m, -8 d for Q4_0, -16 d for Q5_0, 0 for IQ4_NL (-128 d at 8
+// bits) (`head`: the rows' first 4 bytes)
+template <int TYPE, int BITS>
 inline __m512 offset_m(__m512i head, __m512 d) {
-    if constexpr (TYPE == kQ4_1 || TYPE == kQ5_1) return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+    if constexpr (TYPE == kQ4_1 || TYPE == kQ5_1)
+        return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+    if constexpr (looked_up<TYPE>()) return BITS == 8 ? _mm512_mul_ps(d, _mm512_set1_ps(-128.0f)) : _mm512_setzero_ps();
     return _mm512_mul_ps(d, _mm512_set1_ps(TYPE == kQ4_0 ? -8.0f : -16.0f));
 }
 
@@ -229,21 +253,21 @@ void make_panel(const uint8_t* W, int64_t n0, int nc, int64_t K, uint8_t* panel)
                 }
             }
         } else {
-            m = offset_m<TYPE>(head, d);
+            m = offset_m<TYPE, BITS>(head, d);
             constexpr int qs = quants_at<TYPE>(), v = quants_vector<TYPE>();
             const __m512i qh = five_bit<TYPE>() ? rows4(blk, packed, qs - 4, 1) : zero;
             for (int g = 0; g < 4; ++g) {  // bytes 4g..4g+3: elements 4g.. in the low nibbles, 16 + 4g.. high
                 __m512i low, high;
-                unsigned_quants<TYPE>(rows4(blk, packed, qs + 4 * g, v + g), qh, g, low, high);
+                weight_bytes<TYPE, BITS>(rows4(blk, packed, qs + 4 * g, v + g), qh, g, low, high);
                 if constexpr (BITS == 8) {
                     _mm512_store_si512(p + 64 * g, low);
                     _mm512_store_si512(p + 64 * (g + 4), high);
                 } else {
                     __m512i a, c;
-                    widen_pairs<false>(low, a, c);
+                    widen_pairs<weight_signed<TYPE>()>(low, a, c);
                     _mm512_store_si512(p + 128 * g, a);
                     _mm512_store_si512(p + 128 * g + 64, c);
-                    widen_pairs<false>(high, a, c);
+                    widen_pairs<weight_signed<TYPE>()>(high, a, c);
                     _mm512_store_si512(p + 128 * (g + 4), a);
                     _mm512_store_si512(p + 128 * (g + 4) + 64, c);
                 }
@@ -342,17 +366,17 @@ void direct16(const uint8_t* group, int64_t K, const int16_t* xq, const float* x
                 dot(2 * g + 1, hi);
             }
         } else {
-            m = offset_m<TYPE>(head, d);
+            m = offset_m<TYPE, 16>(head, d);
             constexpr int v = quants_vector<TYPE>();
             const __m512i qh = five_bit<TYPE>() ? _mm512_load_si512(pc + 64) : _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int g = 0; g < 4; ++g) {
                 __m512i low, high, a, c;
-                unsigned_quants<TYPE>(_mm512_load_si512(pc + 64 * (v + g)), qh, g, low, high);
-                widen_pairs<false>(low, a, c);
+                weight_bytes<TYPE, 16>(_mm512_load_si512(pc + 64 * (v + g)), qh, g, low, high);
+                widen_pairs<weight_signed<TYPE>()>(low, a, c);
                 dot(2 * g, a);
                 dot(2 * g + 1, c);
-                widen_pairs<false>(high, a, c);
+                widen_pairs<weight_signed<TYPE>()>(high, a, c);
                 dot(8 + 2 * g, a);
                 dot(8 + 2 * g + 1, c);
             }
@@ -498,10 +522,11 @@ static int vnni_call(int type, const void* W, int64_t N, int64_t K, const float*
         case kQ8_0: vnni_matmul<kQ8_0, BITS, PACKED>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
         default: break;
     }
-    if constexpr (PACKED) {  // Q5_0 / Q5_1 only packed (the plain ones are ggml's)
+    if constexpr (PACKED) {  // Q5_0 / Q5_1 / IQ4_NL only packed (the plain ones are ggml's)
         switch (type) {
             case kQ5_0: vnni_matmul<kQ5_0, BITS, true>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
             case kQ5_1: vnni_matmul<kQ5_1, BITS, true>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
+            case kIQ4_NL: vnni_matmul<kIQ4_NL, BITS, true>(w, N, K, x, ldx, M, y, ldy, nthreads); return 0;
             default: return -1;
         }
     } else {
@@ -525,7 +550,8 @@ int tm_vnni16_matmul(int type, const void* W, int64_t N, int64_t K, const float*
     return vnni_call<16>(type, W, N, K, x, ldx, M, y, ldy, nthreads);
 }
 
-// Bytes of the packed layout of an (N, K) matrix of `type` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; K % 32 == 0), else 0.
+// Bytes of the packed layout of an (N, K) matrix of `type` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; K % 32 == 0),
+// else 0.
 int64_t tm_vnni_packed_bytes(int type, int64_t N, int64_t K) {
 #ifdef TM_VNNI
     if (K % 32 || N <= 0) return 0;
@@ -535,6 +561,7 @@ int64_t tm_vnni_packed_bytes(int type, int64_t N, int64_t K) {
         case kQ4_1: return groups * nb * packed_piece<kQ4_1>();
         case kQ5_0: return groups * nb * packed_piece<kQ5_0>();
         case kQ5_1: return groups * nb * packed_piece<kQ5_1>();
+        case kIQ4_NL: return groups * nb * packed_piece<kIQ4_NL>();
         case kQ8_0: return groups * nb * packed_piece<kQ8_0>();
         default: return 0;
     }
@@ -553,8 +580,10 @@ struct PackGeometry {
     int64_t piece(int64_t row, int64_t b) const { return (row / 16 * nb + b) * 64 * (1 + nq); }
 };
 static PackGeometry pack_geometry(int type, int64_t K) {
-    // Q4_0 {d; qs[16]}, Q4_1 {d; m; qs[16]}, Q5_0 {d; qh[4]; qs[16]}, Q5_1 {d; m; qh[4]; qs[16]}, Q8_0 {d; qs[32]}
-    const int64_t nb = K / 32, bb = type == 2 ? 18 : type == 3 ? 20 : type == 6 ? 22 : type == 7 ? 24 : 34;
+    // Q4_0 / IQ4_NL {d; qs[16]}, Q4_1 {d; m; qs[16]}, Q5_0 {d; qh[4]; qs[16]}, Q5_1 {d; m; qh[4]; qs[16]},
+    // Q8_0 {d; qs[32]}
+    const int64_t nb = K / 32,
+                  bb = type == 2 || type == 20 ? 18 : type == 3 ? 20 : type == 6 ? 22 : type == 7 ? 24 : 34;
     return {nb, bb, nb * bb, type == 3 || type == 7 ? 4 : 2, type == 8 ? 8 : type == 6 || type == 7 ? 5 : 4};
 }
 
