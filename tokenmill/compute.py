@@ -177,13 +177,13 @@ VNNI_PACKED_NOT_EXPERTS = frozenset({"q5_0", "q5_1", "iq4_nl"})
 VNNI_PACK_ROWS = 16
 
 
-def vnni_packs(bf16_copy: bool, vnni_bits: int) -> bool:
-    """The gguf method repacks the Q4_0 / Q4_1 / Q8_0 blocks of the decoder and the output layer (not an untied
-    embedding's) for the 16-bit VNNI kernel: where a bf16
-    dense copy takes the big batches (`bf16_copy`) and the bf16 panel here is that kernel (`vnni_bits` 16:
-    native/block_matmul.vnni_bits), unless TOKENMILL_VNNI_PACK=0. The method (layers/ggml_linear.py, _packs),
-    the platform and `tokenmill plan` all ask this."""
-    return bf16_copy and vnni_bits == 16 and os.environ.get(VNNI_PACK_SWITCH) != "0"
+def vnni_packs(bf16: bool, vnni_bits: int) -> bool:
+    """The gguf method repacks the Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL blocks of the decoder and the output
+    layer (not an untied embedding's) for the 16-bit VNNI kernel: at bf16 compute (`bf16`) where the bf16 panel
+    here is that kernel (`vnni_bits` 16: native/block_matmul.vnni_bits), with the dense copy or without it (the
+    packed blocks then take every batch), unless TOKENMILL_VNNI_PACK=0. The platform decides it
+    (compute.vnni_pack, which the method is given) and `tokenmill plan` asks the same."""
+    return bf16 and vnni_bits == 16 and os.environ.get(VNNI_PACK_SWITCH) != "0"
 
 
 def vnni_packed_bytes(out_features: int, in_features: int, stored_type: str) -> int | None:

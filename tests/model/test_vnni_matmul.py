@@ -263,14 +263,16 @@ def test_the_planner_counts_the_packed_layout_as_the_library_sizes_it() -> None:
     assert vnni_packed_bytes(64, 256, "q4_k") is None
 
 
-@pytest.mark.parametrize("mix,tied", [("q4_0", False), ("q8_0", False), ("q8_0", True), ("q5_0", False),
-                                      ("q5_1", True), ("iq4_nl", False)])
-def test_the_memory_plan_counts_the_packed_blocks(mix: str, tied: bool, tmp_path) -> None:
-    """Where the blocks are packed (bf16 with the dense copy, the 16-bit VNNI panel: the decoder's and the
-    output layer's, not an untied embedding's), the engine's memory plan and `tokenmill plan` count the packed
-    bytes (Q4_0 +11%, Q5_0 +9%, Q8_0 +6% over the file's; Q5_1 the same), not the file's: weights = the plain plan's - the packed
-    matrices' file bytes + the buffers the method holds. A tied embedding gathers its rows from the packed
-    head: the same values as from the file's blocks."""
+@pytest.mark.parametrize("mix,tied,copy", [("q4_0", False, "on"), ("q8_0", False, "on"), ("q8_0", True, "on"),
+                                           ("q5_0", False, "on"), ("q5_1", True, "on"), ("iq4_nl", False, "on"),
+                                           ("q8_0", True, "off"), ("q5_0", False, "off")])
+def test_the_memory_plan_counts_the_packed_blocks(mix: str, tied: bool, copy: str, tmp_path) -> None:
+    """Where the blocks are packed (bf16, the 16-bit VNNI panel, with the dense copy or without it: the decoder's
+    and the output layer's, not an untied embedding's), the engine's memory plan and `tokenmill plan` count the
+    packed bytes (Q4_0 +11%, Q5_0 +9%, Q8_0 +6% over the file's; Q5_1 the same), not the file's: weights = the
+    plain plan's - the packed matrices' file bytes + the buffers the method holds. A tied embedding gathers its
+    rows from the packed head: the same values as from the file's blocks. Without the copy the packed blocks take
+    every batch: a prompt's big ones too, with the same greedy tokens as the plain blocks give."""
     if block_matmul.vnni_bits() != 16:
         pytest.skip("the blocks are packed where the 16-bit VNNI kernel is the bf16 panel (no AMX)")
     import dataclasses
@@ -283,8 +285,9 @@ def test_the_memory_plan_counts_the_packed_blocks(mix: str, tied: bool, tmp_path
 
     path = write_random_gguf(tmp_path / f"{mix}.gguf", Shape(tied=tied), mix, std=0.03)
     llm = LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256, dtype="bfloat16",
-              dense_copy="on")
+              dense_copy=copy)
     engine, model = llm.engine, llm.engine.executor.worker.model
+    assert engine.platform.compute.dense_copy == (copy == "on")
     assert engine.platform.compute.vnni_pack
     linears = [lin for lin in model.modules() if getattr(lin, "block_mm", None) is not None]
     assert model.lm_head in linears and all(p[0] & block_matmul.PACKED for lin in linears for p in lin.block_mm)
@@ -309,5 +312,15 @@ def test_the_memory_plan_counts_the_packed_blocks(mix: str, tied: bool, tmp_path
                       16 * 2**20, 256, matrices)
     assert (held == file_bytes) == (mix == "q5_1")  # Q4_0, Q5_0, Q8_0 and IQ4_NL grow when packed
     assert engine.plan.weight_bytes == plain.weight_bytes - file_bytes + held
-    _, _, planned = plan_model(str(path), "cpu", "bfloat16", None, 16, 16 * 2**20, 256, None, dense_copy="on")
+    _, _, planned = plan_model(str(path), "cpu", "bfloat16", None, 16, 16 * 2**20, 256, None, dense_copy=copy)
     assert planned.weight_bytes == engine.plan.weight_bytes
+    if copy == "off":  # a 100-row prompt on the packed blocks (the panel path) against the fp32 dequantized model
+        from raw_forward import prompt_logits
+
+        ids = torch.randint(100, 40000, (100,), generator=torch.Generator().manual_seed(3)).tolist()
+        got = prompt_logits(llm, ids).float()
+        del llm, engine, model, linears
+        ref = prompt_logits(LLM(str(path), progress=False, kv_cache_memory=16 * 2**20, max_model_len=256,
+                                dtype="float32", quantization="dequantize"), ids)
+        rel = (got - ref).norm(dim=-1) / ref.norm(dim=-1)
+        assert float(rel.median()) < 2e-2, float(rel.median())

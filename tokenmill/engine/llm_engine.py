@@ -128,7 +128,7 @@ class LLMEngine:
         self.executor = InProcessExecutor(WorkerConfig(
             engine_config=config, source=self.source, model_config=cfg, device=str(self.platform.device),
             dtype=compute.dtype, linear_method=compute.linear_method, requant_type=compute.requant_type,
-            dense_copy=compute.dense_copy, attention_backend=backend,
+            dense_copy=compute.dense_copy, vnni_pack=compute.vnni_pack, attention_backend=backend,
             decode_mirror_bytes=mirror_bytes, num_blocks=self.plan.num_blocks,
             max_model_len=self.max_model_len, eog_token_ids=frozenset(self.tokenizer.eog_token_ids),
             progress=progress, draft=draft,

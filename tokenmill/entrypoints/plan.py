@@ -63,7 +63,7 @@ def plan_model(model: str, device: str, dtype: str, quantization: str | None, bl
     vnni16 = (device == "cpu" and cpu_has_avx512_vnni() and not cpu_has_amx_bf16() and not vnni_asked()
               and os.environ.get(VNNI_SWITCH) != "0" and ggml.available())
     compute = dataclasses.replace(compute, vnni_pack=compute.linear_method == "gguf" and vnni_packs(
-        compute.dense_copy and compute.dtype == "bfloat16", 16 if vnni16 else 0))
+        compute.dtype == "bfloat16", 16 if vnni16 else 0))
     max_len = max_model_len or cfg.max_position_embeddings
     max_chunk_tokens = max_chunk_tokens or default_token_budget(device, compute)
     plan = make_plan(cfg, compute, block_size, kv_bytes, max_len, matrices, max_chunk_tokens, max_num_seqs,

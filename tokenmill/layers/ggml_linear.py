@@ -168,7 +168,7 @@ class GGUFLinearMethod(LinearMethod):
     keeps_blocks = True  # the embedding keeps its blocks too (layers/embedding.py)
 
     def __init__(self, requant_type: str | None = None, repack: bool | None = None,
-                 dense_copy: torch.dtype | None = None) -> None:
+                 dense_copy: torch.dtype | None = None, vnni_pack: bool | None = None) -> None:
         if not ggml.available():
             raise RuntimeError(f"the gguf linear method needs ggml's kernels: {ggml.unavailable_reason()}")
         self.requant_type = requant_type
@@ -188,6 +188,10 @@ class GGUFLinearMethod(LinearMethod):
         self._big_plain = False
         self._scratch = _Scratch()
         self.dense_copy = dense_copy  # keep each matrix dense at this dtype too (None: no copy)
+        # pack the blocks the 16-bit VNNI kernel takes (_packs): as the platform decided (compute.vnni_pack), or,
+        # on a method built alone, where bf16 compute is implied by a bf16 dense copy
+        self.vnni_pack = vnni_packs(dense_copy == torch.bfloat16, block_matmul.vnni_bits()) \
+            if vnni_pack is None else vnni_pack
         self._onednn = dense_copy == torch.bfloat16 and can_prepack_here()  # the copy prepacked for oneDNN
         self._amx = block_matmul.amx_available()  # plain blocks multiplied on AMX when x is bf16
         # at bf16 the panel kernel in integers on AVX512-VNNI (vnni_matmul.cpp) instead of fp32: x to 16 bits,
@@ -352,7 +356,7 @@ class GGUFLinearMethod(LinearMethod):
         The output layer packed: on the default model's (49152, 576) Q8_0 head 1.9x its plain blocks at one
         row, 1.8x at 7, 1.7x at 16 (benchmarks/README.md, "The output layer packed too").
         TOKENMILL_VNNI_PACK=0: plain; TOKENMILL_VNNI_PACK_HEAD=0: all but the output layer's packed."""
-        if not vnni_packs(self.dense_copy == torch.bfloat16, self._vnni) or not block_matmul.available():
+        if not self.vnni_pack or not block_matmul.available():
             return False
         if layer.wide_out and os.environ.get("TOKENMILL_VNNI_PACK_HEAD") == "0":  # A/B runs (the plan counts it packed)
             return False
@@ -691,8 +695,13 @@ class GGUFLinearMethod(LinearMethod):
         or dequantize + F.linear) beats the block kernels; log the figures. Skipped when TOKENMILL_GGML_MAX_ROWS fixes it or no layer can go dense."""
         dense = [lyr for lyr in layers if getattr(lyr, "dense_ok", False) or lyr.packed is not None]
         if self._fixed_rows or not dense:
+            # (no dense copy, and every matrix packed or repacked: the packed ones take the 16-bit VNNI kernel at
+            # any rows, so decode-only steps stay in the native step up to its packed-row limit)
+            if any(lyr.packed_blocks for lyr in layers):
+                self._step_rows = _PACKED_STEP_ROWS
             log.info("gguf matmuls: ggml's kernels up to %d rows%s", self.max_ggml_rows,
-                     " (TOKENMILL_GGML_MAX_ROWS)" if self._fixed_rows else " (every matrix repacked: always ggml)")
+                     " (TOKENMILL_GGML_MAX_ROWS)" if self._fixed_rows else
+                     " (every matrix packed for the VNNI kernel or repacked for ggml's: never dense)")
             return
         shapes: dict[tuple[int, int], list[Linear]] = {}
         for lyr in dense:

@@ -173,12 +173,13 @@ LINEAR_METHODS: dict[str, type[LinearMethod]] = {
 
 
 def get_linear_method(name: str, requant_type: str | None = None,
-                      dense_copy: torch.dtype | None = None) -> LinearMethod:
-    """`dense_copy`: the gguf method also keeps each matmul weight dense at this dtype (for big batches)."""
+                      dense_copy: torch.dtype | None = None, vnni_pack: bool = False) -> LinearMethod:
+    """`dense_copy`: the gguf method also keeps each matmul weight dense at this dtype (for big batches);
+    `vnni_pack`: it packs the blocks its 16-bit VNNI kernel takes (the platform's compute.vnni_pack)."""
     if name == "gguf":  # imported here: it needs the native library, the others do not
         from tokenmill.layers.ggml_linear import GGUFLinearMethod
 
-        return GGUFLinearMethod(requant_type, dense_copy=dense_copy)
+        return GGUFLinearMethod(requant_type, dense_copy=dense_copy, vnni_pack=vnni_pack)
     if dense_copy is not None:
         raise ValueError(f"a dense copy is the gguf method's; the {name} method's weights are dense already")
     if name not in LINEAR_METHODS:

@@ -58,7 +58,7 @@ class Platform:
                                     int8_panel_covers(matrices, vnni))
         bits = block_matmul.vnni_bits() if not self.is_cuda and block_matmul.available() else 0
         compute = dataclasses.replace(compute, vnni_pack=compute.linear_method == "gguf" and vnni_packs(
-            compute.dense_copy and compute.dtype == "bfloat16", bits))
+            compute.dtype == "bfloat16", bits))
         return Platform(self.device, compute)
 
     def default_kv_cache_memory(self) -> int:

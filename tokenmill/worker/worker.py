@@ -58,9 +58,9 @@ def keep_blocks(method: LinearMethod) -> KeepQuantized | None:
 
 def load_model(source: ModelSource, cfg: ModelConfig, linear_method: str, requant_type: str | None,
                max_positions: int, device: torch.device, dtype: torch.dtype, progress: bool,
-               dense_copy: bool = False) -> CausalLM:
+               dense_copy: bool = False, vnni_pack: bool = False) -> CausalLM:
     """Build the registry's model class for cfg, load its weights from source, finish it on device."""
-    method = get_linear_method(linear_method, requant_type, dtype if dense_copy else None)
+    method = get_linear_method(linear_method, requant_type, dtype if dense_copy else None, vnni_pack)
     model = get_model_class(cfg.architecture)(cfg, method, max_positions=max(max_positions, 1))
     load_weights(model, read_weights(source, cfg, progress, keep_blocks(method)))
     model.finish_loading(device, dtype)
@@ -73,7 +73,7 @@ class Worker:
         cfg, ec = config.model_config, config.engine_config
         device, dtype = torch.device(config.device), torch_dtype(config.dtype)
         model = load_model(config.source, cfg, config.linear_method, config.requant_type, config.max_model_len,
-                           device, dtype, config.progress, config.dense_copy)
+                           device, dtype, config.progress, config.dense_copy, config.vnni_pack)
         self.model = model
         self.num_kv_blocks = config.num_blocks
         kv = allocate_kv_cache(len(cfg.kv_layers), config.num_blocks, ec.block_size, cfg.num_kv_heads, cfg.head_dim,

@@ -42,3 +42,4 @@ class WorkerConfig:
     progress: bool = True
     draft: DraftConfig | None = None  # speculative decoding with a model-based drafter
     num_state_slots: int = 0  # a model with recurrent layers: sequences whose state it holds at once
+    vnni_pack: bool = False  # gguf method: blocks packed for the 16-bit VNNI kernel (compute.vnni_packs)
