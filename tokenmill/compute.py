@@ -35,6 +35,7 @@ class Matrix(NamedTuple):
     type: str
     expert: bool = False
 
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LINEAR_METHODS = ("unquantized", "prepacked", "int8", "gguf")
 # --quantization values that requantize at load with ggml's quantizer (no importance matrix needed)

@@ -340,8 +340,9 @@ class GGUFLinearMethod(LinearMethod):
 
     def _packs(self, layer: Linear, groups: list[tuple[int, list[GGUFQuantized]]]) -> bool:
         """The layer's blocks go into the VNNI kernels' packed layout (native/vnni_matmul.cpp, tm_vnni_pack)
-        instead of staying plain: where the 16-bit VNNI panel is the bf16 panel (vnni_bits) and a dense bf16
-        copy takes the big batches, for a matrix of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL blocks in parts of
+        instead of staying plain: where the platform packs (self.vnni_pack: bf16 compute where the 16-bit VNNI
+        panel is the bf16 panel, with the dense copy or without it; without it the packed blocks take every
+        batch), for a matrix of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL blocks in parts of
         whole 16-row groups, the output layer's included (a tied embedding then gathers its rows from the packed
         blocks: VocabEmbedding.share_packed_head), but not a mixture of experts' Q5_0 / Q5_1 / IQ4_NL (the
         one-call MoE path, moe_parts, multiplies those on ggml). Q5_0 / Q5_1 / IQ4_NL (the Q4_K / Q5_K / Q3_K
