@@ -304,21 +304,25 @@ void for_rows(int64_t rows, int nt, F&& f) {
     }
 }
 
+// The row a fused norm normalizes: res after res += x (each sum rounded to T) when there is a residual, else x.
+// Read back from res: in bf16 the norm sees the rounded sum, as the unfused ops would.
+template <typename T>
+const T* add_residual(const T* x, T* res, int64_t D) {
+    if (res == nullptr) return x;
+    int64_t i = 0;
+#ifdef TM_AVX512
+    for (; i + 16 <= D; i += 16) vstore(res + i, vload16(res + i) + vload16(x + i));
+#endif
+    for (; i + 8 <= D; i += 8) vstore(res + i, vload(res + i) + vload(x + i));
+    for (; i < D; ++i) store1(res + i, to_f32(res[i]) + to_f32(x[i]));
+    return res;
+}
+
 // ---- fused residual add + RMSNorm -----------------------------------------------------------------
 // w: the scale, in T or (an offset norm's 1 + w, tm_head_rms_norm) fp32
 template <typename T, typename W>
 void add_rms_norm_row(T* out, const T* x, T* res, const W* w, int64_t D, float eps) {
-    // the row to normalize: res (after res += x) when there is a residual, else x
-    const T* src = x;
-    if (res != nullptr) {
-        int64_t i = 0;
-#ifdef TM_AVX512
-        for (; i + 16 <= D; i += 16) vstore(res + i, vload16(res + i) + vload16(x + i));
-#endif
-        for (; i + 8 <= D; i += 8) vstore(res + i, vload(res + i) + vload(x + i));
-        for (; i < D; ++i) store1(res + i, to_f32(res[i]) + to_f32(x[i]));
-        src = res;  // read back: in bf16 the norm sees the rounded sum, as the unfused ops would
-    }
+    const T* src = add_residual(x, res, D);
     V8 acc[4] = {vzero(), vzero(), vzero(), vzero()};
     int64_t i = 0;
 #ifdef TM_AVX512  // lanes 0-15 and 16-31 of each 32: acc[0] | acc[1] and acc[2] | acc[3], the same sums
@@ -367,13 +371,7 @@ void add_rms_norm(T* out, int64_t out_stride, const T* x, int64_t x_stride, T* r
 // r = x; the mean, then the variance about it, each summed in fp32 over 8 lanes.
 template <typename T>
 void add_layer_norm_row(T* out, const T* x, T* res, const T* w, int64_t D, float eps) {
-    const T* src = x;
-    if (res != nullptr) {
-        int64_t i = 0;
-        for (; i + 8 <= D; i += 8) vstore(res + i, vload(res + i) + vload(x + i));
-        for (; i < D; ++i) store1(res + i, to_f32(res[i]) + to_f32(x[i]));
-        src = res;
-    }
+    const T* src = add_residual(x, res, D);
     V8 acc = vzero();
     int64_t i = 0;
     for (; i + 8 <= D; i += 8) acc = acc + vload(src + i);
